@@ -1,0 +1,42 @@
+"""`gpu-ops`: the console script.
+
+Subcommands are imported only when invoked, so `gpu-ops cost ...` never pays for Dagster
+or torch imports, and a broken optional dependency only breaks its own command.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of a click command or group
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("gpu_ops.demo.cli:demo", "Run the main job on the embedded default (SQLite, local backend)."),
+    "validate": ("gpu_ops.validate:validate", "Check configuration, storage, cluster and GPU; say how to fix each problem."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in _COMMANDS:
+            return None
+        module, _, attr = _COMMANDS[name][0].partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_) for name, (_, help_) in sorted(_COMMANDS.items())])
+
+
+@click.group(cls=_LazyGroup)
+@click.version_option(package_name="gpu_ops")
+def main() -> None:
+    """GPU training as Dagster assets, with the GPU bill visible and under control."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The contract between `GpuCompute`, its backends and the training layer.
+
+A backend runs a picklable callable on GPU workers and returns a :class:`WorkerReport`
+saying how the workers ended. It never decides whether to retry: the training layer's
+classifier reads the report (and, on Kubernetes, the pod evidence attached to it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+class WorkerExit(str, enum.Enum):
+    COMPLETED = "completed"  # the function returned
+    ERROR = "error"  # the function raised; traceback attached
+    SIGTERM = "sigterm"  # terminated by SIGTERM (spot notice, eviction, drain)
+    SIGKILL = "sigkill"  # killed without warning (node loss, OOM killer, kill -9)
+    OOM = "oom"  # out of memory (exit 137 with an OOM cause, CUDA OOM, MemoryError)
+    LOST = "lost"  # the worker vanished or could not be reached (infrastructure)
+
+
+@dataclass
+class RankReport:
+    rank: int
+    exit: WorkerExit
+    exit_code: int | None = None
+    pid: int | None = None
+
+
+@dataclass
+class WorkerReport:
+    exit: WorkerExit
+    exit_code: int | None = None
+    value: Any = None  # the function's return value (rank 0's when distributed)
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None  # the remote traceback, as text
+    duration_s: float = 0.0
+    ranks: list[RankReport] = field(default_factory=list)
+    # Kubernetes evidence for the classifier: kubernetes.client V1Pod, V1Node and
+    # CoreV1Event objects, and the exception Kubetorch raised, when there is one.
+    pod: Any = None
+    node: Any = None
+    events: list[Any] = field(default_factory=list)
+    exception: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit is WorkerExit.COMPLETED
+
+
+LogSink = Callable[[str], None]
+
+
+class Backend(Protocol):
+    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, *, env: dict[str, str], log: LogSink) -> WorkerReport: ...
+
+    def teardown(self) -> None: ...

@@ -1,0 +1,169 @@
+"""The GPU catalog: canonical names, aliases, memory, AWS instance shapes, MIG profiles.
+
+Names are matched exactly after normalisation (case, ``_`` and spaces); there is no
+prefix or fuzzy matching, so ``a10`` never becomes ``a100``. An unknown name raises
+:class:`UnknownGpuType` listing the close matches. Pure data; no Dagster, no torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+
+class UnknownGpuType(ValueError):
+    def __init__(self, name: str, suggestions: list[str]):
+        self.name = name
+        self.suggestions = suggestions
+        hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+        super().__init__(f"unknown GPU type {name!r}{hint} (known: {', '.join(sorted(CATALOG))})")
+
+
+class UnknownMigProfile(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str  # e.g. "1g.10gb"
+    compute_slices: int  # of 7
+    memory_slices: int  # of 8
+
+    @property
+    def share(self) -> Fraction:
+        # A slice costs whichever resource it takes more of: 1g.10gb takes 1/7 of the
+        # compute and 1/8 of the memory, so 1/7; 1g.20gb takes 2/8 of the memory, so 1/4.
+        return max(Fraction(self.compute_slices, 7), Fraction(self.memory_slices, 8))
+
+    @property
+    def resource_name(self) -> str:
+        return f"nvidia.com/mig-{self.name}"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str  # canonical
+    memory_gib: int
+    karpenter_gpu_name: str  # value of the karpenter.k8s.aws/instance-gpu-name label
+    # AWS instance type -> GPUs per instance
+    instance_types: dict[str, int] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    mig_profiles: tuple[MigProfile, ...] = ()
+
+    def mig_profile(self, name: str) -> MigProfile:
+        for p in self.mig_profiles:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.mig_profiles) or "none (this GPU has no MIG)"
+        raise UnknownMigProfile(f"{self.name} has no MIG profile {name!r} (profiles: {known})")
+
+    def instance_types_for(self, gpus: int) -> list[str]:
+        """Instance types able to host ``gpus`` GPUs of this type on one node."""
+        return sorted((t for t, n in self.instance_types.items() if n >= gpus), key=lambda t: (self.instance_types[t], t))
+
+
+def _mig(*profiles: tuple[str, int, int]) -> tuple[MigProfile, ...]:
+    return tuple(MigProfile(n, c, m) for n, c, m in profiles)
+
+
+_MIG_80GB = _mig(("1g.10gb", 1, 1), ("1g.20gb", 1, 2), ("2g.20gb", 2, 2), ("3g.40gb", 3, 4), ("4g.40gb", 4, 4), ("7g.80gb", 7, 8))
+_MIG_40GB = _mig(("1g.5gb", 1, 1), ("1g.10gb", 1, 2), ("2g.10gb", 2, 2), ("3g.20gb", 3, 4), ("4g.20gb", 4, 4), ("7g.40gb", 7, 8))
+_MIG_141GB = _mig(("1g.18gb", 1, 1), ("1g.35gb", 1, 2), ("2g.35gb", 2, 2), ("3g.71gb", 3, 4), ("4g.71gb", 4, 4), ("7g.141gb", 7, 8))
+
+
+def _sizes(family: str, counts: dict[str, int]) -> dict[str, int]:
+    return {f"{family}.{size}": n for size, n in counts.items()}
+
+
+_SPECS = [
+    GpuSpec(
+        "h200", 141, "h200",
+        {"p5e.48xlarge": 8, "p5en.48xlarge": 8},
+        ("NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e", "NVIDIA H200", "nvidia-h200-141gb"),
+        _MIG_141GB,
+    ),
+    GpuSpec(
+        "h100", 80, "h100",
+        {"p5.48xlarge": 8, "p5.4xlarge": 1},
+        ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", "nvidia-h100-80gb", "nvidia-h100-mega-80gb"),
+        _MIG_80GB,
+    ),
+    GpuSpec(
+        "a100-80gb", 80, "a100",
+        {"p4de.24xlarge": 8},
+        ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "NVIDIA A100-SXM4-80GB", "nvidia-a100-80gb"),
+        _MIG_80GB,
+    ),
+    GpuSpec(
+        "a100", 40, "a100",
+        {"p4d.24xlarge": 8},
+        ("a100-40gb", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB", "NVIDIA A100-SXM4-40GB", "nvidia-tesla-a100"),
+        _MIG_40GB,
+    ),
+    GpuSpec(
+        "l40s", 48, "l40s",
+        {**_sizes("g6e", {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "24xlarge": 4, "48xlarge": 8})},
+        ("NVIDIA-L40S", "NVIDIA L40S"),
+    ),
+    GpuSpec(
+        "l4", 24, "l4",
+        {**_sizes("g6", {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "24xlarge": 4, "48xlarge": 8})},
+        ("NVIDIA-L4", "NVIDIA L4", "nvidia-l4"),
+    ),
+    GpuSpec(
+        "a10g", 24, "a10g",
+        {**_sizes("g5", {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "24xlarge": 4, "48xlarge": 8})},
+        ("NVIDIA-A10G", "NVIDIA A10G"),
+    ),
+    GpuSpec(
+        "t4", 16, "t4",
+        {**_sizes("g4dn", {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1, "12xlarge": 4, "metal": 8})},
+        ("Tesla-T4", "NVIDIA-Tesla-T4", "Tesla T4", "nvidia-tesla-t4"),
+    ),
+    GpuSpec(
+        "v100", 16, "v100",
+        {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8},
+        ("Tesla-V100-SXM2-16GB", "NVIDIA-Tesla-V100-SXM2-16GB", "Tesla V100-SXM2-16GB", "nvidia-tesla-v100"),
+    ),
+]
+
+CATALOG: dict[str, GpuSpec] = {s.name: s for s in _SPECS}
+
+
+def _norm(name: str) -> str:
+    return "-".join(name.strip().lower().replace("_", "-").split())
+
+
+_ALIASES: dict[str, str] = {}
+for _spec in _SPECS:
+    for _name in (_spec.name, *_spec.aliases):
+        _key = _norm(_name)
+        assert _ALIASES.setdefault(_key, _spec.name) == _spec.name, f"alias {_name} is ambiguous"
+
+
+def canonical_gpu_type(name: str) -> str:
+    """``NVIDIA-A100-SXM4-80GB`` -> ``a100-80gb``; unknown names raise :class:`UnknownGpuType`."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownGpuType(str(name), [])
+    key = _norm(name)
+    if key in _ALIASES:
+        return _ALIASES[key]
+    close = difflib.get_close_matches(key, list(_ALIASES), n=3, cutoff=0.6)
+    return_names = list(dict.fromkeys(_ALIASES[c] for c in close))
+    raise UnknownGpuType(name, return_names)
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    return CATALOG[canonical_gpu_type(name)]
+
+
+def gpu_share(gpu_type: str, mig_profile: str | None = None, timeslice_replicas: int | None = None) -> float:
+    """Share of one physical GPU: 1 for a whole GPU, a MIG profile's share, or 1/R."""
+    if mig_profile:
+        return float(gpu_spec(gpu_type).mig_profile(mig_profile).share)
+    if timeslice_replicas:
+        if timeslice_replicas < 1:
+            raise ValueError(f"time-slice replicas must be >= 1, got {timeslice_replicas}")
+        return 1.0 / timeslice_replicas
+    return 1.0

@@ -1,0 +1,11 @@
+"""Dagster objects of the compute flow, merged into `gpu_ops.definitions:defs`."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from gpu_ops.config import GpuOpsConfig
+
+
+def build_defs(config: GpuOpsConfig) -> dg.Definitions:
+    return dg.Definitions()

@@ -1,0 +1,113 @@
+"""`GpuRequest`: what a launch asks for. A frozen value object; pure (no Dagster)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpu_ops.compute.catalog import canonical_gpu_type, gpu_share, gpu_spec
+
+Capacity = Literal["spot", "on-demand", "spot-then-on-demand"]
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def parse_memory(value: str | int) -> int:
+    """Kubernetes quantity (``32Gi``, ``500M``, bytes) -> bytes."""
+    from kubernetes.utils import parse_quantity  # light module; the client API is not imported
+
+    try:
+        return int(parse_quantity(value))
+    except ValueError:
+        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)") from None
+
+
+def format_memory(n_bytes: int) -> str:
+    gib = n_bytes / 2**30
+    return f"{math.ceil(gib)}Gi" if gib >= 1 else f"{math.ceil(n_bytes / 2**20)}Mi"
+
+
+class Attribution(BaseModel):
+    """Who pays: these become pod/NodePool labels and usage-ledger columns."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    team: str = "unassigned"
+    project: str = "default"
+    cost_center: str = ""
+    experiment_id: str = ""
+
+    @field_validator("team", "project", "cost_center", "experiment_id")
+    @classmethod
+    def _label_safe(cls, v: str) -> str:
+        if len(v) > 63 or not _LABEL_VALUE.match(v):
+            raise ValueError(f"{v!r} is not a valid Kubernetes label value (<=63 chars, alphanumerics, '-', '_', '.')")
+        return v
+
+    def as_labels(self, prefix: str = "gpu-ops.io/") -> dict[str, str]:
+        return {f"{prefix}{k.replace('_', '-')}": v for k, v in self.model_dump().items() if v}
+
+
+class GpuRequest(BaseModel):
+    """GPUs for one launch: ``gpus`` per worker, ``workers`` nodes for data parallelism."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu_type: str
+    gpus: int = Field(default=1, ge=0)
+    workers: int = Field(default=1, ge=1)
+    capacity: Capacity = "spot-then-on-demand"
+    cpus: float = Field(default=4, gt=0)
+    memory: str = "16Gi"
+    image: str | None = None
+    namespace: str = "default"
+    priority_class: str | None = None
+    mig_profile: str | None = None
+    labels: Attribution = Attribution()
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _canonical(cls, v: str) -> str:
+        return canonical_gpu_type(v)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        parse_memory(v)
+        return v
+
+    @model_validator(mode="after")
+    def _fits(self) -> "GpuRequest":
+        spec = gpu_spec(self.gpu_type)
+        if self.mig_profile:
+            spec.mig_profile(self.mig_profile)
+        elif self.gpus and not spec.instance_types_for(self.gpus):
+            most = max(spec.instance_types.values())
+            raise ValueError(f"no {self.gpu_type} instance has {self.gpus} GPUs (at most {most} per node; use workers for more)")
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.memory)
+
+    @property
+    def gpu_share(self) -> float:
+        return gpu_share(self.gpu_type, self.mig_profile)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.workers
+
+    @property
+    def capacity_types(self) -> list[str]:
+        """Karpenter capacity types in preference order."""
+        return {"spot": ["spot"], "on-demand": ["on-demand"], "spot-then-on-demand": ["spot", "on-demand"]}[self.capacity]
+
+    def with_memory_factor(self, factor: float, cap: str | None = None) -> "GpuRequest":
+        new = int(self.memory_bytes * factor)
+        if cap is not None:
+            new = min(new, parse_memory(cap))
+        return self.model_copy(update={"memory": format_memory(new)})
+
+    def with_capacity(self, capacity: Capacity) -> "GpuRequest":
+        return self.model_copy(update={"capacity": capacity})

@@ -1,0 +1,605 @@
+"""The `GPU_OPS_CONFIG` file: typed models, loading and error reporting.
+
+One YAML file configures storage, prices, usage sources, budgets, channels, compute and
+training. Relative paths resolve against the file's folder. Every validation error names
+the file and the field path (``budgets[2].thresholds[0].percent: must be > 0``) and all
+mistakes are reported together, at definitions load time.
+
+Secrets are written ``{env: NAME}`` and stay references: :class:`SecretRef` resolves at
+the moment of use and never renders its value in ``repr``, logs or metadata.
+
+This module is pure (pydantic + PyYAML); it must not import Dagster, torch or kubetorch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+CONFIG_ENV = "GPU_OPS_CONFIG"
+HOME_ENV = "GPU_OPS_HOME"
+BUNDLED_CONFIG = Path(__file__).parent / "demo" / "gpu_ops.yaml"
+
+CapacityType = Literal["spot", "on-demand", "reserved"]
+SharingMode = Literal["none", "mig", "mps", "timeslice"]
+GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
+
+
+class ConfigError(ValueError):
+    """One or more problems in a configuration file; each line names file and field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class _Model(BaseModel):
+    # Typos are errors: an unknown key is far more often a misspelling than intent.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+class SecretRef(_Model):
+    """A secret read from the environment when used: ``{env: SLACK_WEBHOOK_URL}``."""
+
+    env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+    def get(self) -> str:
+        value = os.environ.get(self.env)
+        if not value:
+            raise ConfigError([f"environment variable {self.env} is not set (it holds a secret)"])
+        return value
+
+    def is_set(self) -> bool:
+        return bool(os.environ.get(self.env))
+
+    def __repr__(self) -> str:  # never the value
+        return f"SecretRef(env={self.env!r})"
+
+    __str__ = __repr__
+
+
+def _secret_from_literal(value: Any) -> Any:
+    # A plain string is allowed for non-sensitive endpoints (a webhook URL in a test
+    # config); it is wrapped so that it is still redacted everywhere.
+    if isinstance(value, str):
+        return {"literal": value}
+    return value
+
+
+class LiteralSecret(_Model):
+    literal: str
+
+    def get(self) -> str:
+        return self.literal
+
+    def is_set(self) -> bool:
+        return bool(self.literal)
+
+    def __repr__(self) -> str:
+        return "LiteralSecret(<redacted>)"
+
+    __str__ = __repr__
+
+
+Secret = Annotated[Union[SecretRef, LiteralSecret], Field(union_mode="left_to_right")]
+
+
+def redact_url(url: str) -> str:
+    """``https://hooks.slack.com/services/T0/B0/xyz`` -> ``https://hooks.slack.com/…``."""
+    m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^@/]*@)?([^/?#]*)", url)
+    return f"{m.group(1)}{m.group(2)}/…" if m else "<redacted>"
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class StorageConfig(_Model):
+    # sqlite:///relative/path.db resolves against the config file's folder;
+    # postgresql://user@host/db for production; {env: NAME} when it holds a password.
+    url: Union[SecretRef, str] = "sqlite:///costs.db"
+
+    def resolved_url(self) -> str:
+        return self.url.get() if isinstance(self.url, SecretRef) else self.url
+
+
+# --------------------------------------------------------------------------- prices
+
+
+class RegionAdjustment(_Model):
+    multiplier: PositiveFloat = 1.0
+
+
+class PriceTable(_Model):
+    """Per-GPU-hour prices (never per instance) by canonical gpu type and capacity."""
+
+    currency: str = "USD"
+    source: str
+    as_of: dt.date
+    gpus: dict[str, dict[CapacityType, PositiveFloat]]
+    regions: dict[str, RegionAdjustment] = {}
+
+    @field_validator("gpus")
+    @classmethod
+    def _canonical_gpu_names(cls, gpus: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        from gpu_ops.compute.catalog import canonical_gpu_type
+
+        out: dict[str, dict[str, float]] = {}
+        for name, by_capacity in gpus.items():
+            canonical = canonical_gpu_type(name)  # raises UnknownGpuType (a ValueError)
+            if canonical in out:
+                raise ValueError(f"{name!r} is a second entry for {canonical!r}")
+            if not by_capacity:
+                raise ValueError(f"{name}: no prices given")
+            out[canonical] = by_capacity
+        return out
+
+
+# --------------------------------------------------------------------------- usage
+
+
+class LedgerSource(_Model):
+    type: Literal["ledger"]
+
+
+class FileSource(_Model):
+    type: Literal["file"]
+    path: str  # a glob; CSV or Parquet by extension
+
+
+class KubernetesSource(_Model):
+    type: Literal["kubernetes"]
+    namespaces: list[str] = []  # empty: all namespaces
+    label_keys: dict[str, str] = {}  # attribution key -> pod label (defaults in cost/)
+
+
+UsageSource = Annotated[Union[LedgerSource, FileSource, KubernetesSource], Field(discriminator="type")]
+
+
+class InventoryConfig(_Model):
+    type: Literal["file", "karpenter"]
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> "InventoryConfig":
+        if self.type == "file" and not self.path:
+            raise ValueError("path is required when type is file")
+        return self
+
+
+class UsageConfig(_Model):
+    sources: list[UsageSource] = [LedgerSource(type="ledger")]
+    inventory: InventoryConfig | None = None
+    # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
+    idle: Literal["row", "share"] = "row"
+    group_by: list[str] = ["team", "project"]
+
+    @field_validator("group_by")
+    @classmethod
+    def _known_keys(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if key not in GROUPING_KEYS and not key.startswith("label:"):
+                raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
+        return keys
+
+
+# --------------------------------------------------------------------------- budgets
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+
+
+def parse_duration(value: str | int | float) -> dt.timedelta:
+    """``90s``, ``60m``, ``2h``, ``1d``; a bare number is seconds."""
+    if isinstance(value, (int, float)):
+        return dt.timedelta(seconds=float(value))
+    m = _DURATION.match(value)
+    if not m:
+        raise ValueError(f"{value!r} is not a duration (use e.g. 90s, 60m, 2h, 1d)")
+    n, unit = float(m.group(1)), m.group(2)
+    return dt.timedelta(seconds=n * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+
+
+class BudgetScope(_Model):
+    team: str | None = None
+    project: str | None = None
+    namespace: str | None = None
+    cost_center: str | None = None
+    labels: dict[str, str] = {}
+
+    def as_filters(self) -> dict[str, str]:
+        """Grouping-key filters, labels as ``label:<name>``; empty means everything."""
+        out = {k: v for k in GROUPING_KEYS if (v := getattr(self, k, None)) is not None}
+        out.update({f"label:{k}": v for k, v in self.labels.items()})
+        return out
+
+
+class Threshold(_Model):
+    percent: PositiveFloat | None = None
+    absolute_usd: PositiveFloat | None = None
+    severity: Literal["info", "warning", "critical"] | None = None
+    basis: Literal["actual", "forecast"] = "actual"
+
+    @model_validator(mode="after")
+    def _exactly_one_amount(self) -> "Threshold":
+        if (self.percent is None) == (self.absolute_usd is None):
+            raise ValueError("give exactly one of percent or absolute_usd")
+        return self
+
+    def amount_usd(self, budget_amount: float) -> float:
+        return self.absolute_usd if self.absolute_usd is not None else budget_amount * self.percent / 100.0
+
+    def key(self) -> str:
+        """Stable identifier used in alert state and run keys: ``actual-80pct``."""
+        amount = f"{self.percent:g}pct" if self.percent is not None else f"{self.absolute_usd:g}usd"
+        return f"{self.basis}-{amount}"
+
+    def effective_severity(self, budget_amount: float) -> str:
+        if self.severity:
+            return self.severity
+        return "critical" if self.amount_usd(budget_amount) >= budget_amount else "warning"
+
+
+class Enforcement(_Model):
+    action: Literal["alert", "throttle", "block"] = "alert"
+    grace_period: str = "0s"
+    max_gpus: int | None = Field(default=None, ge=0)  # throttle: the NodePool's GPU limit
+    spot_only: bool = False  # throttle: restrict the scope's pool to spot capacity
+    zero_pool_limit: bool = False  # block: also set the pool's GPU limit to 0
+    threshold_percent: PositiveFloat = 100.0  # enforce once spend crosses this share
+
+    @field_validator("grace_period")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _throttle_needs_a_limit(self) -> "Enforcement":
+        if self.action == "throttle" and self.max_gpus is None and not self.spot_only:
+            raise ValueError("throttle needs max_gpus or spot_only: true")
+        return self
+
+    @property
+    def grace(self) -> dt.timedelta:
+        return parse_duration(self.grace_period)
+
+
+class Budget(_Model):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")]
+    scope: BudgetScope = BudgetScope()
+    period: Literal["monthly", "weekly", "daily"] = "monthly"
+    # monthly: day of month 1-28; weekly: ISO weekday 1 (Monday) to 7; daily: ignored.
+    reset_day: int = Field(default=1, ge=1, le=28)
+    amount_usd: PositiveFloat
+    thresholds: list[Threshold] = [Threshold(percent=80), Threshold(percent=100)]
+    channels: list[str] = []
+    enforcement: Enforcement = Enforcement()
+    notify_resolve: bool = True
+    # No forecast until this much of the period has data (one hour says nothing).
+    forecast_min_history: str = "3d"
+
+    @model_validator(mode="after")
+    def _weekly_reset_day(self) -> "Budget":
+        if self.period == "weekly" and self.reset_day > 7:
+            raise ValueError("reset_day for a weekly budget is an ISO weekday, 1 (Monday) to 7")
+        parse_duration(self.forecast_min_history)
+        return self
+
+
+# --------------------------------------------------------------------------- channels
+
+
+class SlackChannel(_Model):
+    type: Literal["slack"]
+    webhook_url: Annotated[Secret, Field()]
+
+    _wrap = field_validator("webhook_url", mode="before")(_secret_from_literal)
+
+
+class PagerDutyChannel(_Model):
+    type: Literal["pagerduty"]
+    routing_key: Annotated[Secret, Field()]
+    events_url: str = "https://events.pagerduty.com/v2/enqueue"
+
+    _wrap = field_validator("routing_key", mode="before")(_secret_from_literal)
+
+
+class WebhookChannel(_Model):
+    type: Literal["webhook"]
+    url: Annotated[Secret, Field()]
+    secret: Annotated[Secret, Field()] | None = None
+    headers: dict[str, str] = {}
+
+    _wrap = field_validator("url", "secret", mode="before")(_secret_from_literal)
+
+
+class SmtpSettings(_Model):
+    host: str = "localhost"
+    port: PositiveInt = 25
+    username: str | None = None
+    password: Annotated[Secret, Field()] | None = None
+    starttls: Literal["auto", "always", "never"] = "auto"
+    timeout_s: PositiveFloat = 10.0
+
+    _wrap = field_validator("password", mode="before")(_secret_from_literal)
+
+
+class EmailChannel(_Model):
+    type: Literal["email"]
+    to: Annotated[list[str], Field(min_length=1)]
+    sender: str = "gpu-ops@localhost"
+    smtp: SmtpSettings = SmtpSettings()
+
+    @field_validator("to")
+    @classmethod
+    def _addresses(cls, to: list[str]) -> list[str]:
+        for addr in to:
+            if not re.match(r"^[^@\s]+@[^@\s]+$", addr):
+                raise ValueError(f"{addr!r} is not an e-mail address")
+        return to
+
+
+class LogChannel(_Model):
+    type: Literal["log"]
+
+
+Channel = Annotated[
+    Union[SlackChannel, PagerDutyChannel, WebhookChannel, EmailChannel, LogChannel],
+    Field(discriminator="type"),
+]
+
+
+class AlertsConfig(_Model):
+    # Links in notifications point here (the Dagster UI's base URL).
+    dagster_url: str = "http://localhost:3000"
+    evaluation_interval_s: PositiveInt = 300
+
+
+# --------------------------------------------------------------------------- compute/training
+
+
+class KarpenterConfig(_Model):
+    manage_nodepools: bool = True
+    manage_ec2nodeclass: bool = False
+    node_class: str = "gpu-ops"  # EC2NodeClass name the NodePools reference
+    node_role: str | None = None  # IAM role for a managed EC2NodeClass
+    cluster_name: str | None = None  # for discovery tags in a managed EC2NodeClass
+    consolidate_after: str = "10m"
+    gpu_limit: PositiveInt = 64  # default nvidia.com/gpu limit of a generated pool
+
+
+class KubetorchConfig(_Model):
+    launch_timeout_s: PositiveInt = 900
+    inactivity_ttl: str = "30m"
+    image: str | None = None
+
+
+class ComputeConfig(_Model):
+    backend: Literal["local", "kubetorch"] = "local"
+    namespace: str = "default"
+    priority_class: str | None = None
+    cleanup: Literal["always", "on_exception", "never"] = "always"
+    karpenter: KarpenterConfig = KarpenterConfig()
+    kubetorch: KubetorchConfig = KubetorchConfig()
+    orphan_grace: str = "1h"
+
+
+class TrainingConfig(_Model):
+    # A folder or any fsspec URL (s3://, gs://, a PVC path); relative folders resolve
+    # against GPU_OPS_HOME.
+    checkpoint_url: str = "checkpoints"
+    keep_last: PositiveInt = 3
+
+
+# --------------------------------------------------------------------------- the file
+
+
+class GpuOpsConfig(_Model):
+    storage: StorageConfig = StorageConfig()
+    prices: PriceTable
+    usage: UsageConfig = UsageConfig()
+    budgets: list[Budget] = []
+    channels: dict[str, Channel] = {}
+    alerts: AlertsConfig = AlertsConfig()
+    compute: ComputeConfig = ComputeConfig()
+    training: TrainingConfig = TrainingConfig()
+    # Not part of the file: where it was read from, for resolving relative paths.
+    source_path: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.source_path.parent if self.source_path else Path.cwd()
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(os.path.expanduser(path))
+        return p if p.is_absolute() else self.base_dir / p
+
+    def budget(self, name: str) -> Budget:
+        for b in self.budgets:
+            if b.name == name:
+                return b
+        raise KeyError(f"no budget named {name!r} (have: {', '.join(b.name for b in self.budgets) or 'none'})")
+
+
+def gpu_ops_home() -> Path:
+    """Where the embedded default keeps its SQLite database and checkpoints."""
+    return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".gpu_ops").resolve()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _friendly(err: Mapping[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    for op, sym in (("greater_than", ">"), ("greater_than_equal", ">="), ("less_than", "<"), ("less_than_equal", "<=")):
+        if kind == op:
+            return f"must be {sym} {ctx[next(k for k in ('gt', 'ge', 'lt', 'le') if k in ctx)]}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind == "union_tag_invalid":
+        return f"unknown type {ctx.get('tag')!r}: expected one of {ctx.get('expected_tags')}"
+    if kind == "union_tag_not_found":
+        return "needs a 'type'"
+    msg = err["msg"]
+    return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
+
+
+def _field_path(loc: tuple[Any, ...], data: Any) -> str:
+    """Render a pydantic location as ``budgets[2].thresholds[0].percent``.
+
+    Pydantic inserts the discriminator tag (``slack``) into locations of tagged unions
+    and class names into others; walking the input data tells the real keys from those.
+    """
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, list):
+            out += f"[{part}]"
+            node = node[part] if part < len(node) else None
+            continue
+        if isinstance(node, Mapping) and part in node:
+            out += f".{part}" if out else str(part)
+            node = node[part]
+            continue
+        if isinstance(node, Mapping) and (node.get("type") == part or part in ("function-after", "literal", "SecretRef", "LiteralSecret")):
+            continue  # a union tag, not a key
+        if isinstance(node, Mapping) or node is None:
+            out += f".{part}" if out else str(part)
+            node = None
+    return out or "(top level)"
+
+
+def _read_yaml(path: Path, problems: list[str]) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        problems.append(f"{path}: cannot be read: {exc.strerror or exc}")
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problems.append(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        return None
+
+
+def _validate_section(model: Any, data: Any, label: str, prefix: str, problems: list[str]) -> Any:
+    try:
+        return model.model_validate(data) if hasattr(model, "model_validate") else model(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            path = _field_path(tuple(err["loc"]), data)
+            full = f"{prefix}.{path}" if prefix and path != "(top level)" else (prefix or path)
+            problems.append(f"{label}: {full}: {_friendly(err)}")
+        return None
+
+
+def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
+    """Validate a parsed mapping; ``source`` names the file in errors and anchors paths."""
+    label = str(source) if source else "<config>"
+    problems: list[str] = []
+    if not isinstance(data, Mapping):
+        raise ConfigError([f"{label}: the file must be a mapping of sections, got {type(data).__name__}"])
+    data = dict(data)
+    base = source.parent if source else Path.cwd()
+
+    # prices: a path to a YAML file (its own errors name that file) or inline.
+    prices = data.get("prices")
+    prices_label, prices_prefix = label, "prices"
+    if isinstance(prices, str):
+        prices_path = Path(os.path.expanduser(prices))
+        prices_path = prices_path if prices_path.is_absolute() else base / prices_path
+        prices_label, prices_prefix = str(prices_path), ""
+        prices = _read_yaml(prices_path, problems)
+        if prices is None and not problems:
+            problems.append(f"{prices_path}: is empty")
+    elif prices is None:
+        problems.append(f"{label}: prices: is required (a path to a prices file, or the table inline)")
+    price_table = None
+    if prices is not None:
+        price_table = _validate_section(PriceTable, prices, prices_label, prices_prefix, problems)
+
+    # budgets and channels may also live in a file of their own.
+    for section in ("budgets", "channels"):
+        if isinstance(data.get(section), str):
+            p = base / data[section]
+            loaded = _read_yaml(p, problems)
+            if isinstance(loaded, Mapping) and section in loaded:
+                loaded = loaded[section]
+            data[section] = loaded if loaded is not None else ([] if section == "budgets" else {})
+
+    # The rest is validated with a stand-in price table so that its problems are
+    # reported together with the prices' own.
+    rest = {k: v for k, v in data.items() if k != "prices"}
+    stand_in = {"source": "-", "as_of": "2000-01-01", "gpus": {}}
+    cfg = _validate_section(GpuOpsConfig, {**rest, "prices": stand_in}, label, "", problems)
+
+    if cfg is not None:
+        names = [b.name for b in cfg.budgets]
+        for i, b in enumerate(cfg.budgets):
+            if names.count(b.name) > 1 and names.index(b.name) != i:
+                problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget")
+            for j, ch in enumerate(b.channels):
+                if ch not in cfg.channels:
+                    known = ", ".join(sorted(cfg.channels)) or "none defined"
+                    problems.append(f"{label}: budgets[{i}].channels[{j}]: no channel named {ch!r} (channels: {known})")
+        for i, src in enumerate(cfg.usage.sources):
+            if isinstance(src, FileSource) and not any(c in src.path for c in "*?[") and not (base / src.path).exists():
+                problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
+
+    if problems:
+        raise ConfigError(problems)
+    assert cfg is not None and price_table is not None
+    cfg = cfg.model_copy(update={"prices": price_table, "source_path": source})
+    url = cfg.storage.url
+    if isinstance(url, str) and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rel = url[len("sqlite:///") :]
+        if rel and rel != ":memory:":
+            anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
+            cfg = cfg.model_copy(update={"storage": StorageConfig(url=f"sqlite:///{(anchor / rel).resolve()}")})
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:
+    """Load ``path``, else ``$GPU_OPS_CONFIG``, else the bundled demo configuration."""
+    chosen = Path(path) if path else Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else BUNDLED_CONFIG
+    chosen = chosen.expanduser().resolve()
+    try:
+        stamp = chosen.stat().st_mtime_ns
+    except OSError as exc:
+        raise ConfigError([f"{chosen}: cannot be read: {exc.strerror or exc}"]) from None
+    return _load_cached(chosen, stamp, os.environ.get(HOME_ENV, ""))
+
+
+@lru_cache(maxsize=16)
+def _load_cached(path: Path, _stamp: int, _home: str) -> GpuOpsConfig:
+    problems: list[str] = []
+    data = _read_yaml(path, problems)
+    if problems:
+        raise ConfigError(problems)
+    return parse_config(data if data is not None else {}, path)

@@ -1,0 +1,100 @@
+"""`gpu-ops validate`: each check says what is wrong and how to fix it.
+
+Checks are plain functions ``(config) -> CheckResult``; each flow contributes its own
+(registered in ``CHECKS`` below). The command exits non-zero when any check fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import click
+
+from gpu_ops.config import ConfigError, GpuOpsConfig, load_config
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str  # "ok" | "failed" | "skipped"
+    detail: str
+    fix: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+def check_storage(config: GpuOpsConfig) -> CheckResult:
+    import sqlalchemy as sa
+
+    from gpu_ops.storage.tables import TableStore, display_url
+
+    try:
+        url = config.storage.resolved_url()
+    except ConfigError as exc:
+        return CheckResult("storage", "failed", str(exc), "export the variable, or set storage.url in the config file")
+    try:
+        store = TableStore(url)
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except Exception as exc:  # any driver error is reported, not raised
+        reason = str(exc).splitlines()[0]
+        for secret in filter(None, [getattr(sa.engine.make_url(url), "password", None)]):
+            reason = reason.replace(secret, "***")
+        return CheckResult(
+            "storage",
+            "failed",
+            f"cannot open {display_url(url)}: {reason}",
+            "check storage.url: the database must exist and accept connections (for PostgreSQL: host, port, user, database)",
+        )
+    return CheckResult("storage", "ok", f"{display_url(url)} ({store.dialect}) accepts connections")
+
+
+# "module:function" so that a check's heavy imports (kubernetes, torch) stay in the check.
+CHECKS: list[str] = [
+    "gpu_ops.validate:check_storage",
+]
+
+
+def run_checks(config: GpuOpsConfig, only: str | None = None) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    for ref in CHECKS:
+        module, _, attr = ref.partition(":")
+        check: Callable[[GpuOpsConfig], CheckResult | list[CheckResult]] = getattr(importlib.import_module(module), attr)
+        try:
+            out = check(config)
+        except Exception as exc:  # a crashing check is itself a failed check, not a crash
+            out = CheckResult(attr.removeprefix("check_"), "failed", f"the check itself failed: {type(exc).__name__}: {exc}")
+        for result in out if isinstance(out, list) else [out]:
+            if only is None or result.name == only:
+                results.append(result)
+    return results
+
+
+_MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
+@click.option("--only", help="run only the check with this name")
+def validate(config_path: str | None, only: str | None) -> None:
+    """Check configuration, storage, cluster and GPU; say how to fix each problem."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        click.echo("FAIL config: the configuration file has problems:")
+        for problem in exc.problems:
+            click.echo(f"     - {problem}")
+        click.echo("     fix: correct the fields named above")
+        raise SystemExit(1) from None
+    click.echo(f"ok   config: {config.source_path}")
+    results = run_checks(config, only)
+    for r in results:
+        click.echo(f"{_MARK[r.status]} {r.name}: {r.detail}")
+        if r.failed and r.fix:
+            click.echo(f"     fix: {r.fix}")
+    if any(r.failed for r in results):
+        raise SystemExit(1)

@@ -1,0 +1,118 @@
+"""Shared fixtures.
+
+- ``pg_url``: a scratch PostgreSQL database on 127.0.0.1:5432, dropped afterwards. With no
+  server the test skips, except under ``CI=true``, where a skip would hide a broken
+  environment and is turned into a failure.
+- ``karpenter_crds``: the real Karpenter v1 CRD schemas from ``../shared/reference``
+  (same rule: skip without them, fail under CI).
+- ``cluster`` tests run only when ``KUBECONFIG`` names a reachable cluster.
+- ``gpu`` tests run only when torch sees a CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_DIR = REPO.parent / "shared" / "reference" / "karpenter-crds"
+PG_ADMIN_URL = os.environ.get("GPU_OPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip locally; under CI=true a missing prerequisite is a failure, not a skip."""
+    if IN_CI:
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every test gets its own GPU_OPS_HOME and the bundled config unless it sets one.
+    monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path_factory.mktemp("gpu_ops_home")))
+    monkeypatch.delenv("GPU_OPS_CONFIG", raising=False)
+
+
+def _pg_admin_engine():
+    import sqlalchemy as sa
+
+    return sa.create_engine(PG_ADMIN_URL.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    import sqlalchemy as sa
+
+    try:
+        engine = _pg_admin_engine()
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:  # no server here: skip (or fail under CI)
+        skip_or_fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {str(exc).splitlines()[0]}")
+    return PG_ADMIN_URL
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh database, dropped (connections terminated) after the test."""
+    import sqlalchemy as sa
+
+    name = f"gpu_ops_test_{uuid.uuid4().hex[:10]}"
+    admin = _pg_admin_engine()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = pg_server.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        from gpu_ops.storage.tables import TableStore
+
+        TableStore.dispose_all()
+        with admin.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def karpenter_crds() -> dict[str, dict]:
+    """``kind -> openAPIV3Schema`` of the real Karpenter v1 CRDs."""
+    import yaml
+
+    if not CRD_DIR.is_dir():
+        skip_or_fail(f"the Karpenter CRDs are not at {CRD_DIR}")
+    schemas = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        kind = crd["spec"]["names"]["kind"]
+        version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+        schemas[kind] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kubeconfig = os.environ.get("KUBECONFIG")
+    skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see README, 'Tests against a cluster')")
+    for item in items:
+        if "cluster" in item.keywords and not (kubeconfig and Path(kubeconfig).exists()):
+            item.add_marker(skip_cluster)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.fixture
+def cuda() -> None:
+    if not cuda_available():
+        pytest.skip("no CUDA GPU on this machine (CI has none)")
