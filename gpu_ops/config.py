@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -129,29 +130,39 @@ class RegionAdjustment(_Model):
     multiplier: PositiveFloat = 1.0
 
 
+def _canonical_gpu_key(name: str) -> str:
+    from gpu_ops.compute.catalog import canonical_gpu_type
+
+    return canonical_gpu_type(name)  # UnknownGpuType is a ValueError: reported per key
+
+
+GpuTypeName = Annotated[str, AfterValidator(_canonical_gpu_key)]
+
+
 class PriceTable(_Model):
     """Per-GPU-hour prices (never per instance) by canonical gpu type and capacity."""
 
     currency: str = "USD"
     source: str
     as_of: dt.date
-    gpus: dict[str, dict[CapacityType, PositiveFloat]]
+    gpus: dict[GpuTypeName, Annotated[dict[CapacityType, PositiveFloat], Field(min_length=1)]]
     regions: dict[str, RegionAdjustment] = {}
 
-    @field_validator("gpus")
+    @model_validator(mode="before")
     @classmethod
-    def _canonical_gpu_names(cls, gpus: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        from gpu_ops.compute.catalog import canonical_gpu_type
+    def _no_two_names_for_one_gpu(cls, data: Any) -> Any:
+        from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        out: dict[str, dict[str, float]] = {}
-        for name, by_capacity in gpus.items():
-            canonical = canonical_gpu_type(name)  # raises UnknownGpuType (a ValueError)
-            if canonical in out:
-                raise ValueError(f"{name!r} is a second entry for {canonical!r}")
-            if not by_capacity:
-                raise ValueError(f"{name}: no prices given")
-            out[canonical] = by_capacity
-        return out
+        seen: dict[str, str] = {}
+        for name in (data.get("gpus") or {}) if isinstance(data, Mapping) else {}:
+            try:
+                canonical = canonical_gpu_type(name)
+            except UnknownGpuType:
+                continue  # reported against the key itself
+            if canonical in seen:
+                raise ValueError(f"gpus: {name!r} and {seen[canonical]!r} both name {canonical!r}")
+            seen[canonical] = name
+        return data
 
 
 # --------------------------------------------------------------------------- usage
@@ -339,6 +350,7 @@ class SmtpSettings(_Model):
     password: Annotated[Secret, Field()] | None = None
     starttls: Literal["auto", "always", "never"] = "auto"
     timeout_s: PositiveFloat = 10.0
+    ca_file: str | None = None  # CA bundle that signs the server's STARTTLS certificate
 
     _wrap = field_validator("password", mode="before")(_secret_from_literal)
 
@@ -372,6 +384,15 @@ class AlertsConfig(_Model):
     # Links in notifications point here (the Dagster UI's base URL).
     dagster_url: str = "http://localhost:3000"
     evaluation_interval_s: PositiveInt = 300
+    # Delivery: tries per channel inside one attempt of the alert op (backoff doubles
+    # from delivery_backoff_s), then the op's RetryPolicy retries the channels that
+    # still failed, run_retries times, run_retry_delay_s apart (doubling).
+    delivery_attempts: PositiveInt = 4
+    delivery_backoff_s: PositiveFloat = 1.0
+    delivery_timeout_s: PositiveFloat = 10.0
+    run_retries: int = Field(default=3, ge=0)
+    run_retry_delay_s: PositiveFloat = 60.0
+    top_spenders: int = Field(default=5, ge=0)
 
 
 # --------------------------------------------------------------------------- compute/training
@@ -457,7 +478,8 @@ def _friendly(err: Mapping[str, Any]) -> str:
         return "unknown field"
     for op, sym in (("greater_than", ">"), ("greater_than_equal", ">="), ("less_than", "<"), ("less_than_equal", "<=")):
         if kind == op:
-            return f"must be {sym} {ctx[next(k for k in ('gt', 'ge', 'lt', 'le') if k in ctx)]}"
+            bound = ctx[next(k for k in ("gt", "ge", "lt", "le") if k in ctx)]
+            return f"must be {sym} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sym} {bound}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
     if kind == "union_tag_invalid":
@@ -485,6 +507,8 @@ def _field_path(loc: tuple[Any, ...], data: Any) -> str:
             out += f".{part}" if out else str(part)
             node = node[part]
             continue
+        if part == "[key]":
+            continue  # pydantic's marker for "the key itself was invalid"
         if isinstance(node, Mapping) and (node.get("type") == part or part in ("function-after", "literal", "SecretRef", "LiteralSecret")):
             continue  # a union tag, not a key
         if isinstance(node, Mapping) or node is None:

@@ -1,5 +1,1 @@
-"""Table storage: SQLite by default, PostgreSQL in production."""
-
-from gpu_ops.storage.tables import PARTITION_COLUMN, StorageError, TableStore, display_url
-
-__all__ = ["PARTITION_COLUMN", "StorageError", "TableStore", "display_url"]
+"""Table storage: SQLite by default, PostgreSQL in production (see tables.py, io_manager.py)."""

@@ -1,12 +1,20 @@
-"""`TableIOManager`: Dagster's handle on :class:`TableStore`. Thin wiring only."""
+"""`TableIOManager`: Dagster's handle on :class:`TableStore`. Thin wiring only.
+
+pandas and SQLAlchemy are imported when a table is read or written, not when the code
+location loads (they would double its load time).
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import dagster as dg
 from pydantic import Field
-import pandas as pd
 
-from gpu_ops.storage.tables import PARTITION_COLUMN, StorageError, TableStore, display_url
+if TYPE_CHECKING:
+    from gpu_ops.storage.tables import TableStore
+
+PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 
 
 def table_name(key: dg.AssetKey) -> str:
@@ -23,10 +31,16 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     url: str = Field(description="SQLAlchemy URL: sqlite:///path.db or postgresql://user@host/db")
 
-    def _store(self) -> TableStore:
+    def _store(self) -> "TableStore":
+        from gpu_ops.storage.tables import TableStore
+
         return TableStore(self.url)
 
-    def handle_output(self, context: dg.OutputContext, obj: pd.DataFrame) -> None:
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        import pandas as pd
+
+        from gpu_ops.storage.tables import StorageError, display_url
+
         if obj is None:
             return
         if not isinstance(obj, pd.DataFrame):
@@ -34,13 +48,10 @@ class TableIOManager(dg.ConfigurableIOManager):
         name = table_name(context.asset_key)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
         rows = self._store().write(name, obj, partition_keys=keys)
-        context.add_output_metadata(
-            {"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(self.url)}
-        )
+        context.add_output_metadata({"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(self.url)})
 
-    def load_input(self, context: dg.InputContext) -> pd.DataFrame:
-        key = context.asset_key
-        name = table_name(key)
+    def load_input(self, context: dg.InputContext) -> Any:
+        name = table_name(context.asset_key)
         if context.has_asset_partitions:
             keys = list(context.asset_partition_keys)
             df = self._store().read(name, partition_keys=keys, missing_ok=True)

@@ -91,28 +91,27 @@ def _to_utc(series: pd.Series) -> pd.Series:
     return s
 
 
-def _encode(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
-    """Frame -> values the DB driver understands (UTC datetimes, JSON text, None)."""
-    out = {}
+def _encode(df: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, list[Any]]:
+    """Frame -> plain Python values per column (UTC datetimes, JSON text, None for nulls).
+
+    Built as lists, not a DataFrame: pandas would re-infer dtypes and turn None into NaN.
+    """
+    out: dict[str, list[Any]] = {}
     for col in df.columns:
         kind = kinds[col]
-        s = df[col]
-        if kind == "datetime":
-            s = _to_utc(s)
-            out[col] = s.astype(object).where(s.notna(), None).map(lambda v: v.to_pydatetime() if v is not None else None)
-        elif kind == "json":
-            out[col] = s.map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else json.dumps(v, default=str))
-        elif kind == "bool":
-            out[col] = s.astype(object).where(s.notna(), None).map(lambda v: None if v is None else bool(v))
-        elif kind == "int":
-            out[col] = s.astype(object).where(s.notna(), None).map(lambda v: None if v is None else int(v))
-        elif kind == "float":
-            out[col] = s.astype(float).astype(object).where(s.notna(), None)
-        elif kind == "date":
-            out[col] = s.astype(object).where(s.notna(), None)
-        else:
-            out[col] = s.astype(object).where(s.notna(), None).map(lambda v: None if v is None else str(v))
-    return pd.DataFrame(out, index=df.index)
+        s = _to_utc(df[col]) if kind == "datetime" else df[col]
+        missing = s.isna().to_numpy() if kind != "json" else [v is None or (isinstance(v, float) and math.isnan(v)) for v in s]
+        convert = {
+            "datetime": lambda v: v.to_pydatetime(),
+            "json": lambda v: json.dumps(v, default=str),
+            "bool": bool,
+            "int": int,
+            "float": float,
+            "date": lambda v: v,
+            "str": str,
+        }[kind]
+        out[col] = [None if miss else convert(v) for v, miss in zip(s.tolist() if kind != "datetime" else list(s), missing)]
+    return out
 
 
 def _decode(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
@@ -146,6 +145,8 @@ class TableStore:
         self.url = url
         self.engine = self._engine_for(url)
         self.dialect = self.engine.dialect.name
+        # COPY goes through the raw driver, whose errors SQLAlchemy does not wrap.
+        self._driver_error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
 
     @classmethod
     def _engine_for(cls, url: str) -> Engine:
@@ -255,36 +256,41 @@ class TableStore:
             _check_name(col)
         kinds = {c: column_kind(df[c]) for c in df.columns}
         encoded = _encode(df, kinds)
-        with self.engine.begin() as conn:
-            self._lock(conn, name)
-            table = self._ensure_table(conn, name, kinds, PARTITION_COLUMN if partition_keys is not None else None)
-            if partition_keys is not None:
-                conn.execute(table.delete().where(table.c[PARTITION_COLUMN].in_(list(partition_keys))))
-            elif replace:
-                conn.execute(table.delete())
-            self._insert(conn, table, encoded)
+        try:
+            with self.engine.begin() as conn:
+                self._lock(conn, name)
+                table = self._ensure_table(conn, name, kinds, PARTITION_COLUMN if partition_keys is not None else None)
+                if partition_keys is not None:
+                    conn.execute(table.delete().where(table.c[PARTITION_COLUMN].in_(list(partition_keys))))
+                elif replace:
+                    conn.execute(table.delete())
+                self._insert(conn, table, encoded)
+        except (sa.exc.DBAPIError, self._driver_error) as exc:
+            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            raise StorageError(f"table {name}: the database rejected the write; nothing was changed: {reason}") from exc
         return len(df)
 
     def append(self, name: str, df: pd.DataFrame) -> int:
         return self.write(name, df, replace=False)
 
-    def _insert(self, conn: sa.Connection, table: sa.Table, df: pd.DataFrame) -> None:
-        if df.empty:
+    def _insert(self, conn: sa.Connection, table: sa.Table, columns: dict[str, list[Any]]) -> None:
+        names = list(columns)
+        rows = list(zip(*columns.values()))
+        if not rows:
             return
         if self.dialect == "postgresql":
-            self._copy(conn, table, df)
+            self._copy(conn, table, names, rows)
             return
-        records = df.to_dict("records")
-        for i in range(0, len(records), _BATCH):
-            conn.execute(table.insert(), records[i : i + _BATCH])
+        for i in range(0, len(rows), _BATCH):
+            conn.execute(table.insert(), [dict(zip(names, row)) for row in rows[i : i + _BATCH]])
 
-    def _copy(self, conn: sa.Connection, table: sa.Table, df: pd.DataFrame) -> None:
+    def _copy(self, conn: sa.Connection, table: sa.Table, names: list[str], rows: list[tuple]) -> None:
         buf = io.StringIO()
         writer = csv.writer(buf)
-        for row in df.itertuples(index=False, name=None):
+        for row in rows:
             writer.writerow(["\\N" if v is None else (v.isoformat() if isinstance(v, (dt.datetime, dt.date)) else v) for v in row])
         buf.seek(0)
-        cols = ", ".join(f'"{c}"' for c in df.columns)
+        cols = ", ".join(f'"{c}"' for c in names)
         raw = conn.connection.driver_connection
         with raw.cursor() as cur:
             cur.copy_expert(f'COPY "{table.name}" ({cols}) FROM STDIN WITH (FORMAT csv, NULL \'\\N\')', buf)

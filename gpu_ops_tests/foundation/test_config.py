@@ -1,0 +1,139 @@
+"""The GPU_OPS_CONFIG file: loading, paths, secrets and error reporting."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpu_ops.config import BUNDLED_CONFIG, ConfigError, LiteralSecret, SecretRef, load_config, parse_duration
+
+PRICES = """
+currency: USD
+source: test
+as_of: 2026-11-01
+gpus:
+  a100-80gb: {on-demand: 5.12, spot: 1.79}
+  NVIDIA-H100-80GB-HBM3: {on-demand: 12.29}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "gpu_ops.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_bundled_default_loads_and_keeps_its_database_under_gpu_ops_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "home"))
+    cfg = load_config()
+    assert cfg.source_path == BUNDLED_CONFIG.resolve()
+    assert cfg.storage.resolved_url() == f"sqlite:///{(tmp_path / 'home' / 'costs.db').resolve()}"
+    assert cfg.prices.gpus["a100-80gb"]["on-demand"] == pytest.approx(5.12)
+    assert {b.name for b in cfg.budgets} >= {"nlp-monthly"}
+
+
+def test_env_var_selects_the_file_and_relative_paths_resolve_against_it(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    write(tmp_path / "conf", PRICES, "prices.yaml")
+    path = write(tmp_path / "conf", "storage: {url: 'sqlite:///data/costs.db'}\nprices: prices.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPU_OPS_CONFIG", str(path))
+    cfg = load_config()
+    assert cfg.storage.resolved_url() == f"sqlite:///{tmp_path / 'conf' / 'data' / 'costs.db'}"
+    # aliases are canonicalised when the price table is read
+    assert set(cfg.prices.gpus) == {"a100-80gb", "h100"}
+    assert cfg.resolve_path("exports/x.csv") == tmp_path / "conf" / "exports" / "x.csv"
+
+
+def test_three_mistakes_give_three_errors_each_naming_file_and_field(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(
+        tmp_path,
+        """
+        prices: prices.yaml
+        budgets:
+          - name: nlp
+            amount_usd: 100
+            thresholds:
+              - {percent: 50}
+              - {percent: -5}
+          - name: vision
+            amount_usd: 100
+            period: fortnightly
+        channels:
+          slack-ml: {type: slack, webhook_url: {env: SLACK_URL}, colour: red}
+        """,
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    problems = exc.value.problems
+    assert len(problems) == 3, problems
+    assert f"{path}: budgets[0].thresholds[1].percent: must be > 0" in problems
+    assert any(p.startswith(f"{path}: budgets[1].period: must be one of") for p in problems)
+    assert f"{path}: channels.slack-ml.colour: unknown field" in problems
+
+
+def test_errors_in_a_separate_prices_file_name_that_file(tmp_path):
+    prices = write(tmp_path, "currency: USD\nsource: s\nas_of: 2026-11-01\ngpus:\n  a10: {spot: 1.0}\n  t4: {on-demand: 0}\n", "prices.yaml")
+    path = write(tmp_path, "prices: prices.yaml\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    text = str(exc.value)
+    # a10 is not a100: an unknown name is an error with suggestions, never a guess
+    assert f"{prices}: gpus.a10: unknown GPU type 'a10'" in text
+    assert f"{prices}: gpus.t4.on-demand: must be > 0" in text
+    assert "a10g" in text
+
+
+def test_budget_naming_an_undefined_channel_is_an_error(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(tmp_path, "prices: prices.yaml\nbudgets:\n  - {name: b, amount_usd: 10, channels: [pager]}\n")
+    with pytest.raises(ConfigError, match=r"budgets\[0\]\.channels\[0\]: no channel named 'pager'"):
+        load_config(path)
+
+
+def test_broken_yaml_names_file_and_line(tmp_path):
+    path = write(tmp_path, "prices: [unclosed\nstorage: {}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: line \d+, column \d+: not valid YAML"):
+        load_config(path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_OPS_CONFIG", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="nope.yaml: cannot be read"):
+        load_config()
+
+
+def test_secrets_stay_references_and_never_render_their_value(tmp_path, monkeypatch):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(
+        tmp_path,
+        """
+        prices: prices.yaml
+        channels:
+          slack: {type: slack, webhook_url: {env: GPU_OPS_TEST_SLACK}}
+          hook: {type: webhook, url: "https://hooks.example.com/gpu", secret: {env: GPU_OPS_TEST_HOOK}}
+        """,
+    )
+    monkeypatch.setenv("GPU_OPS_TEST_SLACK", "https://hooks.slack.com/services/T0/B0/s3cr3t")
+    cfg = load_config(path)
+    slack = cfg.channels["slack"]
+    assert isinstance(slack.webhook_url, SecretRef)
+    assert slack.webhook_url.get().endswith("s3cr3t")
+    assert "s3cr3t" not in repr(cfg) and "s3cr3t" not in str(cfg.model_dump())
+    hook = cfg.channels["hook"]
+    assert isinstance(hook.url, LiteralSecret) and "hooks.example.com" not in repr(hook)
+    with pytest.raises(ConfigError, match="GPU_OPS_TEST_HOOK is not set"):
+        hook.secret.get()
+
+
+def test_threshold_needs_exactly_one_amount_and_durations_parse(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(tmp_path, "prices: prices.yaml\nbudgets:\n  - {name: b, amount_usd: 10, thresholds: [{percent: 50, absolute_usd: 5}]}\n")
+    with pytest.raises(ConfigError, match=r"budgets\[0\]\.thresholds\[0\]: give exactly one of percent or absolute_usd"):
+        load_config(path)
+    assert parse_duration("60m").total_seconds() == 3600
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("soon")
