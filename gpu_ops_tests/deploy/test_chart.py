@@ -1,0 +1,349 @@
+"""The helm chart, rendered offline with helm-python (Helm v4) for three value sets and
+every object checked: Karpenter objects against the real CRD schemas, core objects
+against the Kubernetes OpenAPI schemas, RBAC, pod security, and the ConfigMap against
+gpu_ops's own config loader."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpu_ops.compute.catalog import CATALOG
+from gpu_ops.config import LiteralSecret, SecretRef, load_config
+from gpu_ops_tests.deploy.chart import (
+    CHART,
+    K8S_VERSION,
+    NAMESPACE,
+    VALUE_SETS,
+    by_kind,
+    container_context,
+    container_env,
+    objects,
+    one,
+    render,
+    two_gpu_pools,
+    write_config,
+)
+
+KARPENTER_KINDS = {"NodePool", "EC2NodeClass", "NodeClaim"}
+
+
+@pytest.fixture(params=sorted(VALUE_SETS))
+def value_set(request: pytest.FixtureRequest) -> tuple[str, dict]:
+    return request.param, VALUE_SETS[request.param]()
+
+
+def test_lint_passes_strict(value_set: tuple[str, dict]) -> None:
+    import helm_python as helm
+
+    name, values = value_set
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], f"{name}: {report}"
+
+
+def test_every_object_is_valid_against_its_schema(value_set: tuple[str, dict], karpenter_crds: dict[str, dict]) -> None:
+    name, values = value_set
+    objs = objects(values)
+    kinds = {o["kind"] for o in objs}
+    assert {"Deployment", "Service", "ServiceAccount", "ConfigMap", "ClusterRole", "Role", "PriorityClass"} <= kinds
+    for obj in objs:
+        where = f"{name}: {obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in KARPENTER_KINDS:
+            assert obj["apiVersion"] in ("karpenter.sh/v1", "karpenter.k8s.aws/v1"), where
+            try:
+                jsonschema.validate(obj, karpenter_crds[obj["kind"]])
+            except jsonschema.ValidationError as exc:
+                pytest.fail(f"{where}: {exc.message} at {list(exc.absolute_path)}")
+        else:
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{where}: {exc.message} at {list(exc.path)}")
+
+
+def test_rbac_is_least_privilege(value_set: tuple[str, dict]) -> None:
+    _, values = value_set
+    objs = objects(values)
+    roles = by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), f"wildcard in {role['metadata']['name']}: {rule}"
+            assert "secrets" not in rule["resources"], f"secret access in {role['kind']}/{role['metadata']['name']}"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+    cluster = one(objs, "ClusterRole")
+    grants = {(g, r): set(rule["verbs"]) for rule in cluster["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    for resource in ("nodepools", "nodeclaims"):
+        assert grants[("karpenter.sh", resource)] == {"get", "list", "watch", "create", "patch", "delete"}
+    assert grants[("", "nodes")] == {"get", "list", "watch"}
+    assert grants[("", "events")] == {"get", "list", "watch"}
+    # Pods are namespaced grants here: every kubernetes source names its namespaces.
+    assert ("", "pods") not in grants
+
+    compute_ns = (values.get("config") or {}).get("compute", {}).get("namespace", "ml")
+    workload_roles = {r["metadata"]["namespace"]: r for r in by_kind(objs, "Role") if r["metadata"]["namespace"] != "kubetorch"}
+    assert compute_ns in workload_roles
+    for role in workload_roles.values():
+        grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+        assert grants == {("", "pods"): {"get", "list", "watch"}, ("apps", "deployments"): {"get", "list"}}
+
+    # The Kubetorch controller's health (its version) through one Service's proxy only.
+    (kt_role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["namespace"] == "kubetorch"]
+    assert kt_role["rules"] == [{"apiGroups": [""], "resources": ["services/proxy"], "resourceNames": ["kubetorch-controller", "kubetorch-controller:8080"], "verbs": ["get"]}]
+
+    # Every Role/ClusterRole is bound to the chart's ServiceAccount, and only to it.
+    sa = one(objs, "ServiceAccount")["metadata"]["name"]
+    bindings = by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding")
+    assert {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace")) for b in bindings} == {
+        (r["kind"], r["metadata"]["name"], r["metadata"].get("namespace")) for r in roles
+    }
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+
+
+def test_two_pools_grant_pod_reads_in_each_collected_namespace() -> None:
+    objs = objects(two_gpu_pools())
+    assert {r["metadata"]["namespace"] for r in by_kind(objs, "Role")} == {"ml", "nlp", "vision", "kubetorch"}
+
+
+def test_collector_over_all_namespaces_reads_pods_cluster_wide_but_never_secrets() -> None:
+    values = {"config": {**copy.deepcopy(yaml.safe_load((CHART / "values.yaml").read_text())["config"])}}
+    values["config"]["usage"]["sources"] = [{"type": "kubernetes"}]
+    cluster = one(objects(values), "ClusterRole")
+    pod_rules = [r for r in cluster["rules"] if "pods" in r["resources"]]
+    assert pod_rules == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert not any("secrets" in r["resources"] for r in cluster["rules"])
+
+
+def test_every_container_is_non_root_read_only_and_drops_capabilities(value_set: tuple[str, dict]) -> None:
+    _, values = value_set
+    pods = [o["spec"]["template"]["spec"] for o in objects(values) if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")]
+    assert pods
+    for pod in pods:
+        pod_sc = pod.get("securityContext", {})
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, c["name"]
+            assert sc.get("runAsUser", pod_sc.get("runAsUser", 0)) != 0, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], c["name"]
+            assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
+            assert c["resources"]["limits"]["memory"], c["name"]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert probe in c, f"{c['name']} has no {probe}"
+        # No GPU anywhere near the code server: no GPU request, no GPU toleration.
+        assert not any("nvidia.com/gpu" in json.dumps(c["resources"]) for c in pod["containers"])
+        assert not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", []))
+
+
+def test_code_server_serves_gpu_ops_definitions_over_grpc() -> None:
+    objs = objects()
+    dep = one(objs, "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] + c["args"] == [
+        "dagster", "api", "grpc", "--module-name", "gpu_ops.definitions", "--attribute", "defs",
+        "--host", "0.0.0.0", "--port", "3030", "--location-name", "gpu_ops",
+    ]
+    assert c["ports"] == [{"name": "grpc", "containerPort": 3030, "protocol": "TCP"}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"] == {"port": 3030, "service": "DagsterApi"}
+    svc = one(objs, "Service")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["port"] == 3030 and svc["spec"]["ports"][0]["targetPort"] == "grpc"
+    # The same module and attribute the repository's workspace.yaml loads.
+    from gpu_ops_tests.conftest import REPO
+
+    workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
+    target = workspace["load_from"][0]["python_module"]
+    assert (target["module_name"], target["attribute"]) == ("gpu_ops.definitions", "defs")
+
+
+def test_container_context_is_valid_dagster_k8s_config_for_run_workers(value_set: tuple[str, dict]) -> None:
+    from dagster._config import process_config
+    from dagster_k8s.job import DagsterK8sJobConfig
+
+    _, values = value_set
+    objs = objects(values)
+    dep = one(objs, "Deployment")
+    ctx = container_context(dep)
+    result = process_config(DagsterK8sJobConfig.config_type_container_context(), ctx["k8s"])
+    assert result.success, result.errors
+    k8s = ctx["k8s"]
+    assert k8s["service_account_name"] == one(objs, "ServiceAccount")["metadata"]["name"]
+    assert {"name": "gpu-ops-config", "configMap": {"name": one(objs, "ConfigMap")["metadata"]["name"]}} in k8s["volumes"]
+    assert "GPU_OPS_CONFIG=/etc/gpu-ops/gpu_ops.yaml" in k8s["env_vars"]
+    # Run workers get exactly the code server's secret references.
+    server_secret_env = {n: e["valueFrom"] for n, e in container_env(dep).items() if "valueFrom" in e}
+    assert {e["name"]: e["valueFrom"] for e in k8s["env"]} == server_secret_env
+    assert k8s["security_context"]["runAsNonRoot"] is True
+    assert container_env(dep)["DAGSTER_CURRENT_IMAGE"]["value"] == dep["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_nodepools_follow_the_karpenter_rules_for_training(karpenter_crds: dict[str, dict]) -> None:
+    objs = objects(two_gpu_pools())
+    pools = {p["metadata"]["name"]: p for p in by_kind(objs, "NodePool")}
+    assert set(pools) == {"a100-80gb-spot", "l4-small"}
+    node_class = one(objs, "EC2NodeClass")["metadata"]["name"]
+    karpenter_gpu_names = {spec.karpenter_gpu_name for spec in CATALOG.values()}
+    for name, pool in pools.items():
+        spec = pool["spec"]["template"]["spec"]
+        assert spec["expireAfter"] == "Never", name
+        assert pool["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty", name
+        assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in spec["taints"], name
+        assert "nvidia.com/gpu" in pool["spec"]["limits"], name
+        assert spec["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class}
+        reqs = {r["key"]: r for r in spec["requirements"]}
+        assert set(reqs["karpenter.k8s.aws/instance-gpu-name"]["values"]) <= karpenter_gpu_names, name
+        # The selector Karpenter cannot provision for must never appear.
+        assert "nvidia.com/gpu.product" not in json.dumps(pool), name
+    a100 = pools["a100-80gb-spot"]
+    reqs = {r["key"]: r for r in a100["spec"]["template"]["spec"]["requirements"]}
+    assert reqs["karpenter.k8s.aws/instance-gpu-memory"] == {"key": "karpenter.k8s.aws/instance-gpu-memory", "operator": "Gt", "values": ["81919"]}
+    assert reqs["karpenter.sh/capacity-type"]["values"] == ["spot"]
+    assert a100["spec"]["limits"] == {"nvidia.com/gpu": "32"} and a100["spec"]["weight"] == 50
+    assert "gpu-ops.io/team" not in pools["l4-small"]["metadata"]["labels"]
+    assert pools["l4-small"]["spec"]["template"]["spec"]["terminationGracePeriod"] == "2h"
+
+
+def test_budget_enforcement_selects_the_chart_pool_of_the_budgets_team() -> None:
+    """The alerts code's own pool selection (label selector and per-object check) finds the
+    chart's a100 pool for the nlp budget's scope, and nothing for another team."""
+    from gpu_ops.alerts.enforcement import is_managed, scope_selector
+
+    pools = {p["metadata"]["name"]: p for p in by_kind(objects(two_gpu_pools()), "NodePool")}
+    assert all(is_managed(p) for p in pools.values())
+
+    def matches(pool: dict, selector: str) -> bool:
+        labels = pool["metadata"]["labels"]
+        return all(labels.get(k) == v for k, v in (part.split("=", 1) for part in selector.split(",")))
+
+    assert [n for n, p in pools.items() if matches(p, scope_selector({"team": "nlp"}))] == ["a100-80gb-spot"]
+    assert [n for n, p in pools.items() if matches(p, scope_selector({"team": "vision"}))] == []
+
+
+def test_default_values_create_one_pool_and_the_node_class_it_references() -> None:
+    objs = objects()
+    pools = by_kind(objs, "NodePool")
+    assert len(pools) == 1
+    assert pools[0]["spec"]["template"]["spec"]["nodeClassRef"]["name"] == one(objs, "EC2NodeClass")["metadata"]["name"]
+
+
+def test_nodepools_off_renders_no_karpenter_objects() -> None:
+    objs = objects(VALUE_SETS["nodepools-off"]())
+    assert not [o for o in objs if o["kind"] in KARPENTER_KINDS]
+    # The RBAC for NodePools stays: gpu_ops may still manage pools itself.
+    assert any("nodepools" in r["resources"] for r in one(objs, "ClusterRole")["rules"])
+
+
+def test_rendered_configmap_loads_with_the_projects_config_loader(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = objects(two_gpu_pools())
+    cfg = load_config(write_config(objs, tmp_path))
+
+    # Prices inline, per GPU-hour, and exactly the user's table: nothing merged in from
+    # the chart's example prices.
+    assert set(cfg.prices.gpus) == {"a100-80gb", "l4"}
+    assert cfg.prices.gpus["a100-80gb"]["spot"] == pytest.approx(1.79)
+    assert cfg.prices.source.startswith("Negotiated")
+    # Secrets are {env: ...} references, and each one is wired to an existing Secret in
+    # the Deployment: the ConfigMap holds no secret value.
+    dep = one(objs, "Deployment")
+    env = container_env(dep)
+    pd = cfg.channels["oncall"].routing_key
+    smtp_password = cfg.channels["finance"].smtp.password
+    storage = cfg.storage.url
+    for ref, secret in ((pd, ("gpu-ops-alerts", "pagerduty-routing-key")), (smtp_password, ("gpu-ops-alerts", "smtp-password")), (storage, ("gpu-ops-db", "url"))):
+        assert isinstance(ref, SecretRef)
+        assert env[ref.env]["valueFrom"]["secretKeyRef"] == {"name": secret[0], "key": secret[1]}
+    assert "secretKeyRef" not in one(objs, "ConfigMap")["data"]["gpu_ops.yaml"]
+    # Resolved at use, from the environment the kubelet fills from the Secret.
+    monkeypatch.setenv(pd.env, "R0UTING")
+    assert pd.get() == "R0UTING"
+    assert cfg.channels["finance"].to == ["finops@example.com"]
+    assert cfg.budgets[0].channels == ["finance", "oncall"]
+    assert cfg.compute.backend == "kubetorch"
+    # The chart's PriorityClass is the one training pods ask for.
+    assert cfg.compute.priority_class == one(objs, "PriorityClass")["metadata"]["name"]
+    assert [s.type for s in cfg.usage.sources] == ["ledger", "kubernetes"]
+
+
+def test_default_configmap_loads_and_plain_url_storage_stays_literal(tmp_path) -> None:
+    cfg = load_config(write_config(objects(), tmp_path))
+    assert set(cfg.prices.gpus) == {"h100", "a100-80gb", "a100", "l40s", "l4", "a10g"}
+    assert isinstance(cfg.storage.url, SecretRef) and cfg.storage.url.env == "GPU_OPS_STORAGE_URL"
+    (tmp_path / "plain").mkdir()
+    values = {"storage": {"existingSecret": {"name": ""}, "url": "postgresql://gpu_ops@db.internal:5432/gpu_ops"}}
+    objs = objects(values)
+    cfg = load_config(write_config(objs, tmp_path / "plain"))
+    assert cfg.storage.url == "postgresql://gpu_ops@db.internal:5432/gpu_ops"
+    assert "GPU_OPS_STORAGE_URL" not in container_env(one(objs, "Deployment"))
+
+
+def test_literal_channel_endpoint_passes_through(tmp_path) -> None:
+    values = two_gpu_pools()
+    values["config"]["channels"]["audit"] = {"type": "webhook", "url": "https://hooks.example.com/gpu", "secret": {"secretKeyRef": {"name": "hooks", "key": "hmac"}}}
+    objs = objects(values)
+    cfg = load_config(write_config(objs, tmp_path))
+    assert isinstance(cfg.channels["audit"].url, LiteralSecret) and cfg.channels["audit"].url.get() == "https://hooks.example.com/gpu"
+    assert container_env(one(objs, "Deployment"))[cfg.channels["audit"].secret.env]["valueFrom"]["secretKeyRef"] == {"name": "hooks", "key": "hmac"}
+
+
+def test_a_config_mistake_in_values_is_reported_by_the_loader_naming_the_field(tmp_path) -> None:
+    from gpu_ops.config import ConfigError
+
+    values = two_gpu_pools()
+    values["config"]["budgets"][0]["thresholds"][1]["percent"] = -5
+    path = write_config(objects(values), tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}: budgets[0].thresholds[1].percent: must be > 0" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"karpenter": {"nodePools": {"pools": [{"name": "p", "instanceGpuNames": ["a100"], "capacityTypes": ["spot"], "gpuLimit": "lots"}]}}}, "/karpenter/nodePools/pools/0/gpuLimit"),
+        ({"karpenter": {"nodePools": {"pools": [{"name": "p", "instanceGpuNames": ["a100"], "capacityTypes": ["preemptible"], "gpuLimit": 4}]}}}, "/karpenter/nodePools/pools/0/capacityTypes/0"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"codeServer": {"port": 80}}, "/codeServer/port"),
+        ({"config": {"storage": {"url": "sqlite:///x.db"}}}, "additional properties 'storage' not allowed"),
+        ({"config": {"channels": {"oncall": {"type": "pagerduty", "routing_key": {"secretKeyRef": {"name": "pd"}}}}}}, "/config/channels/oncall/routing_key"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_field(override: dict, field: str) -> None:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError) as err:
+            chart.validate_schema(chart.merge_values(override))
+        assert field in str(err.value), str(err.value)
+        with pytest.raises(helm.HelmError) as err:
+            chart.render(values=override, name="gpu-ops", namespace=NAMESPACE)
+        assert field in str(err.value), str(err.value)
+    report = helm.lint(CHART, override, namespace=NAMESPACE)
+    assert any(field in e for e in report["errors"] + [m["error"] for m in report["messages"] if m["severity"] == 3]), report
+
+
+def test_secret_env_names_are_valid_and_distinct() -> None:
+    values = two_gpu_pools()
+    values["config"]["channels"]["on-call.b"] = {"type": "pagerduty", "routing_key": {"secretKeyRef": {"name": "pd", "key": "k"}}}
+    env = container_env(one(objects(values), "Deployment"))
+    names = [n for n, e in env.items() if "valueFrom" in e]
+    assert "GPU_OPS_SECRET_ON_CALL_B_ROUTING_KEY" in names
+    assert all(n.replace("_", "").isalnum() and n.isupper() for n in names)
+    assert len(names) == len(set(names))
+
+
+def test_notes_tell_how_to_register_the_code_location() -> None:
+    notes = render()["gpu-ops/templates/NOTES.txt"]
+    assert "host: gpu-ops.dagster.svc.cluster.local" in notes and "port: 3030" in notes
+    assert "clusterName is still" in notes
+    assert "clusterName is still" not in render(two_gpu_pools())["gpu-ops/templates/NOTES.txt"]
