@@ -203,6 +203,8 @@ class UsageConfig(_Model):
     # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
     idle: Literal["row", "share"] = "row"
     group_by: list[str] = ["team", "project"]
+    # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
+    partitions_start: dt.date = dt.date(2026, 10, 1)
 
     @field_validator("group_by")
     @classmethod
@@ -406,6 +408,9 @@ class KarpenterConfig(_Model):
     cluster_name: str | None = None  # for discovery tags in a managed EC2NodeClass
     consolidate_after: str = "10m"
     gpu_limit: PositiveInt = 64  # default nvidia.com/gpu limit of a generated pool
+    # team: pools shared by a team (budget enforcement patches them); run: a pool per
+    # run, deleted by its cleanup or the orphan sensor.
+    pool_scope: Literal["team", "run"] = "team"
 
 
 class KubetorchConfig(_Model):
@@ -429,6 +434,12 @@ class TrainingConfig(_Model):
     # against GPU_OPS_HOME.
     checkpoint_url: str = "checkpoints"
     keep_last: PositiveInt = 3
+    # The demo asset train_demo_model: steps (7-20 ms each on two CPU cores, 20-60 s in
+    # all), its fixed checkpoint interval, and the base backoff before a retry (tests
+    # shrink all three).
+    demo_steps: PositiveInt = 3000
+    demo_checkpoint_interval_s: PositiveFloat = 3.0
+    retry_backoff_s: float = Field(default=5.0, ge=0)
 
 
 # --------------------------------------------------------------------------- the file

@@ -56,6 +56,11 @@ def check_storage(config: GpuOpsConfig) -> CheckResult:
 # "module:function" so that a check's heavy imports (kubernetes, torch) stay in the check.
 CHECKS: list[str] = [
     "gpu_ops.validate:check_storage",
+    "gpu_ops.compute.checks:check_kubeconfig",
+    "gpu_ops.compute.checks:check_kubetorch",
+    "gpu_ops.compute.checks:check_karpenter",
+    "gpu_ops.compute.checks:check_gpu",
+    "gpu_ops.training.checks:check_checkpoints",
 ]
 
 

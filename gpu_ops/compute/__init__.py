@@ -1,0 +1,12 @@
+"""Where GPU work runs.
+
+- ``catalog``, ``request``, ``naming``: pure data and names (GPU catalog, ``GpuRequest``,
+  object names and labels);
+- ``backend``: the contract (``WorkerReport``, ``WorkerExit``) with the training layer;
+- ``local`` (+ ``worker``, ``distributed``): subprocess workers on this machine;
+- ``kubetorch_backend``: Kubetorch on Karpenter nodes; ``karpenter``: NodePools;
+- ``resource``: the ``GpuCompute`` Dagster resource; ``orphans`` and ``definitions``:
+  the orphan cleanup sensor; ``cli``: ``gpu-ops plan``; ``checks``: ``gpu-ops validate``.
+
+Nothing here imports torch or kubetorch at module level.
+"""

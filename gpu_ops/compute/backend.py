@@ -27,6 +27,8 @@ class RankReport:
     exit: WorkerExit
     exit_code: int | None = None
     pid: int | None = None
+    error_message: str | None = None  # one line: what ended this rank
+    value: Any = None  # this rank's return value when it completed
 
 
 @dataclass
@@ -52,9 +54,28 @@ class WorkerReport:
 
 
 LogSink = Callable[[str], None]
+StartSink = Callable[[list[int]], None]  # receives the worker pids (local backend), rank order
+
+
+class WorkerTerminated(BaseException):
+    """Raised inside a worker's function when the worker receives SIGTERM.
+
+    The local backend installs the handler (Kubetorch raises its own ``PodTerminatedError``
+    the same way). It derives from ``BaseException`` so ``except Exception`` in user code
+    does not swallow it; catch it to write a last checkpoint, then re-raise.
+    """
 
 
 class Backend(Protocol):
-    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, *, env: dict[str, str], log: LogSink) -> WorkerReport: ...
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        *,
+        env: dict[str, str],
+        log: LogSink,
+        on_start: StartSink | None = None,
+    ) -> WorkerReport: ...
 
     def teardown(self) -> None: ...

@@ -1,0 +1,453 @@
+"""`KubetorchBackend`: run a launch on Kubernetes GPUs through Kubetorch 0.5.1.
+
+``kt.fn(fn, name=...).to(kt.Compute(...))`` deploys, calling the returned function runs
+it remotely, ``.teardown()`` removes it. What we ask of Kubetorch is built offline by
+:func:`build_compute` (a real ``kt.Compute``; its ``.manifest`` is what the controller
+applies), so it is exactly testable and printable by ``gpu-ops plan``:
+
+- nodes are selected with ``karpenter.k8s.aws/instance-gpu-name`` and
+  ``karpenter.sh/capacity-type``; never ``gpu_type=``, which makes a
+  ``nvidia.com/gpu.product`` selector Karpenter cannot provision for;
+- ``a100`` vs ``a100-80gb`` (same GPU name) are told apart by instance type;
+- the ``karpenter.sh/do-not-disrupt: "true"`` pod annotation keeps Karpenter from
+  consolidating a node under a running job;
+- labels carry the run id, asset key and attribution for cost and orphan cleanup.
+
+Setup failures become :class:`ComputeSetupError` saying what to fix. Failures during the
+call are *reported*: the exception and the pod evidence (``V1Pod``, ``V1Node``, events,
+read through the ``kubernetes`` client) go into the :class:`WorkerReport` for the
+training layer's classifier. Kubetorch's ``PodTerminatedError`` is raised from the pod's
+SIGTERM handler (its ``evicted``/``oom_killed`` are effectively always False), and a
+SIGKILL or node loss surfaces as a raw HTTP error: the pod itself is the evidence.
+
+kubetorch and kubernetes are imported inside functions: loading the code location must
+not import them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+from gpu_ops.compute.karpenter import (
+    DO_NOT_DISRUPT,
+    KarpenterSettings,
+    NodePoolClient,
+    ec2nodeclass_manifest,
+    gpu_tolerations,
+    nodepool_manifests,
+    pod_affinity,
+    pod_node_selector,
+)
+from gpu_ops.compute.request import GpuRequest
+
+if TYPE_CHECKING:
+    import kubetorch as kt
+
+KUBETORCH_VERSION = "0.5.1"  # the client is pinned; the controller chart must match
+SERVICE_LABEL = "kubetorch.com/service"
+
+
+class ComputeSetupError(RuntimeError):
+    """A launch could not be set up; ``fix`` says what to change."""
+
+    def __init__(self, problem: str, fix: str, cause: BaseException | None = None):
+        self.problem, self.fix, self.cause = problem, fix, cause
+        super().__init__(f"{problem}\n  fix: {fix}")
+
+
+@dataclass(frozen=True)
+class KubetorchSettings:
+    namespace: str = "default"
+    image: str | None = None
+    priority_class: str | None = None
+    launch_timeout_s: int = 900
+    inactivity_ttl: str = "30m"
+    kubeconfig_path: str | None = None
+    team_pools: bool = True  # pods select their team's NodePool by the gpu-ops.io/team node label
+    manage_nodepools: bool = True
+    manage_ec2nodeclass: bool = False
+    karpenter: KarpenterSettings = field(default_factory=KarpenterSettings)
+
+
+# ---------------------------------------------------------------------- manifests
+
+
+def build_compute(
+    request: GpuRequest,
+    *,
+    labels: dict[str, str],
+    settings: KubetorchSettings = KubetorchSettings(),
+    env: dict[str, str] | None = None,
+) -> "kt.Compute":
+    """The ``kt.Compute`` for ``request`` (offline: no cluster is contacted)."""
+    import kubetorch as kt
+
+    affinity = pod_affinity(request)
+    mig = request.mig_profile
+    compute = kt.Compute(
+        cpus=f"{request.cpus:g}",
+        memory=request.memory,
+        # A MIG slice is its own extended resource (set below), not nvidia.com/gpu.
+        gpus=None if mig or not request.gpus else request.gpus,
+        namespace=request.namespace if request.namespace != "default" else settings.namespace,
+        image=kt.Image(image_id=request.image or settings.image) if (request.image or settings.image) else None,
+        labels=dict(labels),
+        annotations={DO_NOT_DISRUPT: "true"},
+        node_selector=pod_node_selector(request, team_pools=settings.team_pools and settings.manage_nodepools),
+        tolerations=gpu_tolerations(),
+        priority_class_name=request.priority_class or settings.priority_class,
+        launch_timeout=settings.launch_timeout_s,
+        inactivity_ttl=settings.inactivity_ttl,
+        env_vars=dict(env or {}),
+        kubeconfig_path=settings.kubeconfig_path,
+        service_template={"spec": {"template": {"spec": {"affinity": affinity}}}} if affinity else None,
+    )
+    if mig:
+        from gpu_ops.compute.catalog import gpu_spec
+
+        resource = gpu_spec(request.gpu_type).mig_profile(mig).resource_name
+        # kt.Compute has no MIG argument; this is the same container it builds.
+        compute._set_container_resource(resource, str(max(request.gpus, 1)), limits=True)
+    if request.workers > 1:
+        compute.distribute("pytorch", workers=request.workers)
+    return compute
+
+
+def workload_manifest(compute: "kt.Compute", service_name: str, module_name: str = "gpu-ops") -> dict[str, Any]:
+    """The workload as the controller will apply it: named, selector set, no null labels."""
+    import copy
+
+    sm = compute.service_manager  # offline: builds manifests, contacts nothing
+    manifest = sm._preprocess_manifest_for_launch(copy.deepcopy(compute.manifest))
+    manifest = sm._update_launchtime_manifest(manifest, service_name, module_name, "")
+
+    def drop_nulls(meta: dict[str, Any]) -> None:
+        for key in ("labels", "annotations"):
+            if key in meta:
+                meta[key] = {k: str(v) for k, v in meta[key].items() if v is not None}
+
+    drop_nulls(manifest["metadata"])
+    drop_nulls(manifest["spec"]["template"].setdefault("metadata", {}))
+    return manifest
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def explain_setup_error(exc: BaseException, *, request: GpuRequest, settings: KubetorchSettings) -> ComputeSetupError | None:
+    """Turn Kubetorch's setup failures into what to fix; None for anything else."""
+    import httpx
+    import kubetorch as kt
+
+    name = type(exc).__name__
+    if isinstance(exc, kt.KubernetesCredentialsError):
+        return ComputeSetupError(
+            "no Kubernetes credentials were found",
+            "set KUBECONFIG to a kubeconfig for the cluster (or run inside it with a service account); `gpu-ops validate` checks it",
+            exc,
+        )
+    if isinstance(exc, kt.VersionMismatchError):
+        return ComputeSetupError(
+            f"the Kubetorch controller's version does not match this client ({KUBETORCH_VERSION}): {exc}",
+            f"install the kubetorch helm chart version {KUBETORCH_VERSION} in the cluster (helm upgrade --install kubetorch ... --version {KUBETORCH_VERSION}), or pin the client to the chart's version",
+            exc,
+        )
+    if isinstance(exc, kt.ImagePullError):
+        image = request.image or settings.image or "Kubetorch's default server image"
+        return ComputeSetupError(
+            f"the image {image} cannot be pulled: {exc}",
+            "check compute.kubetorch.image (name and tag) and that the namespace has imagePullSecrets for its registry",
+            exc,
+        )
+    if isinstance(exc, kt.ResourceNotAvailableError):
+        return ComputeSetupError(
+            f"the cluster cannot provide {request.gpus} x {request.gpu_type} on {request.capacity} capacity: {exc}",
+            "check the gpu-ops NodePools (`kubectl get nodepools -l gpu-ops.io/managed-by=gpu-ops`): their nvidia.com/gpu limit (a budget throttle lowers it), "
+            "instance types and capacity type; or ask for capacity spot-then-on-demand",
+            exc,
+        )
+    if isinstance(exc, kt.ServiceTimeoutError):
+        return ComputeSetupError(
+            f"the workers were not ready within launch_timeout ({settings.launch_timeout_s}s): {exc}",
+            "see `kubectl get nodeclaims` and the pods' events: no GPU capacity (NodePool limits, spot availability) or a slow image pull; "
+            "raise compute.kubetorch.launch_timeout_s if nodes are merely slow to start",
+            exc,
+        )
+    unreachable = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionError)) or (
+        isinstance(exc, kt.ControllerRequestError) and getattr(exc, "status_code", 0) in (502, 503, 504)
+    )
+    if unreachable:
+        return ComputeSetupError(
+            f"the Kubetorch controller is unreachable ({name}: {exc})",
+            "install the kubetorch helm chart in the cluster and check `kubectl get pods -n kubetorch`; `gpu-ops validate` checks it",
+            exc,
+        )
+    return None
+
+
+# ---------------------------------------------------------------------- evidence
+
+
+@dataclass
+class PodEvidence:
+    pod: Any = None  # kubernetes.client.V1Pod
+    node: Any = None  # kubernetes.client.V1Node
+    events: list[Any] = field(default_factory=list)  # kubernetes.client.CoreV1Event
+
+
+def _pod_trouble(pod: Any) -> int:
+    """Rank pods so the one that went wrong is the evidence (higher is worse)."""
+    status = pod.status
+    score = 0
+    if status is None:
+        return score
+    if status.phase in ("Failed", "Unknown"):
+        score += 4
+    if status.reason in ("Evicted", "Terminated", "NodeLost"):
+        score += 4
+    for cond in status.conditions or []:
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            score += 8
+    for cs in status.container_statuses or []:
+        term = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
+        if term is not None:
+            score += 2 + (4 if term.reason == "OOMKilled" else 0)
+    if pod.metadata.deletion_timestamp is not None:
+        score += 1
+    return score
+
+
+def collect_evidence(core: Any, namespace: str, service_name: str, pod_name: str | None = None) -> PodEvidence:
+    """Read the pod (the named one, else the service's most troubled), its node and events.
+
+    ``core`` is a ``kubernetes.client.CoreV1Api``. A node that no longer exists (spot
+    reclaimed it) is not an error: ``node`` is None and the events still tell.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    evidence = PodEvidence()
+    pod = None
+    if pod_name:
+        try:
+            pod = core.read_namespaced_pod(pod_name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    if pod is None:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{SERVICE_LABEL}={service_name}").items
+        pod = max(pods, key=_pod_trouble) if pods else None
+    evidence.pod = pod
+    if pod is None:
+        return evidence
+    evidence.events.extend(core.list_namespaced_event(namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod.metadata.name}").items)
+    node_name = pod.spec.node_name if pod.spec else None
+    if node_name:
+        try:
+            evidence.node = core.read_node(node_name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        # SpotInterrupted / Disrupted events are recorded on the Node.
+        evidence.events.extend(core.list_event_for_all_namespaces(field_selector=f"involvedObject.kind=Node,involvedObject.name={node_name}").items)
+    return evidence
+
+
+def first_guess_exit(exc: BaseException, evidence: PodEvidence) -> WorkerExit:
+    """A first reading of how the call ended; the training classifier has the last word."""
+    from gpu_ops.compute.worker import is_oom
+
+    if getattr(exc, "remote_traceback", None) is not None and type(exc).__name__ != "PodTerminatedError":
+        return WorkerExit.OOM if is_oom(exc) or "OutOfMemoryError" in type(exc).__mro__[1].__name__ else WorkerExit.ERROR
+    pod = evidence.pod
+    if pod is not None and pod.status is not None:
+        for cs in pod.status.container_statuses or []:
+            term = (cs.state and cs.state.terminated) or (cs.last_state and cs.last_state.terminated)
+            if term is not None and term.reason == "OOMKilled":
+                return WorkerExit.OOM
+        if any(c.type == "DisruptionTarget" and c.status == "True" for c in pod.status.conditions or []) or pod.status.reason in ("Evicted", "Terminated"):
+            return WorkerExit.SIGTERM
+    if type(exc).__name__ == "PodTerminatedError":
+        return WorkerExit.SIGTERM
+    return WorkerExit.LOST
+
+
+# ---------------------------------------------------------------------- backend
+
+
+class _LogBridge(logging.Handler):
+    """Kubetorch streams the workers' output through its logger; pass it to our sink."""
+
+    def __init__(self, sink: LogSink):
+        super().__init__(logging.INFO)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink(record.getMessage())
+        except Exception:  # a log sink must never break the call
+            pass
+
+
+def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
+    from kubernetes import client, config
+
+    try:
+        config.load_kube_config(config_file=kubeconfig_path)
+    except Exception:
+        config.load_incluster_config()
+    return client.CoreV1Api(), client.CustomObjectsApi()
+
+
+class KubetorchBackend:
+    """One launch on Kubetorch; ``teardown`` removes its service and run-scoped pools."""
+
+    def __init__(
+        self,
+        request: GpuRequest,
+        *,
+        name: str,
+        labels: dict[str, str],
+        settings: KubetorchSettings = KubetorchSettings(),
+        run_id: str | None = None,
+        clients: Callable[[], tuple[Any, Any]] | None = None,
+    ):
+        self.request = request
+        self.name = name
+        self.labels = labels
+        self.settings = settings
+        self.run_id = run_id
+        self._clients = clients or (lambda: _kube_clients(settings.kubeconfig_path))
+        self._remote: Any = None
+        self._created_pools: list[str] = []
+
+    @classmethod
+    def from_resource(cls, resource: Any, request: GpuRequest, *, name: str, labels: dict[str, str]) -> "KubetorchBackend":
+        from gpu_ops.compute.naming import RUN_ID
+
+        karpenter = KarpenterSettings(
+            node_class=resource.node_class,
+            consolidate_after=resource.consolidate_after,
+            gpu_limit=resource.gpu_limit,
+            scope=resource.pool_scope,
+            node_role=resource.node_role,
+            cluster_name=resource.cluster_name,
+        )
+        settings = KubetorchSettings(
+            namespace=resource.namespace,
+            image=resource.image,
+            priority_class=resource.priority_class,
+            launch_timeout_s=resource.launch_timeout_s,
+            inactivity_ttl=resource.inactivity_ttl,
+            kubeconfig_path=resource.kubeconfig_path,
+            manage_nodepools=resource.manage_nodepools,
+            manage_ec2nodeclass=resource.manage_ec2nodeclass,
+            karpenter=karpenter,
+        )
+        return cls(request, name=name, labels=labels, settings=settings, run_id=labels.get(RUN_ID))
+
+    @property
+    def namespace(self) -> str:
+        return self.request.namespace if self.request.namespace != "default" else self.settings.namespace
+
+    def ensure_nodepools(self, custom_api: Any, log: LogSink) -> None:
+        pools = NodePoolClient(custom_api)
+        if self.settings.manage_ec2nodeclass:
+            pools.apply_node_class(ec2nodeclass_manifest(self.settings.karpenter))
+        for manifest in nodepool_manifests(self.request, self.settings.karpenter, run_id=self.run_id):
+            outcome = pools.apply(manifest)
+            name = manifest["metadata"]["name"]
+            log(f"NodePool {name} {outcome}")
+            if outcome == "created" and self.settings.karpenter.scope == "run":
+                self._created_pools.append(name)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        log: LogSink = print,
+        on_start: StartSink | None = None,
+    ) -> WorkerReport:
+        import kubetorch as kt
+
+        compute = build_compute(self.request, labels=self.labels, settings=self.settings, env=env)
+        core, custom = self._clients()
+        if self.settings.manage_nodepools:
+            self.ensure_nodepools(custom, log)
+        bridge = _LogBridge(log)
+        kt_logger = logging.getLogger("kubetorch")
+        kt_logger.addHandler(bridge)
+        started = time.monotonic()
+        try:
+            # Kept before deploying: a launch that times out has already created the
+            # service, and teardown must still find it.
+            self._remote = kt.fn(fn, name=self.name)
+            try:
+                self._remote.to(compute, prefix_username=False)
+            except Exception as exc:
+                explained = explain_setup_error(exc, request=self.request, settings=self.settings)
+                if explained is not None:
+                    raise explained from exc
+                raise
+            log(f"service {self.name} ready in namespace {self.namespace} ({self.request.workers} worker(s))")
+            if on_start is not None:
+                on_start([])  # remote workers have no local pids
+            try:
+                value = self._remote(*args, **(kwargs or {}))
+            except Exception as exc:
+                evidence = collect_evidence(core, self.namespace, self.name, getattr(exc, "pod_name", None))
+                return self._failure_report(exc, evidence, time.monotonic() - started)
+        finally:
+            kt_logger.removeHandler(bridge)
+        return self._success_report(value, time.monotonic() - started)
+
+    def _success_report(self, value: Any, duration: float) -> WorkerReport:
+        if self.request.workers > 1 and isinstance(value, list) and len(value) == self.request.workers:
+            ranks = [RankReport(rank=i, exit=WorkerExit.COMPLETED, exit_code=0, value=v) for i, v in enumerate(value)]
+            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=value[0], duration_s=duration, ranks=ranks)
+        return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=value, duration_s=duration, ranks=[RankReport(0, WorkerExit.COMPLETED, 0, value=value)])
+
+    def _failure_report(self, exc: BaseException, evidence: PodEvidence, duration: float) -> WorkerReport:
+        exit = first_guess_exit(exc, evidence)
+        cls = type(exc)
+        # Kubetorch wraps remote exceptions in a RemoteException subclass of the original.
+        error_type = cls.__mro__[1].__name__ if cls.__name__ == "RemoteException" else cls.__name__
+        return WorkerReport(
+            exit=exit,
+            error_type=error_type,
+            error_message=str(exc).split("\n\n", 1)[0],
+            traceback=getattr(exc, "remote_traceback", None),
+            duration_s=duration,
+            pod=evidence.pod,
+            node=evidence.node,
+            events=evidence.events,
+            exception=exc,
+        )
+
+    def teardown(self) -> None:
+        """Delete the Kubetorch service, then any NodePool this run created."""
+        errors: list[str] = []
+        # Module.to() assigns .compute before deploying anything: without it there is nothing to delete.
+        if self._remote is not None and getattr(self._remote, "compute", None) is not None:
+            try:
+                self._remote.teardown()
+            except Exception as exc:
+                errors.append(f"service {self.name}: {exc}")
+            self._remote = None
+        if self._created_pools:
+            _core, custom = self._clients()
+            pools = NodePoolClient(custom)
+            for name in self._created_pools:
+                try:
+                    pools.delete(name, run_id=self.run_id)
+                except Exception as exc:
+                    errors.append(f"NodePool {name}: {exc}")
+            self._created_pools = []
+        if errors:
+            raise RuntimeError("cleanup incomplete: " + "; ".join(errors))

@@ -1,0 +1,382 @@
+"""`LocalBackend`: run a launch as real subprocess workers on this machine.
+
+The calling convention is the Kubetorch backend's: a module-level callable, pickled by
+reference, called as ``fn(*args, **kwargs)`` in a fresh interpreter (spawn semantics, no
+inherited state). With ``workers > 1`` there are N processes with ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, the same
+variables Kubetorch's ``distribute("pytorch")`` sets; the function joins them with
+``torch.distributed`` (see :func:`gpu_ops.compute.distributed.init_process_group`).
+
+Each worker is ``python -m gpu_ops.compute.worker --payload <dir>/payload.pkl ...`` (its
+command line identifies it), runs in its own session so its whole process tree can be
+killed, and its stdout/stderr are streamed line by line to the ``log`` sink, always from
+the calling thread (Dagster's log is not called from reader threads).
+
+How a launch ends is reported, never raised: a :class:`WorkerReport` per launch with a
+:class:`RankReport` per worker. When one rank fails, the survivors are sent SIGTERM and,
+after ``grace_period_s``, SIGKILL, so no survivor hangs in a collective. An exception in
+the caller (a Dagster interrupt, ``KeyboardInterrupt``) stops every worker the same way
+before it propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+
+PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
+_POLL_S = 0.05
+
+
+class LaunchError(RuntimeError):
+    """The launch could not start (the callable cannot be shipped, a worker cannot spawn)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pickle_by_reference(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", repr(fn))
+    if module == "__main__":
+        raise LaunchError(
+            f"{name} is defined in __main__, which a worker cannot import: move it into a module "
+            "(the Kubetorch backend has the same rule)"
+        )
+    if "<locals>" in name or "<lambda>" in name:
+        raise LaunchError(f"{module}.{name} is a local function or lambda: define it at module level so a worker can import it")
+    try:
+        return pickle.dumps({"fn": fn, "args": tuple(args), "kwargs": dict(kwargs)}, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise LaunchError(f"cannot ship {module}.{name} and its arguments to a worker: {type(exc).__name__}: {exc}") from None
+
+
+def _oom_kills() -> int | None:
+    """This cgroup's OOM-kill counter (v2 memory.events or v1 memory.oom_control), if readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
+        elif "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+        else:
+            continue
+        try:
+            for row in candidate.read_text().splitlines():
+                key, _, value = row.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@dataclass
+class _Worker:
+    rank: int
+    proc: subprocess.Popen
+    result_path: Path
+    pidfile: Path | None
+    readers: list[threading.Thread] = field(default_factory=list)
+    sent_sigterm: bool = False
+    ended_at: float | None = None
+
+
+class LocalBackend:
+    """Runs ``fn`` in ``workers`` local subprocesses; see the module docstring."""
+
+    def __init__(
+        self,
+        workers: int = 1,
+        *,
+        gpus: int | None = None,
+        name: str | None = None,
+        grace_period_s: float = 10.0,
+        python: str = sys.executable,
+        workdir: str | os.PathLike[str] | None = None,
+        pidfile_dir: str | os.PathLike[str] | None = None,
+    ):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.gpus = gpus
+        self.name = name or f"local-{uuid.uuid4().hex[:8]}"
+        self.grace_period_s = grace_period_s
+        self.python = python
+        pid_dir = pidfile_dir or os.environ.get(PIDFILE_DIR_ENV)
+        self.pidfile_dir = Path(pid_dir) if pid_dir else None
+        self._workdir_parent = Path(workdir) if workdir else None
+        self.workdir: Path | None = None
+        self._workers: list[_Worker] = []
+
+    # ------------------------------------------------------------------ launch
+
+    def _env(self, rank: int, port: int, extra: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(extra)
+        # The worker imports the author's module by name: give it the caller's sys.path.
+        paths = [p for p in sys.path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env.update(
+            {
+                "PYTHONUNBUFFERED": "1",  # lines reach the log as they are printed
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(self.workers),
+                "LOCAL_WORLD_SIZE": str(self.workers),
+                "NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GPU_OPS_WORKER": "1",
+                "GPU_OPS_GRACE_S": str(self.grace_period_s),
+            }
+        )
+        if self.gpus == 0:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # asked for no GPU: hide the machine's
+        return env
+
+    def _spawn(self, rank: int, port: int, payload: Path, env: dict[str, str], lines: "queue.Queue[str]") -> _Worker:
+        assert self.workdir is not None
+        result = self.workdir / f"result-{rank}.pkl"
+        cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result)]
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                env=self._env(rank, port, env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: kill the whole tree
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start a worker with {self.python}: {exc}") from None
+        prefix = f"[rank {rank}] " if self.workers > 1 else ""
+        worker = _Worker(rank, proc, result, None)
+        for stream in (proc.stdout, proc.stderr):
+            t = threading.Thread(target=_pump, args=(stream, prefix, lines), daemon=True)
+            t.start()
+            worker.readers.append(t)
+        if self.pidfile_dir is not None:
+            self.pidfile_dir.mkdir(parents=True, exist_ok=True)
+            worker.pidfile = self.pidfile_dir / f"{self.name}.rank{rank}.pid"
+            tmp = worker.pidfile.with_suffix(".tmp")
+            tmp.write_text(f"{proc.pid}\n")
+            os.replace(tmp, worker.pidfile)
+        return worker
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        log: LogSink = print,
+        on_start: StartSink | None = None,
+    ) -> WorkerReport:
+        data = _pickle_by_reference(fn, args, kwargs or {})
+        if self._workdir_parent is not None:
+            self._workdir_parent.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"gpu-ops-{self.name}-", dir=self._workdir_parent))
+        payload = self.workdir / "payload.pkl"
+        payload.write_bytes(data)
+        lines: "queue.Queue[str]" = queue.Queue()
+        port = free_port()
+        oom_before = _oom_kills()
+        started = time.monotonic()
+        self._workers = []
+        try:
+            for rank in range(self.workers):
+                self._workers.append(self._spawn(rank, port, payload, env or {}, lines))
+            for w in self._workers:
+                log(f"worker started pid={w.proc.pid} rank={w.rank}")
+            if on_start is not None:
+                on_start([w.proc.pid for w in self._workers])
+            self._supervise(lines, log)
+        except BaseException:
+            # An interrupt (Dagster run termination, Ctrl-C) or a failing callback: stop
+            # every worker before the exception propagates, so nothing outlives the step.
+            self._stop_all(lines, log)
+            raise
+        finally:
+            self._join_readers()
+            _drain(lines, log)
+            for w in self._workers:
+                if w.pidfile is not None:
+                    w.pidfile.unlink(missing_ok=True)
+        return self._report(time.monotonic() - started, oom_before)
+
+    def _supervise(self, lines: "queue.Queue[str]", log: LogSink) -> None:
+        kill_at: float | None = None
+        while True:
+            try:
+                log(lines.get(timeout=_POLL_S))
+                _drain(lines, log, limit=1000)
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            running = []
+            failed = False
+            for w in self._workers:
+                code = w.proc.poll()
+                if code is None:
+                    running.append(w)
+                else:
+                    if w.ended_at is None:
+                        w.ended_at = now
+                    failed |= code != 0
+            if not running:
+                return
+            if failed and kill_at is None:
+                # One rank is gone: the attempt has failed as a whole. Stop the others
+                # now rather than let them block in a collective until a timeout.
+                bad = [w.rank for w in self._workers if w.proc.returncode not in (None, 0)]
+                log(f"rank {bad[0]} ended (exit {self._workers[bad[0]].proc.returncode}); stopping the other workers")
+                for w in running:
+                    self._signal(w, signal.SIGTERM)
+                kill_at = now + self.grace_period_s
+            elif kill_at is not None and now >= kill_at:
+                for w in running:
+                    log(f"worker pid={w.proc.pid} rank={w.rank} ignored SIGTERM for {self.grace_period_s:g}s: SIGKILL")
+                    self._signal(w, signal.SIGKILL)
+                kill_at = float("inf")
+
+    def _signal(self, w: _Worker, sig: int) -> None:
+        if w.proc.poll() is not None:
+            return
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(w.proc.pid, signal.SIGKILL)  # the worker and anything it started
+            else:
+                w.sent_sigterm = True
+                os.kill(w.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _stop_all(self, lines: "queue.Queue[str]", log: LogSink) -> None:
+        alive = [w for w in self._workers if w.proc.poll() is None]
+        for w in alive:
+            self._signal(w, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period_s
+        while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        for w in alive:
+            self._signal(w, signal.SIGKILL)
+        for w in alive:
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _join_readers(self) -> None:
+        for w in self._workers:
+            for t in w.readers:
+                # A grandchild holding the pipe open must not hang the launch.
+                t.join(timeout=2.0)
+
+    # ------------------------------------------------------------------ report
+
+    def _rank_report(self, w: _Worker, oom_kill: bool) -> tuple[RankReport, dict[str, Any]]:
+        code = w.proc.returncode
+        result: dict[str, Any] = {}
+        if w.result_path.exists():
+            try:
+                result = pickle.loads(w.result_path.read_bytes())
+            except Exception as exc:  # a result the parent cannot read (missing module)
+                result = {"status": "error", "error_type": type(exc).__name__, "error_message": f"cannot read the worker's result: {exc}"}
+        status = result.get("status")
+        if status == "ok":
+            exit, msg = WorkerExit.COMPLETED, None
+        elif status in ("error", "oom"):
+            exit = WorkerExit.OOM if status == "oom" else WorkerExit.ERROR
+            msg = f"{result.get('error_type')}: {result.get('error_message')}"
+        elif status == "sigterm" or code in (-signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGINT):
+            exit, msg = WorkerExit.SIGTERM, "terminated by SIGTERM"
+        elif code in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            if oom_kill:
+                exit, msg = WorkerExit.OOM, "killed by the kernel OOM killer (exit 137)"
+            else:
+                exit, msg = WorkerExit.SIGKILL, "killed by SIGKILL"
+        elif code is not None and code < 0:
+            exit, msg = WorkerExit.ERROR, f"killed by {signal.Signals(-code).name}"
+        else:
+            exit, msg = WorkerExit.LOST, f"worker exited with code {code} without reporting a result"
+        rank = RankReport(rank=w.rank, exit=exit, exit_code=code, pid=w.proc.pid, error_message=msg, value=result.get("value"))
+        return rank, result
+
+    def _report(self, duration: float, oom_before: int | None) -> WorkerReport:
+        oom_after = _oom_kills()
+        oom_kill = oom_before is not None and oom_after is not None and oom_after > oom_before
+        ranks, results = [], []
+        for w in self._workers:
+            r, res = self._rank_report(w, oom_kill)
+            ranks.append(r)
+            results.append(res)
+        failed = [i for i, r in enumerate(ranks) if r.exit is not WorkerExit.COMPLETED]
+        if not failed:
+            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks)
+        # The root cause is the rank that ended first; the others were stopped because of it.
+        first = min(failed, key=lambda i: (self._workers[i].sent_sigterm, self._workers[i].ended_at or float("inf")))
+        r, res = ranks[first], results[first]
+        return WorkerReport(
+            exit=r.exit,
+            exit_code=r.exit_code,
+            error_type=res.get("error_type"),
+            error_message=(f"rank {r.rank}: " if self.workers > 1 else "") + (res.get("error_message") or r.error_message or ""),
+            traceback=res.get("traceback"),
+            duration_s=duration,
+            ranks=ranks,
+        )
+
+    # ------------------------------------------------------------------ cleanup
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def teardown(self) -> None:
+        """Stop any live worker and remove the launch's working folder."""
+        if any(w.proc.poll() is None for w in self._workers):
+            self._stop_all(queue.Queue(), lambda _line: None)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _pump(stream: IO[bytes] | None, prefix: str, lines: "queue.Queue[str]") -> None:
+    if stream is None:
+        return
+    with stream:
+        for raw in iter(stream.readline, b""):
+            lines.put(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+
+def _drain(lines: "queue.Queue[str]", log: LogSink, limit: int | None = None) -> None:
+    n = 0
+    while limit is None or n < limit:
+        try:
+            log(lines.get_nowait())
+        except queue.Empty:
+            return
+        n += 1

@@ -1,0 +1,217 @@
+"""`GpuCompute`: the Dagster resource that runs a function on GPUs and reports how it ended.
+
+    @dg.asset
+    def train(context, gpu_compute: GpuCompute):
+        request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
+        report = gpu_compute.launch(context, request, my_module.train, args=(cfg,))
+
+Lifecycle, after dagster-ray: objects are created per launch (a Kubetorch service, run
+scoped NodePools, or local worker processes and their folder), named from the asset key,
+run id and retry number, labelled with the run id, asset key and attribution. After a
+launch they are removed according to ``cleanup``:
+
+- ``always``: after every launch, whatever happened;
+- ``on_exception``: only when the launch failed or was interrupted (a successful one is
+  left for inspection; Kubetorch's ``inactivity_ttl`` and the orphan sensor reclaim it);
+- ``never``: left in place (the orphan sensor reclaims them once the run is over).
+
+Interrupts (``BaseException``: Dagster run termination, Ctrl-C) count as failures, and
+``yield_for_execution`` removes anything a launch left behind when the step ends, so an
+interrupted run does not orphan GPUs. Local worker *processes* never outlive a launch,
+whatever the policy: only their folder is kept.
+
+This module imports neither torch nor kubetorch (the Kubetorch backend is imported when
+a launch uses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Callable, Literal
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+from gpu_ops.compute.backend import Backend, LogSink, StartSink, WorkerReport
+from gpu_ops.compute.naming import launch_labels, launch_name
+from gpu_ops.compute.request import GpuRequest
+from gpu_ops.config import ComputeConfig
+
+CleanupPolicy = Literal["always", "on_exception", "never"]
+
+
+def should_clean_up(policy: str, failed: bool) -> bool:
+    """The cleanup decision for one launch; ``failed`` includes interrupts."""
+    if policy == "always":
+        return True
+    if policy == "on_exception":
+        return failed
+    if policy == "never":
+        return False
+    raise ValueError(f"cleanup: unknown policy {policy!r} (use always, on_exception or never)")
+
+
+def _run_id_of(context: Any) -> str | None:
+    try:
+        run = context.run  # DagsterRun on execution and init contexts
+        return run.run_id if run is not None else None
+    except Exception:  # a bare or direct-invocation context
+        return None
+
+
+def _asset_key_of(context: Any) -> list[str] | None:
+    try:
+        return list(context.asset_key.path)
+    except Exception:  # a multi-asset, op or directly invoked context has no single key
+        pass
+    try:
+        op_context = getattr(context, "op_execution_context", context)
+        return [op_context.op.name]
+    except Exception:
+        return None
+
+
+class GpuCompute(dg.ConfigurableResource):
+    """Runs functions on GPUs: local subprocess workers, or Kubetorch on Karpenter nodes."""
+
+    backend: Literal["local", "kubetorch"] = Field(default="local", description="Where launches run.")
+    namespace: str = Field(default="default", description="Kubernetes namespace of Kubetorch services (kubetorch backend).")
+    cleanup: CleanupPolicy = Field(default="always", description="When launched objects are removed: always, on_exception or never.")
+    grace_period_s: float = Field(default=10.0, gt=0, description="SIGTERM-to-SIGKILL grace for local workers.")
+    priority_class: str | None = Field(default=None, description="PriorityClass of GPU pods.")
+    launch_timeout_s: int = Field(default=900, gt=0, description="How long Kubetorch waits for pods to become ready.")
+    inactivity_ttl: str = Field(default="30m", description="Kubetorch tears an idle service down after this long.")
+    image: str | None = Field(default=None, description="Container image of Kubetorch workers (default: Kubetorch's).")
+    manage_nodepools: bool = Field(default=True, description="Create/patch Karpenter NodePools for launches.")
+    manage_ec2nodeclass: bool = Field(default=False, description="Also create the EC2NodeClass the NodePools reference.")
+    node_class: str = Field(default="gpu-ops", description="EC2NodeClass the generated NodePools reference.")
+    node_role: str | None = Field(default=None, description="IAM role of a managed EC2NodeClass.")
+    cluster_name: str | None = Field(default=None, description="Cluster name for a managed EC2NodeClass's discovery tags.")
+    consolidate_after: str = Field(default="10m", description="Karpenter consolidateAfter of generated pools.")
+    gpu_limit: int = Field(default=64, gt=0, description="nvidia.com/gpu limit of generated pools.")
+    pool_scope: Literal["team", "run"] = Field(default="team", description="NodePools shared by a team, or created and deleted per run.")
+    kubeconfig_path: str | None = Field(default=None, description="kubeconfig for the cluster (default: $KUBECONFIG, then in-cluster).")
+    local_workdir: str | None = Field(default=None, description="Folder for local workers' payloads and results (default: the system temp).")
+    budget_gate: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
+    config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the bundled demo).")
+
+    _run_id: str | None = PrivateAttr(default=None)
+    _pending: list[Backend] = PrivateAttr(default_factory=list)
+
+    @classmethod
+    def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "GpuCompute":
+        k, kt = config.karpenter, config.kubetorch
+        return cls(
+            config_path=config_path,
+            backend=config.backend,
+            namespace=config.namespace,
+            cleanup=config.cleanup,
+            priority_class=config.priority_class,
+            launch_timeout_s=kt.launch_timeout_s,
+            inactivity_ttl=kt.inactivity_ttl,
+            image=kt.image,
+            manage_nodepools=k.manage_nodepools,
+            manage_ec2nodeclass=k.manage_ec2nodeclass,
+            node_class=k.node_class,
+            node_role=k.node_role,
+            cluster_name=k.cluster_name,
+            consolidate_after=k.consolidate_after,
+            gpu_limit=k.gpu_limit,
+            pool_scope=k.pool_scope,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @contextlib.contextmanager
+    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator["GpuCompute"]:
+        self._run_id = _run_id_of(context)
+        log = context.log.info if context.log else (lambda _m: None)
+        try:
+            yield self
+        finally:
+            # Whatever a launch left behind (kept by policy, or interrupted before it
+            # could clean up) is settled when the step ends, BaseException included.
+            self._settle_pending(log)
+
+    def _settle_pending(self, log: LogSink) -> None:
+        pending, self._pending = self._pending, []
+        for backend in pending:
+            if self.cleanup == "always":
+                _safe_teardown(backend, log)
+            else:
+                log(f"cleanup={self.cleanup}: leaving {getattr(backend, 'name', backend)} in place (the orphan sensor reclaims it after the run)")
+
+    # ------------------------------------------------------------------ launch
+
+    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str]) -> Backend:
+        if self.backend == "local":
+            from gpu_ops.compute.local import LocalBackend
+
+            return LocalBackend(
+                workers=request.workers,
+                gpus=request.gpus,
+                name=name,
+                grace_period_s=self.grace_period_s,
+                workdir=self.local_workdir,
+            )
+        from gpu_ops.compute.kubetorch_backend import KubetorchBackend
+
+        return KubetorchBackend.from_resource(self, request, name=name, labels=labels)
+
+    def launch(
+        self,
+        context: Any,
+        request: GpuRequest,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        log: LogSink | None = None,
+        on_start: StartSink | None = None,
+    ) -> WorkerReport:
+        """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
+
+        ``context`` is the asset/op execution context (run id, asset key, retry number
+        name and label what is created; its log receives the workers' output unless
+        ``log`` is given). Worker failures are *reported*, not raised; only an
+        inability to launch at all raises (a budget that blocks the launch raises
+        ``dg.Failure(allow_retries=False)``, a cluster setup problem ``ComputeSetupError``).
+        """
+        run_id = _run_id_of(context) or self._run_id
+        asset_key = _asset_key_of(context)
+        attempt = int(getattr(context, "retry_number", 0) or 0)
+        name = launch_name(run_id, asset_key, attempt)
+        labels = launch_labels(run_id, asset_key, request, attempt)
+        if log is None:
+            log = context.log.info if getattr(context, "log", None) is not None else print
+        if self.budget_gate:
+            # Before anything is created: a blocked or throttled budget scope refuses the
+            # launch with dg.Failure(allow_retries=False) saying how to lift it.
+            from gpu_ops.alerts.enforcement import assert_launch_allowed
+            from gpu_ops.config import load_config
+
+            assert_launch_allowed(load_config(self.config_path), request)
+        backend = self.make_backend(request, name, labels)
+        self._pending.append(backend)
+        failed = True
+        try:
+            report = backend.run(fn, args, kwargs or {}, env=dict(env or {}), log=log, on_start=on_start)
+            failed = not report.ok
+            return report
+        finally:
+            if should_clean_up(self.cleanup, failed):
+                self._pending.remove(backend)
+                _safe_teardown(backend, log)
+
+
+def _safe_teardown(backend: Backend, log: LogSink) -> None:
+    # A failed teardown is logged, never allowed to replace the launch's own outcome.
+    try:
+        backend.teardown()
+    except Exception as exc:
+        log(f"cleanup of {getattr(backend, 'name', backend)} failed: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["GpuCompute", "CleanupPolicy", "should_clean_up"]

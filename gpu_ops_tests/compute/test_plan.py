@@ -1,0 +1,80 @@
+"""`gpu-ops plan`: YAML a platform engineer can `kubectl apply --dry-run=server`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import yaml
+from click.testing import CliRunner
+
+from gpu_ops.cli import main
+
+
+def _plan(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["plan", *args])
+    return result.exit_code, result.output
+
+
+def test_plan_prints_valid_objects(karpenter_crds: dict) -> None:
+    code, out = _plan("--gpu-type", "a100-80gb", "--gpus", "8", "--capacity", "spot", "--team", "nlp")
+    assert code == 0, out
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["NodePool", "Deployment"]
+    pool, workload = docs
+    jsonschema.validate(pool, karpenter_crds["NodePool"])
+    kubernetes_validate.validate(workload, kubernetes_validate.latest_version(), strict=True)
+    assert pool["metadata"]["name"] == "gpu-ops-nlp-a100-80gb-spot"
+    assert pool["spec"]["template"]["spec"]["expireAfter"] == "Never"
+    spec = workload["spec"]["template"]["spec"]
+    assert spec["nodeSelector"]["karpenter.k8s.aws/instance-gpu-name"] == "a100"
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "nvidia.com/gpu.product" not in out
+    assert out.startswith("# NodePool gpu-ops-nlp-a100-80gb-spot: ")
+
+
+def test_plan_with_managed_node_class_and_run_scoped_pools(tmp_path: Path, karpenter_crds: dict) -> None:
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "prices": {"source": "test", "as_of": "2026-11-01", "gpus": {"h100": {"spot": 4.3}}},
+        "compute": {
+            "backend": "kubetorch", "namespace": "ml", "priority_class": "gpu-training",
+            "karpenter": {"manage_ec2nodeclass": True, "node_role": "KarpenterNodeRole-prod", "cluster_name": "prod", "pool_scope": "run", "gpu_limit": 16},
+            "kubetorch": {"image": "ghcr.io/acme/train:1.2"},
+        },
+    }))
+    code, out = _plan("--config", str(cfg), "--gpu-type", "h100", "--gpus", "8", "--workers", "2", "--team", "vision", "--run-id", "0f3a9c2e-aaaa")
+    assert code == 0, out
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["EC2NodeClass", "NodePool", "NodePool", "Deployment"]
+    jsonschema.validate(docs[0], karpenter_crds["EC2NodeClass"])
+    for pool in docs[1:3]:
+        jsonschema.validate(pool, karpenter_crds["NodePool"])
+        assert pool["metadata"]["labels"]["gpu-ops.io/run-id"] == "0f3a9c2e-aaaa"
+        assert pool["spec"]["limits"] == {"nvidia.com/gpu": "16"}
+    assert [p["metadata"]["name"] for p in docs[1:3]] == ["gpu-ops-vision-h100-spot-0f3a9c2e", "gpu-ops-vision-h100-on-demand-0f3a9c2e"]
+    workload = docs[3]
+    kubernetes_validate.validate(workload, kubernetes_validate.latest_version(), strict=True)
+    assert workload["metadata"]["namespace"] == "ml" and workload["spec"]["replicas"] == 2
+    assert workload["spec"]["template"]["spec"]["priorityClassName"] == "gpu-training"
+    assert workload["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/acme/train:1.2"
+    assert workload["metadata"]["labels"]["gpu-ops.io/run-id"] == "0f3a9c2e-aaaa"
+
+
+def test_plan_errors_name_the_option() -> None:
+    code, out = _plan("--gpu-type", "a10", "--team", "nlp")
+    assert code == 2 and "--gpu-type: unknown GPU type 'a10'" in out and "a10g" in out
+    code, out = _plan("--gpu-type", "h100", "--gpus", "16")
+    assert code == 2 and "no h100 instance has 16 GPUs" in out
+    code, out = _plan("--gpu-type", "h100", "--team", "NLP team!")
+    assert code == 2 and "--team: 'NLP team!' is not a valid Kubernetes label value" in out
+
+
+def test_plan_is_json_clean() -> None:
+    # Every value is a plain scalar (no Python objects) so kubectl and jq read it.
+    code, out = _plan("--gpu-type", "l4", "--capacity", "spot-then-on-demand")
+    assert code == 0
+    for doc in yaml.safe_load_all(out):
+        json.dumps(doc)
