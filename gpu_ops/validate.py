@@ -61,6 +61,7 @@ CHECKS: list[str] = [
     "gpu_ops.compute.checks:check_karpenter",
     "gpu_ops.compute.checks:check_gpu",
     "gpu_ops.training.checks:check_checkpoints",
+    "gpu_ops.alerts.checks:check_channels",
 ]
 
 

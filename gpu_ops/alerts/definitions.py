@@ -1,11 +1,18 @@
-"""Dagster objects of the alerts flow, merged into `gpu_ops.definitions:defs`."""
+"""Dagster objects of the alerts flow, merged into `gpu_ops.definitions:defs`.
+
+`budget_alert_sensor`, `budget_alert_job` (one notification per run) and
+`budget_enforcement_job` (one throttle/block apply or revert per run), plus the
+`gpu_ops_karpenter` resource the enforcement op uses to reach NodePools. The `gpu_ops`
+resource (the loaded configuration) comes from the shared definitions.
+"""
 
 from __future__ import annotations
 
 import dagster as dg
 
+from gpu_ops.alerts.sensor import KarpenterAccess, build_alert_definitions
 from gpu_ops.config import GpuOpsConfig
 
 
-def build_defs(config: GpuOpsConfig) -> dg.Definitions:
-    return dg.Definitions()
+def build_defs(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None) -> dg.Definitions:
+    return build_alert_definitions(config, karpenter=karpenter)

@@ -1,0 +1,121 @@
+"""Tables the alerts flow reads and writes, through TableStore. No Dagster.
+
+- reads ``gpu_budget_status`` (newest partition) and ``gpu_cost_attribution`` (top
+  spenders), both written by the cost assets;
+- writes ``gpu_alert_deliveries``: one row per channel per delivery attempt of the alert
+  op. A ``delivered`` row is written right after the channel accepted the alert, so a
+  retried op (or a re-executed run) skips that channel and sends only what failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pandas as pd
+import sqlalchemy as sa
+
+from gpu_ops.alerts.channels import DeliveryResult
+from gpu_ops.alerts.model import Alert
+from gpu_ops.alerts.state import STATUS_COLUMNS, StatusRow
+from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
+
+STATUS_TABLE = "gpu_budget_status"
+ATTRIBUTION_TABLE = "gpu_cost_attribution"
+DELIVERIES_TABLE = "gpu_alert_deliveries"
+
+
+def latest_status_partition(store: TableStore) -> str | None:
+    if not store.has_table(STATUS_TABLE):
+        return None
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(f'SELECT MAX("{PARTITION_COLUMN}") FROM "{STATUS_TABLE}"')).scalar()
+
+
+_REQUIRED = {"budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used"}
+
+
+def read_latest_status(store: TableStore) -> tuple[str | None, list[StatusRow]]:
+    """The newest partition's rows: each budget's most recent view of its period.
+
+    Reads only the contract's columns as plain tuples: going through a DataFrame (and
+    decoding the JSON ``thresholds_crossed`` of every row) would be most of a tick's time
+    with 10,000 budgets.
+    """
+    partition = latest_status_partition(store)
+    if partition is None:
+        return None, []
+    with store.engine.connect() as conn:
+        table = sa.Table(STATUS_TABLE, sa.MetaData(), autoload_with=conn)
+        missing = _REQUIRED - set(table.c.keys())
+        if missing:
+            raise ValueError(f"table {STATUS_TABLE} lacks the columns {sorted(missing)} of the budget status contract")
+        cols = [table.c[c] if c in table.c else sa.null().label(c) for c in STATUS_COLUMNS]
+        rows = conn.execute(sa.select(*cols).where(table.c[PARTITION_COLUMN] == partition)).all()
+    return partition, [StatusRow.from_tuple(r) for r in rows]
+
+
+def top_spenders(store: TableStore, alert: Alert, limit: int) -> list[tuple[str, float]]:
+    """Largest spenders inside the budget's scope this period, by the grouping keys the
+    scope does not fix (a team budget lists its projects)."""
+    if limit <= 0 or not store.has_table(ATTRIBUTION_TABLE):
+        return []
+    start = dt.date.fromisoformat(alert.period_start)
+    last = dt.date.fromisoformat(alert.period_end) - dt.timedelta(days=1)
+    if alert.partition_key:
+        last = min(last, dt.date.fromisoformat(alert.partition_key[:10]))
+    days = [(start + dt.timedelta(days=i)).isoformat() for i in range((last - start).days + 1)]
+    df = store.read(ATTRIBUTION_TABLE, partition_keys=days)
+    if df.empty or "cost_usd" not in df.columns:
+        return []
+    for key, value in alert.scope.items():
+        column = _column(key)
+        if column not in df.columns:
+            return []  # the attribution is not grouped by this scope key: cannot filter
+        df = df[df[column].astype(str) == value]
+    fixed = {_column(k) for k in alert.scope}
+    keys = [k for k in ("team", "project", "namespace", "cost_center", "experiment_id") if k in df.columns and k not in fixed]
+    keys += [c for c in df.columns if c.startswith("label_") and c not in fixed]
+    if not keys or df.empty:
+        return []
+    df = df[~df[keys[0]].astype(str).str.startswith("__")]  # not the __idle__ row
+    sums = df.groupby(keys, dropna=False)["cost_usd"].sum().sort_values(ascending=False).head(limit)
+    out = []
+    for idx, cost in sums.items():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        out.append((", ".join(f"{k}={v}" for k, v in zip(keys, idx)), float(cost)))
+    return out
+
+
+def _column(scope_key: str) -> str:
+    """Scope key -> attribution column (``label:team-tier`` -> ``label_team_tier``)."""
+    if scope_key.startswith("label:"):
+        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", scope_key[len("label:") :])
+    return scope_key
+
+
+def delivered_channels(store: TableStore, idempotency_key: str) -> set[str]:
+    df = store.read(DELIVERIES_TABLE, where={"idempotency_key": idempotency_key, "status": "delivered"}, missing_ok=True)
+    return set(df["channel"]) if not df.empty else set()
+
+
+def record_delivery(store: TableStore, alert: Alert, result: DeliveryResult, *, run_id: str | None, at: dt.datetime | None = None) -> None:
+    at = at or dt.datetime.now(dt.timezone.utc)
+    row = pd.DataFrame(
+        {
+            "idempotency_key": [alert.idempotency_key],
+            "run_key": [alert.run_key],
+            "budget": [alert.budget],
+            "period_start": [alert.period_start],
+            "threshold": [alert.threshold],
+            "kind": [alert.kind],
+            "channel": [result.channel],
+            "channel_type": [result.channel_type],
+            "status": ["delivered" if result.ok else "failed"],
+            "attempts": [int(result.attempts)],
+            "detail": [result.detail],
+            "run_id": [run_id or ""],
+            "at": [pd.Timestamp(at)],
+        }
+    )
+    store.append(DELIVERIES_TABLE, row)

@@ -1,0 +1,320 @@
+"""The alert state machine: budget status rows in, notifications and enforcement out. Pure.
+
+Per budget × threshold × period a state, as in AWS Budgets' per-notification OK/ALARM:
+
+    ok ──crossed──► alarm ──back under──► resolved ──crossed again──► alarm (episode 2)
+
+- Entering ``alarm`` emits one ``trigger``; leaving it emits one ``resolve`` (when the
+  budget asks for resolve notifications). Staying in a state emits nothing, so a second
+  evaluation of the same data, in this process or a new one, is silent.
+- A new period (the status row's ``period_start`` moves on) drops every state of the old
+  one: each threshold re-arms. The seed design never re-armed after the first month.
+- Resolving needs the value to fall below ``RESOLVE_MARGIN`` × the threshold, so a
+  forecast that wobbles around a line does not page on every evaluation.
+- A forecast threshold compares the forecast; a null forecast (too little history, the
+  cost asset's minimum-history guard) never fires and never resolves an alarm.
+
+Enforcement (throttle/block) is one more state per budget: ``pending`` from the first
+evaluation that sees spend over ``enforcement.threshold_percent``, ``active`` once the
+grace period has passed (emits ``apply``), ``reverted`` when spend falls back under (a
+raised budget), when the period ends (by the wall clock, even before a new row arrives)
+or when the budget no longer asks for it (each emits ``revert``).
+
+The state is small JSON kept in the sensor cursor; only budgets with a non-ok state are
+stored. Dagster saves the cursor after it has submitted the tick's run requests, and
+run keys make re-submission a no-op, so a daemon that dies mid-tick neither loses nor
+repeats a notification.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpu_ops.config import Budget
+
+RESOLVE_MARGIN = 0.95
+CURSOR_VERSION = 1
+_COMPRESS_OVER = 32_768  # bytes of JSON; larger cursors are stored zlib+base64
+
+
+def _iso_date(v: Any) -> str:
+    if isinstance(v, str):
+        return v[:10]
+    return v.isoformat()[:10] if hasattr(v, "isoformat") else str(v)[:10]
+
+
+def _opt_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return None if math.isnan(f) else f
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One row of ``gpu_budget_status`` (the cost asset's contract)."""
+
+    budget: str
+    period_start: str  # ISO date
+    period_end: str  # ISO date, exclusive: the first day of the next period
+    amount_usd: float
+    spend_usd: float
+    percent_used: float
+    forecast_usd: float | None
+    partition_key: str | None = None
+    as_of: str | None = None
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> "StatusRow":
+        return cls.from_tuple(tuple(rec.get(c) for c in STATUS_COLUMNS))
+
+    @classmethod
+    def from_tuple(cls, r: tuple) -> "StatusRow":
+        """From a table row, values in STATUS_COLUMNS order (dates or ISO strings, NaN or None).
+
+        The table's ``period_end`` is the period's last day (inclusive, as the cost asset
+        writes it); here it becomes the exclusive end, the day the next period starts.
+        """
+        budget, start, end, amount, spend, pct, forecast, partition, as_of = r
+        end_exclusive = (dt.date.fromisoformat(_iso_date(end)) + dt.timedelta(days=1)).isoformat()
+        return cls(
+            str(budget), _iso_date(start), end_exclusive, float(amount), float(spend), float(pct), _opt_float(forecast),
+            None if partition is None else str(partition),
+            None if as_of is None or (isinstance(as_of, float) and math.isnan(as_of)) else str(as_of),
+        )
+
+
+STATUS_COLUMNS = ("budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd", "partition_key", "as_of")
+
+
+@dataclass
+class BudgetState:
+    period_start: str
+    period_end: str
+    # threshold key -> [state ("alarm" | "resolved"), episode]
+    thresholds: dict[str, list[Any]] = field(default_factory=dict)
+    # [state ("pending" | "active" | "reverted"), episode, since (ISO), action] or None
+    enforcement: list[Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"p": self.period_start, "e": self.period_end}
+        if self.thresholds:
+            d["t"] = self.thresholds
+        if self.enforcement:
+            d["x"] = self.enforcement
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BudgetState":
+        return cls(d["p"], d["e"], {k: list(v) for k, v in (d.get("t") or {}).items()}, d.get("x"))
+
+    @property
+    def empty(self) -> bool:
+        return not self.thresholds and not self.enforcement
+
+    def copy(self) -> "BudgetState":
+        return BudgetState(
+            self.period_start, self.period_end, {k: list(v) for k, v in self.thresholds.items()}, list(self.enforcement) if self.enforcement else None
+        )
+
+
+@dataclass
+class AlertCursor:
+    """Everything the sensor remembers between ticks."""
+
+    last_storage_id: int | None = None  # newest gpu_budget_status materialization seen
+    evaluated_at: float | None = None  # epoch seconds of the last full evaluation
+    budgets: dict[str, BudgetState] = field(default_factory=dict)
+
+    def encode(self) -> str:
+        body = {
+            "v": CURSOR_VERSION,
+            "m": self.last_storage_id,
+            "at": self.evaluated_at,
+            "b": {name: s.to_json() for name, s in self.budgets.items() if not s.empty},
+        }
+        text = json.dumps(body, separators=(",", ":"))
+        if len(text) > _COMPRESS_OVER:
+            return "z:" + base64.b64encode(zlib.compress(text.encode(), 6)).decode()
+        return text
+
+    @classmethod
+    def decode(cls, text: str | None) -> "AlertCursor":
+        if not text:
+            return cls()
+        if text.startswith("z:"):
+            text = zlib.decompress(base64.b64decode(text[2:])).decode()
+        data = json.loads(text)
+        if data.get("v") != CURSOR_VERSION:
+            raise ValueError(f"alert sensor cursor has version {data.get('v')}, this code reads {CURSOR_VERSION}")
+        return cls(data.get("m"), data.get("at"), {n: BudgetState.from_json(s) for n, s in (data.get("b") or {}).items()})
+
+
+@dataclass(frozen=True)
+class ThresholdEvent:
+    kind: Literal["trigger", "resolve"]
+    budget: str
+    threshold: str
+    episode: int
+    row: StatusRow
+
+
+@dataclass(frozen=True)
+class EnforcementEvent:
+    kind: Literal["apply", "revert"]
+    budget: str
+    action: str  # throttle | block
+    episode: int
+    period_start: str
+    period_end: str
+    reason: str
+    row: StatusRow | None = None
+
+    @property
+    def run_key(self) -> str:
+        base = f"{self.budget}/{self.period_start}/enforce-{self.action}"
+        base = base if self.episode <= 1 else f"{base}#{self.episode}"
+        return f"{base}/{self.kind}"
+
+
+@dataclass
+class Evaluation:
+    state: dict[str, BudgetState]
+    alerts: list[ThresholdEvent] = field(default_factory=list)
+    enforcement: list[EnforcementEvent] = field(default_factory=list)
+
+
+def _iso_now(now: dt.datetime) -> str:
+    return now.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _period_end_passed(period_end: str, now: dt.datetime) -> bool:
+    end = dt.datetime.combine(dt.date.fromisoformat(period_end), dt.time(), tzinfo=dt.timezone.utc)
+    return now >= end
+
+
+def evaluate(
+    budgets: Mapping[str, Budget],
+    rows: Iterable[StatusRow],
+    previous: Mapping[str, BudgetState],
+    now: dt.datetime,
+) -> Evaluation:
+    """Advance every budget's state with its newest status row; collect what to send and do.
+
+    ``budgets`` is the current configuration: a raised ``amount_usd`` takes effect at the
+    next evaluation, without waiting for the cost asset to run again.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware (UTC)")
+    state = {name: s.copy() for name, s in previous.items()}  # the caller's state stays as it was
+    out = Evaluation(state)
+    seen: set[str] = set()
+
+    for row in rows:
+        budget = budgets.get(row.budget)
+        if budget is None or row.budget in seen:
+            continue  # a budget no longer configured (handled below), or a duplicate row
+        seen.add(row.budget)
+        st = state.get(row.budget)
+        if st is not None and row.period_start < st.period_start:
+            continue  # an older period's row (a backfill): never re-arm backwards
+        if st is None or row.period_start > st.period_start:
+            if st is not None:
+                _revert_enforcement(out, row.budget, st, f"period {st.period_start} ended; a new period started {row.period_start}")
+            st = state[row.budget] = BudgetState(row.period_start, row.period_end)
+        _advance_thresholds(out, budget, row, st)
+        _advance_enforcement(out, budget, row, st, now)
+
+    for name, st in list(state.items()):
+        if name not in budgets:
+            _revert_enforcement(out, name, st, f"budget {name} was removed from the configuration")
+            del state[name]
+            continue
+        if name not in seen and st.enforcement and st.enforcement[0] == "active" and _period_end_passed(st.period_end, now):
+            # The period ended before the first status row of the next one arrived.
+            _revert_enforcement(out, name, st, f"period {st.period_start} ended at {st.period_end}")
+        if st.empty and name not in seen:
+            del state[name]
+    return out
+
+
+def _advance_thresholds(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState) -> None:
+    amount = budget.amount_usd
+    keys = [th.key() for th in budget.thresholds]
+    for th, key in zip(budget.thresholds, keys):
+        value = row.spend_usd if th.basis == "actual" else row.forecast_usd
+        if value is None:
+            continue  # no forecast yet: neither fires nor resolves
+        line = th.amount_usd(amount)
+        current = st.thresholds.get(key)
+        if value >= line:
+            if current is None or current[0] == "resolved":
+                episode = 1 if current is None else current[1] + 1
+                st.thresholds[key] = ["alarm", episode]
+                out.alerts.append(ThresholdEvent("trigger", budget.name, key, episode, row))
+        elif current is not None and current[0] == "alarm" and value < line * RESOLVE_MARGIN:
+            st.thresholds[key] = ["resolved", current[1]]
+            if budget.notify_resolve:
+                out.alerts.append(ThresholdEvent("resolve", budget.name, key, current[1], row))
+    # Thresholds removed from the configuration are forgotten silently.
+    for key in [k for k in st.thresholds if k not in keys]:
+        del st.thresholds[key]
+
+
+def _advance_enforcement(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState, now: dt.datetime) -> None:
+    enf = budget.enforcement
+    current = st.enforcement
+    if current and current[3] != enf.action:
+        # The action changed (or went back to plain alerts): undo what was done first.
+        _revert_enforcement(out, budget.name, st, f"enforcement of {budget.name} changed from {current[3]} to {enf.action}")
+        if st.enforcement:
+            # Keep the episode count: a later apply needs a run key not used before.
+            st.enforcement = ["reverted", st.enforcement[1], st.enforcement[2], enf.action]
+        current = st.enforcement
+    if enf.action == "alert":
+        return
+    line = budget.amount_usd * enf.threshold_percent / 100.0
+    over = row.spend_usd >= line and not _period_end_passed(row.period_end, now)
+    if over:
+        if current is None or current[0] == "reverted":
+            episode = 1 if current is None else current[1] + 1
+            current = st.enforcement = ["pending", episode, _iso_now(now), enf.action]
+        if current[0] == "pending":
+            since = dt.datetime.fromisoformat(current[2])
+            if now - since >= enf.grace:
+                st.enforcement = ["active", current[1], current[2], enf.action]
+                out.enforcement.append(
+                    EnforcementEvent(
+                        "apply", budget.name, enf.action, current[1], row.period_start, row.period_end,
+                        f"spend ${row.spend_usd:,.2f} is over {enf.threshold_percent:g}% of ${budget.amount_usd:,.2f}"
+                        f" since {current[2]} (grace {enf.grace_period})",
+                        row,
+                    )
+                )
+    elif current is not None:
+        if current[0] == "pending":
+            st.enforcement = None if current[1] <= 1 else ["reverted", current[1] - 1, current[2], current[3]]
+        elif current[0] == "active":
+            _revert_enforcement(
+                out, budget.name, st,
+                f"spend ${row.spend_usd:,.2f} is back under {enf.threshold_percent:g}% of ${budget.amount_usd:,.2f}",
+                row,
+            )
+
+
+def _revert_enforcement(out: Evaluation, name: str, st: BudgetState, reason: str, row: StatusRow | None = None) -> None:
+    current = st.enforcement
+    if not current:
+        return
+    if current[0] == "active":
+        out.enforcement.append(EnforcementEvent("revert", name, current[3], current[1], st.period_start, st.period_end, reason, row))
+        st.enforcement = ["reverted", current[1], current[2], current[3]]
+    elif current[0] == "pending":
+        st.enforcement = None
