@@ -1,11 +1,52 @@
-"""Dagster objects of the training flow, merged into `gpu_ops.definitions:defs`."""
+"""Dagster objects of the training flow, merged into `gpu_ops.definitions:defs`.
+
+``train_demo_model``: the demo training asset (a small deterministic torch model on
+synthetic data; see :mod:`gpu_ops.training.demo`). Its size, checkpoint interval and
+retry backoff come from the ``training`` section of the configuration, so tests and
+the UI end-to-end test can shrink it. torch is imported inside the worker only.
+"""
 
 from __future__ import annotations
 
 import dagster as dg
 
+from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.training.asset import gpu_asset
+from gpu_ops.training.demo import train_demo
+from gpu_ops.training.policy import PreemptionPolicy
+
+DEMO_REQUEST = GpuRequest(
+    gpu_type="t4",
+    gpus=1,
+    cpus=2,
+    memory="4Gi",
+    capacity="spot-then-on-demand",
+    labels=Attribution(team="ml-platform", project="gpu-ops-demo", experiment_id="demo-mlp"),
+)
+
+
+def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
+    training = config.training
+    return gpu_asset(
+        train_demo,
+        name="train_demo_model",
+        request=DEMO_REQUEST,
+        policy=PreemptionPolicy(
+            checkpoint_interval=training.demo_checkpoint_interval_s,
+            backoff_s=training.retry_backoff_s,
+            backoff_max_s=max(60.0, training.retry_backoff_s),
+        ),
+        params={"steps": training.demo_steps},
+        settings_resource_key="gpu_ops",
+        group_name="training",
+        description=(
+            "Demo training run: a small deterministic MLP on synthetic data, checkpointed every "
+            f"{training.demo_checkpoint_interval_s:g} s; survives preemption (SIGTERM/SIGKILL of the worker) by "
+            "resuming from its newest valid checkpoint with identical final weights."
+        ),
+    )
 
 
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
-    return dg.Definitions()
+    return dg.Definitions(assets=[demo_asset(config)])

@@ -1,0 +1,541 @@
+"""`gpu_asset` / `gpu_op`: training functions as Dagster assets and ops that survive preemption.
+
+    @gpu_asset(request=GpuRequest(gpu_type="a100-80gb", gpus=8), policy=PreemptionPolicy(max_preemptions=10))
+    def finetune(ctx: TrainingContext, lr: float = 3e-4): ...
+
+One Dagster step attempt = one training attempt:
+
+1. read this run's earlier attempts from the usage ledger; plan the request (more
+   memory after OOMs, on-demand after ``fallback_after`` spot preemptions);
+2. launch :func:`gpu_ops.training.worker.run_training` through the ``gpu_compute``
+   resource; the worker resumes from the newest valid checkpoint;
+3. classify how it ended, append a ledger row, decide (pure policy) and turn the
+   decision into ``dg.RetryRequested`` (with backoff), ``dg.Failure(allow_retries=False)``
+   or the materialization with its metadata.
+
+The Dagster layer is this module only; classification, policy, checkpoints and the
+ledger are plain Python.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import socket
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from gpu_ops.compute.backend import WorkerReport
+from gpu_ops.compute.naming import launch_name
+from gpu_ops.compute.request import GpuRequest
+from gpu_ops.config import GpuOpsConfig, load_config
+from gpu_ops.storage.tables import TableStore
+from gpu_ops.training import ledger
+from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
+from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
+from gpu_ops.training.context import WorkerSpec, parse_event
+from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, plan_attempt
+from gpu_ops.training.worker import register, run_training
+
+PARAMS_CONFIG = "params"
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What a decorated training function was declared with."""
+
+    fn_module: str
+    fn_qualname: str
+    request: GpuRequest
+    policy: PreemptionPolicy
+    params: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_url: str | None = None  # default: training.checkpoint_url of the config
+    keep_last: int | None = None
+    compute_resource_key: str = "gpu_compute"
+    settings_resource_key: str | None = None  # None: load_config() ($GPU_OPS_CONFIG or the demo)
+    config_path: str | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def price_per_gpu_hour(config: GpuOpsConfig, gpu_type: str, capacity_type: str) -> float | None:
+    return config.prices.gpus.get(gpu_type, {}).get(capacity_type)  # type: ignore[call-overload]
+
+
+class _EventSink:
+    """Receives the workers' output lines: structured events become readable log lines."""
+
+    def __init__(self, log: Any, attempt: int):
+        self.log = log
+        self.attempt = attempt
+        self.pids: list[int] = []
+        self.started_at: dt.datetime | None = None
+        self.first_progress_at: float | None = None
+        self.last_progress: dict[str, Any] | None = None
+        self.last_checkpoint: dict[str, Any] | None = None
+        self.resumed: dict[str, Any] | None = None
+
+    def on_start(self, pids: list[int]) -> None:
+        self.pids = list(pids)
+        self.started_at = _utcnow()
+
+    def __call__(self, line: str) -> None:
+        parsed = parse_event(line)
+        if parsed is None:
+            self.log.info(line)
+            return
+        event, data = parsed
+        if event == "progress":
+            if self.first_progress_at is None:
+                self.first_progress_at = data.get("t")
+            self.last_progress = data
+            total = data.get("total")
+            pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
+            metrics = " ".join(f"{k}={_fmt(v)}" for k, v in (data.get("metrics") or {}).items())
+            self.log.info(f"step {data.get('step')}/{total or '?'}{pct} {metrics} [attempt {self.attempt}]".replace("  ", " "))
+        elif event == "checkpoint":
+            self.last_checkpoint = data
+            self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
+        elif event == "start":
+            self.resumed = data if data.get("resumed") else None
+            if data.get("resumed"):
+                self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
+            else:
+                self.log.info(f"attempt {self.attempt} starts from scratch (no checkpoint yet)")
+        elif event == "preempted":
+            self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
+        elif event == "stopped":
+            self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
+        elif event == "log":
+            self.log.info(str(data.get("message")))
+        elif event == "finished":
+            self.log.info(f"training function returned after step {data.get('last_step')}")
+        else:
+            self.log.info(line)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _capacity_type(report: WorkerReport | None, request: GpuRequest) -> str:
+    labels = getattr(getattr(getattr(report, "node", None), "metadata", None), "labels", None) or {}
+    value = labels.get("karpenter.sh/capacity-type")
+    if value in ledger.CAPACITY_TYPES:
+        return value
+    return request.capacity_types[0]
+
+
+def _pod_and_node(report: WorkerReport | None, name: str) -> tuple[str, str]:
+    pod = getattr(report, "pod", None)
+    pod_name = getattr(getattr(pod, "metadata", None), "name", None)
+    node_name = getattr(getattr(pod, "spec", None), "node_name", None)
+    return pod_name or name, node_name or socket.gethostname()
+
+
+# --------------------------------------------------------------------------- one attempt
+
+
+@dataclass
+class AttemptResult:
+    value: Any
+    metadata: dict[str, Any]
+
+
+def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
+    """Run one training attempt for the current step; raise to retry or fail."""
+    if spec.settings_resource_key:
+        config: GpuOpsConfig = getattr(context.resources, spec.settings_resource_key).load()
+    else:
+        config = load_config(spec.config_path)
+    compute = getattr(context.resources, spec.compute_resource_key)
+    store = TableStore(config.storage.resolved_url())
+    run = context.run
+    run_id = run.run_id
+    attempt = int(context.retry_number) + 1
+    partition_key = context.partition_key if getattr(context, "has_partition_key", False) else None
+
+    try:
+        history = ledger.run_history(store, run_id, asset_key)
+        exposure_s, past_preemptions = ledger.preemption_exposure(store, asset_key)
+    except Exception as exc:  # the ledger is down: train anyway; Dagster's count still caps retries
+        context.log.error(f"cannot read {ledger.LEDGER_TABLE} ({type(exc).__name__}: {exc}); planning attempt {attempt} without history")
+        history, exposure_s, past_preemptions = [], 0.0, 0
+    planned = plan_attempt(spec.policy, spec.request, history)
+    request = planned.request
+
+    scope = run.root_run_id or run_id  # a re-execution continues its parent's checkpoints
+    ckpt_url = checkpoint_url_for(checkpoint_root(config, spec.checkpoint_url), asset_key, partition_key, scope)
+    keep_last = spec.keep_last or config.training.keep_last
+    ckpts = CheckpointStore(ckpt_url, keep_last, log=context.log.warning)
+    removed = ckpts.remove_partial()  # no writer is alive between attempts
+    if removed:
+        context.log.info(f"removed {removed} partial checkpoint file(s) left by the previous attempt")
+    newest = next(iter(ckpts.list()), None)  # manifest only; the worker verifies the data
+    if getattr(compute, "backend", "local") != "local" and "://" not in ckpt_url:
+        context.log.warning(
+            f"checkpoints go to the path {ckpt_url} inside the worker pods: unless that is a mounted volume (PVC) "
+            "they die with the pod; set training.checkpoint_url to s3://, gs:// or a PVC mount"
+        )
+
+    params = {**spec.params, **(_op_params(context))}
+    worker_spec = WorkerSpec(
+        fn_module=spec.fn_module,
+        fn_qualname=spec.fn_qualname,
+        run_id=run_id,
+        asset_key=asset_key,
+        attempt=attempt,
+        checkpoint_url=ckpt_url,
+        keep_last=keep_last,
+        params=params,
+        partition_key=partition_key,
+        checkpoint_interval=spec.policy.checkpoint_interval,
+        mtbp_prior_s=spec.policy.mtbp_prior_s,
+        past_exposure_s=exposure_s,
+        past_preemptions=past_preemptions,
+        spot_notice=spec.policy.spot_notice,
+        spot_notice_poll_s=spec.policy.spot_notice_poll_s,
+        request=request.model_dump(mode="json"),
+    )
+    counts = Counts.of(history)
+    plan = "; ".join(planned.notes) or "as declared"
+    context.log.info(
+        f"attempt {attempt}: {request.gpus}× {request.gpu_type} x{request.workers} worker(s), capacity {request.capacity}, "
+        f"memory {request.memory} ({plan}); history: {counts.preemptions} preemption(s), {counts.ooms} OOM(s), "
+        f"{counts.infrastructure} infrastructure failure(s), {counts.user_errors} user error(s); "
+        + (f"newest checkpoint #{newest.seq} (step {newest.step})" if newest else "no checkpoint yet")
+        + f" in {ckpt_url}"
+    )
+
+    name = launch_name(run_id, launch_key, int(context.retry_number))  # as GpuCompute names it
+    sink = _EventSink(context.log, attempt)
+    start = _utcnow()
+    report: WorkerReport | None = None
+    launch_error: Exception | None = None
+    try:
+        report = compute.launch(context, request, run_training, args=(asdict(worker_spec),), env=dict(spec.env), log=sink, on_start=sink.on_start)
+    except Exception as exc:
+        # The launch itself failed (no capacity, image pull, controller timeout): the
+        # classifier reads the exception chain; no GPU was used unless workers started.
+        launch_error = exc
+    except BaseException as exc:
+        # Interrupted (run terminated, Ctrl-C): still account for the GPUs, then stop.
+        if sink.started_at is not None:
+            why = f"interrupted by {type(exc).__name__}"
+            _record(context, store, request, None, name, run_id, asset_key, attempt, Outcome.PREEMPTED, start, _utcnow(), ckpts, why, used_gpus=True)
+        raise
+    end = _utcnow()
+
+    if launch_error is not None:
+        classification = classify_exception(launch_error)
+        assert classification is not None
+        context.log.error(f"launch failed: {type(launch_error).__name__}: {launch_error}")
+    else:
+        assert report is not None
+        classification = classify_report(report)
+    used_gpus = launch_error is None or sink.started_at is not None
+    row = _record(context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason, used_gpus=used_gpus)
+    this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
+    decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
+    _log_decision(context, attempt, classification, decision)
+
+    if decision.action is Action.RETRY:
+        raise dg.RetryRequested(max_retries=int(context.retry_number) + 1, seconds_to_wait=decision.wait_s)
+    if decision.action is Action.FAIL:
+        tb = classification.traceback or (report.traceback if report else None) or (
+            "".join(traceback.format_exception(launch_error)) if launch_error else None
+        )
+        raise dg.Failure(
+            description=f"{asset_key}: attempt {attempt} {classification.describe()}. Not retried: {decision.reason}.",
+            metadata={
+                "outcome": classification.outcome.value,
+                "reason": classification.reason,
+                "decision": decision.reason,
+                "attempts": attempt,
+                "remote_traceback": dg.MetadataValue.text(tb or "(none)"),
+            },
+            allow_retries=False,
+        )
+    assert report is not None  # a completed attempt has a report
+
+    returned = report.value if isinstance(report.value, dict) else {"value": report.value, "summary": {}}
+    value = returned.get("value")
+    summary = returned.get("summary") or {}
+    metadata = _materialization_metadata(store, config, run_id, asset_key, decision, summary, value, ckpt_url, request, sink)
+    return AttemptResult(value, metadata)
+
+
+def _op_params(context: Any) -> dict[str, Any]:
+    inner = getattr(context, "op_execution_context", context)
+    cfg = inner.op_config or {}
+    return dict(cfg.get(PARAMS_CONFIG) or {})
+
+
+def _record(
+    context: Any,
+    store: TableStore,
+    request: GpuRequest,
+    report: WorkerReport | None,
+    name: str,
+    run_id: str,
+    asset_key: str,
+    attempt: int,
+    outcome: Outcome,
+    start: dt.datetime,
+    end: dt.datetime,
+    ckpts: CheckpointStore,
+    reason: str,
+    *,
+    used_gpus: bool,
+) -> ledger.LedgerRow:
+    # Manifests only: the data is verified when the next attempt loads it.
+    newest = next(iter(ckpts.list()), None)
+    last_at = newest.written_at_dt if newest and newest.written_at_dt >= start else None
+    pod, node = _pod_and_node(report, name)
+    labels = request.labels
+    row = ledger.LedgerRow(
+        start=start,
+        end=end,
+        namespace=request.namespace,
+        pod=pod,
+        node=node,
+        team=labels.team,
+        project=labels.project,
+        cost_center=labels.cost_center,
+        experiment_id=labels.experiment_id,
+        gpu_type=request.gpu_type,
+        gpu_count=request.total_gpus if used_gpus else 0,  # a launch that never started used none
+        capacity_type=_capacity_type(report, request),
+        sharing="mig" if request.mig_profile else "none",
+        gpu_share=request.gpu_share,
+        run_id=run_id,
+        asset_key=asset_key,
+        attempt=attempt,
+        outcome=outcome.value,
+        last_checkpoint_at=last_at,
+        lost_seconds=ledger.lost_seconds(outcome, start, end, last_at) if used_gpus else 0.0,
+    )
+    try:
+        ledger.append(store, [row])
+    except Exception as exc:  # never lose the attempt's outcome because the ledger is down
+        context.log.error(f"could not append attempt {attempt} to {ledger.LEDGER_TABLE}: {type(exc).__name__}: {exc}; row: {row}")
+        return row
+    context.log.info(
+        f"ledger: attempt {attempt} {outcome.value} ({reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} {row.gpu_type}, "
+        f"lost {row.lost_seconds:.1f} s of work"
+    )
+    return row
+
+
+def _log_decision(context: Any, attempt: int, c: Classification, d: Decision) -> None:
+    message = f"attempt {attempt} {c.describe()} -> {d.action.value}: {d.reason}"
+    if d.action is Action.COMPLETE:
+        context.log.info(message)
+    elif d.action is Action.RETRY:
+        context.log.warning(message)
+    else:
+        context.log.error(message + (f"\nremote traceback:\n{c.traceback}" if c.traceback else ""))
+
+
+def _materialization_metadata(
+    store: TableStore,
+    config: GpuOpsConfig,
+    run_id: str,
+    asset_key: str,
+    decision: Decision,
+    summary: Mapping[str, Any],
+    value: Any,
+    ckpt_url: str,
+    request: GpuRequest,
+    sink: _EventSink,
+) -> dict[str, Any]:
+    rows = ledger.read(store, run_id=run_id, asset_key=asset_key)
+    rows = rows.sort_values("attempt") if not rows.empty else rows
+    gpu_hours = 0.0
+    cost: float | None = 0.0
+    missing: list[str] = []
+    lines = ["| attempt | outcome | capacity | seconds | lost s |", "|---|---|---|---|---|"]
+    for r in rows.itertuples(index=False):
+        seconds = (r.end - r.start).total_seconds()
+        hours = r.gpu_count * r.gpu_share * seconds / 3600.0
+        gpu_hours += hours
+        price = price_per_gpu_hour(config, r.gpu_type, r.capacity_type)
+        if price is None:
+            missing.append(f"{r.gpu_type}/{r.capacity_type}")
+        elif cost is not None:
+            cost += hours * price
+        lines.append(f"| {r.attempt} | {r.outcome} | {r.capacity_type} | {seconds:.1f} | {r.lost_seconds:.1f} |")
+    if missing:
+        cost = None
+    outcomes = list(rows["outcome"]) if not rows.empty else [Outcome.COMPLETED.value]
+    md: dict[str, Any] = {
+        "attempts": dg.MetadataValue.int(len(outcomes)),
+        "preemptions": dg.MetadataValue.int(outcomes.count(Outcome.PREEMPTED.value)),
+        "oom_retries": dg.MetadataValue.int(outcomes.count(Outcome.OOM.value)),
+        "infrastructure_retries": dg.MetadataValue.int(outcomes.count(Outcome.INFRASTRUCTURE.value)),
+        "gpu_hours": dg.MetadataValue.float(gpu_hours),
+        "lost_gpu_hours": dg.MetadataValue.float(
+            float(sum(r.gpu_count * r.gpu_share * r.lost_seconds / 3600.0 for r in rows.itertuples(index=False))) if not rows.empty else 0.0
+        ),
+        "cost_usd": dg.MetadataValue.float(cost) if cost is not None else dg.MetadataValue.text(f"unknown: no price for {', '.join(sorted(set(missing)))}"),
+        "currency": config.prices.currency,
+        "decision": decision.reason,
+        "attempt_history": dg.MetadataValue.md("\n".join(lines)),
+        "checkpoint_url": ckpt_url,
+        "gpu_request": f"{request.gpus}x {request.gpu_type}, {request.workers} worker(s), {request.capacity}, {request.memory}",
+    }
+    if summary.get("checkpoint_seconds") is not None:
+        md["checkpoint_seconds"] = dg.MetadataValue.float(float(summary["checkpoint_seconds"]))
+    if summary.get("checkpoint_interval_s") is not None:
+        md["checkpoint_interval_s"] = dg.MetadataValue.float(float(summary["checkpoint_interval_s"]))
+    if summary.get("resumed_from_step") is not None:
+        md["resumed_from_step"] = dg.MetadataValue.int(int(summary["resumed_from_step"]))
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(v, (bool, int, float, str)):
+                continue  # only scalars are metadata; the rest stays the function's value
+            md[str(k)] = v
+    return md
+
+
+# --------------------------------------------------------------------------- decorators
+
+
+def _spec(fn: Callable[..., Any], request: GpuRequest | Mapping[str, Any], policy: PreemptionPolicy | Mapping[str, Any] | None, **kw: Any) -> TrainingSpec:
+    module, qualname = register(fn)
+    req = request if isinstance(request, GpuRequest) else GpuRequest.model_validate(request)
+    pol = policy if isinstance(policy, PreemptionPolicy) else PreemptionPolicy.model_validate(policy or {})
+    return TrainingSpec(fn_module=module, fn_qualname=qualname, request=req, policy=pol, **kw)
+
+
+_CONFIG_SCHEMA = {
+    PARAMS_CONFIG: dg.Field(
+        dg.Permissive(),
+        is_required=False,
+        default_value={},
+        description="Keyword arguments for the training function; override the decorator's params.",
+    )
+}
+
+
+def gpu_asset(
+    fn: Callable[..., Any] | None = None,
+    *,
+    request: GpuRequest | Mapping[str, Any],
+    policy: PreemptionPolicy | Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    checkpoint_url: str | None = None,
+    keep_last: int | None = None,
+    compute_resource_key: str = "gpu_compute",
+    settings_resource_key: str | None = None,
+    config_path: str | None = None,
+    name: str | None = None,
+    **asset_kwargs: Any,
+) -> Any:
+    """Decorate ``def train(ctx: TrainingContext, **params)`` into a preemption-aware asset.
+
+    ``request`` is the GPUs to ask for, ``policy`` the retry/checkpoint policy,
+    ``params`` keyword arguments for the function (run config ``params`` overrides them
+    per run). Other keywords (``key_prefix``, ``group_name``, ``deps``,
+    ``partitions_def``, ``owners``, ``tags``, ``kinds``, ...) go to ``dg.asset``. The
+    function runs in a worker process; a returned mapping's scalars become
+    materialization metadata. Requires the ``gpu_compute`` resource (and
+    ``settings_resource_key`` when given; otherwise the configuration comes from
+    ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo).
+    """
+
+    def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
+        spec = _spec(
+            f,
+            request,
+            policy,
+            params=dict(params or {}),
+            env=dict(env or {}),
+            checkpoint_url=checkpoint_url,
+            keep_last=keep_last,
+            compute_resource_key=compute_resource_key,
+            settings_resource_key=settings_resource_key,
+            config_path=config_path,
+        )
+        keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
+        if "retry_policy" in asset_kwargs:
+            raise TypeError("gpu_asset decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
+        kinds = set(asset_kwargs.pop("kinds", None) or ()) | {"gpu"}
+
+        @dg.asset(
+            name=name or f.__name__,
+            required_resource_keys=keys,
+            config_schema=_CONFIG_SCHEMA,
+            description=asset_kwargs.pop("description", None) or (f.__doc__ or "").strip() or None,
+            kinds=kinds,
+            **asset_kwargs,
+        )
+        def _training_asset(context) -> dg.MaterializeResult:  # type: ignore[no-untyped-def]
+            result = run_attempt(context, spec, context.asset_key.to_user_string(), list(context.asset_key.path))
+            return dg.MaterializeResult(metadata=result.metadata)
+
+        return _training_asset
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def gpu_op(
+    fn: Callable[..., Any] | None = None,
+    *,
+    request: GpuRequest | Mapping[str, Any],
+    policy: PreemptionPolicy | Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    checkpoint_url: str | None = None,
+    keep_last: int | None = None,
+    compute_resource_key: str = "gpu_compute",
+    settings_resource_key: str | None = None,
+    config_path: str | None = None,
+    name: str | None = None,
+    **op_kwargs: Any,
+) -> Any:
+    """The op twin of :func:`gpu_asset`: outputs the function's return value, with the
+    same metadata on the output. The ledger's ``asset_key`` column is ``op/<job>/<op>``."""
+
+    def decorate(f: Callable[..., Any]) -> dg.OpDefinition:
+        spec = _spec(
+            f,
+            request,
+            policy,
+            params=dict(params or {}),
+            env=dict(env or {}),
+            checkpoint_url=checkpoint_url,
+            keep_last=keep_last,
+            compute_resource_key=compute_resource_key,
+            settings_resource_key=settings_resource_key,
+            config_path=config_path,
+        )
+        keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
+        if "retry_policy" in op_kwargs:
+            raise TypeError("gpu_op decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
+
+        @dg.op(
+            name=name or f.__name__,
+            required_resource_keys=keys,
+            config_schema=_CONFIG_SCHEMA,
+            description=op_kwargs.pop("description", None) or (f.__doc__ or "").strip() or None,
+            **op_kwargs,
+        )
+        def _training_op(context):  # type: ignore[no-untyped-def]
+            result = run_attempt(context, spec, f"op/{context.job_name}/{context.op.name}", [context.op.name])
+            yield dg.Output(result.value, metadata=result.metadata)
+
+        return _training_op
+
+    return decorate(fn) if fn is not None else decorate

@@ -1,0 +1,105 @@
+"""The callable every backend runs: build a `TrainingContext` and call the function.
+
+Backends receive :func:`run_training` (module level, so it pickles by reference and
+Kubetorch can import it) and a plain-data :class:`WorkerSpec`. The training function
+is found again by module and qualified name through :data:`_REGISTRY`: ``@gpu_asset``
+replaces the module attribute with an ``AssetsDefinition``, so the function itself
+cannot be pickled by reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import asdict
+from typing import Any, Callable
+
+from gpu_ops.training.context import (
+    SpotNoticeWatcher,
+    TrainingContext,
+    TrainingPreempted,
+    TrainingPreemptedError,
+    WorkerSpec,
+    emit,
+    install_sigterm_handler,
+)
+
+# (module, qualname) -> the undecorated training function; filled by gpu_asset/gpu_op
+# at import time in the parent and again in the worker when it imports the module.
+_REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+class TrainingFunctionError(TypeError):
+    pass
+
+
+def register(fn: Callable[..., Any]) -> tuple[str, str]:
+    """Remember ``fn`` so a worker can find it by name; rejects what a worker cannot import."""
+    module, qualname = fn.__module__, fn.__qualname__
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise TrainingFunctionError(
+            f"{module}.{qualname}: training functions must be defined at module level (workers import them by name)"
+        )
+    if module == "__main__":
+        raise TrainingFunctionError(
+            f"{qualname} is defined in __main__: move it into an importable module (workers import it by module name)"
+        )
+    _REGISTRY[(module, qualname)] = fn
+    return module, qualname
+
+
+def resolve(module: str, qualname: str) -> Callable[..., Any]:
+    fn = _REGISTRY.get((module, qualname))
+    if fn is not None:
+        return fn
+    mod = importlib.import_module(module)  # re-runs the decorators, filling the registry
+    fn = _REGISTRY.get((module, qualname))
+    if fn is not None:
+        return fn
+    obj: Any = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if callable(obj) and not hasattr(obj, "op"):
+        return obj
+    raise TrainingFunctionError(f"cannot find the training function {module}.{qualname} in the worker")
+
+
+def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
+    """Worker entry point. Returns the function's value and a summary of the attempt.
+
+    When SIGTERM or a spot notice arrived, the attempt ends with
+    :class:`TrainingPreempted` even if the function returned: the pod is going away and
+    the next attempt resumes from the checkpoint the function saved.
+    """
+    if isinstance(spec, dict):
+        spec = WorkerSpec(**spec)
+    fn = resolve(spec.fn_module, spec.fn_qualname)
+    ctx = TrainingContext(spec)
+    restore = install_sigterm_handler(ctx)
+    watcher = SpotNoticeWatcher(ctx, spec.spot_notice, spec.spot_notice_poll_s) if spec.spot_notice else None
+    if watcher is not None:
+        watcher.start()
+    try:
+        value = fn(ctx, **spec.params)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+    summary = ctx.summary()
+    if ctx.preempted:
+        last = ctx.checkpoint.last
+        where = f"checkpoint #{last.seq} at step {last.step}" if last else "no checkpoint saved in this attempt"
+        emit("stopped", reason=ctx.preempt_reason, **summary)
+        sys.stdout.flush()
+        restore()
+        message = f"{ctx.preempt_reason}; {where}"
+        if os.environ.get("GPU_OPS_WORKER") == "1":  # the local backend's worker process
+            raise TrainingPreempted(message)
+        raise TrainingPreemptedError(message)
+    restore()
+    emit("finished", **summary)
+    return {"value": value, "summary": summary}
+
+
+def spec_dict(spec: WorkerSpec) -> dict[str, Any]:
+    return asdict(spec)

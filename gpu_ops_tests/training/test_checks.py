@@ -1,0 +1,31 @@
+"""`gpu-ops validate`'s checkpoint check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_ops.config import parse_config
+from gpu_ops.training.checks import check_checkpoints
+from gpu_ops.validate import run_checks
+
+PRICES = {"source": "test", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.21}}}
+
+
+def test_writable_folder_passes(tmp_path: Path) -> None:
+    config = parse_config({"prices": PRICES, "training": {"checkpoint_url": "ckpts"}}, tmp_path / "gpu_ops.yaml")
+    result = check_checkpoints(config)
+    assert result.status == "ok" and str(tmp_path / "ckpts") in result.detail
+    assert list((tmp_path / "ckpts").iterdir()) == []  # the probe is gone
+
+
+def test_unwritable_location_fails_with_a_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    config = parse_config({"prices": PRICES, "training": {"checkpoint_url": str(blocker / "ckpts")}}, tmp_path / "gpu_ops.yaml")
+    result = check_checkpoints(config)
+    assert result.failed and "cannot write a checkpoint" in result.detail and "training.checkpoint_url" in result.fix
+
+
+def test_registered_with_validate(tmp_path: Path) -> None:
+    config = parse_config({"prices": PRICES, "training": {"checkpoint_url": "ckpts"}}, tmp_path / "gpu_ops.yaml")
+    assert [r.status for r in run_checks(config, only="checkpoints")] == ["ok"]

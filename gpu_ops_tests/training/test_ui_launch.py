@@ -1,0 +1,197 @@
+"""Launch from the UI, end to end: dagster-webserver and dagster-daemon on 127.0.0.1 with
+the repository's workspace.yaml and a temporary DAGSTER_HOME; `train_demo_model` is
+launched through GraphQL exactly as the Materialize button does (the
+``LaunchPipelineExecution`` mutation on the implicit asset job with an asset selection);
+the training worker is SIGKILLed mid-training; the run must succeed with one preemption
+retry and the metadata the design promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpu_ops_tests.training.test_gpu_asset import DEMO_STEPS, Killer, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# The UI's own mutation (dagster-webserver's LaunchPipelineExecution).
+LAUNCH = """
+mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { id pipelineName } }
+    ... on PipelineNotFoundError { message }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on PythonError { message stack }
+  }
+}
+"""
+LOCATION = "{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"
+RUN = "query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }"
+MATERIALIZATION = """
+query($key: AssetKeyInput!) {
+  assetOrError(assetKey: $key) {
+    ... on Asset {
+      assetMaterializations(limit: 1) {
+        runId
+        metadataEntries {
+          label
+          ... on IntMetadataEntry { intValue }
+          ... on FloatMetadataEntry { floatValue }
+          ... on TextMetadataEntry { text }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n"
+        "  module: dagster._core.run_coordinator\n"
+        "  class: QueuedRunCoordinator\n"
+        "  config: {dequeue_interval_seconds: 1}\n"
+        "telemetry: {enabled: false}\n"
+    )
+    config = write_config(tmp_path, steps=DEMO_STEPS)
+    port = free_port()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "GPU_OPS_CONFIG": str(config),
+        "GPU_OPS_PIDFILE_DIR": str(tmp_path / "pids"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    workspace = str(REPO / "workspace.yaml")
+    logs = [open(tmp_path / name, "wb") for name in ("webserver.log", "daemon.log")]
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", workspace],
+            cwd=REPO, env=env, stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True,
+        ),
+        subprocess.Popen(
+            [str(BIN / "dagster-daemon"), "run", "-w", workspace],
+            cwd=REPO, env=env, stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True,
+        ),
+    ]
+    try:
+        yield f"http://127.0.0.1:{port}/graphql", tmp_path, home
+    finally:
+        for p in procs:  # the sessions these two started: their code servers and run workers
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for f in logs:
+            f.close()
+
+
+def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    r = httpx.post(url, json={"query": query, "variables": variables or {}}, timeout=30)
+    r.raise_for_status()
+    body = r.json()
+    assert "errors" not in body, body["errors"]
+    return body["data"]
+
+
+def wait_for_location(url: str, tmp: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            entries = gql(url, LOCATION)["workspaceOrError"]["locationEntries"]
+            last = entries
+            if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                err = entries[0]["locationOrLoadError"]
+                assert err["__typename"] == "RepositoryLocation", err
+                return
+        except (httpx.HTTPError, KeyError):
+            pass
+        time.sleep(0.5)
+    log = (tmp / "webserver.log").read_text(errors="replace")[-3000:]
+    raise AssertionError(f"the code location did not load: {last}\n{log}")
+
+
+@pytest.mark.slow
+def test_materialize_from_the_ui_survives_a_killed_worker(dagster_ui: tuple[str, Path, Path]) -> None:
+    url, tmp, home = dagster_ui
+    wait_for_location(url, tmp)
+    killer = Killer(tmp, signal.SIGKILL, delay=(0.2, 1.0), seed=7)
+    killer.start()
+    params = {
+        "mode": "default",
+        "executionMetadata": {"tags": []},
+        "runConfigData": "{}",
+        "selector": {
+            "repositoryLocationName": "gpu_ops",
+            "repositoryName": "__repository__",
+            "pipelineName": "__ASSET_JOB",
+            "assetSelection": [{"path": ["train_demo_model"]}],
+            "assetCheckSelection": [],
+        },
+    }
+    launched = gql(url, LAUNCH, {"executionParams": params})["launchPipelineExecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["id"]
+
+    deadline = time.monotonic() + 300
+    status = None
+    while time.monotonic() < deadline:
+        status = gql(url, RUN, {"id": run_id})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(1)
+    killer.join(timeout=5)
+    daemon_log = (tmp / "daemon.log").read_text(errors="replace")[-3000:]
+    assert killer.killed_pid is not None, f"the worker was never seen training\n{daemon_log}"
+    assert status == "SUCCESS", f"run {run_id} ended {status}\n{daemon_log}"
+
+    mats = gql(url, MATERIALIZATION, {"key": {"path": ["train_demo_model"]}})["assetOrError"]["assetMaterializations"]
+    assert mats and mats[0]["runId"] == run_id
+    md = {e["label"]: e.get("intValue", e.get("floatValue", e.get("text"))) for e in mats[0]["metadataEntries"]}
+    assert md["attempts"] == 2 and md["preemptions"] == 1
+    assert md["gpu_hours"] > 0 and md["cost_usd"] > 0 and md["final_loss"] > 0
+    assert len(md["weights_sha256"]) == 64
+
+    # The step really was retried by Dagster (multiprocess executor, run launched by the daemon).
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        kinds = [e.dagster_event.event_type_value for e in instance.all_logs(run_id) if e.dagster_event]
+        assert kinds.count("STEP_UP_FOR_RETRY") == 1 and kinds.count("STEP_RESTARTED") == 1
+        texts = [e.message for e in instance.all_logs(run_id) if e.message]
+    assert any("-> retry: preemption 1 of at most" in m for m in texts)
+    assert any("attempt 2 resumes from checkpoint #" in m for m in texts)
+    # The same weights as an uninterrupted run of the same size.
+    from gpu_ops_tests.training.test_gpu_asset import uninterrupted_sha
+
+    assert md["weights_sha256"] == uninterrupted_sha(tmp / "ref"), json.dumps(md)
