@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test lint bench clean
+.PHONY: venv run dev test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ venv: $(STAMP)
 # budgets and alerts, on SQLite and the local backend (no cluster, no database server).
 run: $(STAMP)
 	$(VENV)/bin/gpu-ops demo
+
+# The Dagster UI on a local instance of its own: the top-level dagster.yaml is the
+# production instance (PostgreSQL, K8sRunLauncher) and is not used here.
+dev: $(STAMP)
+	mkdir -p .gpu_ops/dagster_home
+	DAGSTER_HOME=$(CURDIR)/.gpu_ops/dagster_home $(VENV)/bin/dagster dev -w workspace.yaml
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
 test: $(STAMP)

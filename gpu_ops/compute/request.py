@@ -14,14 +14,26 @@ Capacity = Literal["spot", "on-demand", "spot-then-on-demand"]
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def parse_memory(value: str | int) -> int:
-    """Kubernetes quantity (``32Gi``, ``500M``, bytes) -> bytes."""
-    from kubernetes.utils import parse_quantity  # light module; the client API is not imported
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*$")
+_SUFFIX = {
+    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
 
-    try:
-        return int(parse_quantity(value))
-    except ValueError:
-        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)") from None
+
+def parse_memory(value: str | int) -> int:
+    """Kubernetes quantity (``32Gi``, ``500M``, ``1e9``, bytes) -> bytes.
+
+    Parsed here rather than with ``kubernetes.utils``: importing that loads the whole
+    client, and requests are built while the code location loads.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _QUANTITY.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)")
+    number, exponent, suffix = m.groups()
+    return math.ceil(float(number) * 10 ** int(exponent or 0) * _SUFFIX[suffix])
 
 
 def format_memory(n_bytes: int) -> str:

@@ -5,7 +5,23 @@ from __future__ import annotations
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.cost.assets import build_assets, build_collector
+
+DAILY_JOB = "daily_gpu_cost_job"
+DAILY_SCHEDULE = "daily_gpu_cost_schedule"
 
 
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
-    return dg.Definitions()
+    assets, _partitions = build_assets(config)
+    job = dg.define_asset_job(
+        DAILY_JOB,
+        selection=dg.AssetSelection.assets(*assets),
+        description="Yesterday's GPU usage, attribution, budget status and ROI.",
+    )
+    # 00:15 UTC: yesterday's last partition is complete (as-of = midnight) and late
+    # ledger rows of runs that ended at midnight have had a few minutes to land.
+    schedule = dg.build_schedule_from_partitioned_job(
+        job, name=DAILY_SCHEDULE, hour_of_day=0, minute_of_hour=15, default_status=dg.DefaultScheduleStatus.RUNNING
+    )
+    collect_jobs, collect_schedules = build_collector(config)
+    return dg.Definitions(assets=assets, jobs=[job, *collect_jobs], schedules=[schedule, *collect_schedules])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import ValidationError
 
@@ -62,3 +64,17 @@ def test_gpu_request_canonicalises_and_checks_shape():
         GpuRequest(gpu_type="t4", labels={"team": "NLP team!"})
     with pytest.raises(ValidationError, match="unknown GPU type"):
         GpuRequest(gpu_type="a10")
+
+
+@pytest.mark.parametrize("quantity", ["32Gi", "512Mi", "1e9", "500M", "1.5Gi", "100", "2k", "1Ti", "0.5Gi", "1500m"])
+def test_memory_quantities_parse_as_kubernetes_does(quantity):
+    from kubernetes.utils import parse_quantity
+
+    from gpu_ops.compute.request import parse_memory
+
+    assert parse_memory(quantity) == math.ceil(parse_quantity(quantity))  # whole bytes, rounded up
+
+
+def test_bad_memory_quantity_is_a_clear_error():
+    with pytest.raises(ValidationError, match="'lots' is not a memory quantity"):
+        GpuRequest(gpu_type="t4", memory="lots")

@@ -1,0 +1,254 @@
+"""The cost flow end to end, shared by the `gpu-ops cost` CLI and the Dagster assets.
+
+sources -> raw rows -> :func:`validate_usage` -> split by UTC day -> priced pieces
+(+ idle rows from the inventory) -> attribution / budgets / ROI.
+No Dagster imports: the CLI must start fast.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from gpu_ops.config import FileSource, GpuOpsConfig, KubernetesSource, LedgerSource
+from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
+from gpu_ops.cost.prefetch import needed_columns  # noqa: F401  (re-exported: part of the flow's API)
+from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.usage import (
+    concat_raw,
+    dedupe_intervals,
+    empty_quarantine,
+    quarantine_in_window,
+    read_inventory_files,
+    read_ledger,
+    read_usage_files,
+    validate_inventory,
+    validate_usage,
+)
+
+# The stored `gpu_usage` table: one row per interval piece of the day (and per idle node).
+USAGE_TABLE_COLUMNS = (
+    "day", "start", "end", "interval_start", "interval_end", "kind", "namespace", "pod", "node", "team", "project",
+    "cost_center", "experiment_id", "labels", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region",
+    "instance_type", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd",
+    "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds", "lost_gpu_hours", "lost_cost_usd",
+    "fleet_gpu_hours", "fleet_cost_usd", "source", "location", "row",
+)
+_TEXT_DEFAULTS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "labels", "region", "instance_type", "run_id", "asset_key", "outcome", "source", "location")
+_TIME_COLUMNS = ("day", "start", "end", "interval_start", "interval_end", "last_checkpoint_at")
+_FLOAT_DEFAULTS = {"attempt": np.nan, "lost_seconds": 0.0, "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0, "fleet_gpu_hours": np.nan, "fleet_cost_usd": np.nan}
+
+
+_PRICING_COLUMNS = {"start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"}
+
+
+def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[str]:
+    """Columns an attribution needs after validation."""
+    cols = [k for k in group_by if not k.startswith("label:")]
+    if any(k.startswith("label:") for k in group_by):
+        cols.append("labels")
+    if with_inventory:
+        cols.append("node")
+    return cols
+
+
+@dataclass
+class PricedUsage:
+    rows: pd.DataFrame  # allocated pieces and idle rows, with a `day` column
+    quarantine: pd.DataFrame
+    window_start: pd.Timestamp
+    window_end: pd.Timestamp
+    as_of: pd.Timestamp
+    fleet_known: bool = False  # an inventory was given (idle rows may still be absent)
+
+
+def default_as_of(day: dt.date, now: dt.datetime | None = None) -> pd.Timestamp:
+    """The end of ``day``, or now while the day is still running."""
+    end = day_window(day)[1]
+    now_ts = utc(now or dt.datetime.now(dt.timezone.utc))
+    return min(end, now_ts)
+
+
+def price_window(
+    raw_usage: pd.DataFrame,
+    raw_inventory: pd.DataFrame | None,
+    prices: PriceMatrix,
+    window_start: Any,
+    window_end: Any,
+    as_of: Any,
+    dedupe: bool = False,
+    keep_columns: Sequence[str] | None = None,
+    drop_empty: bool = True,
+) -> PricedUsage:
+    """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``.
+
+    ``keep_columns`` drops every other column before the split: at ten million rows each
+    column carried through the split costs a full copy.
+    """
+    ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
+    v = validate_usage(raw_usage, prices)
+    rows = dedupe_intervals(v.rows) if dedupe else v.rows
+    if keep_columns is not None:
+        rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
+    # Coded prices (no per-row dollars) only where nothing downstream needs them per row.
+    per_row = drop_empty or raw_inventory is not None
+    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty), per_row=per_row)
+    quarantine = quarantine_in_window(v.quarantine, ws, we)
+    fleet_known = raw_inventory is not None
+    if raw_inventory is not None:
+        iv = validate_inventory(raw_inventory, prices)
+        inv_pieces = split_by_day(iv.rows, ws, we, asof)
+        idle = idle_rows(inv_pieces, pieces)
+        if len(idle):
+            pieces = pd.concat([_plain(pieces), idle], ignore_index=True)
+        quarantine = pd.concat([quarantine, quarantine_in_window(iv.quarantine, ws, we)], ignore_index=True)
+    return PricedUsage(pieces, quarantine, ws, we, asof, fleet_known)
+
+
+def _plain(df: pd.DataFrame) -> pd.DataFrame:
+    """Categoricals -> text so that concatenating with other rows keeps one dtype."""
+    return df.assign(**{c: df[c].astype(str) for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
+
+
+def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
+    """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column."""
+    n = len(pieces)
+    out = {}
+    for c in USAGE_TABLE_COLUMNS:
+        if c in pieces:
+            s = pieces[c]
+        elif c in _TEXT_DEFAULTS:
+            s = pd.Series([""] * n, dtype=object)
+        elif c in _FLOAT_DEFAULTS:
+            s = pd.Series(np.full(n, _FLOAT_DEFAULTS[c]), dtype=float)
+        elif c in ("last_checkpoint_at",):
+            s = pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
+        elif c == "row":
+            s = pd.Series([None] * n, dtype="Int64")
+        elif n == 0:
+            s = pd.Series([], dtype=float)
+        else:
+            raise KeyError(f"priced usage has no column {c!r}")
+        s = s.reset_index(drop=True)
+        if c in _TIME_COLUMNS:
+            s = pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
+        elif c in _TEXT_DEFAULTS or c in ("kind", "gpu_type", "capacity_type", "sharing"):
+            s = s.astype(object).where(s.notna(), "").astype(str).astype(object)
+        elif c in _FLOAT_DEFAULTS or c in ("gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd"):
+            s = s.astype(float)
+        elif c == "row":
+            s = s.astype("Int64")
+        out[c] = s
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass
+class SourceSet:
+    """What to read: files, the ledger table, Kubernetes, and the inventory."""
+
+    usage_files: list[str] = field(default_factory=list)
+    ledger: bool = False
+    kubernetes: list[KubernetesSource] = field(default_factory=list)
+    inventory_files: list[str] = field(default_factory=list)
+    inventory_karpenter: bool = False
+    base_dir: Path | None = None
+
+    @classmethod
+    def from_config(cls, config: GpuOpsConfig) -> "SourceSet":
+        s = cls(base_dir=config.base_dir)
+        for src in config.usage.sources:
+            if isinstance(src, FileSource):
+                s.usage_files.append(src.path)
+            elif isinstance(src, LedgerSource):
+                s.ledger = True
+            elif isinstance(src, KubernetesSource):
+                s.kubernetes.append(src)
+        inv = config.usage.inventory
+        if inv is not None:
+            if inv.type == "file":
+                s.inventory_files.append(inv.path or "")
+            else:
+                s.inventory_karpenter = True
+        return s
+
+    @property
+    def has_inventory(self) -> bool:
+        return bool(self.inventory_files) or self.inventory_karpenter
+
+    @property
+    def count(self) -> int:
+        return (1 if self.usage_files else 0) + int(self.ledger) + len(self.kubernetes)
+
+
+def load_raw(
+    sources: SourceSet,
+    store: Any = None,
+    columns: Sequence[str] | None = None,
+    core_api_factory: Callable[[], Any] | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(raw usage, raw inventory or None) from every configured source.
+
+    Kubernetes sources are collected now and recorded in ``store`` (see
+    :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
+    """
+    frames = []
+    if sources.usage_files:
+        # Row numbers are only needed by bad rows when nothing else is read (the CLI's fast path).
+        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers=columns is None or sources.count > 1))
+    if sources.ledger:
+        if store is None:
+            raise ValueError("usage source 'ledger' needs the storage database (storage.url)")
+        frames.append(read_ledger(store))
+    collect(sources, store, core_api_factory, now)
+    if sources.kubernetes:
+        from gpu_ops.cost import kubernetes as k8s
+
+        frames.append(store.read(k8s.COLLECTED_PODS_TABLE, missing_ok=True))
+    raw = concat_raw(frames)
+    inventory = None
+    if sources.has_inventory:
+        inv_frames = []
+        if sources.inventory_files:
+            inv_frames.append(read_inventory_files(sources.inventory_files, sources.base_dir))
+        if sources.inventory_karpenter:
+            from gpu_ops.cost import kubernetes as k8s
+
+            inv_frames.append(store.read(k8s.COLLECTED_NODES_TABLE, missing_ok=True))
+        inventory = concat_raw(inv_frames)
+    return raw, inventory
+
+
+def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] | None = None, now: dt.datetime | None = None) -> dict[str, int]:
+    """One Kubernetes collection (pods of each kubernetes source, Karpenter GPU nodes),
+    recorded in ``store``; returns how many pods and nodes were seen. No-op without such sources."""
+    if not (sources.kubernetes or sources.inventory_karpenter):
+        return {"pods": 0, "nodes": 0}
+    from gpu_ops.cost import kubernetes as k8s
+
+    if store is None:
+        raise ValueError("the Kubernetes collector records what it sees in the storage database: give a store")
+    observed = now or dt.datetime.now(dt.timezone.utc)
+    api = (core_api_factory or k8s.core_v1_api)()
+    pods = nodes = 0
+    for src in sources.kubernetes:
+        snapshot = k8s.collect_pods(api, src.namespaces, src.label_keys, observed)
+        k8s.record_pods(store, snapshot, observed)
+        pods += len(snapshot)
+    if sources.inventory_karpenter:
+        snapshot = k8s.collect_nodes(api, observed)
+        k8s.record_nodes(store, snapshot, observed)
+        nodes = len(snapshot)
+    return {"pods": pods, "nodes": nodes}
+
+
+def empty_priced(window_start: Any, window_end: Any, as_of: Any) -> PricedUsage:
+    return PricedUsage(pd.DataFrame(columns=list(USAGE_TABLE_COLUMNS)), empty_quarantine(), utc(window_start), utc(window_end), utc(as_of))

@@ -1,0 +1,678 @@
+"""Usage intervals: reading the sources and validating rows against the usage format.
+
+Every source (CSV/Parquet files, the training ledger table, the Kubernetes collector)
+yields a *raw* frame in the DESIGN usage format plus three provenance columns
+(``source``, ``location``, ``row``). :func:`validate_usage` turns it into typed,
+priced rows and a quarantine frame; a bad row is never priced at zero or at a default.
+
+Validation is vectorised (ten million rows in a few seconds): string columns are checked
+once per distinct value through ``pd.factorize``, not once per row.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
+from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
+
+USAGE_COLUMNS = (
+    "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
+    "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
+)
+# Optional columns a source may carry (the ledger has all of them; a billing export may
+# carry any): region prices through the region multiplier, the rest feeds ROI.
+OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
+ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
+PROVENANCE_COLUMNS = ("source", "location", "row")
+INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
+QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
+LEDGER_TABLE = "gpu_usage_ledger"
+OUTCOMES = ("completed", "preempted", "oom", "infrastructure", "user_error")
+
+NS_PER_HOUR = 3_600 * 10**9
+
+
+class UsageSourceError(ValueError):
+    """A source cannot be read at all (missing file, wrong format, missing columns)."""
+
+
+@dataclass
+class Validated:
+    rows: pd.DataFrame  # typed, canonical, priced
+    quarantine: pd.DataFrame  # QUARANTINE_COLUMNS
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def const_column(n: int, value: Any) -> pd.Categorical:
+    """A constant string column that costs one byte per row."""
+    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[value])
+
+
+def _factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        # Parquet dictionaries arrive as categoricals: their codes already are the factorization.
+        return s.cat.codes.to_numpy(), pd.Index(s.cat.categories)
+    codes, uniques = pd.factorize(s, use_na_sentinel=True)
+    return codes, pd.Index(uniques)
+
+
+def _map_distinct(s: pd.Series, fn: Callable[[Any], Any]) -> tuple[np.ndarray, list[Any]]:
+    """Apply ``fn`` once per distinct value; returns (codes, results per code); NA code -1."""
+    codes, uniques = _factorized(s)
+    return codes, [fn(u) for u in uniques]
+
+
+def _lut(values: list[Any], missing: Any, dtype: Any) -> np.ndarray:
+    """Look-up table indexed by codes; code -1 (missing) hits the extra last entry."""
+    return np.array([*values, missing], dtype=dtype)
+
+
+def _blank(s: pd.Series) -> np.ndarray:
+    codes, uniques = _factorized(s)
+    return _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
+
+
+def _as_text(s: pd.Series) -> pd.Series:
+    """Missing -> "" and everything else stripped text; categorical in, categorical out."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = s.cat.categories
+        clean = all(isinstance(c, str) and c == c.strip() for c in cats) and len(set(cats)) == len(cats)
+        if clean and not (s.cat.codes.to_numpy() < 0).any():
+            return s  # the common Parquet case: nothing to normalise, no pass over the rows
+    codes, uniques = _factorized(s)
+    cats = [str(u).strip() for u in uniques]
+    if "" not in cats:
+        cats.append("")
+    empty = cats.index("")
+    # Distinct values may collapse after stripping ("a " and "a"): re-factorize the labels.
+    labels, remap = np.unique(np.array(cats, dtype=object), return_inverse=True)
+    lut = np.append(remap, remap[empty]).astype(np.int32)
+    return pd.Series(pd.Categorical.from_codes(lut[codes], categories=list(labels)), index=s.index)
+
+
+def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
+    """Any time column -> UTC datetime64[ns]; returns (parsed, unparseable mask).
+
+    Naive times are UTC (the format says so); offsets are converted. Missing stays NaT.
+    """
+    if isinstance(s.dtype, pd.DatetimeTZDtype):
+        if str(s.dtype) == "datetime64[ns, UTC]":
+            return s, np.zeros(len(s), bool)
+        return s.dt.tz_convert("UTC").astype("datetime64[ns, UTC]"), np.zeros(len(s), bool)
+    if pd.api.types.is_datetime64_dtype(s.dtype):
+        return s.dt.tz_localize("UTC").astype("datetime64[ns, UTC]"), np.zeros(len(s), bool)
+    # Strings (CSV): parse each distinct value once, then index by code.
+    blank = _blank(s)
+    codes, uniques = _factorized(s)
+    texts = pd.Series([u if isinstance(u, pd.Timestamp) else str(u).strip() for u in uniques], dtype=object)
+    parsed_u = pd.to_datetime(texts, utc=True, errors="coerce", format="ISO8601").astype("datetime64[ns, UTC]")
+    nat = np.iinfo(np.int64).min
+    ints = _lut(list(parsed_u.array.asi8), nat, np.int64)[codes]
+    return utc_series(ints, s.index), ~blank & (ints == nat)
+
+
+def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
+    """UTC nanoseconds (NaT = int64 min) -> datetime Series without a pass over the data.
+
+    ``pd.to_datetime(..., utc=True)``, ``tz_localize`` and even ``DatetimeIndex(...,
+    dtype=...)`` copy or convert every value; at ten million rows each costs as much as
+    pricing them. The values already are UTC instants, so they are wrapped as they are.
+    """
+    from pandas.arrays import DatetimeArray
+
+    values = np.asarray(ns, dtype=np.int64).view("datetime64[ns]")
+    return pd.Series(DatetimeArray._simple_new(values, dtype=pd.DatetimeTZDtype("ns", "UTC")), index=index, copy=False)
+
+
+def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (float values, blank mask, unparseable mask)."""
+    if pd.api.types.is_integer_dtype(s.dtype) and not isinstance(s.dtype, pd.api.extensions.ExtensionDtype):
+        vals = s.to_numpy()  # plain ints have no missing values; no float copy needed
+        return vals, np.zeros(len(s), bool), np.zeros(len(s), bool)
+    if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+        vals = s.to_numpy(dtype=float, na_value=np.nan)
+        return vals, np.isnan(vals), np.zeros(len(s), bool)
+    codes, uniques = _factorized(s)
+    parsed = []
+    for u in uniques:
+        text = str(u).strip()
+        try:
+            parsed.append(float(text) if text else np.nan)
+        except ValueError:
+            parsed.append(np.nan)
+    blank = _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
+    vals = _lut(parsed, np.nan, float)[codes]
+    return vals, blank, ~blank & np.isnan(vals)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _expand(pattern: str, base_dir: Path | None) -> list[Path]:
+    p = Path(pattern).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    if any(c in str(p) for c in "*?["):
+        return sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+    if p.is_dir():
+        return sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
+    if not p.exists():
+        raise UsageSourceError(f"{p}: no such file")
+    return [p]
+
+
+def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals)."""
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        from gpu_ops.cost import prefetch
+
+        table = prefetch.take(path, columns)
+        if table is None:
+            try:
+                schema = pq.read_schema(path)
+            except Exception as exc:  # a corrupt file: name it
+                raise UsageSourceError(f"{path}: not a readable Parquet file: {exc}") from None
+            table = pq.read_table(path, columns=prefetch.parquet_columns(schema.names, columns))
+        return arrow_to_frame(table)
+    if suffix == ".csv":
+        try:
+            head = pd.read_csv(path, nrows=0)
+        except pd.errors.EmptyDataError:
+            raise UsageSourceError(f"{path}: empty file (a CSV needs a header row)") from None
+        present = [c for c in head.columns if columns is None or c in columns or str(c).startswith("label:")]
+        return pd.read_csv(path, usecols=present, dtype=str, keep_default_na=False, na_values=[""])
+    raise UsageSourceError(f"{path}: unsupported extension {suffix!r} (use .csv or .parquet)")
+
+
+def arrow_to_frame(table: Any) -> pd.DataFrame:
+    """Arrow table -> DataFrame with one copy per column at most.
+
+    ``Table.to_pandas`` consolidates same-typed columns into 2-D blocks and localises
+    timestamps value by value; at ten million rows that costs more than the attribution.
+    Here each column's chunks are copied once into one numpy array: dictionary columns
+    become categoricals over the (unified) dictionary, timestamps UTC nanoseconds.
+    """
+    import pyarrow as pa
+
+    table = table.unify_dictionaries()
+    cols: dict[str, Any] = {}
+    n = table.num_rows
+    for name, chunked in zip(table.column_names, table.columns):
+        chunks = chunked.chunks
+        t = chunked.type
+        if pa.types.is_dictionary(t):
+            cats = chunks[0].dictionary.to_pylist() if chunks else []
+            if len(set(cats)) != len(cats):  # a Categorical needs unique categories
+                cols[name] = pd.Series(chunked.cast(t.value_type).to_pandas(), copy=False).astype("category")
+                continue
+            codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
+            cols[name] = pd.Categorical.from_codes(codes, categories=cats)
+        elif pa.types.is_timestamp(t):
+            scale = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[t.unit]
+            ints = _concat([c.view(pa.int64()).fill_null(0) if c.null_count else c.view(pa.int64()) for c in chunks], np.int64, n, scale)
+            nulls = chunked.null_count
+            if nulls:
+                ints[_concat([c.is_null() for c in chunks], bool, n)] = np.iinfo(np.int64).min
+            # Naive timestamps are UTC by the format; aware ones are stored as UTC instants.
+            cols[name] = utc_series(ints)
+        elif (pa.types.is_integer(t) or pa.types.is_floating(t)) and not chunked.null_count:
+            cols[name] = _concat(chunks, np.float64 if pa.types.is_floating(t) else np.int64, n)
+        else:
+            cols[name] = chunked.to_pandas()
+    return pd.DataFrame(cols, copy=False)
+
+
+def _concat(chunks: list[Any], dtype: Any, n: int, scale: int = 1) -> np.ndarray:
+    """Chunks into one array in a single pass (scaled on the way, e.g. µs -> ns)."""
+    out = np.empty(n, dtype=dtype)
+    pos = 0
+    for c in chunks:
+        view = c.to_numpy(zero_copy_only=False)
+        if scale == 1:
+            out[pos : pos + len(view)] = view
+        else:
+            np.multiply(view, scale, out=out[pos : pos + len(view)])
+        pos += len(view)
+    return out
+
+
+def read_usage_files(
+    patterns: Iterable[str], base_dir: Path | None = None, columns: Sequence[str] | None = None, row_numbers: bool = True
+) -> pd.DataFrame:
+    """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
+
+    With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
+    quarantine still names rows, working them out from positions (files are concatenated
+    in order).
+    """
+    frames = []
+    for pattern in patterns:
+        paths = _expand(pattern, base_dir)
+        for path in paths:
+            df = read_table_file(path, columns)
+            missing = [c for c in ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type") if c not in df.columns]
+            if missing:
+                raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the usage format is: {', '.join(USAGE_COLUMNS)})")
+            df = _collect_label_columns(df)
+            df["source"] = const_column(len(df), "file")
+            df["location"] = const_column(len(df), str(path))
+            # CSV: data row N is line N+1 (the header is line 1).
+            if row_numbers:
+                df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
+            frames.append(df)
+    return concat_raw(frames)
+
+
+def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
+    """1-based row numbers within each file for positions ``idx``."""
+    if "row" in raw:
+        return raw["row"].to_numpy()[idx]
+    loc = raw["location"]
+    codes = loc.cat.codes.to_numpy() if isinstance(loc.dtype, pd.CategoricalDtype) else pd.factorize(loc)[0]
+    first = {}
+    change = np.flatnonzero(np.diff(codes, prepend=-2) != 0)  # where each file's rows begin
+    for start in change:
+        first.setdefault(int(codes[start]), int(start))
+    return np.array([i - first[int(codes[i])] + 1 for i in idx], dtype=np.int64)
+
+
+def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """``label:<name>`` columns of a file -> the ``labels`` JSON column."""
+    label_cols = [c for c in df.columns if str(c).startswith("label:")]
+    if not label_cols:
+        return df
+    names = [c[len("label:") :] for c in label_cols]
+    sub = df[label_cols].astype(object)
+    extra = [
+        {n: str(v) for n, v in zip(names, vals) if v is not None and not (isinstance(v, float) and np.isnan(v)) and str(v) != ""}
+        for vals in sub.itertuples(index=False, name=None)
+    ]
+    if "labels" in df.columns:
+        base = [json.loads(v) if isinstance(v, str) and v.strip() else {} for v in df["labels"].astype(object)]
+        extra = [{**b, **e} for b, e in zip(base, extra)]
+    df = df.drop(columns=label_cols)
+    df["labels"] = [json.dumps(e, sort_keys=True) for e in extra]
+    return df
+
+
+def read_ledger(store: Any) -> pd.DataFrame:
+    """The training ledger (``gpu_usage_ledger``); absent table -> no rows."""
+    df = store.read(LEDGER_TABLE, missing_ok=True)
+    if df.empty:
+        return pd.DataFrame()
+    df = df.drop(columns=[c for c in ("partition_key",) if c in df.columns])
+    df["source"] = const_column(len(df), "ledger")
+    df["location"] = const_column(len(df), LEDGER_TABLE)
+    df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
+    return df
+
+
+def concat_raw(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f.columns)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in (*USAGE_COLUMNS, *PROVENANCE_COLUMNS)})
+    if len(frames) == 1:
+        return frames[0]
+    # Categoricals with different categories would become object; union them first.
+    cols = list(dict.fromkeys(c for f in frames for c in f.columns))
+    out = {}
+    for c in cols:
+        parts = [f[c] if c in f.columns else pd.Series([None] * len(f), dtype=object) for f in frames]
+        if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+            out[c] = pd.Series(pd.api.types.union_categoricals([p.array for p in parts], ignore_order=True))
+        else:
+            out[c] = pd.concat([p.astype(object) if isinstance(p.dtype, pd.CategoricalDtype) else p for p in parts], ignore_index=True)
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Problems:
+    """Per-row problems, collected as (mask, field, message-per-row) and rendered once."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.bad = np.zeros(n, bool)
+        self.items: list[tuple[np.ndarray, str, Callable[[np.ndarray], list[str]]]] = []
+
+    def add(self, mask: np.ndarray, field: str, message: str | Callable[[np.ndarray], list[str]]) -> None:
+        mask = np.asarray(mask, bool)
+        if not mask.any():
+            return
+        self.bad |= mask
+        msg = message if callable(message) else (lambda idx, m=message: [m] * len(idx))
+        self.items.append((mask, field, msg))
+
+    def render(self, raw: pd.DataFrame, start: pd.Series, end: pd.Series) -> pd.DataFrame:
+        idx = np.flatnonzero(self.bad)
+        if not len(idx):
+            return empty_quarantine()
+        reasons: dict[int, list[str]] = {int(i): [] for i in idx}
+        first_field: dict[int, str] = {}
+        for mask, field, msg in self.items:
+            rows = np.flatnonzero(mask)
+            for i, text in zip(rows, msg(rows)):
+                reasons[int(i)].append(f"{field}: {text}")
+                first_field.setdefault(int(i), field)
+        sub = raw.iloc[idx]
+        records = []
+        for rec in sub.drop(columns=[c for c in PROVENANCE_COLUMNS if c in sub.columns]).astype(object).to_dict("records"):
+            records.append(json.dumps({k: _jsonable(v) for k, v in rec.items()}, sort_keys=True))
+        return pd.DataFrame(
+            {
+                "source": sub["source"].astype(str).to_numpy() if "source" in sub else "",
+                "location": sub["location"].astype(str).to_numpy() if "location" in sub else "",
+                "row": pd.array(_row_numbers(raw, idx) if ("row" in raw or "location" in raw) else [None] * len(idx), dtype="Int64"),
+                "field": [first_field[int(i)] for i in idx],
+                "reason": ["; ".join(reasons[int(i)]) for i in idx],
+                "record": records,
+                # Parsed times (NaT when unparseable) place the row in its day's partition.
+                "start": start.iloc[idx].reset_index(drop=True),
+                "end": end.iloc[idx].reset_index(drop=True),
+            }
+        )
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NaT:
+        return None
+    if isinstance(v, (pd.Timestamp,)):
+        return v.isoformat()
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    return v if isinstance(v, (int, float, str, bool)) else str(v)
+
+
+def empty_quarantine() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "source": pd.Series([], dtype=object),
+            "location": pd.Series([], dtype=object),
+            "row": pd.Series([], dtype="Int64"),
+            "field": pd.Series([], dtype=object),
+            "reason": pd.Series([], dtype=object),
+            "record": pd.Series([], dtype=object),
+            "start": pd.Series([], dtype="datetime64[ns, UTC]"),
+            "end": pd.Series([], dtype="datetime64[ns, UTC]"),
+        }
+    )
+
+
+def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end: pd.Timestamp) -> pd.DataFrame:
+    """Bad rows that belong to ``[window_start, window_end)``.
+
+    A row whose start cannot be read could belong to any day, so it is reported in every
+    window rather than lost; otherwise the (possibly inverted) interval must touch it.
+    """
+    if q.empty:
+        return q
+    s, e = q["start"], q["end"]
+    lo = s.where(e.isna() | (s <= e), e)
+    hi = e.where(e.notna() & (e >= s), s)
+    open_ = e.isna()
+    keep = s.isna() | ((lo < window_end) & (open_ | (hi >= window_start)))
+    return q[keep.to_numpy()].reset_index(drop=True)
+
+
+def _canonical_or_error(name: Any) -> tuple[str | None, str | None]:
+    try:
+        return canonical_gpu_type(str(name)), None
+    except UnknownGpuType as exc:
+        return None, str(exc)
+
+
+def _choice_codes(s: pd.Series, choices: Sequence[str], blank: int = -1) -> tuple[np.ndarray, list[Any]]:
+    """-> (index into choices per row, -1 when not one of them; ``blank`` for blank values)."""
+    codes, uniques = _map_distinct(s, lambda v: str(v).strip().lower())
+    lut = _lut([choices.index(u) if u in choices else (blank if u == "" else -1) for u in uniques], blank, np.int8)
+    return lut[codes], list(uniques)
+
+
+def _price_columns(
+    prices: PriceMatrix, gpu_types: list[str], gcodes: np.ndarray, cap_codes: np.ndarray, region_mult: list[float], r_codes: np.ndarray | None
+) -> tuple[pd.Categorical, pd.Categorical]:
+    """Price and on-demand price per row, as categoricals over the few distinct prices.
+
+    Prices depend only on (gpu type, capacity, region): a small dense table of those
+    combinations is priced once and each row gets a one- or two-byte code into it, so
+    ten million rows cost no 80 MB float arrays (attribution sums GPU-hours per price
+    and multiplies afterwards). Missing prices are code -1 (NaN), never 0.
+    """
+    G, C = len(gpu_types), len(CAPACITY_TYPES)
+    mults = [1.0] if r_codes is None else region_mult
+    R = len(mults)
+    # Slot 0 of each axis is "missing" (code -1 shifted by one).
+    table = np.full((G + 1, C + 1, R + 1), np.nan)
+    od_table = np.full((G + 1, C + 1, R + 1), np.nan)
+    for gi, g in enumerate(gpu_types):
+        od_price = prices.price(g, "on-demand")
+        for ci, c in enumerate(CAPACITY_TYPES):
+            base = prices.price(g, c)
+            for ri, m in enumerate(mults):
+                table[gi + 1, ci + 1, ri + 1] = base * m
+                od_table[gi + 1, ci + 1, ri + 1] = od_price * m
+    if r_codes is None:
+        table[:, :, 0], od_table[:, :, 0] = table[:, :, 1], od_table[:, :, 1]  # no region column: multiplier 1
+    idx = gcodes.astype(np.int32) + 1
+    idx *= C + 1
+    idx += cap_codes + 1
+    idx *= R + 1
+    if r_codes is not None:
+        idx += r_codes + 1
+    return _coded(table.ravel(), idx), _coded(od_table.ravel(), idx)
+
+
+def _coded(values: np.ndarray, idx: np.ndarray) -> pd.Categorical:
+    cats = np.unique(values[~np.isnan(values)])
+    lut = np.where(np.isnan(values), -1, np.searchsorted(cats, np.nan_to_num(values))).astype(np.int16 if len(cats) > 120 else np.int8)
+    return pd.Categorical.from_codes(lut[idx], categories=cats)
+
+
+def as_floats(s: pd.Series) -> np.ndarray:
+    """A numeric column as float64; categorical price columns are expanded (NaN for -1)."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        values = np.append(s.cat.categories.to_numpy(dtype=float), np.nan)
+        return values[s.cat.codes.to_numpy()]
+    return s.to_numpy(dtype=float, na_value=np.nan)
+
+
+_REQUIRED_TEXT = {
+    "team": "missing (every interval must name the team that pays)",
+    "node": "missing (the inventory is matched to usage by node name)",
+}
+
+
+def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
+    """Check every row; return typed, priced rows and the quarantined ones with reasons.
+
+    Rules: ``start`` required and parseable; ``end`` parseable when given and not before
+    ``start``; ``team`` not blank; ``gpu_type`` known to the catalog (aliases mapped);
+    ``gpu_count`` > 0; ``capacity_type`` one of spot/on-demand/reserved; ``sharing`` one
+    of none/mig/mps/timeslice (blank = none); ``gpu_share`` in (0, 1] (blank = 1 only
+    for unshared GPUs); a price for gpu type × capacity and, when the table lists
+    regions, for the row's region.
+    """
+    n = len(raw)
+    problems = _Problems(n)
+    out: dict[str, Any] = {}
+
+    start, bad_start = parse_times(raw["start"]) if "start" in raw else (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
+    problems.add(bad_start, "start", lambda idx: [f"unparseable time {raw['start'].iloc[i]!r}" for i in idx])
+    problems.add(start.isna().to_numpy() & ~bad_start, "start", "missing")
+    end, bad_end = parse_times(raw["end"]) if "end" in raw else (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
+    problems.add(bad_end, "end", lambda idx: [f"unparseable time {raw['end'].iloc[i]!r}" for i in idx])
+    s_ns, e_ns = start.array.asi8, end.array.asi8
+    nat = np.iinfo(np.int64).min
+    # NaT is the smallest int64: a missing end is "before" any start, so exclude it.
+    problems.add((e_ns < s_ns) & (e_ns != nat), "end", lambda idx: [f"{end.iloc[i].isoformat()} is before start {start.iloc[i].isoformat()}" for i in idx])
+    out["start"], out["end"] = start, end
+
+    for col in ATTRIBUTE_COLUMNS:
+        out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
+    for col in required:
+        problems.add(_blank(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
+
+    # gpu type: once per distinct name; aliases map to canonical names, unknown names are errors.
+    if "gpu_type" in raw:
+        codes, results = _map_distinct(raw["gpu_type"], _canonical_or_error)
+        canon = [r[0] for r in results]
+        errors = [r[1] for r in results]
+        known = _lut([c is not None for c in canon], False, bool)[codes]
+        problems.add(codes < 0, "gpu_type", "missing")
+        problems.add((codes >= 0) & ~known, "gpu_type", lambda idx: [errors[codes[i]] for i in idx])
+        cats = sorted({c for c in canon if c})
+        canon_codes = _lut([cats.index(c) if c else -1 for c in canon], -1, np.int16)[codes]
+        out["gpu_type"] = pd.Series(pd.Categorical.from_codes(canon_codes, categories=cats), index=raw.index)
+    else:
+        problems.add(np.ones(n, bool), "gpu_type", "missing")
+        out["gpu_type"] = pd.Series(pd.Categorical.from_codes(np.full(n, -1), categories=[]), index=raw.index)
+
+    count, count_blank, count_bad = _numbers(raw["gpu_count"]) if "gpu_count" in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
+    problems.add(count_blank, "gpu_count", "missing")
+    problems.add(count_bad, "gpu_count", lambda idx: [f"not a number: {raw['gpu_count'].iloc[i]!r}" for i in idx])
+    # NaN (blank or unparseable, reported above) compares False here.
+    problems.add(count <= 0, "gpu_count", lambda idx: [f"must be > 0, got {count[i]:g}" for i in idx])
+    out["gpu_count"] = count
+
+    cap_codes, cap_uniques = _choice_codes(raw["capacity_type"], CAPACITY_TYPES) if "capacity_type" in raw else (np.full(n, -1), [])
+    cap_blank = _blank(raw["capacity_type"]) if "capacity_type" in raw else np.ones(n, bool)
+    problems.add(cap_blank, "capacity_type", "missing (spot, on-demand or reserved)")
+    problems.add((cap_codes < 0) & ~cap_blank, "capacity_type", lambda idx: [f"{str(raw['capacity_type'].iloc[i])!r} is not one of {', '.join(CAPACITY_TYPES)}" for i in idx])
+    out["capacity_type"] = pd.Series(pd.Categorical.from_codes(cap_codes, categories=list(CAPACITY_TYPES)), index=raw.index)
+
+    if "sharing" in raw:
+        sh_codes, _ = _choice_codes(raw["sharing"], SHARING_MODES, blank=0)  # blank = not shared
+        problems.add(sh_codes < 0, "sharing", lambda idx: [f"{str(raw['sharing'].iloc[i])!r} is not one of {', '.join(SHARING_MODES)}" for i in idx])
+    else:
+        sh_codes = np.zeros(n, np.int8)
+    out["sharing"] = pd.Series(pd.Categorical.from_codes(sh_codes, categories=list(SHARING_MODES)), index=raw.index)
+
+    share, share_blank, share_bad = _numbers(raw["gpu_share"]) if "gpu_share" in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
+    unshared = sh_codes == 0
+    # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
+    if share_blank.any():
+        share = np.where(share_blank & unshared, 1.0, share)
+    problems.add(share_blank & ~unshared & (sh_codes > 0), "gpu_share", "missing (required when sharing is mig, mps or timeslice)")
+    problems.add(share_bad, "gpu_share", lambda idx: [f"not a number: {raw['gpu_share'].iloc[i]!r}" for i in idx])
+    problems.add((share <= 0) | (share > 1), "gpu_share", lambda idx: [f"must be in (0, 1], got {share[i]:g}" for i in idx])
+    out["gpu_share"] = share
+
+    if "region" in raw:
+        region = _as_text(raw["region"])
+        r_codes = region.cat.codes.to_numpy()
+        region_mult = [prices.region_multiplier(c) for c in region.cat.categories]
+        bad_region = _lut([np.isnan(m) for m in region_mult], False, bool)[r_codes]
+        problems.add(bad_region, "region", lambda idx: [f"no price multiplier for region {region.iloc[i]!r} (regions: {', '.join(sorted(prices.regions))})" for i in idx])
+    else:
+        region = pd.Series(const_column(n, ""), index=raw.index)
+        r_codes, region_mult, bad_region = None, [], None
+    out["region"] = region
+
+    gpu_cats = out["gpu_type"].cat.categories
+    gcodes = out["gpu_type"].cat.codes.to_numpy()
+    price, od = _price_columns(prices, list(gpu_cats), gcodes, cap_codes, region_mult, r_codes)
+    priceable = (cap_codes >= 0) & (gcodes >= 0)
+    if bad_region is not None:
+        priceable &= ~bad_region
+    problems.add(priceable & (price.codes < 0), "price", lambda idx: [prices.describe_missing(gpu_cats[gcodes[i]], CAPACITY_TYPES[cap_codes[i]]) for i in idx])
+    out["price_per_gpu_hour"] = pd.Series(price, index=raw.index, copy=False)
+    out["on_demand_price_per_gpu_hour"] = pd.Series(od, index=raw.index, copy=False)
+
+    if "labels" in raw:
+        out["labels"] = _as_text(raw["labels"])
+    for col in ("run_id", "asset_key", "outcome", "instance_type"):
+        if col in raw:
+            out[col] = _as_text(raw[col])
+    if "attempt" in raw:
+        out["attempt"], _, _ = _numbers(raw["attempt"])
+    if "last_checkpoint_at" in raw:
+        out["last_checkpoint_at"], _ = parse_times(raw["last_checkpoint_at"])
+    if "lost_seconds" in raw:
+        lost, _, lost_bad = _numbers(raw["lost_seconds"])
+        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a number >= 0, got {raw['lost_seconds'].iloc[i]!r}" for i in idx])
+        out["lost_seconds"] = np.nan_to_num(lost, nan=0.0)
+    for col in PROVENANCE_COLUMNS:
+        if col in raw:
+            out[col] = raw[col]
+        elif col != "row":
+            out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
+
+    typed = pd.DataFrame(out, index=raw.index, copy=False)
+    quarantine = problems.render(raw, start, end)
+    good = ~problems.bad
+    rows = typed if good.all() else typed.loc[good].reset_index(drop=True)
+    return Validated(rows.reset_index(drop=True), quarantine)
+
+
+def dedupe_intervals(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (namespace, pod, start) across sources, keeping the latest known end.
+
+    The collector and the ledger can both see the same pod; counting it twice is the
+    overcount the gpuautoscaler seed made with cumulative snapshots. Rows without a pod
+    name cannot be matched and are kept as they are.
+    """
+    if rows.empty or "pod" not in rows:
+        return rows
+    named = rows["pod"].astype(str) != ""
+    if not named.any():
+        return rows
+    keyed = rows[named].copy()
+    # A source that saw the pod end knows more than one that still has it running.
+    keyed["_end_sort"] = keyed["end"].fillna(pd.Timestamp("1970-01-01", tz="UTC"))
+    keyed = keyed.sort_values("_end_sort").drop_duplicates(["namespace", "pod", "start"], keep="last").drop(columns="_end_sort")
+    return pd.concat([rows[~named], keyed], ignore_index=True) if (~named).any() else keyed.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+def validate_inventory(raw: pd.DataFrame, prices: PriceMatrix) -> Validated:
+    """Node inventory rows; ``gpu_type``/``gpu_count`` may be derived from a known instance type."""
+    raw = raw.copy()
+    n = len(raw)
+    if "instance_type" in raw:
+        it = raw["instance_type"].astype(object).map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).strip())
+        derived_type = it.map(lambda t: next((g for g, spec in CATALOG.items() if t in spec.instance_types), ""))
+        derived_count = it.map(lambda t: next((spec.instance_types[t] for spec in CATALOG.values() if t in spec.instance_types), np.nan))
+        if "gpu_type" in raw:
+            raw["gpu_type"] = raw["gpu_type"].astype(object).where(~_blank(raw["gpu_type"]), derived_type.where(derived_type != "", None))
+        else:
+            raw["gpu_type"] = derived_type.where(derived_type != "", None)
+        if "gpu_count" in raw:
+            raw["gpu_count"] = raw["gpu_count"].astype(object).where(~_blank(raw["gpu_count"]), derived_count)
+        else:
+            raw["gpu_count"] = derived_count
+    v = validate_usage(raw.assign(sharing=const_column(n, "none"), gpu_share=np.ones(n)), prices, required=("node",))
+    return v
+
+
+def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
+    frames = []
+    for pattern in patterns:
+        for path in _expand(pattern, base_dir):
+            df = read_table_file(path)
+            missing = [c for c in ("node", "capacity_type", "start") if c not in df.columns]
+            if missing:
+                raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the inventory format is: {', '.join(INVENTORY_COLUMNS)})")
+            df["source"] = const_column(len(df), "inventory")
+            df["location"] = const_column(len(df), str(path))
+            df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
+            frames.append(df)
+    return concat_raw(frames)

@@ -1,0 +1,196 @@
+"""The cost assets on real Dagster instances: SQLite by default, PostgreSQL in production."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from gpu_ops.config import BUNDLED_CONFIG, load_config
+from gpu_ops.cost.assets import build_assets
+from gpu_ops.cost.definitions import DAILY_SCHEDULE
+from gpu_ops.resources import GpuOpsSettings
+from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.storage.tables import TableStore
+
+DEMO = BUNDLED_CONFIG.parent
+TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report")
+
+
+def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None) -> Path:
+    demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    sources = [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
+    if ledger:
+        sources.insert(0, {"type": "ledger"})
+    cfg = {
+        "storage": {"url": url},
+        "prices": str(DEMO / "prices.yaml"),
+        "usage": {"sources": sources, "inventory": {"type": "file", "path": str(DEMO / "inventory.csv")}, "idle": "row", "group_by": ["team", "project"], "partitions_start": "2026-10-01"},
+        "budgets": demo["budgets"] + (extra_budgets or []),
+        "channels": demo["channels"],
+    }
+    path = tmp_path / "gpu_ops.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Env:
+    def __init__(self, tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None):
+        self.path = write_config(tmp_path, url, ledger, extra_budgets)
+        self.config = load_config(self.path)
+        self.url = url
+        self.assets, self.partitions = build_assets(self.config)
+        self.resources = {"gpu_ops": GpuOpsSettings(config_path=str(self.path)), "table_io_manager": TableIOManager(url=url)}
+
+    def materialize(self, day: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+        result = dg.materialize(self.assets, partition_key=day, resources=self.resources, instance=instance)
+        assert result.success
+        return result
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        store = TableStore(self.url)
+        out = {}
+        for name in TABLES:
+            df = store.read(name)
+            out[name] = df.sort_values(list(df.columns[:6])).reset_index(drop=True) if len(df) else df
+        return out
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_demo_day_materializes_with_checks_and_metadata(tmp_path):
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", ledger=True)
+    # One preempted training attempt from the ledger (the training engineer's contract columns).
+    ledger = pd.DataFrame(
+        [{
+            "start": pd.Timestamp("2026-10-14T02:00:00Z"), "end": pd.Timestamp("2026-10-14T04:00:00Z"), "namespace": "ml-nlp",
+            "pod": "train-demo-1", "node": "ip-10-0-1-11.ec2.internal", "team": "nlp", "project": "demo", "cost_center": "",
+            "experiment_id": "", "gpu_type": "a100-80gb", "gpu_count": 1, "capacity_type": "spot", "sharing": "none", "gpu_share": 1.0,
+            "run_id": "r1", "asset_key": "train_demo_model", "attempt": 1, "outcome": "preempted",
+            "last_checkpoint_at": pd.Timestamp("2026-10-14T03:30:00Z"), "lost_seconds": 1800.0,
+        }]
+    )
+    TableStore(env.url).write("gpu_usage_ledger", ledger)
+    with dg.instance_for_test() as instance:
+        result = env.materialize("2026-10-14", instance)
+    c = checks(result)
+    assert c["conservation"].passed
+    assert not c["quarantine_empty"].passed and c["quarantine_empty"].severity == dg.AssetCheckSeverity.WARN
+    t = env.tables()
+    q = t["gpu_usage_quarantine"]
+    assert len(q) == 2 and set(q["field"]) == {"gpu_type", "team"} and q["location"].str.endswith("2026-10.csv").all()
+    attribution = t["gpu_cost_attribution"]
+    usage = t["gpu_usage"]
+    assert attribution["cost_usd"].sum() == pytest.approx(usage["cost_usd"].sum())
+    assert ("nlp", "demo") in set(zip(attribution["team"], attribution["project"]))
+    roi = t["gpu_roi_report"].set_index("team")
+    assert roi.loc["nlp", "preemption_waste_usd"] == pytest.approx(0.5 * 1.79)  # 30 min lost on a spot A100-80GB
+    status = t["gpu_budget_status"]
+    assert list(status["budget"]) == ["nlp-monthly", "vision-monthly"]
+    mats = {e.materialization.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert "top_teams" in mats["gpu_cost_attribution"] and mats["gpu_usage"]["quarantined_rows"].value == 2
+
+
+def test_budget_status_accumulates_the_period_and_its_check_escalates(tmp_path):
+    daily = [
+        {"name": "nlp-daily", "scope": {"team": "nlp"}, "period": "daily", "amount_usd": 100, "thresholds": [{"percent": 80}, {"percent": 100}]},
+        {"name": "vision-daily", "scope": {"team": "vision"}, "period": "daily", "amount_usd": 10000, "thresholds": [{"percent": 1}]},
+    ]
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", extra_budgets=daily)
+    with dg.DagsterInstance.ephemeral() as instance:
+        results = {d: env.materialize(d, instance) for d in ("2026-10-29", "2026-10-30", "2026-10-31")}
+    status = env.tables()["gpu_budget_status"]
+    last = status[status["partition_key"] == "2026-10-31"].set_index("budget")
+    # Only 3 days of the month were materialized: spend is theirs; history 3 d -> a forecast.
+    assert last.loc["nlp-monthly", "period_start"] == dt.date(2026, 10, 1)
+    assert last.loc["nlp-monthly", "forecast_usd"] == pytest.approx(last.loc["nlp-monthly", "spend_usd"])  # the period ends with the day
+    first = status[status["partition_key"] == "2026-10-29"].set_index("budget")
+    assert pd.isna(first.loc["nlp-monthly", "forecast_usd"])  # one day of history
+    assert last.loc["nlp-monthly", "spend_usd"] > first.loc["nlp-monthly", "spend_usd"]
+    assert isinstance(last.loc["nlp-monthly", "thresholds_crossed"], list)
+    # The daily budgets start afresh each day: nlp's ~$600/day exceeds $100; vision passes 1%.
+    assert (last.loc["nlp-daily", "period_start"], last.loc["nlp-daily", "period_end"]) == (dt.date(2026, 10, 31), dt.date(2026, 10, 31))
+    assert last.loc["nlp-daily", "status"] == "exceeded" and last.loc["nlp-daily", "thresholds_crossed"] == ["actual-80pct", "actual-100pct"]
+    assert last.loc["vision-daily", "status"] == "warning" and last.loc["vision-daily", "thresholds_crossed"] == ["actual-1pct"]
+    check = checks(results["2026-10-31"])["budgets_within_limit"]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR and "nlp-daily" in check.description
+    attribution = env.tables()["gpu_cost_attribution"]
+    nlp_31 = attribution[(attribution["partition_key"] == "2026-10-31") & (attribution["team"] == "nlp")]["cost_usd"].sum()
+    assert last.loc["nlp-daily", "spend_usd"] == pytest.approx(nlp_31)
+
+
+def test_definitions_register_assets_checks_and_the_daily_schedule():
+    from gpu_ops.cost.definitions import build_defs
+
+    config = load_config()
+    shared = dg.Definitions(resources={"gpu_ops": GpuOpsSettings(), "table_io_manager": TableIOManager(url="sqlite:///:memory:")})
+    defs = dg.Definitions.merge(shared, build_defs(config))
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report"} <= keys
+    check_names = {k.name for k in graph.asset_check_keys}
+    assert {"quarantine_empty", "conservation", "budgets_within_limit"} <= check_names
+    schedule = defs.resolve_schedule_def(DAILY_SCHEDULE)
+    assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone in (None, "UTC")
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 10, 15, 0, 15, tzinfo=dt.timezone.utc))
+    requests = list(schedule.evaluate_tick(ctx).run_requests or [])
+    assert [r.partition_key for r in requests] == ["2026-10-14"]
+    partitions = graph.get(dg.AssetKey("gpu_usage")).partitions_def
+    assert partitions.get_first_partition_key() == "2026-10-01"
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _pg_instance(pg_url: str):
+    # Dagster's own run/event storage on the same real server (SQLAlchemy 2.1 would pick psycopg 3).
+    url = pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+    return dg.instance_for_test(overrides={"storage": {"postgres": {"postgres_url": url}}})
+
+
+@pytest.mark.postgres
+def test_same_day_three_times_gives_identical_tables(tmp_path, pg_url):
+    env = Env(tmp_path, pg_url)
+    with _pg_instance(pg_url) as instance:
+        snapshots = []
+        for _ in range(3):
+            env.materialize("2026-10-14", instance)
+            snapshots.append(env.tables())
+    for name in TABLES:
+        assert len(snapshots[0][name]) > 0 or name == "gpu_usage_quarantine"
+        for later in snapshots[1:]:
+            pd.testing.assert_frame_equal(snapshots[0][name], later[name], check_like=False)
+
+
+@pytest.mark.postgres
+def test_thirty_day_backfill_lands_thirty_partitions_without_duplicates(tmp_path, pg_url):
+    env = Env(tmp_path, pg_url)
+    days = [(dt.date(2026, 10, 1) + dt.timedelta(days=i)).isoformat() for i in range(30)]
+    # The tables live on PostgreSQL; Dagster's own run and event records stay in memory
+    # (DagsterInstance.ephemeral) so that 31 runs do not spend their time on event storage.
+    with dg.DagsterInstance.ephemeral() as instance:
+        for d in days:
+            env.materialize(d, instance)
+        env.materialize(days[5], instance)  # a re-run in the middle replaces, never appends
+        materialized = instance.get_materialized_partitions(dg.AssetKey("gpu_cost_attribution"))
+    assert materialized == set(days)
+    store = TableStore(pg_url)
+    for name in ("gpu_usage", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report"):
+        assert store.partitions(name) == days, name
+    usage = store.read("gpu_usage")
+    assert not usage.duplicated(["partition_key", "kind", "namespace", "pod", "node", "start"]).any()
+    attribution = store.read("gpu_cost_attribution")
+    assert not attribution.duplicated(["partition_key", "team", "project"]).any()
+    budgets = store.read("gpu_budget_status")
+    assert len(budgets) == 30 * 2 and not budgets.duplicated(["partition_key", "budget"]).any()
+    # Month to date on the 30th = the sum of the 30 days' nlp attribution.
+    nlp = budgets[(budgets["partition_key"] == days[-1]) & (budgets["budget"] == "nlp-monthly")].iloc[0]
+    assert nlp["spend_usd"] == pytest.approx(attribution.loc[attribution["team"] == "nlp", "cost_usd"].sum())
+    assert {"actual-50pct", "actual-80pct", "actual-100pct", "forecast-120pct"} <= set(nlp["thresholds_crossed"])
+    assert nlp["status"] == "exceeded"

@@ -1,0 +1,137 @@
+"""`gpu-ops cost ...` as a real process: output formats, hand-computed figures, fast start."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpu_ops_tests.conftest import REPO
+
+PRICES = """\
+currency: USD
+source: test
+as_of: 2026-10-01
+gpus:
+  a100-80gb: {on-demand: 4.0, spot: 1.0}
+  l4: {on-demand: 0.8}
+"""
+USAGE = [
+    "start,end,namespace,pod,node,team,project,cost_center,experiment_id,gpu_type,gpu_count,capacity_type,sharing,gpu_share",
+    "2026-10-01T22:00:00Z,2026-10-02T03:00:00Z,ml,p1,n1,nlp,llm,,,a100-80gb,2,spot,none,",  # 6 GPU-h on the 2nd: $6
+    "2026-10-02T00:00:00Z,2026-10-02T07:00:00Z,ml,p2,n1,vision,det,,,NVIDIA-A100-SXM4-80GB,3,on-demand,mig,0.142857142857",  # 3 GPU-h: $12
+    "2026-10-02T00:00:00Z,,ml,p3,n2,vision,nb,,,l4,1,on-demand,timeslice,0.25",  # open: 6 GPU-h by the end of the day: $4.80
+    "2026-10-02T00:00:00Z,2026-10-02T01:00:00Z,ml,p4,n1,,llm,,,a100-80gb,1,spot,none,",  # no team: quarantined
+]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "prices.yaml").write_text(PRICES)
+    (tmp_path / "usage.csv").write_text("\n".join(USAGE) + "\n")
+    (tmp_path / "budgets.yaml").write_text(
+        textwrap.dedent(
+            """\
+            budgets:
+              - name: vision
+                scope: {team: vision}
+                amount_usd: 20
+                thresholds: [{percent: 50}, {percent: 80}, {percent: 100}]
+            """
+        )
+    )
+    return tmp_path
+
+
+def gpu_ops(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpu_ops.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120)
+
+
+def common(files, *extra):
+    return ["--usage", str(files / "usage.csv"), "--prices", str(files / "prices.yaml"), "--date", "2026-10-02", *extra]
+
+
+def test_attribution_json_is_hand_computed(files):
+    r = gpu_ops("cost", "attribution", *common(files, "--by", "team", "--format", "json"))
+    assert r.returncode == 0, r.stderr
+    rows = {x["team"]: x for x in json.loads(r.stdout)}
+    assert rows["nlp"]["cost_usd"] == pytest.approx(6.0) and rows["nlp"]["savings_usd"] == pytest.approx(18.0)
+    assert rows["vision"]["cost_usd"] == pytest.approx(12.0 + 4.8)
+    assert rows["vision"]["gpu_hours"] == pytest.approx(3.0 + 6.0)
+    assert "quarantined 1 row" in r.stderr and "team: missing" in r.stderr and "usage.csv row 4" in r.stderr
+
+
+def test_attribution_csv_by_team_and_project_with_as_of(files):
+    r = gpu_ops("cost", "attribution", *common(files, "--by", "team,project", "--format", "csv", "--as-of", "2026-10-02T04:00:00Z"))
+    assert r.returncode == 0, r.stderr
+    rows = {(x["team"], x["project"]): x for x in csv.DictReader(io.StringIO(r.stdout))}
+    assert list(next(iter(rows.values())))[:6] == ["team", "project", "gpu_hours", "cost_usd", "on_demand_equivalent_usd", "savings_usd"]
+    assert float(rows[("vision", "nb")]["cost_usd"]) == pytest.approx(0.25 * 4 * 0.8)  # open interval clipped at 04:00
+    assert float(rows[("vision", "det")]["cost_usd"]) == pytest.approx(3 / 7 * 4 * 4.0)
+
+
+def test_attribution_table_and_quarantine_file(files):
+    qpath = files / "q.csv"
+    r = gpu_ops("cost", "attribution", *common(files, "--quarantine", str(qpath)))
+    assert r.returncode == 0, r.stderr
+    assert "GPU cost 2026-10-02" in r.stdout and "nlp" in r.stdout
+    q = list(csv.DictReader(qpath.open()))
+    assert q[0]["row"] == "4" and q[0]["field"] == "team"
+
+
+def test_budgets_and_roi_commands(files):
+    r = gpu_ops("cost", "budgets", *common(files, "--budgets", str(files / "budgets.yaml"), "--format", "json"))
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)[0]
+    assert b["spend_usd"] == pytest.approx(16.8) and b["status"] == "warning"
+    assert b["thresholds_crossed"] == ["actual-50pct", "actual-80pct"] and b["forecast_usd"] is None
+    r = gpu_ops("cost", "roi", *common(files))
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[1].split()
+    assert header[:5] == ["team", "gpu_hours", "cost_usd", "on_demand_equivalent_usd", "spot_savings_usd"] and "idle_waste_usd" in header
+    r = gpu_ops("cost", "roi", *common(files, "--format", "json"))
+    total = {x["team"]: x for x in json.loads(r.stdout)}["__total__"]
+    # spot saved (4 - 1) × 6 GPU-h; MIG slices saved 21 - 3 GPU-h at $4; time-slicing 24 - 6 GPU-h at $0.80
+    assert total["spot_savings_usd"] == pytest.approx(18.0)
+    assert total["sharing_savings_usd"] == pytest.approx(18 * 4.0 + 18 * 0.8)
+
+
+def test_errors_name_the_file_and_field(files):
+    (files / "bad_prices.yaml").write_text("currency: USD\nsource: x\nas_of: 2026-10-01\ngpus:\n  a10: {on-demand: 1}\n")
+    r = gpu_ops("cost", "attribution", "--usage", str(files / "usage.csv"), "--prices", str(files / "bad_prices.yaml"), "--date", "2026-10-02")
+    assert r.returncode != 0 and "bad_prices.yaml: gpus" in r.stderr and "a10" in r.stderr
+    r = gpu_ops("cost", "attribution", *common(files, "--by", "colour"))
+    assert r.returncode != 0 and "unknown grouping key 'colour'" in r.stderr
+    r = gpu_ops("cost", "attribution", "--usage", str(files / "nope.csv"), "--prices", str(files / "prices.yaml"))
+    assert r.returncode != 0 and "nope.csv: no such file" in r.stderr
+
+
+def test_the_cost_commands_never_import_dagster_or_torch(files):
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        from gpu_ops.cli import main
+        sys.argv = ["gpu-ops", "cost", "attribution", "--usage", {str(files / 'usage.csv')!r}, "--prices", {str(files / 'prices.yaml')!r}, "--date", "2026-10-02"]
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"dagster", "torch", "kubetorch", "dagster_k8s"}})
+        print("HEAVY", heavy)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout
+
+
+def test_default_config_is_the_bundled_demo():
+    r = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    teams = {x["team"] for x in json.loads(r.stdout)}
+    assert {"nlp", "vision", "research", "__idle__"} <= teams

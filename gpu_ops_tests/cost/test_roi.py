@@ -1,0 +1,77 @@
+"""ROI from measurements, worked out by hand with the helpers' prices."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpu_ops.cost.attribution import attribute
+from gpu_ops.cost.pipeline import price_window
+from gpu_ops.cost.roi import ROI_COLUMNS, TOTAL, roi_report
+
+from .helpers import MATRIX, inventory, raw, row
+
+DAY = pd.Timestamp("2026-10-02", tz="UTC")
+NEXT = DAY + pd.Timedelta(days=1)
+
+ROWS = [
+    # nlp: 4 spot A100s 10:00-15:00 = 20 GPU-h, $20 (on-demand $80); preempted, 30 min lost = 2 GPU-h, $2
+    row("2026-10-02T10:00:00Z", "2026-10-02T15:00:00Z", team="nlp", gpu_count=4, capacity_type="spot", outcome="preempted", lost_seconds=1800),
+    # nlp again, completed: lost_seconds of a completed attempt is not preemption waste
+    row("2026-10-02T16:00:00Z", "2026-10-02T17:00:00Z", team="nlp", gpu_count=4, capacity_type="spot", outcome="completed", lost_seconds=0),
+    # cv: 2 spot L4s for 1 h = $0.80 (saves $0.80); preempted with the whole hour lost: waste $0.80
+    row("2026-10-02T00:00:00Z", "2026-10-02T01:00:00Z", team="cv", gpu_type="l4", gpu_count=2, capacity_type="spot", outcome="preempted", lost_seconds=3600),
+    # vision: three 1g.10gb slices for 7 h = 3 GPU-h, $12; whole GPUs would have cost 21 GPU-h, $84
+    row("2026-10-02T00:00:00Z", "2026-10-02T07:00:00Z", team="vision", gpu_count=3, sharing="mig", gpu_share=1 / 7, outcome="completed", lost_seconds=0),
+    # res: 1 reserved A100 for 10 h = $20 (on-demand $40)
+    row("2026-10-02T00:00:00Z", "2026-10-02T10:00:00Z", team="res", capacity_type="reserved", outcome="completed", lost_seconds=0),
+]
+
+
+def report(rows=ROWS, inv=None):
+    p = price_window(raw(rows), inventory(inv) if inv else None, MATRIX, DAY, NEXT, NEXT)
+    return roi_report(p.rows).set_index("team"), p
+
+
+def test_savings_and_waste_are_sums_of_measured_rows():
+    r, _ = report()
+    assert list(r.reset_index().columns) == list(ROI_COLUMNS)
+    assert r.loc["nlp", "cost_usd"] == pytest.approx(24.0)
+    assert r.loc["nlp", "spot_savings_usd"] == pytest.approx(72.0)  # (4 - 1) × 24 GPU-h
+    assert r.loc["nlp", "preemption_lost_gpu_hours"] == pytest.approx(2.0)
+    assert r.loc["nlp", "preemption_waste_usd"] == pytest.approx(2.0)
+    assert r.loc["nlp", "net_spot_savings_usd"] == pytest.approx(70.0)
+    assert r.loc["vision", "sharing_savings_usd"] == pytest.approx(84.0 - 12.0)
+    assert r.loc["res", "reserved_savings_usd"] == pytest.approx(20.0)
+    assert r.loc["cv", "net_spot_savings_usd"] == pytest.approx(0.0)
+    assert r.loc[TOTAL, "cost_usd"] == pytest.approx(24 + 0.8 + 12 + 20)
+    assert r.loc[TOTAL, "preemption_waste_usd"] == pytest.approx(2.8)
+
+
+def test_recommendations_carry_their_dollar_impact():
+    r, _ = report()
+    nlp = r.loc["nlp", "recommendations"]
+    assert nlp[0]["kind"] == "checkpointing" and nlp[0]["impact_usd"] == pytest.approx(2.0)
+    cv = r.loc["cv", "recommendations"]
+    assert cv[0]["kind"] == "preemption" and "on-demand" in cv[0]["detail"]
+    # res ran a single whole A100 for 10 h ($20): half a GPU (3g.40gb) would have cost $10.
+    res = r.loc["res", "recommendations"]
+    assert res[0]["kind"] == "share" and res[0]["impact_usd"] == pytest.approx(10.0) and "3g.40gb" in res[0]["detail"]
+    assert r.loc["vision", "recommendations"] == []  # already shared
+
+
+def test_idle_waste_matches_attribution_and_names_the_node():
+    inv = [{"node": "n1", "instance_type": "p4de.24xlarge", "capacity_type": "on-demand", "region": "", "start": "2026-10-01T00:00:00Z", "end": ""}]
+    rows = [row("2026-10-02T00:00:00Z", "2026-10-02T12:00:00Z", team="a", gpu_count=2, outcome="completed", lost_seconds=0)]
+    r, p = report(rows, inv)
+    idle = attribute(p.rows, ["team"]).totals["idle_cost_usd"]
+    assert idle == pytest.approx(768 - 96)
+    assert r.loc[TOTAL, "idle_waste_usd"] == pytest.approx(idle)
+    assert r.loc[TOTAL, "idle_gpu_hours"] == pytest.approx(192 - 24)
+    rec = r.loc[TOTAL, "recommendations"][0]
+    assert rec["kind"] == "idle-node" and rec["target"] == "n1" and rec["impact_usd"] == pytest.approx(672.0)
+
+
+def test_empty_day_gives_a_zero_total_row():
+    r, _ = report(rows=[row("2026-09-01T00:00:00Z", "2026-09-01T01:00:00Z")])
+    assert list(r.index) == [TOTAL] and r.loc[TOTAL, "cost_usd"] == 0.0
