@@ -27,22 +27,23 @@ period ends and config changes such as a raised budget need no new materializati
 
 from __future__ import annotations
 
+# httpx, pandas and SQLAlchemy (channels, enforcement, records, TableStore) are imported when the sensor evaluates or an op runs, not when the code location loads.
 import contextlib
 import datetime as dt
 import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from gpu_ops.alerts.channels import DeliverySettings, deliver
-from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, NodePools, execute, plan, record_frame
 from gpu_ops.alerts.model import Alert
-from gpu_ops.alerts.records import delivered_channels, read_latest_status, record_delivery, top_spenders
 from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdEvent, evaluate
 from gpu_ops.config import Budget, GpuOpsConfig
-from gpu_ops.storage.tables import TableStore
+
+if TYPE_CHECKING:
+    from gpu_ops.alerts.enforcement import EnforcementOrder, EnforcementOutcome, NodePools
+    from gpu_ops.storage.tables import TableStore
 
 SENSOR_NAME = "budget_alert_sensor"
 ALERT_JOB = "budget_alert_job"
@@ -87,6 +88,8 @@ def alert_for(event: ThresholdEvent, budget: Budget, config: GpuOpsConfig) -> Al
 
 
 def order_for(event: EnforcementEvent, budget: Budget | None, config: GpuOpsConfig) -> EnforcementOrder:
+    from gpu_ops.alerts.enforcement import EnforcementOrder
+
     enf = budget.enforcement if budget else None
     row = event.row
     return EnforcementOrder(
@@ -127,6 +130,8 @@ def enforcement_run_request(order: EnforcementOrder) -> dg.RunRequest:
 
 def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: dt.datetime) -> tuple[AlertCursor, list[dg.RunRequest], str]:
     """One full evaluation: newest status rows + previous state -> new state + run requests."""
+    from gpu_ops.alerts.records import read_latest_status
+
     partition, rows = read_latest_status(store)
     budgets = {b.name: b for b in config.budgets}
     result = evaluate(budgets, rows, cursor.budgets, now)
@@ -188,6 +193,8 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition]) -> dg.Senso
         due = cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
         if not (new_data or due):
             return dg.SkipReason(f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s")
+        from gpu_ops.storage.tables import TableStore
+
         store = TableStore(cfg.storage.resolved_url())
         with _collection_deferred():
             new_cursor, requests, summary = tick(cfg, store, cursor, now=now)
@@ -223,6 +230,8 @@ class KarpenterAccess(dg.ConfigurableResource):
         from kubernetes import client
         from kubernetes import config as kube_config
 
+        from gpu_ops.alerts.enforcement import NodePools
+
         try:
             kube_config.load_incluster_config()
         except kube_config.ConfigException:
@@ -243,6 +252,10 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
         description="Deliver one budget alert to its channels; delivered channels are skipped on retry.",
     )
     def deliver_budget_alert(context) -> dg.Output:
+        from gpu_ops.alerts.channels import DeliverySettings, deliver
+        from gpu_ops.alerts.records import delivered_channels, record_delivery, top_spenders
+        from gpu_ops.storage.tables import TableStore
+
         cfg: GpuOpsConfig = context.resources.gpu_ops.load()
         alert = Alert.from_dict(context.op_config["alert"])
         store = TableStore(cfg.storage.resolved_url())
@@ -305,6 +318,9 @@ def build_enforcement_job(config: GpuOpsConfig) -> dg.JobDefinition:
         description="Apply or revert a budget's throttle/block: NodePool patches and the enforcement record.",
     )
     def apply_budget_enforcement(context) -> dg.Output:
+        from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, execute, plan, record_frame
+        from gpu_ops.storage.tables import TableStore
+
         cfg: GpuOpsConfig = context.resources.gpu_ops.load()
         order = EnforcementOrder.from_dict(context.op_config["order"])
         store = TableStore(cfg.storage.resolved_url())
@@ -359,29 +375,46 @@ class TickOutcome:
     skip_reason: str | None
 
 
-def run_sensor_once(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None, *, resources: dict[str, Any] | None = None) -> TickOutcome:
-    """One daemon tick in this process, for the demo and tests (no daemon running).
+def launch_requests(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    requests: list[dg.RunRequest],
+    *,
+    run_config: dict[str, Any] | None = None,
+) -> tuple[list[tuple[dg.RunRequest, dg.ExecuteInProcessResult]], list[str]]:
+    """Launch a tick's run requests in process as the daemon would: a run key this sensor
+    already launched is skipped; the rest run with their jobs' RetryPolicy.
 
-    As Dagster's sensor daemon does: evaluate, skip run keys this sensor already launched,
-    launch the rest (here in process, with the jobs' RetryPolicy), and hand back the
-    cursor to store after the runs.
+    Returns the launched (request, result) pairs and the skipped run keys.
     """
     from dagster._core.storage.dagster_run import RunsFilter
     from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-    sensor = defs.resolve_sensor_def(SENSOR_NAME)
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-    data = sensor.evaluate_tick(context)
-    requests = list(data.run_requests or [])
-    results, skipped = [], []
+    launched, skipped = [], []
     for rr in requests:
         tags = {**rr.tags, RUN_KEY_TAG: rr.run_key, SENSOR_NAME_TAG: SENSOR_NAME}
         if instance.get_runs(filters=RunsFilter(tags={RUN_KEY_TAG: rr.run_key, SENSOR_NAME_TAG: SENSOR_NAME}), limit=1):
             skipped.append(rr.run_key)
             continue
         job = defs.resolve_job_def(rr.job_name)
-        results.append(job.execute_in_process(run_config=rr.run_config, instance=instance, tags=tags, raise_on_error=False))
-    return TickOutcome(data.cursor if data.cursor is not None else cursor, requests, results, skipped, data.skip_message)
+        config = {**(rr.run_config or {}), **(run_config or {})}
+        launched.append((rr, job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False)))
+    return launched, skipped
+
+
+def run_sensor_once(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None, *, resources: dict[str, Any] | None = None) -> TickOutcome:
+    """One daemon tick in this process, for tests (no daemon running).
+
+    As Dagster's sensor daemon does: evaluate, skip run keys this sensor already launched,
+    launch the rest (here in process, with the jobs' RetryPolicy), and hand back the
+    cursor to store after the runs.
+    """
+    sensor = defs.resolve_sensor_def(SENSOR_NAME)
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    data = sensor.evaluate_tick(context)
+    requests = list(data.run_requests or [])
+    launched, skipped = launch_requests(defs, instance, requests)
+    return TickOutcome(data.cursor if data.cursor is not None else cursor, requests, [r for _, r in launched], skipped, data.skip_message)
 
 
 def build_alert_definitions(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None) -> dg.Definitions:
@@ -397,6 +430,7 @@ def build_alert_definitions(config: GpuOpsConfig, *, karpenter: KarpenterAccess 
 
 __all__ = [
     "ALERT_JOB",
+    "launch_requests",
     "ENFORCEMENT_JOB",
     "KarpenterAccess",
     "SENSOR_NAME",

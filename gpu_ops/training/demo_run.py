@@ -51,6 +51,7 @@ def materialize_with_preemption(
     after_s: float = 2.0,
     instance: Any = None,
     echo: Callable[[str], None] = print,
+    run_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the demo asset, kill its worker ``after_s`` after the first checkpoint, and
     return the materialization metadata (``attempts``, ``preemptions``, ...)."""
@@ -71,7 +72,7 @@ def materialize_with_preemption(
         own = instance is None
         inst = dg.DagsterInstance.ephemeral() if own else instance
         try:
-            result = dg.materialize([asset], instance=inst, raise_on_error=False)
+            result = dg.materialize([asset], instance=inst, raise_on_error=False, run_config=run_config)
         finally:
             if own:
                 inst.dispose()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import gpu_ops.alerts.sensor as sensor_mod
+import gpu_ops.alerts.records as records_mod
 from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, NodePools, assert_launch_allowed
 from gpu_ops.alerts.records import DELIVERIES_TABLE
 from gpu_ops.alerts.sensor import KarpenterAccess
@@ -288,7 +288,7 @@ def test_a_crash_between_send_and_record_resends_with_the_same_keys(setup, monke
     """The window at-least-once leaves open: the resend carries the same PagerDuty
     dedup_key and webhook Idempotency-Key, so those receivers see one notification."""
     h, pd, hook = setup["h"], setup["pd"], setup["hook"]
-    real = sensor_mod.record_delivery
+    real = records_mod.record_delivery
     crashed = []
 
     def crash_once(store, alert, result, *, run_id):
@@ -297,7 +297,8 @@ def test_a_crash_between_send_and_record_resends_with_the_same_keys(setup, monke
             raise RuntimeError("process killed after the send")
         real(store, alert, result, run_id=run_id)
 
-    monkeypatch.setattr(sensor_mod, "record_delivery", crash_once)
+    # The alert op imports record_delivery when it runs (not when the code location loads).
+    monkeypatch.setattr(records_mod, "record_delivery", crash_once)
     write_status(h.store, "2026-11-19", [status_row("nlp-monthly", day="2026-11-19", spend=5_100, amount=10_000)])
     _, results = h.tick()
     assert results[0].success

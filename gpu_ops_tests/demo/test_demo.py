@@ -1,0 +1,40 @@
+"""`gpu-ops demo` (what `make run` runs), end to end as a real process."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(tmp_path):
+    env = {**os.environ, "GPU_OPS_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    env.pop("GPU_OPS_CONFIG", None)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "gpu-ops"), "demo"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    text = out.stdout
+    assert out.returncode == 0, text + out.stderr[-4000:]
+    # training: the worker was really killed and the step resumed
+    assert re.search(r"injected SIGKILL to worker pid \d+; 2 attempt\(s\), 1 preemption\(s\)", text), text
+    # a month of partitions, with the alerts on the days the demo data crosses them
+    assert "31 daily cost partitions (2026-10-01 … 2026-10-31)" in text
+    for line in (
+        "2026-10-13: nlp-monthly/2026-10-01/actual-50pct — sent",
+        "2026-10-25: nlp-monthly/2026-10-01/actual-100pct — sent",
+        "2026-10-26: nlp-monthly/2026-10-01/enforce-throttle/apply — sent",
+        "2026-10-31: vision-monthly/2026-10-01/actual-100pct — sent",
+    ):
+        assert line in text
+    assert text.count(" — sent") == 8 and "FAILED" not in text
+    assert re.search(r"budget nlp-monthly: \$18,833\.01 of \$15,000\.00 \(126%\)", text)
+    assert "quarantined usage rows: 2" in text
+    # the persistent instance holds the runs for `make dev`
+    assert (tmp_path / "home" / "dagster_home").is_dir()
