@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     # training
     "gpu_asset": "gpu_ops.training.asset",
     "gpu_op": "gpu_ops.training.asset",
+    "gpu_run_tags": "gpu_ops.training.asset",
+    "GPU_POOL": "gpu_ops.training.asset",
     "TrainingContext": "gpu_ops.training.context",
     "TrainingPreempted": "gpu_ops.training.context",
     "CheckpointStore": "gpu_ops.training.checkpoint",

@@ -19,13 +19,14 @@ ledger are plain Python.
 
 from __future__ import annotations
 
+# The ledger and TableStore (pandas, SQLAlchemy) are imported when an attempt runs, not when the code location loads.
 import datetime as dt
 import random
 import socket
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -33,15 +34,28 @@ from gpu_ops.compute.backend import WorkerReport
 from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import GpuOpsConfig, load_config
-from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.context import WorkerSpec, parse_event
 from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, plan_attempt
 from gpu_ops.training.worker import register, run_training
 
+if TYPE_CHECKING:
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import ledger
+
 PARAMS_CONFIG = "params"
+
+
+# Every GPU step takes a slot of this Dagster pool, whatever launched it (the asset page,
+# a job, a schedule): `dagster instance concurrency set gpu 16` caps GPU steps at once.
+GPU_POOL = "gpu"
+
+
+def gpu_run_tags(request: GpuRequest) -> dict[str, str]:
+    """Run tags that the production run queue limits (dagster.yaml) count: put them on
+    jobs that launch GPU work, ``dg.define_asset_job(..., tags=gpu_run_tags(request))``."""
+    return {"gpu-ops/gpu-launch": "true", "gpu-ops/team": request.labels.team}
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,8 @@ def _fmt(v: Any) -> str:
 
 
 def _capacity_type(report: WorkerReport | None, request: GpuRequest) -> str:
+    from gpu_ops.training import ledger
+
     labels = getattr(getattr(getattr(report, "node", None), "metadata", None), "labels", None) or {}
     value = labels.get("karpenter.sh/capacity-type")
     if value in ledger.CAPACITY_TYPES:
@@ -154,6 +170,9 @@ class AttemptResult:
 
 def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
     """Run one training attempt for the current step; raise to retry or fail."""
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import ledger
+
     if spec.settings_resource_key:
         config: GpuOpsConfig = getattr(context.resources, spec.settings_resource_key).load()
     else:
@@ -298,6 +317,8 @@ def _record(
     *,
     used_gpus: bool,
 ) -> ledger.LedgerRow:
+    from gpu_ops.training import ledger
+
     # Manifests only: the data is verified when the next attempt loads it.
     newest = next(iter(ckpts.list()), None)
     last_at = newest.written_at_dt if newest and newest.written_at_dt >= start else None
@@ -359,6 +380,8 @@ def _materialization_metadata(
     request: GpuRequest,
     sink: _EventSink,
 ) -> dict[str, Any]:
+    from gpu_ops.training import ledger
+
     rows = ledger.read(store, run_id=run_id, asset_key=asset_key)
     rows = rows.sort_values("attempt") if not rows.empty else rows
     gpu_hours = 0.0
@@ -472,6 +495,7 @@ def gpu_asset(
         if "retry_policy" in asset_kwargs:
             raise TypeError("gpu_asset decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
         kinds = set(asset_kwargs.pop("kinds", None) or ()) | {"gpu"}
+        asset_kwargs.setdefault("pool", GPU_POOL)
 
         @dg.asset(
             name=name or f.__name__,
@@ -524,6 +548,7 @@ def gpu_op(
         keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
         if "retry_policy" in op_kwargs:
             raise TypeError("gpu_op decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
+        op_kwargs.setdefault("pool", GPU_POOL)
 
         @dg.op(
             name=name or f.__name__,

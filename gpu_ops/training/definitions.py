@@ -12,7 +12,7 @@ import dagster as dg
 
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.training.asset import gpu_asset
+from gpu_ops.training.asset import gpu_asset, gpu_run_tags
 from gpu_ops.training.demo import train_demo
 from gpu_ops.training.policy import PreemptionPolicy
 
@@ -49,4 +49,6 @@ def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
 
 
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
-    return dg.Definitions(assets=[demo_asset(config)])
+    # Launched as this job, the run carries the GPU tags the production run queue limits.
+    job = dg.define_asset_job("train_demo_model_job", selection=["train_demo_model"], tags=gpu_run_tags(DEMO_REQUEST))
+    return dg.Definitions(assets=[demo_asset(config)], jobs=[job])
