@@ -28,7 +28,7 @@ def main() -> None:
     dagster = sample("import dagster")
     location = sample("import gpu_ops.definitions")
     leaks = subprocess.run(
-        [sys.executable, "-c", "import sys, gpu_ops.definitions; print(','.join(m for m in ('torch','kubetorch') if m in sys.modules) or 'none')"],
+        [sys.executable, "-c", "import sys, gpu_ops.definitions; print(','.join(m for m in ('torch','kubetorch','pandas','numpy','pyarrow','sqlalchemy','httpx','kubernetes','fsspec') if m in sys.modules) or 'none')"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     print(f"interpreter start        {bare:6.2f} s")

@@ -2,7 +2,8 @@
 
 Configuration is validated here, at load time, so a broken file shows up in the UI as a
 load error naming file and field, never at 3 a.m. inside a run. Importing this module
-must not import torch or kubetorch (checked by a test and by benchmarks/load.py).
+must not import torch or kubetorch, nor pandas, numpy, SQLAlchemy, httpx or kubernetes:
+the flows import those where they run (checked by tests and by benchmarks/load.py).
 """
 
 from __future__ import annotations

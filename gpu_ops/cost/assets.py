@@ -5,22 +5,21 @@ gpu_usage[day] (+ gpu_usage_quarantine[day]) ─► gpu_cost_attribution[day]
                                             └─► gpu_roi_report[day]
 """
 
-
+# pandas and the cost core (attribution, budgets, pipeline, roi, TableStore) are imported when an asset runs, not when the code location loads.
+# (No `from __future__ import annotations` here: Dagster rejects a `context` annotation it gets as a string.)
 import datetime as dt
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import dagster as dg
-import pandas as pd
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.cost.attribution import attribute, conservation, day_window, fleet_totals
-from gpu_ops.cost.budgets import check_outcome, evaluate_budgets
-from gpu_ops.cost.pipeline import SourceSet, collect, default_as_of, load_raw, price_window, usage_table
-from gpu_ops.cost.pricing import PriceMatrix
-from gpu_ops.cost.roi import TOTAL, roi_report
+from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.tables import TableStore
+from gpu_ops.storage.io_manager import DATAFRAME_TYPE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GROUP = "gpu_cost"
 IO = "table_io_manager"
@@ -30,7 +29,7 @@ COLLECT_SCHEDULE = "gpu_usage_collect_schedule"
 BUDGET_WINDOW_DAYS = 31
 
 
-def _md_table(df: pd.DataFrame, limit: int = 10) -> str:
+def _md_table(df: "pd.DataFrame", limit: int = 10) -> str:
     if df.empty:
         return "(none)"
     df = df.head(limit)
@@ -40,6 +39,8 @@ def _md_table(df: pd.DataFrame, limit: int = 10) -> str:
 
 
 def _cell(v: Any) -> str:
+    import pandas as pd
+
     if isinstance(v, float):
         return "" if pd.isna(v) else f"{v:,.2f}"
     if isinstance(v, (list, tuple)):
@@ -47,7 +48,7 @@ def _cell(v: Any) -> str:
     return str(v).replace("|", "\\|")
 
 
-def _top_teams(table: pd.DataFrame) -> pd.DataFrame:
+def _top_teams(table: "pd.DataFrame") -> "pd.DataFrame":
     if table.empty or "team" not in table:
         return table
     return table.groupby("team", as_index=False)[["gpu_hours", "cost_usd", "savings_usd"]].sum().sort_values("cost_usd", ascending=False)
@@ -80,6 +81,11 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         check_specs=[dg.AssetCheckSpec("quarantine_empty", asset="gpu_usage", description="No usage row of the day was set aside as invalid.")],
     )
     def gpu_usage_asset(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
+        from gpu_ops.cost.attribution import day_window, fleet_totals
+        from gpu_ops.cost.pipeline import default_as_of, load_raw, price_window, usage_table
+        from gpu_ops.cost.pricing import PriceMatrix
+        from gpu_ops.storage.tables import TableStore
+
         cfg = gpu_ops.load()
         day = dt.date.fromisoformat(context.partition_key)
         start, end = day_window(day)
@@ -117,9 +123,13 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Cost per grouping key (usage.group_by) for the UTC day; idle fleet cost as __idle__ or shared.",
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE)},  # a pandas DataFrame (no annotation: pandas loads at run time)
         check_specs=[dg.AssetCheckSpec("conservation", asset="gpu_cost_attribution", description="Attributed cost equals fleet cost (plus usage on nodes outside the inventory); no node over-allocated.")],
     )
-    def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: pd.DataFrame) -> Iterator[Any]:
+    def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+        from gpu_ops.cost.attribution import attribute, conservation
+        from gpu_ops.cost.pipeline import usage_table
+
         cfg = gpu_ops.load()
         result = attribute(usage_table(gpu_usage), cfg.usage.group_by, cfg.usage.idle)
         t = result.totals
@@ -152,11 +162,14 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor).",
-        ins={"gpu_usage": dg.AssetIn(partition_mapping=_budget_window())},
+        ins={"gpu_usage": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE)},
         deps=[gpu_cost_attribution],
         check_specs=[dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded.")],
     )
-    def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: pd.DataFrame) -> Iterator[Any]:
+    def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+        from gpu_ops.cost.budgets import check_outcome, evaluate_budgets
+        from gpu_ops.cost.pipeline import default_as_of, usage_table
+
         cfg = gpu_ops.load()
         day = dt.date.fromisoformat(context.partition_key)
         as_of = default_as_of(day)
@@ -178,8 +191,15 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE)},
+        dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
     )
-    def gpu_roi_report(context: dg.AssetExecutionContext, gpu_usage: pd.DataFrame) -> dg.Output[pd.DataFrame]:
+    def gpu_roi_report(context: dg.AssetExecutionContext, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
+        import pandas as pd
+
+        from gpu_ops.cost.pipeline import usage_table
+        from gpu_ops.cost.roi import TOTAL, roi_report
+
         report = roi_report(usage_table(gpu_usage))
         total = report[report["team"] == TOTAL].iloc[0]
         recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
@@ -212,6 +232,9 @@ def build_collector(config: GpuOpsConfig) -> tuple[list[dg.JobDefinition], list[
 
     @dg.op(description="List GPU pods and GPU nodes and record them (gpu_usage_collected, gpu_nodes_collected).")
     def collect_gpu_usage(context: dg.OpExecutionContext, gpu_ops: GpuOpsSettings) -> None:
+        from gpu_ops.cost.pipeline import collect
+        from gpu_ops.storage.tables import TableStore
+
         cfg = gpu_ops.load()
         seen = collect(SourceSet.from_config(cfg), TableStore(cfg.storage.resolved_url()))
         context.log.info(f"recorded {seen['pods']} GPU pod(s) and {seen['nodes']} GPU node(s)")

@@ -8,17 +8,16 @@ No Dagster imports: the CLI must start fast.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from gpu_ops.config import FileSource, GpuOpsConfig, KubernetesSource, LedgerSource
 from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
 from gpu_ops.cost.prefetch import needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.usage import (
     concat_raw,
     dedupe_intervals,
@@ -145,47 +144,6 @@ def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
             s = s.astype("Int64")
         out[c] = s
     return pd.DataFrame(out)
-
-
-# --------------------------------------------------------------------------- sources
-
-
-@dataclass
-class SourceSet:
-    """What to read: files, the ledger table, Kubernetes, and the inventory."""
-
-    usage_files: list[str] = field(default_factory=list)
-    ledger: bool = False
-    kubernetes: list[KubernetesSource] = field(default_factory=list)
-    inventory_files: list[str] = field(default_factory=list)
-    inventory_karpenter: bool = False
-    base_dir: Path | None = None
-
-    @classmethod
-    def from_config(cls, config: GpuOpsConfig) -> "SourceSet":
-        s = cls(base_dir=config.base_dir)
-        for src in config.usage.sources:
-            if isinstance(src, FileSource):
-                s.usage_files.append(src.path)
-            elif isinstance(src, LedgerSource):
-                s.ledger = True
-            elif isinstance(src, KubernetesSource):
-                s.kubernetes.append(src)
-        inv = config.usage.inventory
-        if inv is not None:
-            if inv.type == "file":
-                s.inventory_files.append(inv.path or "")
-            else:
-                s.inventory_karpenter = True
-        return s
-
-    @property
-    def has_inventory(self) -> bool:
-        return bool(self.inventory_files) or self.inventory_karpenter
-
-    @property
-    def count(self) -> int:
-        return (1 if self.usage_files else 0) + int(self.ledger) + len(self.kubernetes)
 
 
 def load_raw(

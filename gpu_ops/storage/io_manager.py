@@ -6,6 +6,7 @@ location loads (they would double its load time).
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -15,6 +16,46 @@ if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
 
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
+# What Dagster names a type inferred from `pd.DataFrame` (its __module__ became "pandas" in pandas 3).
+_DATAFRAME_QUALNAME = "pandas.DataFrame" if int(version("pandas").split(".")[0]) >= 3 else "pandas.core.frame.DataFrame"
+
+
+def _is_dataframe(_context: Any, value: object) -> dg.TypeCheck:
+    import pandas as pd
+
+    if not isinstance(value, pd.DataFrame):
+        return dg.TypeCheck(
+            success=False,
+            description=f"Value of type {type(value)} failed type check for Dagster type DataFrame, expected value to be of Python type {_DATAFRAME_QUALNAME}.",
+        )
+    return dg.TypeCheck(success=True)
+
+
+class _DataFrameType(dg.DagsterType):
+    """The Dagster type a ``pd.DataFrame`` annotation gives an input or output (same key,
+    name, description and isinstance check), built without importing pandas: asset
+    annotations are evaluated when the code location loads."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            type_check_fn=_is_dataframe,
+            key=f"_TypeHintInferred[{_DATAFRAME_QUALNAME}]",
+            description=f"DagsterType created from a type hint for the Python type {_DATAFRAME_QUALNAME}",
+        )
+
+    @property
+    def display_name(self) -> str:
+        return "DataFrame"
+
+    @property
+    def typing_type(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame
+
+
+# For `dg.AssetIn(dagster_type=...)` / `@dg.asset(dagster_type=...)` in place of a `pd.DataFrame` annotation.
+DATAFRAME_TYPE: dg.DagsterType = _DataFrameType()
 
 
 def table_name(key: dg.AssetKey) -> str:

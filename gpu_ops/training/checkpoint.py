@@ -39,9 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
+# fsspec is imported when a store is opened, not when the code location loads (gpu_asset imports this module).
 if TYPE_CHECKING:
     from gpu_ops.config import GpuOpsConfig
 
@@ -113,6 +111,9 @@ class CheckpointStore:
     def __init__(self, url: str | os.PathLike[str], keep_last: int = 3, *, log: Callable[[str], None] | None = None):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        import fsspec.core
+        from fsspec.implementations.local import LocalFileSystem
+
         self.url = str(url)
         self.keep_last = keep_last
         self.fs, self.root = fsspec.core.url_to_fs(self.url)

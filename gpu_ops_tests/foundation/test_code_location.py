@@ -60,3 +60,42 @@ def test_a_broken_config_is_a_load_error_of_the_code_location(tmp_path):
     out = run([sys.executable, "-c", "import gpu_ops.definitions"], env={"GPU_OPS_CONFIG": str(cfg)})
     assert out.returncode != 0
     assert f"{cfg}: prices.gpus.t4.spot: must be > 0" in out.stderr
+
+
+# Imported at run time by the ops, assets and sensor, never while the code location loads.
+HEAVY_MODULES = ("torch", "kubetorch", "pandas", "numpy", "pyarrow", "sqlalchemy", "httpx", "kubernetes", "fsspec")
+
+
+def _heavy_modules_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))"
+    out = run([sys.executable, "-c", code])
+    assert out.returncode == 0, out.stderr
+    return set(filter(None, out.stdout.strip().split(",")))
+
+
+def test_loading_the_code_location_imports_no_heavy_module_beyond_dagster_itself():
+    """The load-time budget (issue 2: at most 1.5x `import dagster`): pandas, SQLAlchemy,
+    httpx, ... load inside the ops, assets and sensor that use them. Whatever `import
+    dagster` loads by itself is not ours to avoid, so it is subtracted."""
+    baseline = _heavy_modules_after("import dagster")
+    location = _heavy_modules_after("import gpu_ops.definitions as d; assert d.defs")
+    assert location - baseline == set(), f"loading gpu_ops.definitions imports {sorted(location - baseline)}; import them where they are used"
+
+
+def test_the_lazy_dataframe_type_is_what_dagster_infers_from_a_dataframe_annotation():
+    """The cost assets declare their DataFrame inputs and output with DATAFRAME_TYPE instead
+    of a `pd.DataFrame` annotation (which needs pandas at load); the UI and the type
+    check see the same type."""
+    import dagster as dg
+    import pandas as pd
+    from dagster._core.types.dagster_type import resolve_dagster_type
+
+    from gpu_ops.storage.io_manager import DATAFRAME_TYPE
+
+    inferred = resolve_dagster_type(pd.DataFrame)
+    for attr in ("key", "display_name", "description", "kind", "is_builtin", "has_unique_name", "typing_type"):
+        assert getattr(DATAFRAME_TYPE, attr) == getattr(inferred, attr), attr
+    ok = dg.check_dagster_type(DATAFRAME_TYPE, pd.DataFrame({"a": [1]}))
+    bad, bad_inferred = dg.check_dagster_type(DATAFRAME_TYPE, [1]), dg.check_dagster_type(inferred, [1])
+    assert ok.success and not bad.success
+    assert bad.description == bad_inferred.description
