@@ -149,11 +149,17 @@ class Inputs:
 
 
 def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:
+    import pandas as pd
+
     if q.empty:
         return
     if path:
         q.to_csv(path, index=False)
-    click.echo(f"quarantined {len(q)} row(s){f' (written to {path})' if path else ''}; first: {q['location'].iloc[0]} row {q['row'].iloc[0]}: {q['reason'].iloc[0]}", err=True)
+    first = q.iloc[0]
+    where = f"{first['location']} row {first['row']}"
+    if str(first["location"]).lower().endswith(".csv") and not pd.isna(first["row"]):
+        where += f" (line {int(first['row']) + 1}, after the header)"  # rows count data rows from 1
+    click.echo(f"quarantined {len(q)} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
 
 
 def _emit(df: "pd.DataFrame", fmt: str, title: str = "") -> None:

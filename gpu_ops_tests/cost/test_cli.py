@@ -63,7 +63,9 @@ def test_attribution_json_is_hand_computed(files):
     assert rows["nlp"]["cost_usd"] == pytest.approx(6.0) and rows["nlp"]["savings_usd"] == pytest.approx(18.0)
     assert rows["vision"]["cost_usd"] == pytest.approx(12.0 + 4.8)
     assert rows["vision"]["gpu_hours"] == pytest.approx(3.0 + 6.0)
-    assert "quarantined 1 row" in r.stderr and "team: missing" in r.stderr and "usage.csv row 4" in r.stderr
+    assert "quarantined 1 row" in r.stderr and "team: missing" in r.stderr
+    # the fourth data row is line 5 of the file: both are named, so an editor finds it
+    assert "usage.csv row 4 (line 5, after the header): team: missing" in r.stderr
 
 
 def test_attribution_csv_by_team_and_project_with_as_of(files):
