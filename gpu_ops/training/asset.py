@@ -178,7 +178,7 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     else:
         config = load_config(spec.config_path)
     compute = getattr(context.resources, spec.compute_resource_key)
-    store = TableStore(config.storage.resolved_url())
+    store = TableStore.from_config(config)
     run = context.run
     run_id = run.run_id
     attempt = int(context.retry_number) + 1
@@ -243,6 +243,10 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     launch_error: Exception | None = None
     try:
         report = compute.launch(context, request, run_training, args=(asdict(worker_spec),), env=dict(spec.env), log=sink, on_start=sink.on_start)
+    except dg.Failure:
+        # A deliberate refusal (a budget block names itself and how to lift it): no GPU
+        # was used and nothing is retried, so it reaches the run as it is.
+        raise
     except Exception as exc:
         # The launch itself failed (no capacity, image pull, controller timeout): the
         # classifier reads the exception chain; no GPU was used unless workers started.
@@ -434,13 +438,6 @@ def _materialization_metadata(
 # --------------------------------------------------------------------------- decorators
 
 
-def _spec(fn: Callable[..., Any], request: GpuRequest | Mapping[str, Any], policy: PreemptionPolicy | Mapping[str, Any] | None, **kw: Any) -> TrainingSpec:
-    module, qualname = register(fn)
-    req = request if isinstance(request, GpuRequest) else GpuRequest.model_validate(request)
-    pol = policy if isinstance(policy, PreemptionPolicy) else PreemptionPolicy.model_validate(policy or {})
-    return TrainingSpec(fn_module=module, fn_qualname=qualname, request=req, policy=pol, **kw)
-
-
 _CONFIG_SCHEMA = {
     PARAMS_CONFIG: dg.Field(
         dg.Permissive(),
@@ -449,6 +446,47 @@ _CONFIG_SCHEMA = {
         description="Keyword arguments for the training function; override the decorator's params.",
     )
 }
+
+
+def _training_definition(
+    decorator: str,
+    f: Callable[..., Any],
+    dagster_kwargs: dict[str, Any],
+    *,
+    request: GpuRequest | Mapping[str, Any],
+    policy: PreemptionPolicy | Mapping[str, Any] | None,
+    params: Mapping[str, Any] | None,
+    env: Mapping[str, str] | None,
+    name: str | None,
+    compute_resource_key: str,
+    settings_resource_key: str | None,
+    **spec_kw: Any,
+) -> tuple[TrainingSpec, dict[str, Any]]:
+    """What ``gpu_asset`` and ``gpu_op`` share: the spec, and the keywords of ``dg.asset`` /
+    ``dg.op`` (``dagster_kwargs`` are the caller's; ``description`` and ``pool`` are settled here)."""
+    module, qualname = register(f)
+    spec = TrainingSpec(
+        fn_module=module,
+        fn_qualname=qualname,
+        request=request if isinstance(request, GpuRequest) else GpuRequest.model_validate(request),
+        policy=policy if isinstance(policy, PreemptionPolicy) else PreemptionPolicy.model_validate(policy or {}),
+        params=dict(params or {}),
+        env=dict(env or {}),
+        compute_resource_key=compute_resource_key,
+        settings_resource_key=settings_resource_key,
+        **spec_kw,
+    )
+    keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
+    if "retry_policy" in dagster_kwargs:
+        raise TypeError(f"{decorator} decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
+    dagster_kwargs.setdefault("pool", GPU_POOL)
+    common = {
+        "name": name or f.__name__,
+        "required_resource_keys": keys,
+        "config_schema": _CONFIG_SCHEMA,
+        "description": dagster_kwargs.pop("description", None) or (f.__doc__ or "").strip() or None,
+    }
+    return spec, common
 
 
 def gpu_asset(
@@ -478,33 +516,16 @@ def gpu_asset(
     ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo).
     """
 
-    def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
-        spec = _spec(
-            f,
-            request,
-            policy,
-            params=dict(params or {}),
-            env=dict(env or {}),
-            checkpoint_url=checkpoint_url,
-            keep_last=keep_last,
-            compute_resource_key=compute_resource_key,
-            settings_resource_key=settings_resource_key,
-            config_path=config_path,
-        )
-        keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
-        if "retry_policy" in asset_kwargs:
-            raise TypeError("gpu_asset decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
-        kinds = set(asset_kwargs.pop("kinds", None) or ()) | {"gpu"}
-        asset_kwargs.setdefault("pool", GPU_POOL)
+    options = dict(
+        request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
+        compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
+    )
 
-        @dg.asset(
-            name=name or f.__name__,
-            required_resource_keys=keys,
-            config_schema=_CONFIG_SCHEMA,
-            description=asset_kwargs.pop("description", None) or (f.__doc__ or "").strip() or None,
-            kinds=kinds,
-            **asset_kwargs,
-        )
+    def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
+        spec, common = _training_definition("gpu_asset", f, asset_kwargs, **options)
+        kinds = set(asset_kwargs.pop("kinds", None) or ()) | {"gpu"}
+
+        @dg.asset(**common, kinds=kinds, **asset_kwargs)
         def _training_asset(context) -> dg.MaterializeResult:  # type: ignore[no-untyped-def]
             result = run_attempt(context, spec, context.asset_key.to_user_string(), list(context.asset_key.path))
             return dg.MaterializeResult(metadata=result.metadata)
@@ -532,31 +553,15 @@ def gpu_op(
     """The op twin of :func:`gpu_asset`: outputs the function's return value, with the
     same metadata on the output. The ledger's ``asset_key`` column is ``op/<job>/<op>``."""
 
-    def decorate(f: Callable[..., Any]) -> dg.OpDefinition:
-        spec = _spec(
-            f,
-            request,
-            policy,
-            params=dict(params or {}),
-            env=dict(env or {}),
-            checkpoint_url=checkpoint_url,
-            keep_last=keep_last,
-            compute_resource_key=compute_resource_key,
-            settings_resource_key=settings_resource_key,
-            config_path=config_path,
-        )
-        keys = {compute_resource_key} | ({settings_resource_key} if settings_resource_key else set())
-        if "retry_policy" in op_kwargs:
-            raise TypeError("gpu_op decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
-        op_kwargs.setdefault("pool", GPU_POOL)
+    options = dict(
+        request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
+        compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
+    )
 
-        @dg.op(
-            name=name or f.__name__,
-            required_resource_keys=keys,
-            config_schema=_CONFIG_SCHEMA,
-            description=op_kwargs.pop("description", None) or (f.__doc__ or "").strip() or None,
-            **op_kwargs,
-        )
+    def decorate(f: Callable[..., Any]) -> dg.OpDefinition:
+        spec, common = _training_definition("gpu_op", f, op_kwargs, **options)
+
+        @dg.op(**common, **op_kwargs)
         def _training_op(context):  # type: ignore[no-untyped-def]
             result = run_attempt(context, spec, f"op/{context.job_name}/{context.op.name}", [context.op.name])
             yield dg.Output(result.value, metadata=result.metadata)

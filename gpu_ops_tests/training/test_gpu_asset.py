@@ -416,3 +416,28 @@ def test_two_workers_losing_one_rank_resume_together(config_path: Path) -> None:
     assert any("rank 1" in m and "-> retry" in m for m in messages(instance, result.run_id))
     rows = ledger_rows(config_path)
     assert list(rows[rows["asset_key"] == "ddp_killed"]["gpu_count"]) == [2, 2]
+
+
+def test_a_budget_block_fails_the_step_with_its_own_message_and_no_retry(config_path: Path) -> None:
+    import datetime as dt
+
+    from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
+
+    now = dt.datetime.now(dt.timezone.utc)
+    start = now.date().replace(day=1)
+    order = EnforcementOrder(
+        event="apply", budget="nlp-monthly", action="block", period_start=start.isoformat(),
+        period_end=(start + dt.timedelta(days=40)).replace(day=1).isoformat(), scope={"team": "nlp"}, amount_usd=100, spend_usd=120,
+    )
+    store = TableStore(load_config(config_path).storage.resolved_url())
+    store.append(ENFORCEMENT_TABLE, record_frame(EnforcementOutcome(order), at=now, run_id="r0"))
+
+    instance = dg.DagsterInstance.ephemeral()
+    asset = counting_asset(config_path, "blocked", {})
+    result = dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(config_path=str(config_path))}, raise_on_error=False)
+    assert not result.success
+    assert events(instance, result.run_id, "STEP_UP_FOR_RETRY") == []
+    failure = events(instance, result.run_id, "STEP_FAILURE")[0].dagster_event.step_failure_data
+    assert "blocked by budget 'nlp-monthly'" in failure.error.message
+    assert "the training function raised" not in failure.error.message
+    assert ledger.read(store).empty  # no worker started, no GPU-seconds to record
