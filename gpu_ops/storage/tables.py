@@ -149,6 +149,11 @@ class TableStore:
         self._driver_error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
 
     @classmethod
+    def from_config(cls, config: Any) -> "TableStore":
+        """The store a ``GpuOpsConfig`` names in ``storage.url`` (a secret reference resolved)."""
+        return cls(config.storage.resolved_url())
+
+    @classmethod
     def _engine_for(cls, url: str) -> Engine:
         with cls._engines_lock:
             engine = cls._engines.get(url)
