@@ -98,7 +98,7 @@ def main() -> None:
         t0 = time.perf_counter()
         config = build(n, folder)
         config_s = time.perf_counter() - t0
-        store = TableStore(config.storage.resolved_url())
+        store = TableStore.from_config(config)
         day1 = rng.uniform(0, 9_000, n)  # a third cross 50% (some 80%, a few forecast)
         store.write(STATUS_TABLE, status(n, "2026-11-19", day1), partition_keys=["2026-11-19"])
 

@@ -21,7 +21,6 @@ reached through the compute flow's ``NodePoolClient`` (``patch_limits``,
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import json
 import logging
@@ -32,14 +31,22 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from gpu_ops.compute.naming import MANAGED_BY, MANAGED_BY_VALUE
+from gpu_ops.alerts.model import money, period_label, scope_label
+from gpu_ops.alerts.state import period_end_passed
+from gpu_ops.compute.karpenter import (
+    CAPACITY_TYPE_LABEL,
+    GPU_RESOURCE,
+    KARPENTER_GROUP,
+    KARPENTER_VERSION,
+    NODEPOOLS,
+    NodePoolClient,
+    is_managed,
+)
+from gpu_ops.compute.naming import MANAGED_BY, MANAGED_BY_VALUE, managed_selector
 
 ENFORCEMENT_TABLE = "gpu_budget_enforcement"
-GPU_RESOURCE = "nvidia.com/gpu"
-CAPACITY_KEY = "karpenter.sh/capacity-type"
 ENFORCED_BY = "gpu-ops.io/budget-enforced-by"
 PRE_ENFORCEMENT = "gpu-ops.io/pre-enforcement"
-GROUP, VERSION, PLURAL = "karpenter.sh", "v1", "nodepools"
 MERGE_PATCH = "application/merge-patch+json"
 
 # Budget scope key -> NodePool label (GpuCompute labels pools with the attribution).
@@ -83,9 +90,7 @@ class EnforcementOrder:
 
 def scope_selector(scope: Mapping[str, str]) -> str:
     """Label selector of the managed NodePools in a budget's scope."""
-    parts = [f"{MANAGED_BY}={MANAGED_BY_VALUE}"]
-    parts += [f"{label}={value}" for label, value in sorted(_scope_labels(scope).items())]
-    return ",".join(parts)
+    return managed_selector(sorted(_scope_labels(scope).items()))
 
 
 def _scope_labels(scope: Mapping[str, str]) -> dict[str, str]:
@@ -95,10 +100,6 @@ def _scope_labels(scope: Mapping[str, str]) -> dict[str, str]:
         if label:
             out[label] = value
     return out
-
-
-def is_managed(pool: Mapping[str, Any]) -> bool:
-    return ((pool.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == MANAGED_BY_VALUE
 
 
 def _parse_count(value: Any) -> int | None:
@@ -114,7 +115,7 @@ def _requirements(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _capacity_requirement(pool: Mapping[str, Any]) -> dict[str, Any] | None:
-    return next((r for r in _requirements(pool) if r.get("key") == CAPACITY_KEY), None)
+    return next((r for r in _requirements(pool) if r.get("key") == CAPACITY_TYPE_LABEL), None)
 
 
 def _annotations(pool: Mapping[str, Any]) -> dict[str, str]:
@@ -196,19 +197,6 @@ def revert_plan(pool: Mapping[str, Any], budget: str) -> PoolPlan | None:
     return PoolPlan(name, {ENFORCED_BY: None, PRE_ENFORCEMENT: None}, limit, capacity)
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch, as the API server applies it."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
 # --------------------------------------------------------------------------- the cluster
 
 
@@ -217,8 +205,6 @@ class NodePools:
     pools without the managed-by label), on a ``kubernetes.client.CustomObjectsApi``."""
 
     def __init__(self, api: Any):
-        from gpu_ops.compute.karpenter import NodePoolClient
-
         self.api = api
         self.client = NodePoolClient(api)
 
@@ -231,7 +217,7 @@ class NodePools:
         return [p for p in pools if is_managed(p) and all(((p["metadata"].get("labels") or {}).get(k) == v) for k, v in want.items())]
 
     def _merge(self, name: str, body: dict[str, Any]) -> None:
-        self.api.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, body, _content_type=MERGE_PATCH)
+        self.api.patch_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name, body, _content_type=MERGE_PATCH)
 
     def _spec(self, plan: PoolPlan) -> None:
         if plan.limit == REMOVE:
@@ -240,7 +226,7 @@ class NodePools:
             self.client.patch_limits(plan.name, int(plan.limit))
         if plan.capacity == REMOVE:
             pool = self.client.get(plan.name) or {}
-            reqs = [r for r in _requirements(pool) if r.get("key") != CAPACITY_KEY]
+            reqs = [r for r in _requirements(pool) if r.get("key") != CAPACITY_TYPE_LABEL]
             self._merge(plan.name, {"spec": {"template": {"spec": {"requirements": reqs}}}})
         elif plan.capacity is not None:
             self.client.patch_capacity_types(plan.name, list(plan.capacity))
@@ -345,8 +331,7 @@ def active_enforcements(records: pd.DataFrame, now: dt.datetime) -> list[dict[st
     today = now.astimezone(dt.timezone.utc)
     out = []
     for rec in newest.to_dict("records"):
-        end = dt.datetime.combine(dt.date.fromisoformat(str(rec["period_end"])[:10]), dt.time(), tzinfo=dt.timezone.utc)
-        if rec["event"] == "applied" and today < end:
+        if rec["event"] == "applied" and not period_end_passed(str(rec["period_end"])[:10], today):
             rec["scope"] = json.loads(rec["scope"]) if isinstance(rec["scope"], str) else dict(rec["scope"] or {})
             mg = rec.get("max_gpus")
             rec["max_gpus"] = None if mg is None or (isinstance(mg, float) and math.isnan(mg)) else int(mg)
@@ -377,10 +362,10 @@ def launch_refusal(active: list[dict[str, Any]], request: Any) -> str | None:
     for rec in active:
         if not scope_matches(rec["scope"], attrs):
             continue
-        scope = ", ".join(f"{k}={v}" for k, v in sorted(rec["scope"].items())) or "all GPU launches"
+        scope = scope_label(rec["scope"], "all GPU launches")
         end = dt.date.fromisoformat(str(rec["period_end"])[:10])
         where = f" in {rec['config_path']}" if rec.get("config_path") else ""
-        spent = f"spent ${rec['spend_usd']:,.2f} of ${rec['amount_usd']:,.2f} in the period {rec['period_start']} to {(end - dt.timedelta(days=1)).isoformat()}"
+        spent = f"spent {money(rec['spend_usd'])} of {money(rec['amount_usd'])} in the period {period_label(rec['period_start'], end.isoformat())}"
         lift = (
             f"To lift it: raise budgets[{rec['budget']}].amount_usd{where} (the alert sensor lifts it at its next evaluation), "
             f"set that budget's enforcement.action to alert, or wait for the period to end on {end.isoformat()}."
@@ -410,7 +395,7 @@ def _store_for(source: Any) -> Any:
     if isinstance(source, str):
         return TableStore(source)
     config = source if isinstance(source, GpuOpsConfig) else load_config()
-    return TableStore(config.storage.resolved_url())
+    return TableStore.from_config(config)
 
 
 def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None = None) -> None:

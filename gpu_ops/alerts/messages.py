@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime
 from typing import Any
 
-from gpu_ops.alerts.model import Alert, _money
+from gpu_ops.alerts.model import Alert, money
 
 SIGNATURE_HEADER = "X-GPU-Ops-Signature"
 TIMESTAMP_HEADER = "X-GPU-Ops-Timestamp"
@@ -28,7 +28,7 @@ _EMOJI = {"trigger": {"info": ":information_source:", "warning": ":warning:", "c
 def _forecast_text(alert: Alert) -> str:
     if alert.forecast_usd is None:
         return "not yet (too little history this period)"
-    return f"{_money(alert.forecast_usd)} ({alert.forecast_usd / alert.amount_usd * 100:.0f}% of budget)"
+    return f"{money(alert.forecast_usd)} ({alert.forecast_usd / alert.amount_usd * 100:.0f}% of budget)"
 
 
 def _title(alert: Alert) -> str:
@@ -45,7 +45,7 @@ def facts(alert: Alert) -> list[tuple[str, str]]:
         ("Budget", alert.budget),
         ("Scope", alert.scope_label),
         ("Period", alert.period_label),
-        ("Spend", f"{_money(alert.spend_usd)} of {_money(alert.amount_usd)}"),
+        ("Spend", f"{money(alert.spend_usd)} of {money(alert.amount_usd)}"),
         ("Used", f"{alert.percent_used:.1f}%"),
         ("Forecast", _forecast_text(alert)),
         ("Threshold", f"{alert.threshold_label} ({alert.severity})"),
@@ -67,7 +67,7 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     for i in range(0, len(fields), 10):
         blocks.append({"type": "section", "fields": fields[i : i + 10]})
     if alert.top_spenders and alert.kind != "resolve":
-        lines = "\n".join(f"• {name}: {_money(cost)}" for name, cost in alert.top_spenders)
+        lines = "\n".join(f"• {name}: {money(cost)}" for name, cost in alert.top_spenders)
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Top spenders this period*\n{lines}"}})
     blocks.append(
         {
@@ -182,7 +182,7 @@ def email_message(alert: Alert, sender: str, to: list[str]) -> EmailMessage:
     lines.append("")
     lines += [f"{k.ljust(width)}  {v}" for k, v in facts(alert)]
     if alert.top_spenders and alert.kind != "resolve":
-        lines += ["", "Top spenders this period:"] + [f"  - {n}: {_money(c)}" for n, c in alert.top_spenders]
+        lines += ["", "Top spenders this period:"] + [f"  - {n}: {money(c)}" for n, c in alert.top_spenders]
     lines += ["", f"Details: {alert.asset_url}", f"Reference: {alert.dedup_key}"]
     msg.set_content("\n".join(lines) + "\n")
     return msg

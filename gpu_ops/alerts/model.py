@@ -21,8 +21,21 @@ from typing import Any, Literal
 AlertKind = Literal["trigger", "resolve", "test"]
 
 
-def _money(value: float) -> str:
+def money(value: float) -> str:
+    """``$12,345.68``: how every alert, log line and launch refusal shows an amount."""
     return f"${value:,.2f}"
+
+
+def period_label(period_start: str, period_end: str) -> str:
+    """``2026-11-01 to 2026-11-30``: the period's first and last day (``period_end``, an ISO
+    date, is exclusive)."""
+    end = dt.date.fromisoformat(period_end) - dt.timedelta(days=1)
+    return f"{period_start} to {end.isoformat()}"
+
+
+def scope_label(scope: dict[str, str], everything: str) -> str:
+    """``project=llm, team=nlp``; ``everything`` for an empty scope."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(scope.items())) or everything
 
 
 @dataclass(frozen=True)
@@ -75,19 +88,18 @@ class Alert:
     def threshold_label(self) -> str:
         if self.threshold.endswith("pct"):
             pct = self.threshold.split("-", 1)[1][:-3]
-            what = f"{pct}% of budget ({_money(self.threshold_usd)})"
+            what = f"{pct}% of budget ({money(self.threshold_usd)})"
         else:
-            what = _money(self.threshold_usd)
+            what = money(self.threshold_usd)
         return f"forecast {what}" if self.basis == "forecast" else what
 
     @property
     def scope_label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in sorted(self.scope.items())) or "all GPU spend"
+        return scope_label(self.scope, "all GPU spend")
 
     @property
     def period_label(self) -> str:
-        end = dt.date.fromisoformat(self.period_end) - dt.timedelta(days=1)
-        return f"{self.period_start} to {end.isoformat()}"
+        return period_label(self.period_start, self.period_end)
 
     @property
     def asset_url(self) -> str:
@@ -102,12 +114,12 @@ class Alert:
     def summary(self) -> str:
         """One line: the Slack fallback text, the PagerDuty summary, the e-mail subject."""
         prefix = "[TEST] " if self.is_test else ""
-        spend = f"{_money(self.spend_usd)} of {_money(self.amount_usd)} ({self.percent_used:.1f}%)"
+        spend = f"{money(self.spend_usd)} of {money(self.amount_usd)} ({self.percent_used:.1f}%)"
         if self.kind == "resolve":
             return f"{prefix}GPU budget {self.budget}: back under {self.threshold_label}; spend {spend}"
         if self.basis == "forecast" and self.forecast_usd is not None:
             return (
-                f"{prefix}GPU budget {self.budget}: forecast {_money(self.forecast_usd)} crosses "
+                f"{prefix}GPU budget {self.budget}: forecast {money(self.forecast_usd)} crosses "
                 f"{self.threshold_label}; spend so far {spend}"
             )
         return f"{prefix}GPU budget {self.budget}: spend {spend} crossed {self.threshold_label}"

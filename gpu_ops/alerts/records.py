@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 import pandas as pd
 import sqlalchemy as sa
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 from gpu_ops.alerts.channels import DeliveryResult
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.state import STATUS_COLUMNS, StatusRow
+from gpu_ops.cost.attribution import key_column
 from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
 
 STATUS_TABLE = "gpu_budget_status"
@@ -69,11 +69,11 @@ def top_spenders(store: TableStore, alert: Alert, limit: int) -> list[tuple[str,
     if df.empty or "cost_usd" not in df.columns:
         return []
     for key, value in alert.scope.items():
-        column = _column(key)
+        column = key_column(key)
         if column not in df.columns:
             return []  # the attribution is not grouped by this scope key: cannot filter
         df = df[df[column].astype(str) == value]
-    fixed = {_column(k) for k in alert.scope}
+    fixed = {key_column(k) for k in alert.scope}
     keys = [k for k in ("team", "project", "namespace", "cost_center", "experiment_id") if k in df.columns and k not in fixed]
     keys += [c for c in df.columns if c.startswith("label_") and c not in fixed]
     if not keys or df.empty:
@@ -85,13 +85,6 @@ def top_spenders(store: TableStore, alert: Alert, limit: int) -> list[tuple[str,
         idx = idx if isinstance(idx, tuple) else (idx,)
         out.append((", ".join(f"{k}={v}" for k, v in zip(keys, idx)), float(cost)))
     return out
-
-
-def _column(scope_key: str) -> str:
-    """Scope key -> attribution column (``label:team-tier`` -> ``label_team_tier``)."""
-    if scope_key.startswith("label:"):
-        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", scope_key[len("label:") :])
-    return scope_key
 
 
 def delivered_channels(store: TableStore, idempotency_key: str) -> set[str]:

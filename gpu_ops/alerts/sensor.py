@@ -195,7 +195,7 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition]) -> dg.Senso
             return dg.SkipReason(f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s")
         from gpu_ops.storage.tables import TableStore
 
-        store = TableStore(cfg.storage.resolved_url())
+        store = TableStore.from_config(cfg)
         with _collection_deferred():
             new_cursor, requests, summary = tick(cfg, store, cursor, now=now)
             new_cursor.last_storage_id = latest if latest is not None else cursor.last_storage_id
@@ -228,37 +228,41 @@ class KarpenterAccess(dg.ConfigurableResource):
         # Even with manage_nodepools off, pools the Helm chart created carry the managed-by
         # label and are enforced on.
         from kubernetes import client
-        from kubernetes import config as kube_config
 
         from gpu_ops.alerts.enforcement import NodePools
+        from gpu_ops.compute.kube import load_cluster_config
 
-        try:
-            kube_config.load_incluster_config()
-        except kube_config.ConfigException:
-            kube_config.load_kube_config(config_file=self.kubeconfig, context=self.context)
+        load_cluster_config(self.kubeconfig, context=self.context)
         return NodePools(client.CustomObjectsApi())
 
 
-def _retry_policy(config: GpuOpsConfig) -> dg.RetryPolicy:
-    return dg.RetryPolicy(max_retries=config.alerts.run_retries, delay=config.alerts.run_retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
+def _run_op(config: GpuOpsConfig, name: str, payload: str, description: str, resources: frozenset[str] = frozenset()) -> Any:
+    """``dg.op`` for a job the sensor launches: one ``payload`` in its run config, the
+    ``gpu_ops`` settings resource (and ``resources``), the alerts' ``RetryPolicy``."""
+    retry = dg.RetryPolicy(max_retries=config.alerts.run_retries, delay=config.alerts.run_retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
+    return dg.op(name=name, config_schema={payload: dg.Permissive()}, required_resource_keys={"gpu_ops", *resources}, retry_policy=retry, description=description)
+
+
+def _run_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
+    return dg.GraphDefinition(name=name, node_defs=[op]).to_job(description=description, tags={"gpu-ops/flow": "alerts"})
+
+
+def _settings_and_store(context: Any) -> tuple[GpuOpsConfig, TableStore]:
+    """The loaded configuration and its table store, as an op of these jobs starts."""
+    from gpu_ops.storage.tables import TableStore
+
+    cfg: GpuOpsConfig = context.resources.gpu_ops.load()
+    return cfg, TableStore.from_config(cfg)
 
 
 def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
-    @dg.op(
-        name=ALERT_OP,
-        config_schema={"alert": dg.Permissive()},
-        required_resource_keys={"gpu_ops"},
-        retry_policy=_retry_policy(config),
-        description="Deliver one budget alert to its channels; delivered channels are skipped on retry.",
-    )
+    @_run_op(config, ALERT_OP, "alert", "Deliver one budget alert to its channels; delivered channels are skipped on retry.")
     def deliver_budget_alert(context) -> dg.Output:
         from gpu_ops.alerts.channels import DeliverySettings, deliver
         from gpu_ops.alerts.records import delivered_channels, record_delivery, top_spenders
-        from gpu_ops.storage.tables import TableStore
 
-        cfg: GpuOpsConfig = context.resources.gpu_ops.load()
+        cfg, store = _settings_and_store(context)
         alert = Alert.from_dict(context.op_config["alert"])
-        store = TableStore(cfg.storage.resolved_url())
         if alert.kind == "trigger" and cfg.alerts.top_spenders and not alert.top_spenders:
             try:
                 alert = alert.with_top_spenders(top_spenders(store, alert, cfg.alerts.top_spenders))
@@ -303,27 +307,19 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
             )
         return dg.Output(None, metadata=metadata)
 
-    return dg.GraphDefinition(name=ALERT_JOB, node_defs=[deliver_budget_alert]).to_job(
-        description="Deliver one budget notification (launched by budget_alert_sensor, run key budget/period/threshold).",
-        tags={"gpu-ops/flow": "alerts"},
-    )
+    return _run_job(ALERT_JOB, deliver_budget_alert, "Deliver one budget notification (launched by budget_alert_sensor, run key budget/period/threshold).")
 
 
 def build_enforcement_job(config: GpuOpsConfig) -> dg.JobDefinition:
-    @dg.op(
-        name=ENFORCEMENT_OP,
-        config_schema={"order": dg.Permissive()},
-        required_resource_keys={"gpu_ops", "gpu_ops_karpenter"},
-        retry_policy=_retry_policy(config),
-        description="Apply or revert a budget's throttle/block: NodePool patches and the enforcement record.",
+    @_run_op(
+        config, ENFORCEMENT_OP, "order", "Apply or revert a budget's throttle/block: NodePool patches and the enforcement record.",
+        resources=frozenset({"gpu_ops_karpenter"}),
     )
     def apply_budget_enforcement(context) -> dg.Output:
         from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, execute, plan, record_frame
-        from gpu_ops.storage.tables import TableStore
 
-        cfg: GpuOpsConfig = context.resources.gpu_ops.load()
+        cfg, store = _settings_and_store(context)
         order = EnforcementOrder.from_dict(context.op_config["order"])
-        store = TableStore(cfg.storage.resolved_url())
         existing = store.read(ENFORCEMENT_TABLE, where={"run_key": order.run_key}, missing_ok=True)
         now = _now()
 
@@ -360,10 +356,7 @@ def build_enforcement_job(config: GpuOpsConfig) -> dg.JobDefinition:
             },
         )
 
-    return dg.GraphDefinition(name=ENFORCEMENT_JOB, node_defs=[apply_budget_enforcement]).to_job(
-        description="Apply or revert one budget enforcement (launched by budget_alert_sensor).",
-        tags={"gpu-ops/flow": "alerts"},
-    )
+    return _run_job(ENFORCEMENT_JOB, apply_budget_enforcement, "Apply or revert one budget enforcement (launched by budget_alert_sensor).")
 
 
 @dataclass

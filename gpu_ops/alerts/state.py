@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpu_ops.alerts.model import money
 from gpu_ops.config import Budget
 
 RESOLVE_MARGIN = 0.95
@@ -195,7 +196,9 @@ def _iso_now(now: dt.datetime) -> str:
     return now.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _period_end_passed(period_end: str, now: dt.datetime) -> bool:
+def period_end_passed(period_end: str, now: dt.datetime) -> bool:
+    """Has the period ended at ``now``? ``period_end`` is its exclusive end, a date: the
+    period ends at 00:00 UTC that day."""
     end = dt.datetime.combine(dt.date.fromisoformat(period_end), dt.time(), tzinfo=dt.timezone.utc)
     return now >= end
 
@@ -237,7 +240,7 @@ def evaluate(
             _revert_enforcement(out, name, st, f"budget {name} was removed from the configuration")
             del state[name]
             continue
-        if name not in seen and st.enforcement and st.enforcement[0] == "active" and _period_end_passed(st.period_end, now):
+        if name not in seen and st.enforcement and st.enforcement[0] == "active" and period_end_passed(st.period_end, now):
             # The period ended before the first status row of the next one arrived.
             _revert_enforcement(out, name, st, f"period {st.period_start} ended at {st.period_end}")
         if st.empty and name not in seen:
@@ -281,7 +284,7 @@ def _advance_enforcement(out: Evaluation, budget: Budget, row: StatusRow, st: Bu
     if enf.action == "alert":
         return
     line = budget.amount_usd * enf.threshold_percent / 100.0
-    over = row.spend_usd >= line and not _period_end_passed(row.period_end, now)
+    over = row.spend_usd >= line and not period_end_passed(row.period_end, now)
     if over:
         if current is None or current[0] == "reverted":
             episode = 1 if current is None else current[1] + 1
@@ -293,7 +296,7 @@ def _advance_enforcement(out: Evaluation, budget: Budget, row: StatusRow, st: Bu
                 out.enforcement.append(
                     EnforcementEvent(
                         "apply", budget.name, enf.action, current[1], row.period_start, row.period_end,
-                        f"spend ${row.spend_usd:,.2f} is over {enf.threshold_percent:g}% of ${budget.amount_usd:,.2f}"
+                        f"spend {money(row.spend_usd)} is over {enf.threshold_percent:g}% of {money(budget.amount_usd)}"
                         f" since {current[2]} (grace {enf.grace_period})",
                         row,
                     )
@@ -304,7 +307,7 @@ def _advance_enforcement(out: Evaluation, budget: Budget, row: StatusRow, st: Bu
         elif current[0] == "active":
             _revert_enforcement(
                 out, budget.name, st,
-                f"spend ${row.spend_usd:,.2f} is back under {enf.threshold_percent:g}% of ${budget.amount_usd:,.2f}",
+                f"spend {money(row.spend_usd)} is back under {enf.threshold_percent:g}% of {money(budget.amount_usd)}",
                 row,
             )
 

@@ -19,36 +19,21 @@ from gpu_ops.config import ComputeConfig
 
 def plan_objects(request: Any, compute: ComputeConfig, *, asset: str = "train", run_id: str | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``[(comment, object), ...]`` in apply order."""
-    from gpu_ops.compute.karpenter import KarpenterSettings, ec2nodeclass_manifest, nodepool_manifests
+    from gpu_ops.compute.karpenter import ec2nodeclass_manifest, nodepool_manifests
     from gpu_ops.compute.kubetorch_backend import KubetorchSettings, build_compute, workload_manifest
     from gpu_ops.compute.naming import launch_labels, launch_name
+    from gpu_ops.compute.resource import GpuCompute
 
-    k = compute.karpenter
-    karpenter = KarpenterSettings(
-        node_class=k.node_class,
-        consolidate_after=k.consolidate_after,
-        gpu_limit=k.gpu_limit,
-        scope=k.pool_scope,
-        node_role=k.node_role,
-        cluster_name=k.cluster_name,
-    )
-    settings = KubetorchSettings(
-        namespace=compute.namespace,
-        image=compute.kubetorch.image,
-        priority_class=compute.priority_class,
-        launch_timeout_s=compute.kubetorch.launch_timeout_s,
-        inactivity_ttl=compute.kubetorch.inactivity_ttl,
-        manage_nodepools=k.manage_nodepools,
-        manage_ec2nodeclass=k.manage_ec2nodeclass,
-        karpenter=karpenter,
-    )
+    # The settings a launch gets: the compute section as the GpuCompute resource reads it.
+    settings = KubetorchSettings.from_resource(GpuCompute.from_config(compute))
+    karpenter = settings.karpenter
     out: list[tuple[str, dict[str, Any]]] = []
-    if k.manage_ec2nodeclass:
+    if settings.manage_ec2nodeclass:
         out.append(("created, or merge-patched if it exists", ec2nodeclass_manifest(karpenter)))
-    if k.manage_nodepools:
+    if settings.manage_nodepools:
         # Run-scoped pools are named after the run; a plan without one shows "plan".
         for pool in nodepool_manifests(request, karpenter, run_id=run_id or "plan"):
-            how = "created per run, deleted by its cleanup" if k.pool_scope == "run" else "created, or merge-patched if it exists (limits kept)"
+            how = "created per run, deleted by its cleanup" if karpenter.scope == "run" else "created, or merge-patched if it exists (limits kept)"
             out.append((how, pool))
     name = launch_name(run_id or "plan", [asset], 0)
     labels = launch_labels(run_id, [asset], request, 0)

@@ -23,12 +23,11 @@ ORPHAN_SENSOR = "gpu_orphan_cleanup_sensor"
 
 
 def _kube_clients(kubeconfig_path: str | None = None) -> tuple[Any, Any]:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_kube_config(config_file=kubeconfig_path)
-    except Exception:
-        config.load_incluster_config()
+    from gpu_ops.compute.kube import load_cluster_config
+
+    load_cluster_config(kubeconfig_path)
     return client.AppsV1Api(), client.CustomObjectsApi()
 
 

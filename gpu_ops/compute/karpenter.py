@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpu_ops.compute.catalog import gpu_spec
+from gpu_ops.compute.kube import TOLERATED, api_call
 from gpu_ops.compute.naming import (
     CAPACITY,
     GPU_TYPE,
@@ -39,6 +41,7 @@ from gpu_ops.compute.naming import (
     TEAM,
     dns_label,
     label_value,
+    managed_selector,
 )
 from gpu_ops.compute.request import GpuRequest
 
@@ -229,12 +232,27 @@ def gpu_tolerations() -> list[dict[str, str]]:
 # ---------------------------------------------------------------------- client
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies it (the bodies sent by
+    :class:`NodePoolClient` and budget enforcement). ``target`` is left as it was."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(dict(target)) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class NotManagedError(RuntimeError):
     """The object exists but was not created by gpu_ops: it is left alone."""
 
 
-def _is_managed(obj: dict[str, Any]) -> bool:
-    return (obj.get("metadata", {}).get("labels") or {}).get(MANAGED_BY) == MANAGED_BY_VALUE
+def is_managed(obj: Mapping[str, Any]) -> bool:
+    """Carries ``gpu-ops.io/managed-by: gpu-ops``: created by gpu_ops, ours to change."""
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == MANAGED_BY_VALUE
 
 
 class NodePoolClient:
@@ -250,25 +268,20 @@ class NodePoolClient:
 
     # -- reads
     def get(self, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.api.get_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        found = api_call(self.api.get_cluster_custom_object, KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name, tolerate=404)
+        return None if found is TOLERATED else found
 
     def list_owned(self, *, team: str | None = None, run_id: str | None = None, gpu_type: str | None = None) -> list[dict[str, Any]]:
         """gpu_ops pools, optionally only a team's, a run's or a GPU type's."""
-        selector = [f"{MANAGED_BY}={MANAGED_BY_VALUE}"]
+        labels = []
         if team:
-            selector.append(f"{TEAM}={team}")
+            labels.append((TEAM, team))
         if run_id:
-            selector.append(f"{RUN_ID}={label_value(run_id)}")
+            labels.append((RUN_ID, label_value(run_id)))
         if gpu_type:
-            selector.append(f"{GPU_TYPE}={gpu_type}")
-        out = self.api.list_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, label_selector=",".join(selector))
+            labels.append((GPU_TYPE, gpu_type))
+        selector = managed_selector(labels)
+        out = self.api.list_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, label_selector=selector)
         return list(out.get("items", []))
 
     # -- writes
@@ -278,17 +291,11 @@ class NodePoolClient:
         An existing pool keeps its current ``limits``: budget enforcement may have lowered
         them, and a launch must not quietly lift a throttle.
         """
-        from kubernetes.client.exceptions import ApiException
-
         name = manifest["metadata"]["name"]
-        try:
-            self.api.create_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, manifest)
+        if api_call(self.api.create_cluster_custom_object, KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, manifest, tolerate=409) is not TOLERATED:
             return "created"
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
         current = self.get(name)
-        if current is not None and not _is_managed(current):
+        if current is not None and not is_managed(current):
             raise NotManagedError(f"NodePool {name} exists but is not labelled {MANAGED_BY}={MANAGED_BY_VALUE}: rename the team or remove that pool")
         patch = copy.deepcopy(manifest)
         if current is not None and "limits" in current.get("spec", {}):
@@ -312,8 +319,6 @@ class NodePoolClient:
         A merge patch replaces the whole requirements list, so it is read, edited and
         written back with its resourceVersion (a concurrent change makes it retry).
         """
-        from kubernetes.client.exceptions import ApiException
-
         bad = [c for c in capacity_types if c not in ("spot", "on-demand", "reserved")]
         if not capacity_types or bad:
             raise ValueError(f"capacity_types: must be a non-empty list of spot, on-demand, reserved (got {capacity_types})")
@@ -325,42 +330,26 @@ class NodePoolClient:
                 "metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
                 "spec": {"template": {"spec": {"requirements": reqs}}},
             }
-            try:
-                return self.api.patch_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name, patch)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+            patched = api_call(self.api.patch_cluster_custom_object, KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name, patch, tolerate=409)
+            if patched is not TOLERATED:
+                return patched
         raise RuntimeError(f"NodePool {name}: requirements kept changing underneath; gave up after 5 attempts")
 
     def delete(self, name: str, *, run_id: str | None = None) -> bool:
         """Delete a gpu_ops pool; with ``run_id``, only if that run owns it. False if absent."""
-        from kubernetes.client.exceptions import ApiException
-
         current = self.get(name)
         if current is None:
             return False
-        if not _is_managed(current):
+        if not is_managed(current):
             raise NotManagedError(f"NodePool {name} is not managed by gpu_ops; not deleting it")
         owner = (current["metadata"].get("labels") or {}).get(RUN_ID)
         if run_id is not None and owner != label_value(run_id):
             raise NotManagedError(f"NodePool {name} belongs to run {owner or '(none: a shared pool)'}, not {run_id}; not deleting it")
-        try:
-            self.api.delete_cluster_custom_object(KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return api_call(self.api.delete_cluster_custom_object, KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS, name, tolerate=404) is not TOLERATED
 
     def apply_node_class(self, manifest: dict[str, Any]) -> Literal["created", "patched"]:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.api.create_cluster_custom_object(AWS_GROUP, AWS_VERSION, EC2NODECLASSES, manifest)
+        if api_call(self.api.create_cluster_custom_object, AWS_GROUP, AWS_VERSION, EC2NODECLASSES, manifest, tolerate=409) is not TOLERATED:
             return "created"
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
         self.api.patch_cluster_custom_object(AWS_GROUP, AWS_VERSION, EC2NODECLASSES, manifest["metadata"]["name"], manifest)
         return "patched"
 
@@ -368,6 +357,6 @@ class NodePoolClient:
         current = self.get(name)
         if current is None:
             raise KeyError(f"NodePool {name} does not exist")
-        if not _is_managed(current):
+        if not is_managed(current):
             raise NotManagedError(f"NodePool {name} is not managed by gpu_ops; not modifying it")
         return current

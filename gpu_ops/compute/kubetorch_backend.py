@@ -72,6 +72,30 @@ class KubetorchSettings:
     manage_ec2nodeclass: bool = False
     karpenter: KarpenterSettings = field(default_factory=KarpenterSettings)
 
+    @classmethod
+    def from_resource(cls, resource: Any) -> "KubetorchSettings":
+        """What a ``GpuCompute`` resource asks of Kubetorch and Karpenter (``gpu-ops plan``
+        uses ``GpuCompute.from_config``, so it plans what a launch would do)."""
+        karpenter = KarpenterSettings(
+            node_class=resource.node_class,
+            consolidate_after=resource.consolidate_after,
+            gpu_limit=resource.gpu_limit,
+            scope=resource.pool_scope,
+            node_role=resource.node_role,
+            cluster_name=resource.cluster_name,
+        )
+        return cls(
+            namespace=resource.namespace,
+            image=resource.image,
+            priority_class=resource.priority_class,
+            launch_timeout_s=resource.launch_timeout_s,
+            inactivity_ttl=resource.inactivity_ttl,
+            kubeconfig_path=resource.kubeconfig_path,
+            manage_nodepools=resource.manage_nodepools,
+            manage_ec2nodeclass=resource.manage_ec2nodeclass,
+            karpenter=karpenter,
+        )
+
 
 # ---------------------------------------------------------------------- manifests
 
@@ -227,16 +251,13 @@ def collect_evidence(core: Any, namespace: str, service_name: str, pod_name: str
     ``core`` is a ``kubernetes.client.CoreV1Api``. A node that no longer exists (spot
     reclaimed it) is not an error: ``node`` is None and the events still tell.
     """
-    from kubernetes.client.exceptions import ApiException
+    from gpu_ops.compute.kube import TOLERATED, api_call
 
     evidence = PodEvidence()
     pod = None
     if pod_name:
-        try:
-            pod = core.read_namespaced_pod(pod_name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        pod = api_call(core.read_namespaced_pod, pod_name, namespace, tolerate=404)
+        pod = None if pod is TOLERATED else pod
     if pod is None:
         pods = core.list_namespaced_pod(namespace, label_selector=f"{SERVICE_LABEL}={service_name}").items
         pod = max(pods, key=_pod_trouble) if pods else None
@@ -246,11 +267,9 @@ def collect_evidence(core: Any, namespace: str, service_name: str, pod_name: str
     evidence.events.extend(core.list_namespaced_event(namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod.metadata.name}").items)
     node_name = pod.spec.node_name if pod.spec else None
     if node_name:
-        try:
-            evidence.node = core.read_node(node_name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        node = api_call(core.read_node, node_name, tolerate=404)
+        if node is not TOLERATED:
+            evidence.node = node
         # SpotInterrupted / Disrupted events are recorded on the Node.
         evidence.events.extend(core.list_event_for_all_namespaces(field_selector=f"involvedObject.kind=Node,involvedObject.name={node_name}").items)
     return evidence
@@ -293,12 +312,11 @@ class _LogBridge(logging.Handler):
 
 
 def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_kube_config(config_file=kubeconfig_path)
-    except Exception:
-        config.load_incluster_config()
+    from gpu_ops.compute.kube import load_cluster_config
+
+    load_cluster_config(kubeconfig_path)
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
@@ -328,26 +346,7 @@ class KubetorchBackend:
     def from_resource(cls, resource: Any, request: GpuRequest, *, name: str, labels: dict[str, str]) -> "KubetorchBackend":
         from gpu_ops.compute.naming import RUN_ID
 
-        karpenter = KarpenterSettings(
-            node_class=resource.node_class,
-            consolidate_after=resource.consolidate_after,
-            gpu_limit=resource.gpu_limit,
-            scope=resource.pool_scope,
-            node_role=resource.node_role,
-            cluster_name=resource.cluster_name,
-        )
-        settings = KubetorchSettings(
-            namespace=resource.namespace,
-            image=resource.image,
-            priority_class=resource.priority_class,
-            launch_timeout_s=resource.launch_timeout_s,
-            inactivity_ttl=resource.inactivity_ttl,
-            kubeconfig_path=resource.kubeconfig_path,
-            manage_nodepools=resource.manage_nodepools,
-            manage_ec2nodeclass=resource.manage_ec2nodeclass,
-            karpenter=karpenter,
-        )
-        return cls(request, name=name, labels=labels, settings=settings, run_id=labels.get(RUN_ID))
+        return cls(request, name=name, labels=labels, settings=KubetorchSettings.from_resource(resource), run_id=labels.get(RUN_ID))
 
     @property
     def namespace(self) -> str:

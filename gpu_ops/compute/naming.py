@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 from gpu_ops.compute.request import Attribution, GpuRequest
 
@@ -76,6 +77,12 @@ def launch_labels(
     if asset_key:
         labels[ASSET_KEY] = asset_key_label(asset_key)
     return {k: v for k, v in labels.items() if v}
+
+
+def managed_selector(labels: Iterable[tuple[str, str]] = ()) -> str:
+    """Label selector of gpu_ops objects (``gpu-ops.io/managed-by=gpu-ops``) that also
+    carry each ``(label, value)`` of ``labels``, in that order."""
+    return ",".join(f"{label}={value}" for label, value in [(MANAGED_BY, MANAGED_BY_VALUE), *labels])
 
 
 def attribution_labels(attribution: Attribution) -> dict[str, str]:

@@ -18,7 +18,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpu_ops.compute.naming import MANAGED_BY, MANAGED_BY_VALUE, RUN_ID
+from gpu_ops.compute.naming import RUN_ID, managed_selector
 
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 
@@ -102,7 +102,7 @@ class OrphanReaper:
     def owned(self) -> list[Owned]:
         from gpu_ops.compute.karpenter import NodePoolClient
 
-        selector = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+        selector = managed_selector()
         found: list[Owned] = []
         for ns in self.namespaces:
             for d in self.apps.list_namespaced_deployment(ns, label_selector=selector).items:

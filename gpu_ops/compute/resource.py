@@ -91,7 +91,7 @@ class GpuCompute(dg.ConfigurableResource):
     consolidate_after: str = Field(default="10m", description="Karpenter consolidateAfter of generated pools.")
     gpu_limit: int = Field(default=64, gt=0, description="nvidia.com/gpu limit of generated pools.")
     pool_scope: Literal["team", "run"] = Field(default="team", description="NodePools shared by a team, or created and deleted per run.")
-    kubeconfig_path: str | None = Field(default=None, description="kubeconfig for the cluster (default: $KUBECONFIG, then in-cluster).")
+    kubeconfig_path: str | None = Field(default=None, description="kubeconfig for the cluster (default: the pod's service account, then $KUBECONFIG or ~/.kube/config).")
     local_workdir: str | None = Field(default=None, description="Folder for local workers' payloads and results (default: the system temp).")
     budget_gate: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
     config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the bundled demo).")

@@ -91,7 +91,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         start, end = day_window(day)
         as_of = default_as_of(day)
         sources = SourceSet.from_config(cfg)
-        store = TableStore(cfg.storage.resolved_url())
+        store = TableStore.from_config(cfg)
         raw, inventory = load_raw(sources, store)
         priced = price_window(raw, inventory, PriceMatrix.from_table(cfg.prices), start, end, as_of, dedupe=sources.count > 1)
         table = usage_table(priced.rows)
@@ -236,7 +236,7 @@ def build_collector(config: GpuOpsConfig) -> tuple[list[dg.JobDefinition], list[
         from gpu_ops.storage.tables import TableStore
 
         cfg = gpu_ops.load()
-        seen = collect(SourceSet.from_config(cfg), TableStore(cfg.storage.resolved_url()))
+        seen = collect(SourceSet.from_config(cfg), TableStore.from_config(cfg))
         context.log.info(f"recorded {seen['pods']} GPU pod(s) and {seen['nodes']} GPU node(s)")
 
     @dg.job(name=COLLECT_JOB, description="Record the GPU pods and nodes the Kubernetes collector sees.")

@@ -135,7 +135,7 @@ class Inputs:
             return None
         from gpu_ops.storage.tables import TableStore
 
-        return TableStore(self.config.storage.resolved_url())  # type: ignore[union-attr]
+        return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
     def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True) -> Any:
         from gpu_ops.cost.pipeline import load_raw, price_window

@@ -263,16 +263,15 @@ def record_nodes(store: Any, snapshot: pd.DataFrame, observed_at: dt.datetime) -
 
 def core_v1_api() -> Any:
     """A CoreV1Api from in-cluster config, else the kubeconfig (``KUBECONFIG``)."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            config.load_kube_config()
-        except Exception as exc:
-            raise RuntimeError(
-                f"usage source 'kubernetes' needs cluster access: no in-cluster service account and no usable kubeconfig ({exc}); "
-                "set KUBECONFIG or remove the kubernetes source from usage.sources"
-            ) from None
+    from gpu_ops.compute.kube import load_cluster_config
+
+    def explain(exc: Exception) -> Exception:
+        return RuntimeError(
+            f"usage source 'kubernetes' needs cluster access: no in-cluster service account and no usable kubeconfig ({exc}); "
+            "set KUBECONFIG or remove the kubernetes source from usage.sources"
+        )
+
+    load_cluster_config(explain=explain)
     return client.CoreV1Api()

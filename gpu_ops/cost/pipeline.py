@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
-from gpu_ops.cost.prefetch import needed_columns  # noqa: F401  (re-exported: part of the flow's API)
+from gpu_ops.cost.prefetch import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.usage import (
@@ -44,16 +44,6 @@ _FLOAT_DEFAULTS = {"attempt": np.nan, "lost_seconds": 0.0, "lost_gpu_hours": 0.0
 
 
 _PRICING_COLUMNS = {"start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"}
-
-
-def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[str]:
-    """Columns an attribution needs after validation."""
-    cols = [k for k in group_by if not k.startswith("label:")]
-    if any(k.startswith("label:") for k in group_by):
-        cols.append("labels")
-    if with_inventory:
-        cols.append("node")
-    return cols
 
 
 @dataclass

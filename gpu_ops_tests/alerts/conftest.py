@@ -9,7 +9,6 @@ import datetime as dt
 import http.server
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
+
+from gpu_ops.compute.local import free_port
 
 PRICES = {"currency": "USD", "source": "test", "as_of": "2026-11-01", "gpus": {"a100-80gb": {"on-demand": 5.12, "spot": 1.79}}}
 
@@ -102,13 +103,6 @@ def receiver() -> Iterator[Any]:
     yield make
     for r in started:
         r.stop()
-
-
-def free_port() -> int:
-    """A port with nothing listening (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- SMTP

@@ -14,9 +14,8 @@ import pytest
 from gpu_ops.alerts import messages
 from gpu_ops.alerts.channels import DeliverySettings, Redactor, deliver, send
 from gpu_ops.alerts.model import Alert
+from gpu_ops.compute.local import free_port
 from gpu_ops.config import EmailChannel, PagerDutyChannel, SlackChannel, WebhookChannel
-
-from .conftest import free_port
 
 FAST = DeliverySettings(attempts=3, backoff_s=0.02, timeout_s=0.4)
 SLACK_TOKEN = "T0000/B0000/XoXbSeCrEtToKeN"

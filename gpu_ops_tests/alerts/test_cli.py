@@ -10,7 +10,9 @@ from click.testing import CliRunner
 
 from gpu_ops.cli import main
 
-from .conftest import free_port, write_config
+from gpu_ops.compute.local import free_port
+
+from .conftest import write_config
 
 
 def test_sends_a_marked_test_notification(tmp_path, receiver, monkeypatch):

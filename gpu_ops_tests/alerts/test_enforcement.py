@@ -28,7 +28,7 @@ from gpu_ops.compute.karpenter import nodepool_manifest
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.storage.tables import TableStore
 
-from .fake_k8s import FakeCustomObjectsApi
+from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 20, 12, tzinfo=UTC)
@@ -80,8 +80,8 @@ def test_the_schema_check_has_teeth(nodepool_schema):
 
 
 def test_throttle_sends_exact_patches_and_revert_restores_the_pool(nodepool_schema):
-    api = FakeCustomObjectsApi(pools())
-    before = copy.deepcopy(api.objects)
+    api = FakeCustomObjects(pools())
+    before = copy.deepcopy(api.nodepools)
     for obj in before.values():
         nodepool_schema(obj)
     outcome = carry_out(order(max_gpus=8, spot_only=True), NodePools(api))
@@ -97,23 +97,23 @@ def test_throttle_sends_exact_patches_and_revert_restores_the_pool(nodepool_sche
         r for r in before[od]["spec"]["template"]["spec"]["requirements"] if r["key"] != "karpenter.sh/capacity-type"
     ]
     assert len(sent) == 3
-    for obj in api.objects.values():
+    for obj in api.nodepools.values():
         nodepool_schema(obj)
-    assert api.objects[od]["spec"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert api.nodepools[od]["spec"]["limits"] == {"nvidia.com/gpu": "8"}
     # Others untouched: vision's pool and the pool we did not create.
-    assert api.objects["platform-gpu"]["spec"] == before["platform-gpu"]["spec"]
-    assert api.objects["gpu-ops-vision-a100-80gb-spot"]["spec"] == before["gpu-ops-vision-a100-80gb-spot"]["spec"]
+    assert api.nodepools["platform-gpu"]["spec"] == before["platform-gpu"]["spec"]
+    assert api.nodepools["gpu-ops-vision-a100-80gb-spot"]["spec"] == before["gpu-ops-vision-a100-80gb-spot"]["spec"]
     assert {n for n, _ in api.patches} == set(outcome.plans)
 
     # Applying again (an op retry) changes nothing more.
-    snapshot = copy.deepcopy(api.objects)
+    snapshot = copy.deepcopy(api.nodepools)
     carry_out(order(max_gpus=8, spot_only=True), NodePools(api))
-    assert _specs(api.objects) == _specs(snapshot)
+    assert _specs(api.nodepools) == _specs(snapshot)
 
     carry_out(order("revert", max_gpus=8, spot_only=True), NodePools(api))
     for name in before:
-        assert _normal(api.objects[name]) == _normal(before[name]), name
-        nodepool_schema(api.objects[name])
+        assert _normal(api.nodepools[name]) == _normal(before[name]), name
+        nodepool_schema(api.nodepools[name])
 
 
 def _specs(objects: dict) -> dict:
@@ -131,16 +131,16 @@ def _normal(obj: dict) -> dict:
 
 
 def test_block_sets_the_limit_to_zero_only_when_asked(nodepool_schema):
-    api = FakeCustomObjectsApi(pools())
+    api = FakeCustomObjects(pools())
     outcome = carry_out(order(action="block"), NodePools(api))
     assert outcome.plans == {} and api.patches == [] and "GpuCompute refuses" in outcome.note
     carry_out(order(action="block", zero_pool_limit=True), NodePools(api))
     spot = "gpu-ops-nlp-a100-80gb-spot"
     assert [b for n, b in api.patches if n == spot][1] == {"spec": {"limits": {"nvidia.com/gpu": "0"}}}
-    nodepool_schema(api.objects[spot])
+    nodepool_schema(api.nodepools[spot])
     carry_out(order("revert", action="block", zero_pool_limit=True), NodePools(api))
-    assert api.objects[spot]["spec"]["limits"] == {"nvidia.com/gpu": "64"}
-    assert "annotations" not in api.objects[spot]["metadata"] or not api.objects[spot]["metadata"]["annotations"]
+    assert api.nodepools[spot]["spec"]["limits"] == {"nvidia.com/gpu": "64"}
+    assert "annotations" not in api.nodepools[spot]["metadata"] or not api.nodepools[spot]["metadata"]["annotations"]
 
 
 def test_plans_never_raise_a_limit_and_refuse_unmanaged_pools():
@@ -153,17 +153,17 @@ def test_plans_never_raise_a_limit_and_refuse_unmanaged_pools():
 
 
 def test_two_budgets_on_one_pool_restore_the_original_after_the_last(nodepool_schema):
-    api = FakeCustomObjectsApi(pools()[:1])
+    api = FakeCustomObjects(pools()[:1])
     spot = "gpu-ops-nlp-a100-80gb-spot"
     carry_out(order(max_gpus=16), NodePools(api))
     carry_out(order(budget="llm-project", action="block", zero_pool_limit=True, scope={"project": "llm"}), NodePools(api))
-    assert api.objects[spot]["metadata"]["annotations"][ENFORCED_BY] == "llm-project,nlp-monthly"
-    assert json.loads(api.objects[spot]["metadata"]["annotations"][PRE_ENFORCEMENT])["limit"] == "64"
+    assert api.nodepools[spot]["metadata"]["annotations"][ENFORCED_BY] == "llm-project,nlp-monthly"
+    assert json.loads(api.nodepools[spot]["metadata"]["annotations"][PRE_ENFORCEMENT])["limit"] == "64"
     carry_out(order("revert", max_gpus=16), NodePools(api))
-    assert api.objects[spot]["spec"]["limits"] == {"nvidia.com/gpu": "0"}  # the block still holds
+    assert api.nodepools[spot]["spec"]["limits"] == {"nvidia.com/gpu": "0"}  # the block still holds
     carry_out(order("revert", budget="llm-project", action="block", zero_pool_limit=True), NodePools(api))
-    assert api.objects[spot]["spec"]["limits"] == {"nvidia.com/gpu": "64"}
-    nodepool_schema(api.objects[spot])
+    assert api.nodepools[spot]["spec"]["limits"] == {"nvidia.com/gpu": "64"}
+    nodepool_schema(api.nodepools[spot])
 
 
 def test_no_cluster_means_only_the_gate():

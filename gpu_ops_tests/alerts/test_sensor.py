@@ -18,17 +18,18 @@ from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, NodePools, assert_laun
 from gpu_ops.alerts.records import DELIVERIES_TABLE
 from gpu_ops.alerts.sensor import KarpenterAccess
 from gpu_ops.compute.karpenter import nodepool_manifest
+from gpu_ops.compute.local import free_port
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import GpuOpsConfig
 
-from .conftest import SensorHarness, free_port, status_row, write_config, write_status
-from .fake_k8s import FakeCustomObjectsApi
+from .conftest import SensorHarness, status_row, write_config, write_status
+from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 UTC = dt.timezone.utc
 SLACK_TOKEN = "T0/B0/sLaCkSeCrEt123"
 PD_KEY = "pdRoutingKey0123456789abcdef0000"
 HOOK_SECRET = "hook-shared-secret-42"
-_APIS: dict[str, FakeCustomObjectsApi] = {}
+_APIS: dict[str, FakeCustomObjects] = {}
 
 
 class FakeKarpenter(KarpenterAccess):
@@ -73,7 +74,7 @@ def setup(tmp_path, receiver, dagster_instance, monkeypatch, request):
     monkeypatch.setenv("HOOK_SECRET", HOOK_SECRET)
     api_id = request.node.name
     req = GpuRequest(gpu_type="a100-80gb", gpus=8, labels={"team": "nlp"})
-    _APIS[api_id] = FakeCustomObjectsApi([nodepool_manifest(req, "spot"), nodepool_manifest(req, "on-demand")])
+    _APIS[api_id] = FakeCustomObjects([nodepool_manifest(req, "spot"), nodepool_manifest(req, "on-demand")])
 
     def configure(**kw) -> Path:
         return write_config(
@@ -206,13 +207,13 @@ def test_enforcement_raise_resolves_and_reverts_rollover_rearms(setup):
         "nlp-monthly/2026-11-01/forecast-120pct", "nlp-monthly/2026-11-01/enforce-throttle/apply",
     ]
     assert all(r.success for r in results)
-    assert {o["spec"]["limits"]["nvidia.com/gpu"] for o in api.objects.values()} == {"8"}
+    assert {o["spec"]["limits"]["nvidia.com/gpu"] for o in api.nodepools.values()} == {"8"}
     enforce_run = results[-1]
     assert enforce_run.success
     out_meta = next(e for e in enforce_run.all_events if e.event_type_value == "STEP_OUTPUT").event_specific_data.metadata
-    assert out_meta["action"].value == "throttle" and sorted(out_meta["nodepools"].value) == sorted(api.objects)
+    assert out_meta["action"].value == "throttle" and sorted(out_meta["nodepools"].value) == sorted(api.nodepools)
     rows = h.store.read(ENFORCEMENT_TABLE)
-    assert list(rows["event"]) == ["applied"] and json.loads(rows["pools"][0]) == sorted(api.objects)
+    assert list(rows["event"]) == ["applied"] and json.loads(rows["pools"][0]) == sorted(api.nodepools)
     # A throttled scope refuses a launch that cannot fit.
     with pytest.raises(Exception, match="throttled to 8 GPUs by budget 'nlp-monthly'"):
         assert_launch_allowed(h.config, GpuRequest(gpu_type="a100-80gb", gpus=8, workers=2, labels={"team": "nlp"}))
@@ -227,8 +228,8 @@ def test_enforcement_raise_resolves_and_reverts_rollover_rearms(setup):
         "nlp-monthly/2026-11-01/forecast-120pct/resolve", "nlp-monthly/2026-11-01/enforce-throttle/revert",
     ]
     assert all(r.success for r in results)
-    assert {o["spec"]["limits"]["nvidia.com/gpu"] for o in api.objects.values()} == {"64"}
-    assert all(not o["metadata"].get("annotations") for o in api.objects.values())
+    assert {o["spec"]["limits"]["nvidia.com/gpu"] for o in api.nodepools.values()} == {"64"}
+    assert all(not o["metadata"].get("annotations") for o in api.nodepools.values())
     assert list(h.store.read(ENFORCEMENT_TABLE)["event"]) == ["applied", "reverted"]
     events = [r.json() for r in pd.acknowledged]
     trigger = next(e for e in events if e["event_action"] == "trigger" and e["dedup_key"].endswith("actual-100pct"))

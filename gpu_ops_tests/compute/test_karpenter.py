@@ -18,7 +18,7 @@ from gpu_ops.compute.karpenter import (
     pod_node_selector,
 )
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops_tests.compute.fake_k8s import FakeCustomObjects
+from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 NLP = Attribution(team="nlp", project="llm", cost_center="cc-42")
 SETTINGS = KarpenterSettings(node_class="gpu-ops", consolidate_after="15m", gpu_limit=32, node_role="KarpenterNodeRole-demo", cluster_name="demo")

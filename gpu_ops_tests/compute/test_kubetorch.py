@@ -28,7 +28,7 @@ from gpu_ops.compute.kubetorch_backend import (
 from gpu_ops.compute.naming import launch_labels
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops_tests.compute import worker_fns
-from gpu_ops_tests.compute.fake_k8s import FakeCoreV1, FakeCustomObjects
+from gpu_ops_tests.fake_k8s import FakeCoreV1, FakeCustomObjects
 
 NLP = Attribution(team="nlp", project="llm")
 SETTINGS = KubetorchSettings(namespace="ml", priority_class="gpu-training", launch_timeout_s=1200, inactivity_ttl="45m")

@@ -13,7 +13,7 @@ from gpu_ops.compute.naming import launch_labels
 from gpu_ops.compute.orphans import Owned, RunState, select_orphans
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import ComputeConfig
-from gpu_ops_tests.compute.fake_k8s import FakeAppsV1, FakeCustomObjects
+from gpu_ops_tests.fake_k8s import FakeAppsV1, FakeCustomObjects
 
 REQUEST = GpuRequest(gpu_type="l4", capacity="spot", labels=Attribution(team="nlp"))
 

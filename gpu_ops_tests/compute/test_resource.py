@@ -117,7 +117,7 @@ def test_names_and_labels_fit_kubernetes() -> None:
 def cluster_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, karpenter_crds: dict):
     """No credentials (so Kubetorch refuses to deploy) and a stand-in API server for NodePools."""
     from gpu_ops.compute import kubetorch_backend
-    from gpu_ops_tests.compute.fake_k8s import FakeCoreV1, FakeCustomObjects
+    from gpu_ops_tests.fake_k8s import FakeCoreV1, FakeCustomObjects
 
     if Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists():
         pytest.skip("running inside a cluster: credentials exist")

@@ -6,7 +6,6 @@ container context handed to run launches, the schedule and sensor) is checked ov
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_ops.compute.local import free_port
 from gpu_ops_tests.deploy.chart import container_context, container_env, objects, one, two_gpu_pools, write_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_serving(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 90.0) -> None:
@@ -54,7 +48,7 @@ def test_rendered_code_server_serves_gpu_ops_definitions(tmp_path: Path) -> None
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     config_path = write_config(objs, tmp_path)
 
-    port = _free_port()
+    port = free_port()
     args = list(container["args"])
     args[args.index("--port") + 1] = str(port)
     args[args.index("--host") + 1] = "127.0.0.1"  # no need to listen beyond this machine

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_ops.compute.local import free_port
 from gpu_ops_tests.training.test_gpu_asset import DEMO_STEPS, Killer, write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,12 +58,6 @@ query($key: AssetKeyInput!) {
   }
 }
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

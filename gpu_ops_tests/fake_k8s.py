@@ -1,36 +1,46 @@
-"""Stand-ins for the Kubernetes API server at the client boundary only.
+"""Stand-ins for the Kubernetes API server at the client boundary only (no API server can
+run here), shared by the compute and alerts tests.
 
-`FakeCustomObjects` implements the CustomObjectsApi methods gpu_ops calls, with the API
-server's semantics that matter here: 409 on create of an existing name, 404 on a missing
-one, RFC 7386 merge patch, resourceVersion conflicts, equality label selectors, and (when
-given the CRD schemas) schema validation of every stored object, raising 422 like the
-server. It raises real `kubernetes.client.ApiException`s. `FakeCoreV1` returns real
-`kubernetes.client` model objects.
+`FakeCustomObjects` implements the ``kubernetes.client.CustomObjectsApi`` methods gpu_ops
+calls, with the same method names and arguments and the API server's semantics that
+matter here: 404 for a resource (group/version/plural) the cluster does not serve, 409 on
+create of an existing name, 404 on a missing one, RFC 7386 merge patches (415 for any
+other body), ``resourceVersion`` conflicts, equality label selectors, and (when given the
+CRD schemas) schema validation of every stored object, raising 422 like the server.
+Every accepted patch body is recorded, so tests can assert on the exact bodies sent. It
+raises real ``kubernetes.client.ApiException``s. `FakeCoreV1` and `FakeAppsV1` return real
+``kubernetes.client`` model objects.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 import jsonschema
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpu_ops.compute.karpenter import (
+    AWS_GROUP,
+    AWS_VERSION,
+    EC2NODECLASSES,
+    KARPENTER_GROUP,
+    KARPENTER_VERSION,
+    NODEPOOLS,
+    merge_patch,
+)
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
+# The cluster-scoped custom resources the fake cluster serves: (group, version, plural) -> kind.
+RESOURCES = {
+    (KARPENTER_GROUP, KARPENTER_VERSION, NODEPOOLS): "NodePool",
+    (AWS_GROUP, AWS_VERSION, EC2NODECLASSES): "EC2NodeClass",
+}
 
 
 def _matches(labels: dict[str, str], selector: str | None) -> bool:
+    """Equality-based label selector: ``a=b,c=d``."""
     for term in filter(None, (selector or "").split(",")):
         key, _, value = term.partition("=")
         if labels.get(key) != value:
@@ -38,12 +48,46 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
+def _not_found(what: str = "Not Found") -> ApiException:
+    return ApiException(status=404, reason=what)
+
+
 class FakeCustomObjects:
-    def __init__(self, schemas: dict[str, dict] | None = None):
-        self.objects: dict[tuple[str, str, str], dict] = {}  # (group, plural, name) -> object
+    """Cluster-scoped custom objects, keyed ``(group, plural, name)`` in ``objects``.
+
+    ``objects``: objects the cluster already has (stored by their apiVersion and kind);
+    ``schemas``: ``kind -> openAPIV3Schema`` (the ``karpenter_crds`` fixture) to validate
+    every stored object against.
+    """
+
+    def __init__(self, objects: Iterable[dict[str, Any]] = (), *, schemas: dict[str, dict] | None = None):
+        self.objects: dict[tuple[str, str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, dict[str, Any]]] = []  # (name, body) of every accepted patch
         self.schemas = schemas or {}
         self._rv = 0
+        for obj in objects:
+            group, plural = self._resource_of(obj)
+            self._store((group, plural, obj["metadata"]["name"]), copy.deepcopy(obj))
+
+    @property
+    def nodepools(self) -> dict[str, dict]:
+        """The stored NodePools by name (the objects themselves, not copies)."""
+        return {n: o for (g, p, n), o in sorted(self.objects.items()) if (g, p) == (KARPENTER_GROUP, NODEPOOLS)}
+
+    @staticmethod
+    def _resource_of(obj: dict[str, Any]) -> tuple[str, str]:
+        for (group, version, plural), kind in RESOURCES.items():
+            if obj.get("apiVersion") == f"{group}/{version}" and obj.get("kind") == kind:
+                return group, plural
+        raise ValueError(f"the fake cluster serves no {obj.get('apiVersion')} {obj.get('kind')}")
+
+    @staticmethod
+    def _check(group: str, version: str, plural: str) -> str:
+        kind = RESOURCES.get((group, version, plural))
+        if kind is None:
+            raise _not_found(f"no resource {group}/{version}/{plural}")
+        return kind
 
     def _validate(self, obj: dict) -> None:
         schema = self.schemas.get(obj.get("kind"))
@@ -61,6 +105,7 @@ class FakeCustomObjects:
         return copy.deepcopy(obj)
 
     def create_cluster_custom_object(self, group: str, version: str, plural: str, body: dict, **_: Any) -> dict:
+        self._check(group, version, plural)
         name = body["metadata"]["name"]
         self.calls.append(("create", name))
         if (group, plural, name) in self.objects:
@@ -68,41 +113,51 @@ class FakeCustomObjects:
         return self._store((group, plural, name), copy.deepcopy(body))
 
     def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str, **_: Any) -> dict:
+        self._check(group, version, plural)
         self.calls.append(("get", name))
         try:
             return copy.deepcopy(self.objects[(group, plural, name)])
         except KeyError:
-            raise ApiException(status=404, reason="NotFound") from None
+            raise _not_found() from None
 
-    def patch_cluster_custom_object(self, group: str, version: str, plural: str, name: str, body: dict, **_: Any) -> dict:
+    def patch_cluster_custom_object(self, group: str, version: str, plural: str, name: str, body: Any, **_: Any) -> dict:
+        self._check(group, version, plural)
         self.calls.append(("patch", name))
         key = (group, plural, name)
         if key not in self.objects:
-            raise ApiException(status=404, reason="NotFound")
+            raise _not_found()
+        if not isinstance(body, dict):
+            raise ApiException(status=415, reason="only merge patches are expected")
         current = self.objects[key]
         wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != current["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
+        self.patches.append((name, copy.deepcopy(body)))
         return self._store(key, merge_patch(current, body))
 
     def delete_cluster_custom_object(self, group: str, version: str, plural: str, name: str, **_: Any) -> dict:
+        self._check(group, version, plural)
         self.calls.append(("delete", name))
-        if self.objects.pop((group, plural, name), None) is None:
-            raise ApiException(status=404, reason="NotFound")
-        return {"status": "Success"}
+        gone = self.objects.pop((group, plural, name), None)
+        if gone is None:
+            raise _not_found()
+        return copy.deepcopy(gone)
 
     def list_cluster_custom_object(self, group: str, version: str, plural: str, label_selector: str | None = None, **_: Any) -> dict:
-        self.calls.append(("list", plural))
+        kind = self._check(group, version, plural)
+        self.calls.append(("list", label_selector or ""))
         items = [
             copy.deepcopy(o)
             for (g, p, _n), o in sorted(self.objects.items())
             if g == group and p == plural and _matches(o["metadata"].get("labels") or {}, label_selector)
         ]
-        return {"apiVersion": f"{group}/{version}", "kind": "List", "items": items}
+        return {"apiVersion": f"{group}/{version}", "kind": f"{kind}List", "items": items}
 
-    # namespaced objects (Kubetorch services' workloads) share the same store
-    def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, label_selector: str | None = None, **_: Any) -> dict:
-        return self.list_cluster_custom_object(group, version, plural, label_selector=label_selector)
+
+def _event_matches(event: client.CoreV1Event, field_selector: str | None) -> bool:
+    wanted = dict(t.split("=", 1) for t in (field_selector or "").split(",") if t)
+    fields = {"involvedObject.name": event.involved_object.name, "involvedObject.kind": event.involved_object.kind}
+    return all(fields.get(k) == v for k, v in wanted.items())
 
 
 class FakeCoreV1:
@@ -117,7 +172,7 @@ class FakeCoreV1:
         for p in self.pods:
             if p.metadata.name == name and p.metadata.namespace == namespace:
                 return p
-        raise ApiException(status=404, reason="NotFound")
+        raise _not_found()
 
     def list_namespaced_pod(self, namespace: str, label_selector: str | None = None, **_: Any) -> client.V1PodList:
         items = [p for p in self.pods if p.metadata.namespace == namespace and _matches(p.metadata.labels or {}, label_selector)]
@@ -127,23 +182,14 @@ class FakeCoreV1:
         for n in self.nodes:
             if n.metadata.name == name:
                 return n
-        raise ApiException(status=404, reason="NotFound")
+        raise _not_found()
 
     def list_namespaced_event(self, namespace: str, field_selector: str | None = None, **_: Any) -> client.CoreV1EventList:
-        wanted = dict(t.split("=", 1) for t in (field_selector or "").split(",") if t)
-        items = []
-        for e in self.events:
-            if e.metadata.namespace != namespace:
-                continue
-            fields = {"involvedObject.name": e.involved_object.name, "involvedObject.kind": e.involved_object.kind}
-            if all(fields.get(k) == v for k, v in wanted.items()):
-                items.append(e)
+        items = [e for e in self.events if e.metadata.namespace == namespace and _event_matches(e, field_selector)]
         return client.CoreV1EventList(items=items)
 
     def list_event_for_all_namespaces(self, field_selector: str | None = None, **_: Any) -> client.CoreV1EventList:
-        wanted = dict(t.split("=", 1) for t in (field_selector or "").split(",") if t)
-        items = [e for e in self.events if all({"involvedObject.name": e.involved_object.name, "involvedObject.kind": e.involved_object.kind}.get(k) == v for k, v in wanted.items())]
-        return client.CoreV1EventList(items=items)
+        return client.CoreV1EventList(items=[e for e in self.events if _event_matches(e, field_selector)])
 
 
 class FakeAppsV1:
@@ -161,4 +207,4 @@ class FakeAppsV1:
         before = len(self.deployments)
         self.deployments = [d for d in self.deployments if not (d.metadata.name == name and d.metadata.namespace == namespace)]
         if len(self.deployments) == before:
-            raise ApiException(status=404, reason="NotFound")
+            raise _not_found()
