@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import click
 
+from gpu_ops.alerts.model import money
 from gpu_ops.config import BUNDLED_CONFIG, GpuOpsConfig, gpu_ops_home, load_config
 
 Echo = Callable[[str], None]
@@ -49,10 +50,6 @@ def _demo_days(config: GpuOpsConfig) -> list[str]:
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     last = min(start + dt.timedelta(days=30), yesterday)
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((last - start).days + 1)]
-
-
-def _money(x: float) -> str:
-    return f"${x:,.2f}"
 
 
 def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo = click.echo) -> int:
@@ -84,7 +81,7 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
     instance_dir.mkdir(parents=True, exist_ok=True)
     instance = dg.DagsterInstance.from_config(str(instance_dir))
     defs = build_defs(config_path)
-    store = TableStore(config.storage.resolved_url())
+    store = TableStore.from_config(config)
 
     echo("\n[1/3] training train_demo_model on the local backend, with an injected preemption")
     training = materialize_with_preemption(config_path, instance=instance, echo=lambda m: echo(f"  {m}"), run_config=QUIET_LOGS)
@@ -114,6 +111,8 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
 
 
 def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days: list[str], alert_runs: list, echo: Echo) -> None:
+    import pandas as pd
+
     echo(
         f"  training: {training['attempts']} attempts, {training['preemptions']} preemption(s), final_loss "
         f"{training['final_loss']:.4f}, {training['gpu_hours']:.4f} GPU-h, ${training['cost_usd']:.4f}, "
@@ -123,15 +122,15 @@ def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days:
     if not attribution.empty:
         by_team = attribution.groupby("team")[["gpu_hours", "cost_usd", "savings_usd"]].sum().sort_values("cost_usd", ascending=False)
         total = by_team["cost_usd"].sum()
-        echo(f"  spend {days[0]} … {days[-1]}: {_money(total)} over {by_team['gpu_hours'].sum():,.1f} GPU-hours")
+        echo(f"  spend {days[0]} … {days[-1]}: {money(total)} over {by_team['gpu_hours'].sum():,.1f} GPU-hours")
         for team, row in by_team.iterrows():
             team = "(idle fleet)" if team == "__idle__" else team
-            echo(f"    {team:<14} {row.gpu_hours:>9,.1f} GPU-h  {_money(row.cost_usd):>12}  saved vs on-demand {_money(row.savings_usd)}")
+            echo(f"    {team:<14} {row.gpu_hours:>9,.1f} GPU-h  {money(row.cost_usd):>12}  saved vs on-demand {money(row.savings_usd)}")
     status = store.read("gpu_budget_status", partition_keys=[days[-1]], missing_ok=True)
     for row in status.itertuples():
-        forecast = _money(row.forecast_usd) if row.forecast_usd == row.forecast_usd and row.forecast_usd is not None else "n/a"
+        forecast = "n/a (too little history)" if pd.isna(row.forecast_usd) else money(row.forecast_usd)
         echo(
-            f"  budget {row.budget}: {_money(row.spend_usd)} of {_money(row.amount_usd)} ({row.percent_used:.0f}%), "
+            f"  budget {row.budget}: {money(row.spend_usd)} of {money(row.amount_usd)} ({row.percent_used:.0f}%), "
             f"forecast {forecast}, {row.status}; crossed {', '.join(row.thresholds_crossed) or 'none'}"
         )
     alerts = [r for _, r in alert_runs if r.job_name == "budget_alert_job"]
@@ -147,7 +146,7 @@ def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days:
         sums = totals[cols].sum()
         echo(
             "  ROI (measured): spot savings {}, sharing savings {}, preemption waste {}, net spot savings {}, idle waste {}".format(
-                *(_money(sums[c]) for c in cols)
+                *(money(sums[c]) for c in cols)
             )
         )
         # Daily reports repeat a standing recommendation every day: add them up per target.
@@ -158,4 +157,4 @@ def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days:
                 entry[0] += float(rec["impact_usd"])
                 entry[1] += 1
         for (kind, target), (impact, n, detail) in sorted(month.items(), key=lambda kv: -kv[1][0])[:3]:
-            echo(f"    recommendation ({kind}, {n} day(s), {_money(impact)} in all): {detail}")
+            echo(f"    recommendation ({kind}, {n} day(s), {money(impact)} in all): {detail}")
