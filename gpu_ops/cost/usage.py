@@ -310,8 +310,16 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_ledger(store: Any) -> pd.DataFrame:
-    """The training ledger (``gpu_usage_ledger``); absent table -> no rows."""
+    """The training ledger (``gpu_usage_ledger``); absent table -> no rows.
+
+    Attempts that held no GPU (``gpu_count`` 0: a launch that never started, a run on
+    CPU) are the retry policy's memory, not GPU usage: their GPU-hours are zero by
+    construction, so they are left out here rather than quarantined. Any other value,
+    blank or malformed, still goes through validation.
+    """
     df = store.read(LEDGER_TABLE, missing_ok=True)
+    if not df.empty and "gpu_count" in df.columns:
+        df = df[pd.to_numeric(df["gpu_count"], errors="coerce") != 0].reset_index(drop=True)
     if df.empty:
         return pd.DataFrame()
     df = df.drop(columns=[c for c in ("partition_key",) if c in df.columns])

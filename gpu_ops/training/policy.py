@@ -39,7 +39,9 @@ class PreemptionPolicy(BaseModel):
     backoff_s: NonNegativeFloat = 5.0
     backoff_max_s: NonNegativeFloat = 300.0
     jitter: float = Field(default=0.25, ge=0.0, le=1.0)
-    # After this many spot preemptions the next attempt asks for on-demand (None: never).
+    # With capacity "spot-then-on-demand", after this many spot preemptions the next
+    # attempt asks for on-demand (None: never). A request for "spot" never falls back:
+    # on-demand costs about 3x more and was not asked for.
     fallback_after: NonNegativeInt | None = 3
     # Seconds between checkpoints, or "auto" for Young/Daly sqrt(2 × cost × MTBP).
     checkpoint_interval: Union[PositiveFloat, Literal["auto"]] = "auto"
@@ -116,14 +118,15 @@ def memory_cap(policy: PreemptionPolicy, base: GpuRequest) -> int:
 
 def plan_attempt(policy: PreemptionPolicy, base: GpuRequest, history: Sequence[AttemptRecord]) -> PlannedAttempt:
     """The request for the attempt after ``history``: more memory after OOMs, on-demand
-    capacity after ``fallback_after`` spot preemptions."""
+    capacity after ``fallback_after`` spot preemptions when the request allows it
+    (``spot-then-on-demand``; ``spot`` stays spot)."""
     counts = Counts.of(history)
     request, notes = base, []
     if counts.ooms:
         cap = memory_cap(policy, base)
         request = base.with_memory_factor(policy.oom_memory_factor**counts.ooms, cap=f"{cap}")
         notes.append(f"memory {base.memory} -> {request.memory} after {counts.ooms} OOM(s) (×{policy.oom_memory_factor} each, cap {cap / 2**30:g}Gi)")
-    if policy.fallback_after is not None and counts.spot_preemptions >= policy.fallback_after and "spot" in base.capacity_types:
+    if policy.fallback_after is not None and counts.spot_preemptions >= policy.fallback_after and base.capacity == "spot-then-on-demand":
         request = request.with_capacity("on-demand")
         notes.append(f"capacity on-demand after {counts.spot_preemptions} spot preemption(s) (fallback_after={policy.fallback_after})")
     return PlannedAttempt(request, tuple(notes))

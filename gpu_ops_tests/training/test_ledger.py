@@ -88,3 +88,40 @@ def test_row_validation(change: dict, message: str) -> None:
     good = row(1, "preempted").__dict__
     with pytest.raises(ValueError, match=message):
         ledger.LedgerRow(**{**good, **change})
+
+
+def test_rows_of_attempts_without_gpus_pass_the_cost_flow(tmp_path: Path) -> None:
+    """Ledger rows for attempts that held no GPU (gpu_count 0: a launch that never
+    started) are the project's own data: gpu_usage prices the GPU rows and the
+    quarantine_empty check passes, through real cost assets on SQLite."""
+    import dagster as dg
+
+    from gpu_ops.config import BUNDLED_CONFIG, load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(
+        f"storage: {{url: '{url}'}}\nprices: {BUNDLED_CONFIG.parent / 'prices.yaml'}\n"
+        "usage: {sources: [{type: ledger}], partitions_start: 2026-11-01}\n"
+    )
+    store = TableStore(url)
+    never_started = ledger.LedgerRow(**{**row(1, "infrastructure").__dict__, "gpu_count": 0, "lost_seconds": 0.0})
+    ledger.append(store, [never_started, row(2, "preempted", ckpt_after=5), row(3, "completed")])
+    assets, _ = build_assets(load_config(cfg))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [a for a in assets if "gpu_usage" in {k.to_user_string() for k in a.keys}],
+            partition_key="2026-11-21",
+            instance=instance,
+            resources={"gpu_ops": GpuOpsSettings(config_path=str(cfg)), "table_io_manager": TableIOManager(url=url)},
+        )
+    check = {e.check_name: e for e in result.get_asset_check_evaluations()}["quarantine_empty"]
+    assert check.passed, check.description
+    usage = store.read("gpu_usage")
+    usage = usage[usage["kind"] != "idle"] if "kind" in usage else usage
+    # Attempts 2 and 3 (8 GPUs, 10 minutes each) start on 2026-11-21; attempt 1 held no GPU.
+    assert usage["gpu_hours"].sum() == pytest.approx(2 * 8 * 10 / 60)
+    assert len(store.read("gpu_usage_quarantine")) == 0

@@ -96,6 +96,17 @@ def test_fallback_to_on_demand_after_spot_preemptions() -> None:
     assert plan_attempt(policy, BASE, on_demand).request.capacity == "spot-then-on-demand"
 
 
+def test_spot_never_falls_back_to_on_demand() -> None:
+    policy = PreemptionPolicy(fallback_after=1, max_preemptions=5)
+    spot = BASE.with_capacity("spot")
+    history = [rec(n, Outcome.PREEMPTED) for n in range(1, 5)]
+    planned = plan_attempt(policy, spot, history)
+    assert planned.request.capacity == "spot" and planned.request.capacity_types == ["spot"]
+    assert not any("on-demand" in n for n in planned.notes)
+    d = decide(policy, spot, history, cls(Outcome.PREEMPTED))
+    assert d.action is Action.RETRY and "on-demand" not in d.reason
+
+
 def test_completed() -> None:
     assert decide(PreemptionPolicy(), BASE, [rec(1, Outcome.COMPLETED)], cls(Outcome.COMPLETED)).action is Action.COMPLETE
 
