@@ -50,7 +50,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     DAGSTER_HOME=/opt/dagster/dagster_home
 WORKDIR /opt/gpu-ops
 # workspace.yaml for `dagster dev`-style local checks inside the image; the production
-# instance (dagster.yaml) is mounted into DAGSTER_HOME by the Dagster chart.
+# instance (deploy/dagster.yaml, or the one the Dagster chart generates) is mounted into DAGSTER_HOME.
 COPY workspace.yaml ./
 USER 10001:10001
 EXPOSE 3030

@@ -1,5 +1,13 @@
 # Two commands on a fresh machine: `make run` (the demo on the embedded default) and `make test`.
-PYTHON ?= python3.11
+# The venv is made with the first of python3.13, python3.12, python3.11, python3 that is
+# Python >= 3.11; name another with `make PYTHON=/path/to/python3.12 run`.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs torch's CPU build first
+# (PyPI's Linux torch wheels bring CUDA).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+endif
+TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -7,8 +15,12 @@ STAMP := $(VENV)/.installed
 .PHONY: venv run dev test bench clean
 
 $(STAMP): pyproject.toml
+	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
+	  echo "gpu_ops needs Python >= 3.11: PYTHON='$(PYTHON)' is not one (by default the first of python3.13, python3.12, python3.11, python3 that is)." >&2; \
+	  echo "Point make at one: make PYTHON=/path/to/python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[train,test]'
 	touch $(STAMP)
 
@@ -19,11 +31,11 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/gpu-ops demo
 
-# The Dagster UI on a local instance of its own: the top-level dagster.yaml is the
-# production instance (PostgreSQL, K8sRunLauncher) and is not used here.
+# The Dagster UI on the local instance (the top-level dagster.yaml: SQLite under
+# .gpu_ops/dagster_home, where `make run` leaves its runs). deploy/dagster.yaml is the
+# production instance.
 dev: $(STAMP)
-	mkdir -p .gpu_ops/dagster_home
-	DAGSTER_HOME=$(CURDIR)/.gpu_ops/dagster_home $(VENV)/bin/dagster dev -w workspace.yaml
+	env -u DAGSTER_HOME $(VENV)/bin/dagster dev -w workspace.yaml
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
 test: $(STAMP)

@@ -65,16 +65,19 @@ def _budget_window() -> dg.TimeWindowPartitionMapping:
 def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.PartitionsDefinition]:
     partitions = dg.DailyPartitionsDefinition(start_date=config.usage.partitions_start.isoformat(), timezone="UTC")
 
+    # Subsettable: `--select gpu_usage` (or the quarantine alone) materializes just that
+    # table; both come from one read of the sources.
     @dg.multi_asset(
         name="gpu_usage",
         partitions_def=partitions,
+        can_subset=True,
         outs={
             "gpu_usage": dg.AssetOut(
-                io_manager_key=IO, group_name=GROUP,
+                io_manager_key=IO, group_name=GROUP, is_required=False,
                 description="Usage intervals of the UTC day, clipped at midnight and priced, plus one idle row per fleet node.",
             ),
             "gpu_usage_quarantine": dg.AssetOut(
-                io_manager_key=IO, group_name=GROUP,
+                io_manager_key=IO, group_name=GROUP, is_required=False,
                 description="Usage and inventory rows that failed validation, with the reason, file and row.",
             ),
         },
@@ -97,28 +100,32 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         table = usage_table(priced.rows)
         totals = fleet_totals(table)
         q = priced.quarantine
-        yield dg.Output(
-            table,
-            output_name="gpu_usage",
-            metadata={
-                "as_of": as_of.isoformat(),
-                "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
-                "gpu_hours": round(totals["gpu_hours"], 4),
-                "allocated_cost_usd": round(totals["allocated_cost_usd"], 2),
-                "idle_cost_usd": round(totals["idle_cost_usd"], 2),
-                "fleet_cost_usd": round(totals["fleet_cost_usd"], 2) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
-                "quarantined_rows": len(q),
-            },
-        )
-        yield dg.Output(q, output_name="gpu_usage_quarantine", metadata={"quarantined_rows": len(q), "preview": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))})
-        yield dg.AssetCheckResult(
-            asset_key="gpu_usage",
-            check_name="quarantine_empty",
-            passed=q.empty,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
-            metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
-        )
+        selected = {k.to_user_string() for k in context.selected_asset_keys}
+        if "gpu_usage" in selected:
+            yield dg.Output(
+                table,
+                output_name="gpu_usage",
+                metadata={
+                    "as_of": as_of.isoformat(),
+                    "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
+                    "gpu_hours": round(totals["gpu_hours"], 4),
+                    "allocated_cost_usd": round(totals["allocated_cost_usd"], 2),
+                    "idle_cost_usd": round(totals["idle_cost_usd"], 2),
+                    "fleet_cost_usd": round(totals["fleet_cost_usd"], 2) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
+                    "quarantined_rows": len(q),
+                },
+            )
+        if "gpu_usage_quarantine" in selected:
+            yield dg.Output(q, output_name="gpu_usage_quarantine", metadata={"quarantined_rows": len(q), "preview": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))})
+        if context.selected_asset_check_keys:
+            yield dg.AssetCheckResult(
+                asset_key="gpu_usage",
+                check_name="quarantine_empty",
+                passed=q.empty,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
+                metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
+            )
 
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,

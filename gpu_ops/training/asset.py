@@ -53,7 +53,7 @@ GPU_POOL = "gpu"
 
 
 def gpu_run_tags(request: GpuRequest) -> dict[str, str]:
-    """Run tags that the production run queue limits (dagster.yaml) count: put them on
+    """Run tags that the run queues (deploy/dagster.yaml, dagster.yaml) limit: put them on
     jobs that launch GPU work, ``dg.define_asset_job(..., tags=gpu_run_tags(request))``."""
     return {"gpu-ops/gpu-launch": "true", "gpu-ops/team": request.labels.team}
 

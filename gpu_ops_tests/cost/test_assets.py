@@ -97,6 +97,22 @@ def test_demo_day_materializes_with_checks_and_metadata(tmp_path):
     assert "top_teams" in mats["gpu_cost_attribution"] and mats["gpu_usage"]["quarantined_rows"].value == 2
 
 
+@pytest.mark.parametrize(("selected", "other"), [("gpu_usage", "gpu_usage_quarantine"), ("gpu_usage_quarantine", "gpu_usage")])
+def test_each_usage_table_can_be_materialized_alone(tmp_path, selected, other):
+    """gpu_usage and gpu_usage_quarantine come from one read of the sources but each can be
+    selected without the other (the UI's Materialize on one of them, `--select gpu_usage`)."""
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(env.assets, selection=[selected], partition_key="2026-10-14", resources=env.resources, instance=instance)
+        assert result.success
+        assert instance.get_latest_materialization_event(dg.AssetKey(selected)) is not None
+        assert instance.get_latest_materialization_event(dg.AssetKey(other)) is None
+    written = TableStore(env.url).partitions(selected)
+    assert written == ["2026-10-14"] and TableStore(env.url).partitions(other) == []
+    # The check belongs to gpu_usage: it runs with it, not with the quarantine alone.
+    assert ("quarantine_empty" in checks(result)) == (selected == "gpu_usage")
+
+
 def test_budget_status_accumulates_the_period_and_its_check_escalates(tmp_path):
     daily = [
         {"name": "nlp-daily", "scope": {"team": "nlp"}, "period": "daily", "amount_usd": 100, "thresholds": [{"percent": 80}, {"percent": 100}]},

@@ -1,6 +1,11 @@
-"""The production instance (dagster.yaml): loaded through Dagster's own config schema,
-turned into the run-worker Job the K8sRunLauncher would create for a gpu_ops run, and
-its storage section used for a real run on PostgreSQL."""
+"""The two Dagster instances of the repository, loaded through Dagster's own config schema.
+
+- deploy/dagster.yaml, the production instance: turned into the run-worker Job the
+  K8sRunLauncher would create for a gpu_ops run, kept equal to the Dagster chart values
+  example, and its storage section used for a real run on PostgreSQL.
+- dagster.yaml (top level), the local instance Dagster's commands use in the repository
+  root when DAGSTER_HOME is unset: SQLite under .gpu_ops, the GPU pool limit, the run
+  queue's tag limits, run monitoring (the commands themselves: foundation/test_code_location.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +17,13 @@ import dagster as dg
 import pytest
 import yaml
 
+from gpu_ops import gpu_run_tags
+from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.deploy.chart import EXAMPLES, K8S_VERSION, container_context, objects, one, two_gpu_pools
+
+PRODUCTION = REPO / "deploy" / "dagster.yaml"
+LOCAL = REPO / "dagster.yaml"
 
 INSTANCE_ENV = {
     "DAGSTER_PG_USERNAME": "dagster",
@@ -36,10 +46,11 @@ def instance_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return INSTANCE_ENV
 
 
-def _instance_config() -> dict:
+def _instance_config(path: Path = PRODUCTION) -> dict:
+    """The file as Dagster's instance schema validates it (environment variables resolved)."""
     from dagster._core.instance.config import dagster_instance_config
 
-    config, custom_class = dagster_instance_config(str(REPO), "dagster.yaml")
+    config, custom_class = dagster_instance_config(str(path.parent), path.name)
     assert custom_class is None
     return dict(config)
 
@@ -97,7 +108,7 @@ def test_missing_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch, 
     for k, v in INSTANCE_ENV.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("DAGSTER_PG_HOST")
-    storage_only = {"storage": yaml.safe_load((REPO / "dagster.yaml").read_text())["storage"]}
+    storage_only = {"storage": yaml.safe_load(PRODUCTION.read_text())["storage"]}
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(storage_only))
     with pytest.raises(DagsterInvalidConfigError, match="DAGSTER_PG_HOST"):
         DagsterInstance.from_config(str(tmp_path))
@@ -181,7 +192,7 @@ def test_run_worker_job_for_a_gpu_ops_run(instance_env: dict[str, str], tmp_path
 
 def test_dagster_chart_values_carry_the_same_instance_settings(instance_env: dict[str, str]) -> None:
     """helm/gpu-ops/examples/dagster-values.yaml (for the official Dagster chart) and
-    dagster.yaml must not drift apart."""
+    deploy/dagster.yaml must not drift apart."""
     config = _instance_config()
     values = yaml.safe_load((EXAMPLES / "dagster-values.yaml").read_text())
     daemon = values["dagsterDaemon"]
@@ -224,7 +235,7 @@ def test_dagster_chart_values_carry_the_same_instance_settings(instance_env: dic
 
 @pytest.mark.postgres
 def test_a_run_on_the_production_storage_section_lands_in_postgresql(pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """dagster.yaml's storage section, unchanged, pointed by its environment variables at
+    """deploy/dagster.yaml's storage section, unchanged, pointed by its environment variables at
     a scratch database: a real materialization succeeds and its events are read back."""
     import sqlalchemy as sa
     from dagster import DagsterInstance
@@ -235,7 +246,7 @@ def test_a_run_on_the_production_storage_section_lands_in_postgresql(pg_url: str
     monkeypatch.setenv("DAGSTER_PG_HOST", url.host or "127.0.0.1")
     monkeypatch.setenv("DAGSTER_PG_DB", url.database)
     monkeypatch.setenv("DAGSTER_PG_PORT", str(url.port or 5432))
-    production = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    production = yaml.safe_load(PRODUCTION.read_text())
     # The storage section as is; the run launcher and coordinator need a cluster and a daemon.
     storage_only = {"storage": production["storage"], "telemetry": production["telemetry"]}
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(storage_only))
@@ -273,3 +284,46 @@ def test_a_run_on_the_production_storage_section_lands_in_postgresql(pg_url: str
     finally:
         engine.dispose()
     assert status == "SUCCESS" and n_events >= 5
+
+
+def test_local_instance_needs_no_environment_and_limits_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The top-level dagster.yaml passes Dagster's instance schema with no DAGSTER_* set,
+    keeps its state in the gitignored .gpu_ops folder, and carries the GPU limits."""
+    for name in INSTANCE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    config = _instance_config(LOCAL)
+
+    base = Path(config["storage"]["sqlite"]["base_dir"])
+    assert not base.is_absolute() and base.parts[0] == ".gpu_ops"
+    assert ".gpu_ops/" in (REPO / ".gitignore").read_text().split()
+    assert "run_launcher" not in config  # runs are local subprocesses
+
+    # One GPU step at a time: gpu_asset steps take slots of the `gpu` pool.
+    assert config["concurrency"]["pools"]["default_limit"] == 1
+    limits = {l["key"]: l for l in config["concurrency"]["runs"]["tag_concurrency_limits"]}
+    tags = gpu_run_tags(GpuRequest(gpu_type="t4", labels=Attribution(team="nlp")))
+    assert set(tags) <= set(limits)
+    assert limits["gpu-ops/team"]["value"] == {"applyLimitPerUniqueValue": True}
+    assert config["run_monitoring"]["enabled"] is True
+    assert config["run_monitoring"]["max_resume_run_attempts"] == 0  # the local launcher cannot resume a run
+
+
+def test_local_instance_opens_and_admits_gpu_runs_under_its_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real instance from the top-level dagster.yaml (in a scratch working directory, as
+    the repository root would be): SQLite storage, the queued coordinator's tag limits and
+    the `gpu` pool's default limit as Dagster reads them."""
+    import shutil
+
+    from dagster import DagsterInstance
+    from dagster._core.storage.runs import SqliteRunStorage
+
+    for name in INSTANCE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    shutil.copy(LOCAL, tmp_path / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert isinstance(instance.run_storage, SqliteRunStorage)
+        assert (tmp_path / ".gpu_ops" / "dagster_home" / "history").is_dir()
+        queue = instance.get_concurrency_config().run_queue_config
+        assert {l["key"] for l in queue.tag_concurrency_limits} >= {"gpu-ops/gpu-launch", "gpu-ops/team"}
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1

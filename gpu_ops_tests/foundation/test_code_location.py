@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,42 @@ def test_loading_the_code_location_imports_neither_torch_nor_kubetorch():
     assert out.stdout.strip() == "[]"
 
 
-def test_dagster_validates_the_workspace(tmp_path):
-    # The repository's dagster.yaml is the production instance (PostgreSQL from env
-    # vars); local commands use an instance of their own, as `make dev` does.
-    out = run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"], env={"DAGSTER_HOME": str(tmp_path)})
+def _fresh_clone_root(tmp_path: Path) -> dict[str, str]:
+    """A working directory holding the repository's dagster.yaml and workspace.yaml, and an
+    environment without DAGSTER_HOME or GPU_OPS_CONFIG: the repository root of a fresh
+    clone, without writing into this checkout."""
+    for name in ("dagster.yaml", "workspace.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_", "GPU_OPS_CONFIG"))}
+    env["GPU_OPS_HOME"] = str(tmp_path / ".gpu_ops")
+    return env
+
+
+def test_dagster_validates_the_workspace_with_no_environment(tmp_path):
+    env = _fresh_clone_root(tmp_path)
+    out = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
     assert "All code locations passed validation" in out.stderr + out.stdout
+    assert "DAGSTER_PG" not in out.stderr + out.stdout
+
+
+def test_dagster_asset_materialize_selects_gpu_usage_alone_on_the_local_instance(tmp_path):
+    """`dagster asset materialize` in the repository root: the local dagster.yaml's instance
+    (SQLite under .gpu_ops/dagster_home) records the materialization of gpu_usage alone."""
+    import dagster as dg
+
+    env = _fresh_clone_root(tmp_path)
+    out = subprocess.run(
+        [str(BIN / "dagster"), "asset", "materialize", "-m", "gpu_ops.definitions", "--select", "gpu_usage", "--partition", "2026-10-14"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    home = tmp_path / ".gpu_ops" / "dagster_home"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        usage = instance.get_latest_materialization_event(dg.AssetKey("gpu_usage"))
+        assert usage is not None and usage.asset_materialization.partition == "2026-10-14"
+        assert instance.get_latest_materialization_event(dg.AssetKey("gpu_usage_quarantine")) is None
 
 
 def test_validate_passes_on_the_default_and_fails_with_a_fix_on_bad_storage(tmp_path):

@@ -18,5 +18,5 @@ def test_gpu_steps_take_a_slot_of_the_gpu_pool():
 def test_the_demo_job_carries_the_tags_the_production_queue_limits():
     job = defs.resolve_job_def("train_demo_model_job")
     assert job.tags == gpu_run_tags(DEMO_REQUEST) == {"gpu-ops/gpu-launch": "true", "gpu-ops/team": "ml-platform"}
-    queue = yaml.safe_load((REPO / "dagster.yaml").read_text())["run_coordinator"]["config"]["tag_concurrency_limits"]
+    queue = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["run_coordinator"]["config"]["tag_concurrency_limits"]
     assert {limit["key"] for limit in queue} >= set(job.tags)
