@@ -1,8 +1,11 @@
 """Dagster wiring of the cost flow. Thin: every figure is computed in the pure modules.
 
-gpu_usage[day] (+ gpu_usage_quarantine[day]) ─► gpu_cost_attribution[day]
-                                            ├─► gpu_budget_status[day]  (reads the period's earlier days)
+gpu_usage[day] (+ gpu_usage_quarantine[day]) ─► gpu_cost_attribution[day] + gpu_cost_daily[day]
+                                            │     gpu_cost_daily[period] ─► gpu_budget_status[day]
                                             └─► gpu_roi_report[day]
+
+Steps read only the columns they use (``AssetIn(metadata={"columns": [...]})``, honoured
+by the table IO manager); budgets read the compact daily table, never row-level usage.
 """
 
 # pandas and the cost core (attribution, budgets, pipeline, roi, TableStore) are imported when an asset runs, not when the code location loads.
@@ -14,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.cost.columns import ROI_INPUT_COLUMNS, attribution_input_columns
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import DATAFRAME_TYPE
+from gpu_ops.storage.io_manager import COLUMNS, DATAFRAME_TYPE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,7 +31,6 @@ COLLECT_JOB = "collect_gpu_usage_job"
 COLLECT_SCHEDULE = "gpu_usage_collect_schedule"
 # A monthly period is at most 31 days: the budget reads its day and the 30 before.
 BUDGET_WINDOW_DAYS = 31
-
 
 def _md_table(df: "pd.DataFrame", limit: int = 10) -> str:
     if df.empty:
@@ -127,22 +130,36 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
             )
 
-    @dg.asset(
-        partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
-        description="Cost per grouping key (usage.group_by) for the UTC day; idle fleet cost as __idle__ or shared.",
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE)},  # a pandas DataFrame (no annotation: pandas loads at run time)
+    @dg.multi_asset(
+        name="gpu_cost_attribution",
+        partitions_def=partitions,
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: attribution_input_columns(config.usage.group_by)})},
+        outs={
+            "gpu_cost_attribution": dg.AssetOut(
+                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE,
+                description="Cost per grouping key (usage.group_by) for the UTC day; idle fleet cost as __idle__ or shared.",
+            ),
+            "gpu_cost_daily": dg.AssetOut(
+                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE,
+                description="Cost per UTC day, kind and budget scope keys (team, project, namespace, cost_center, scoped labels): "
+                "what budget periods are summed from. A day without usage keeps one row of kind 'none'.",
+            ),
+        },
         check_specs=[dg.AssetCheckSpec("conservation", asset="gpu_cost_attribution", description="Attributed cost equals fleet cost (plus usage on nodes outside the inventory); no node over-allocated.")],
     )
     def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
         from gpu_ops.cost.attribution import attribute, conservation
-        from gpu_ops.cost.pipeline import usage_table
+        from gpu_ops.cost.budgets import daily_costs, scope_label_keys
 
         cfg = gpu_ops.load()
-        result = attribute(usage_table(gpu_usage), cfg.usage.group_by, cfg.usage.idle)
+        day = dt.date.fromisoformat(context.partition_key)
+        result = attribute(gpu_usage, cfg.usage.group_by, cfg.usage.idle)
+        daily = daily_costs(gpu_usage, [day], scope_label_keys(cfg.budgets))
         t = result.totals
         ok, message = conservation(result.table, t)
         yield dg.Output(
             result.table,
+            output_name="gpu_cost_attribution",
             metadata={
                 "total_cost_usd": round(t["attributed_cost_usd"], 2),
                 "gpu_hours": round(t["gpu_hours"], 4),
@@ -153,7 +170,9 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 "top_teams": dg.MetadataValue.md(_md_table(_top_teams(result.table))),
             },
         )
+        yield dg.Output(daily, output_name="gpu_cost_daily", metadata={"cost_usd": round(float(daily["cost_usd"].sum()), 2), "scope_rows": len(daily)})
         yield dg.AssetCheckResult(
+            asset_key="gpu_cost_attribution",
             check_name="conservation",
             passed=ok,
             severity=dg.AssetCheckSeverity.ERROR,
@@ -168,23 +187,28 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
 
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
-        description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor).",
-        ins={"gpu_usage": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE)},
-        deps=[gpu_cost_attribution],
-        check_specs=[dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded.")],
+        description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor); "
+        "days_missing counts days of the period without gpu_cost_daily.",
+        ins={"gpu_cost_daily": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE)},
+        check_specs=[
+            dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded."),
+            dg.AssetCheckSpec("period_days_present", asset="gpu_budget_status", description="WARN when days of a budget period have no gpu_cost_daily partition (their spend is unknown, not zero)."),
+        ],
     )
-    def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-        from gpu_ops.cost.budgets import check_outcome, evaluate_budgets
-        from gpu_ops.cost.pipeline import default_as_of, usage_table
+    def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_cost_daily) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+        from gpu_ops.cost.budgets import check_outcome, evaluate_budgets, missing_days_outcome
+        from gpu_ops.cost.pipeline import default_as_of
 
         cfg = gpu_ops.load()
         day = dt.date.fromisoformat(context.partition_key)
         as_of = default_as_of(day)
-        status = evaluate_budgets(cfg.budgets, usage_table(gpu_usage.drop(columns=["partition_key"], errors="ignore")), day, as_of, cfg.usage.idle)
-        view = status[["budget", "spend_usd", "amount_usd", "percent_used", "forecast_usd", "status", "thresholds_crossed"]]
+        daily = gpu_cost_daily.drop(columns=["partition_key"], errors="ignore")
+        status = evaluate_budgets(cfg.budgets, daily, day, as_of, cfg.usage.idle, expected_from=cfg.usage.partitions_start)
+        view = status[["budget", "spend_usd", "amount_usd", "percent_used", "forecast_usd", "status", "thresholds_crossed", "days_missing"]]
+        counts = {"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())}
         yield dg.Output(
             status if len(status) else None,
-            metadata={"budgets": len(status), "exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum()), "status": dg.MetadataValue.md(_md_table(view, 50))},
+            metadata={"budgets": len(status), **counts, "days_missing": int(status["days_missing"].max()) if len(status) else 0, "status": dg.MetadataValue.md(_md_table(view, 50))},
         )
         passed, severity, description = check_outcome(status)
         yield dg.AssetCheckResult(
@@ -192,22 +216,29 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             passed=passed,
             severity=dg.AssetCheckSeverity.ERROR if severity == "error" else dg.AssetCheckSeverity.WARN,
             description=description,
-            metadata={"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())},
+            metadata=counts,
+        )
+        passed, description, missing = missing_days_outcome(status)
+        yield dg.AssetCheckResult(
+            check_name="period_days_present",
+            passed=passed,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=description,
+            metadata={"missing_days": ", ".join(missing) or "none", "budgets_affected": len(status.attrs.get("missing_days", {}))},
         )
 
     @dg.asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE)},
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: list(ROI_INPUT_COLUMNS)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
     )
     def gpu_roi_report(context: dg.AssetExecutionContext, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
         import pandas as pd
 
-        from gpu_ops.cost.pipeline import usage_table
         from gpu_ops.cost.roi import TOTAL, roi_report
 
-        report = roi_report(usage_table(gpu_usage))
+        report = roi_report(gpu_usage)
         total = report[report["team"] == TOTAL].iloc[0]
         recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
         return dg.Output(

@@ -9,6 +9,9 @@
   withheld (``None``) until ``forecast_min_history`` of it exists: one hour says nothing.
 - Status: ``exceeded`` once actual spend reaches the amount; ``warning`` when a crossed
   threshold is of warning or critical severity; otherwise ``ok``.
+- Spend is summed from the compact daily table (``gpu_cost_daily``: one row per day,
+  kind and scope-key combination), never from row-level usage. Days of the period that
+  the table lacks are reported (``days_missing``) and never read as zero.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
 from gpu_ops.cost.attribution import label_values, utc
+from gpu_ops.cost.columns import DAILY_KEYS
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
-    "status", "thresholds_crossed", "scope", "as_of", "period",
+    "status", "thresholds_crossed", "scope", "as_of", "period", "days_missing",
 )
 
 
@@ -46,66 +50,196 @@ def period_bounds(budget: Budget, day: dt.date) -> tuple[dt.date, dt.date]:
     return start, dt.date(y, m, r)
 
 
-def scope_mask(rows: pd.DataFrame, filters: dict[str, str]) -> np.ndarray:
-    mask = np.ones(len(rows), bool)
-    for key, value in filters.items():
-        if key.startswith("label:"):
-            col = label_values(rows["labels"], key[len("label:") :]) if "labels" in rows else pd.Series([""] * len(rows))
-        else:
-            col = rows[key]
-        mask &= (col.astype(str) == value).to_numpy()
-    return mask
+# --------------------------------------------------------------------------- the daily table
+
+DAILY_TABLE = "gpu_cost_daily"
+# One row per day, kind and combination of DAILY_KEYS and the scoped labels (see scope_label_keys).
+DAILY_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "label_keys", "intervals", "gpu_hours", "cost_usd", "on_demand_usd")
+# A day that was computed and had no usage at all keeps one row of this kind (zero cost),
+# so that it can be told apart from a day that was never computed.
+NO_USAGE = "none"
 
 
-def daily_spend(rows: pd.DataFrame, filters: dict[str, str], idle: str = "row") -> pd.Series:
-    """Spend per UTC day (index: date) of the rows in scope.
+def scope_label_keys(budgets: Sequence[Budget]) -> list[str]:
+    """Label names some budget's scope filters on: the labels the daily table keeps."""
+    return sorted({k for b in budgets for k in b.scope.labels})
 
-    An unscoped budget covers the whole bill, idle fleet cost included. A scoped one
-    covers its allocated cost, plus its share of the day's idle cost when idle is shared
-    (the same weights as attribution: share of the day's allocated cost).
+
+def _scoped_labels(labels: pd.Series, keys: Sequence[str]) -> pd.Series:
+    """The ``labels`` JSON of each row reduced to ``keys`` (sorted JSON, "{}" when none)."""
+    if not keys or not len(labels):
+        return pd.Series(np.full(len(labels), "{}", dtype=object), index=labels.index)
+    values = pd.DataFrame({k: label_values(labels, k).astype(str).to_numpy() for k in keys})
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(values))
+    text = [json.dumps({k: v for k, v in zip(keys, u) if v}, sort_keys=True) for u in uniques]
+    return pd.Series(np.asarray(text, dtype=object)[codes], index=labels.index)
+
+
+def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequence[str] = ()) -> pd.DataFrame:
+    """Priced pieces (allocated and idle rows with a ``day`` column) -> one row per day,
+    kind and scope-key combination (:data:`DAILY_COLUMNS`): the compact table that budget
+    periods are summed from.
+
+    Every day of ``days`` gets at least one row (kind :data:`NO_USAGE` when it had no
+    usage). ``on_demand_usd`` is NaN for a group with any piece without an on-demand price.
     """
-    if rows.empty:
-        return pd.Series(dtype=float)
-    day = rows["day"].dt.date
-    kind = rows["kind"].astype(str).to_numpy()
-    cost = rows["cost_usd"].to_numpy(dtype=float)
-    if not filters:
-        return pd.Series(cost).groupby(day.to_numpy()).sum()
-    alloc = kind != "idle"
-    in_scope = alloc & scope_mask(rows, filters)
-    spend = pd.Series(np.where(in_scope, cost, 0.0)).groupby(day.to_numpy()).sum()
-    if idle == "share":
-        by_day = pd.DataFrame({"day": day.to_numpy(), "alloc": np.where(alloc, cost, 0.0), "idle": np.where(~alloc, cost, 0.0), "scope": np.where(in_scope, cost, 0.0)})
-        g = by_day.groupby("day")[["alloc", "idle", "scope"]].sum()
-        share = np.where(g["alloc"] > 0, g["idle"] * g["scope"] / g["alloc"].where(g["alloc"] > 0, 1.0), 0.0)
-        spend = spend.add(pd.Series(share, index=g.index), fill_value=0.0)
-    return spend
+    label_keys = sorted(label_keys)
+    marker = json.dumps(label_keys)
+    n = len(rows)
+    if n:
+        od = rows["on_demand_usd"].to_numpy(dtype=float)
+        frame = pd.DataFrame(
+            {
+                "day": pd.to_datetime(rows["day"], utc=True).dt.date.to_numpy(),
+                "kind": rows["kind"].astype(str).to_numpy(),
+                **{k: (rows[k].astype(object).where(rows[k].notna(), "").astype(str).to_numpy() if k in rows else np.full(n, "", dtype=object)) for k in DAILY_KEYS},
+                "labels": _scoped_labels(rows["labels"], label_keys).to_numpy() if "labels" in rows else np.full(n, "{}", dtype=object),
+                "intervals": np.ones(n),
+                "gpu_hours": rows["gpu_hours"].to_numpy(dtype=float),
+                "cost_usd": rows["cost_usd"].to_numpy(dtype=float),
+                "on_demand_usd": np.nan_to_num(od),
+                "_od_missing": np.isnan(od).astype(float),
+            }
+        )
+        keys = ["day", "kind", *DAILY_KEYS, "labels"]
+        table = frame.groupby(keys, sort=True, observed=True, dropna=False).sum().reset_index()
+        table.loc[table["_od_missing"] > 0, "on_demand_usd"] = np.nan
+        table = table.drop(columns="_od_missing")
+        table["intervals"] = table["intervals"].astype("int64")
+    else:
+        table = pd.DataFrame({c: pd.Series([], dtype=float if c in ("gpu_hours", "cost_usd", "on_demand_usd") else object) for c in DAILY_COLUMNS if c != "label_keys"})
+        table["intervals"] = table["intervals"].astype("int64")
+    empty_days = sorted(set(days) - set(table["day"]))
+    if empty_days:
+        none = pd.DataFrame({"day": empty_days, "kind": NO_USAGE, **{k: "" for k in DAILY_KEYS}, "labels": "{}", "intervals": 0, "gpu_hours": 0.0, "cost_usd": 0.0, "on_demand_usd": 0.0})
+        table = pd.concat([table, none], ignore_index=True) if len(table) else none
+    table["label_keys"] = marker
+    table["intervals"] = table["intervals"].astype("int64")
+    return table.sort_values(["day", "kind", *DAILY_KEYS, "labels"], kind="stable").reset_index(drop=True)[list(DAILY_COLUMNS)]
 
 
-def evaluate_budget(budget: Budget, rows: pd.DataFrame, day: dt.date, as_of: Any, idle: str = "row") -> dict[str, Any]:
-    """Status of ``budget`` for the period containing ``day``, from priced pieces with a ``day`` column.
+# --------------------------------------------------------------------------- spend per day
 
-    ``rows`` must cover the period from its start up to ``day`` (earlier days are ignored).
+
+class SpendBook:
+    """A period's daily table, indexed so that thousands of budgets are summed cheaply.
+
+    Per day present: the whole bill, allocated and idle cost. Per set of scope keys (e.g.
+    ``team``, or ``team`` + ``label:tier``): one matrix of allocated cost, key
+    combination × day, built once and shared by every budget scoping on those keys.
+    """
+
+    def __init__(self, daily: pd.DataFrame, idle: str = "row"):
+        self.idle = idle
+        days = pd.to_datetime(daily["day"]).dt.date if len(daily) else pd.Series([], dtype=object)
+        self.days: list[dt.date] = sorted(set(days))
+        self._index = {d: i for i, d in enumerate(self.days)}
+        kind = daily["kind"].astype(str).to_numpy() if len(daily) else np.array([], dtype=object)
+        real = kind != NO_USAGE
+        self._rows = daily[real].reset_index(drop=True)
+        self._day_idx = np.array([self._index[d] for d in days[real]], dtype=np.int64)
+        self._alloc = (kind[real] != "idle")
+        cost = self._rows["cost_usd"].to_numpy(dtype=float) if len(self._rows) else np.array([])
+        nd = len(self.days)
+        self.total = np.bincount(self._day_idx, weights=cost, minlength=nd)
+        alloc_d = np.bincount(self._day_idx, weights=np.where(self._alloc, cost, 0.0), minlength=nd)
+        idle_d = self.total - alloc_d
+        self._share = np.zeros(nd)
+        if idle == "share":
+            np.divide(idle_d, alloc_d, out=self._share, where=alloc_d > 0)
+        self.used = np.bincount(self._day_idx, minlength=nd) > 0  # days with any usage (allocated or idle)
+        self._label_keys = self._recorded_label_keys(daily, days)
+        self._tables: dict[tuple[str, ...], tuple[dict[tuple[str, ...], int], np.ndarray]] = {}
+
+    @staticmethod
+    def _recorded_label_keys(daily: pd.DataFrame, days: pd.Series) -> dict[dt.date, set[str]]:
+        if "label_keys" not in daily or not len(daily):
+            return {d: set() for d in set(days)}
+        out: dict[dt.date, set[str]] = {}
+        for d, marker in zip(days, daily["label_keys"]):
+            if d not in out:
+                out[d] = set(json.loads(marker)) if isinstance(marker, str) and marker else set()
+        return out
+
+    def lacking(self, filters: dict[str, str]) -> set[dt.date]:
+        """Days present whose aggregate was built without a label this scope filters on."""
+        need = {k[len("label:") :] for k in filters if k.startswith("label:")}
+        return {d for d, have in self._label_keys.items() if need - have} if need else set()
+
+    def _table(self, keys: tuple[str, ...]) -> tuple[dict[tuple[str, ...], int], np.ndarray]:
+        if keys not in self._tables:
+            alloc = self._rows[self._alloc]
+            cols = [label_values(alloc["labels"], k[len("label:") :]).astype(str) if k.startswith("label:") else alloc[k].astype(str) for k in keys]
+            combos = pd.MultiIndex.from_arrays([c.to_numpy() for c in cols]) if keys else None
+            codes, uniques = pd.factorize(combos) if combos is not None and len(alloc) else (np.array([], np.int64), [])
+            matrix = np.zeros((len(uniques), len(self.days)))
+            np.add.at(matrix, (codes, self._day_idx[self._alloc]), alloc["cost_usd"].to_numpy(dtype=float))
+            self._tables[keys] = ({tuple(u): i for i, u in enumerate(uniques)}, matrix)
+        return self._tables[keys]
+
+    def spend(self, filters: dict[str, str]) -> np.ndarray:
+        """Spend per day present (aligned with :attr:`days`) of the scope ``filters``.
+
+        An unscoped budget covers the whole bill, idle fleet cost included. A scoped one
+        covers its allocated cost, plus its share of the day's idle cost when idle is
+        shared (the same weights as attribution: share of the day's allocated cost).
+        """
+        if not filters:
+            return self.total
+        keys = tuple(sorted(filters))
+        index, matrix = self._table(keys)
+        row = index.get(tuple(filters[k] for k in keys))
+        if row is None:
+            return np.zeros(len(self.days))
+        scoped = matrix[row]
+        return scoped + scoped * self._share if self.idle == "share" else scoped
+
+
+def _days(start: dt.date, end: dt.date) -> list[dt.date]:
+    """``[start, end]``, inclusive."""
+    return [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+def _overlap_s(days: Any, lo: pd.Timestamp, hi: pd.Timestamp) -> float:
+    """Seconds of ``[lo, hi)`` that fall on ``days``."""
+    total = 0.0
+    for d in days:
+        a = max(lo, utc(pd.Timestamp(d)))
+        b = min(hi, utc(pd.Timestamp(d + dt.timedelta(days=1))))
+        total += max((b - a).total_seconds(), 0.0)
+    return total
+
+
+def evaluate_budget(budget: Budget, book: SpendBook, day: dt.date, as_of: Any, expected_from: dt.date | None = None) -> dict[str, Any]:
+    """Status of ``budget`` for the period containing ``day``, from the daily table.
+
+    Days of the period up to ``day`` (from ``expected_from``, the first day data can
+    exist, when later) that the table lacks are counted in ``days_missing``, never read
+    as zero: spend is the sum of the days present, the forecast's history counts only
+    days present, and its run-rate is carried over the missing days as over the rest of
+    the period.
     """
     start, end = period_bounds(budget, day)
     as_of_ts = min(utc(as_of), utc(pd.Timestamp(end)))
-    in_period = rows
-    if len(rows):
-        d = rows["day"].dt.date
-        in_period = rows[((d >= start) & (d <= day)).to_numpy()]
     filters = budget.scope.as_filters()
-    spend = float(daily_spend(in_period, filters, idle).sum()) if len(in_period) else 0.0
+    lacking = book.lacking(filters)
+    present = np.array([start <= d <= day and d not in lacking for d in book.days], bool)
+    expected = _days(max(start, expected_from or start), day) if day >= max(start, expected_from or start) else []
+    have = {d for d, p in zip(book.days, present) if p}
+    missing = [d for d in expected if d not in have]
+    spend = float(book.spend(filters)[present].sum()) if present.any() else 0.0
 
     # History starts at the period start, or on the day of the first usage seen in it
     # when data begins later (a system installed mid-month must not forecast from empty days).
     forecast = None
-    if len(in_period):
-        first_seen = utc(in_period["start"].min()).floor("D")
-        history_start = max(utc(pd.Timestamp(start)), first_seen)
-        history = as_of_ts - history_start
-        if history >= parse_duration(budget.forecast_min_history) and history.total_seconds() > 0:
-            remaining = (utc(pd.Timestamp(end)) - as_of_ts).total_seconds()
-            forecast = spend + spend / history.total_seconds() * max(remaining, 0.0)
+    used = [d for d, p, u in zip(book.days, present, book.used) if p and u]
+    if used:
+        history_start = max(utc(pd.Timestamp(start)), utc(pd.Timestamp(min(used))))
+        missing_s = _overlap_s([d for d in missing if d >= min(used)], history_start, as_of_ts)
+        history_s = (as_of_ts - history_start).total_seconds() - missing_s
+        if history_s > 0 and dt.timedelta(seconds=history_s) >= parse_duration(budget.forecast_min_history):
+            remaining = max((utc(pd.Timestamp(end)) - as_of_ts).total_seconds(), 0.0)
+            forecast = spend + spend / history_s * (remaining + missing_s)
 
     crossed: list[str] = []
     worst = "ok"
@@ -130,14 +264,27 @@ def evaluate_budget(budget: Budget, rows: pd.DataFrame, day: dt.date, as_of: Any
         "scope": json.dumps(filters, sort_keys=True),
         "as_of": as_of_ts.to_pydatetime(),
         "period": budget.period,
+        "days_missing": len(missing),
+        "_missing": missing,
     }
 
 
-def evaluate_budgets(budgets: Sequence[Budget], rows: pd.DataFrame, day: dt.date, as_of: Any, idle: str = "row") -> pd.DataFrame:
-    """One row per budget (columns :data:`BUDGET_COLUMNS`); ``forecast_usd`` NaN when withheld."""
-    records = [evaluate_budget(b, rows, day, as_of, idle) for b in budgets]
+def evaluate_budgets(budgets: Sequence[Budget], daily: pd.DataFrame, day: dt.date, as_of: Any, idle: str = "row", expected_from: dt.date | None = None) -> pd.DataFrame:
+    """One row per budget (columns :data:`BUDGET_COLUMNS`); ``forecast_usd`` NaN when withheld.
+
+    ``daily`` is the daily table (:func:`daily_costs`), or priced pieces covering every
+    day from the earliest period start to ``day`` (they are aggregated first). The
+    frame's ``attrs["missing_days"]`` maps each budget with missing days to them.
+    """
+    if "label_keys" not in daily:
+        daily = daily_costs(daily, _days(earliest_period_start(budgets, day), day), scope_label_keys(budgets))
+    book = SpendBook(daily, idle)
+    records = [evaluate_budget(b, book, day, as_of, expected_from) for b in budgets]
+    missing = {r["budget"]: [d.isoformat() for d in r.pop("_missing")] for r in records}
     df = pd.DataFrame(records, columns=list(BUDGET_COLUMNS))
     df["forecast_usd"] = df["forecast_usd"].astype(float)
+    df["days_missing"] = df["days_missing"].astype("int64")
+    df.attrs["missing_days"] = {b: ds for b, ds in missing.items() if ds}
     return df
 
 
@@ -155,3 +302,14 @@ def check_outcome(status: pd.DataFrame) -> tuple[bool, str, str]:
     parts = ([f"exceeded: {', '.join(exceeded)}"] if exceeded else []) + ([f"warning: {', '.join(warning)}"] if warning else [])
     return not parts, "error" if exceeded else "warn", "; ".join(parts) or "all budgets ok"
 
+
+
+def missing_days_outcome(status: pd.DataFrame) -> tuple[bool, str, list[str]]:
+    """(passed, description, missing days) of the period-days-present check."""
+    per_budget: dict[str, list[str]] = status.attrs.get("missing_days", {})
+    days = sorted({d for ds in per_budget.values() for d in ds})
+    if not days:
+        return True, "every day of every budget period so far has its daily costs", []
+    shown = ", ".join(days[:10]) + (f" and {len(days) - 10} more" if len(days) > 10 else "")
+    names = ", ".join(sorted(per_budget)[:10]) + (f" and {len(per_budget) - 10} more" if len(per_budget) > 10 else "")
+    return False, f"no gpu_cost_daily for {shown}: spend of {names} leaves those days out (unknown, not zero); materialize them", days

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
 
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
+# `dg.AssetIn(metadata={COLUMNS: [...]})`: load only these columns of the upstream table.
+COLUMNS = "columns"
 # What Dagster names a type inferred from `pd.DataFrame` (its __module__ became "pandas" in pandas 3).
 _DATAFRAME_QUALNAME = "pandas.DataFrame" if int(version("pandas").split(".")[0]) >= 3 else "pandas.core.frame.DataFrame"
 
@@ -67,7 +69,8 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     A partitioned asset's write replaces exactly its partitions' rows in one transaction.
     Loading one upstream partition gives its rows without ``partition_key``; loading
-    several (a window of days) keeps ``partition_key`` so they can be told apart.
+    several (a window of days) keeps ``partition_key`` so they can be told apart. An
+    input whose metadata names ``columns`` gets only those (the ones the table has).
     """
 
     url: str = Field(description="SQLAlchemy URL: sqlite:///path.db or postgresql://user@host/db")
@@ -93,10 +96,14 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     def load_input(self, context: dg.InputContext) -> Any:
         name = table_name(context.asset_key)
+        columns = (context.definition_metadata or {}).get(COLUMNS)
+        columns = list(columns) if columns is not None else None
         if context.has_asset_partitions:
             keys = list(context.asset_partition_keys)
-            df = self._store().read(name, partition_keys=keys, missing_ok=True)
+            if columns is not None and len(keys) > 1:
+                columns.append(PARTITION_COLUMN)
+            df = self._store().read(name, partition_keys=keys, columns=columns, missing_ok=True)
             if len(keys) == 1 and PARTITION_COLUMN in df.columns:
                 df = df.drop(columns=[PARTITION_COLUMN])
             return df
-        return self._store().read(name, missing_ok=True)
+        return self._store().read(name, columns=columns, missing_ok=True)

@@ -38,7 +38,7 @@ def test_alerts_from_materialized_budget_status(tmp_path, dagster_instance, rece
     h = SensorHarness(dagster_instance, path)
     assets, _ = build_assets(h.config)
     resources = {"gpu_ops": h.settings, "table_io_manager": TableIOManager(url=url)}
-    result = dg.materialize(assets, partition_key="2026-10-01", resources=resources, instance=dagster_instance, selection=["gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_budget_status"])
+    result = dg.materialize(assets, partition_key="2026-10-01", resources=resources, instance=dagster_instance, selection=["gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status"])
     assert result.success
 
     requests, results = h.tick(force=False)  # due: a new gpu_budget_status materialization

@@ -18,10 +18,10 @@ from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 
 DEMO = BUNDLED_CONFIG.parent
-TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report")
+TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report")
 
 
-def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None) -> Path:
+def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01") -> Path:
     demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
     sources = [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
     if ledger:
@@ -29,7 +29,7 @@ def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: 
     cfg = {
         "storage": {"url": url},
         "prices": str(DEMO / "prices.yaml"),
-        "usage": {"sources": sources, "inventory": {"type": "file", "path": str(DEMO / "inventory.csv")}, "idle": "row", "group_by": ["team", "project"], "partitions_start": "2026-10-01"},
+        "usage": {"sources": sources, "inventory": {"type": "file", "path": str(DEMO / "inventory.csv")}, "idle": "row", "group_by": ["team", "project"], "partitions_start": start},
         "budgets": demo["budgets"] + (extra_budgets or []),
         "channels": demo["channels"],
     }
@@ -39,15 +39,15 @@ def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: 
 
 
 class Env:
-    def __init__(self, tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None):
-        self.path = write_config(tmp_path, url, ledger, extra_budgets)
+    def __init__(self, tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01"):
+        self.path = write_config(tmp_path, url, ledger, extra_budgets, start)
         self.config = load_config(self.path)
         self.url = url
         self.assets, self.partitions = build_assets(self.config)
         self.resources = {"gpu_ops": GpuOpsSettings(config_path=str(self.path)), "table_io_manager": TableIOManager(url=url)}
 
-    def materialize(self, day: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
-        result = dg.materialize(self.assets, partition_key=day, resources=self.resources, instance=instance)
+    def materialize(self, day: str, instance: dg.DagsterInstance, selection: list[str] | None = None) -> dg.ExecuteInProcessResult:
+        result = dg.materialize(self.assets, partition_key=day, resources=self.resources, instance=instance, selection=selection)
         assert result.success
         return result
 
@@ -141,6 +141,32 @@ def test_budget_status_accumulates_the_period_and_its_check_escalates(tmp_path):
     assert last.loc["nlp-daily", "spend_usd"] == pytest.approx(nlp_31)
 
 
+def test_a_day_missing_from_a_budget_period_is_reported_and_budgets_read_only_the_daily_table(tmp_path):
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", start="2026-10-14")
+    with dg.DagsterInstance.ephemeral() as instance:
+        env.materialize("2026-10-14", instance)
+        gap = env.materialize("2026-10-16", instance)  # the 15th was never materialized
+        status = TableStore(env.url).read("gpu_budget_status", partition_keys=["2026-10-16"]).set_index("budget")
+        assert status["days_missing"].tolist() == [1, 1]
+        check = checks(gap)["period_days_present"]
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN and "2026-10-15" in check.description
+        daily = TableStore(env.url).read("gpu_cost_daily")
+        assert set(daily["partition_key"]) == {"2026-10-14", "2026-10-16"}
+        nlp = daily[(daily["team"] == "nlp") & (daily["kind"] == "allocated")]
+        assert status.loc["nlp-monthly", "spend_usd"] == pytest.approx(nlp["cost_usd"].sum())  # 14th + 16th, no zero for the 15th
+
+        env.materialize("2026-10-15", instance)
+        # Budget status from the daily table alone: row-level usage gone, the day re-evaluated.
+        with TableStore(env.url).engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE gpu_usage")
+        again = env.materialize("2026-10-16", instance, selection=["gpu_budget_status"])
+    assert checks(again)["period_days_present"].passed
+    status = TableStore(env.url).read("gpu_budget_status", partition_keys=["2026-10-16"]).set_index("budget")
+    attribution = TableStore(env.url).read("gpu_cost_attribution")
+    assert status["days_missing"].tolist() == [0, 0]
+    assert round(status.loc["nlp-monthly", "spend_usd"], 2) == round(attribution.loc[attribution["team"] == "nlp", "cost_usd"].sum(), 2)
+
+
 def test_definitions_register_assets_checks_and_the_daily_schedule():
     from gpu_ops.cost.definitions import build_defs
 
@@ -205,8 +231,10 @@ def test_thirty_day_backfill_lands_thirty_partitions_without_duplicates(tmp_path
     assert not attribution.duplicated(["partition_key", "team", "project"]).any()
     budgets = store.read("gpu_budget_status")
     assert len(budgets) == 30 * 2 and not budgets.duplicated(["partition_key", "budget"]).any()
-    # Month to date on the 30th = the sum of the 30 days' nlp attribution.
+    # Month to date on the 30th = the sum of the 30 days' row-level nlp usage, to the cent.
     nlp = budgets[(budgets["partition_key"] == days[-1]) & (budgets["budget"] == "nlp-monthly")].iloc[0]
+    assert round(nlp["spend_usd"], 2) == round(usage.loc[(usage["team"] == "nlp") & (usage["kind"] != "idle"), "cost_usd"].sum(), 2)
     assert nlp["spend_usd"] == pytest.approx(attribution.loc[attribution["team"] == "nlp", "cost_usd"].sum())
+    assert (budgets["days_missing"] == 0).all()
     assert {"actual-50pct", "actual-80pct", "actual-100pct", "forecast-120pct"} <= set(nlp["thresholds_crossed"])
     assert nlp["status"] == "exceeded"

@@ -9,8 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from gpu_ops.config import Budget
-from gpu_ops.cost.budgets import check_outcome, evaluate_budget, evaluate_budgets, period_bounds
+from gpu_ops.config import BUNDLED_CONFIG, Budget
+from gpu_ops.cost.budgets import SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
 from gpu_ops.cost.pipeline import price_window
 
 from .helpers import MATRIX, raw, row
@@ -25,6 +25,16 @@ def spend_on(day: str, dollars: float, **kw) -> dict:
 def priced(rows, first="2026-09-01", last="2026-11-30"):
     end = pd.Timestamp(last, tz="UTC") + pd.Timedelta(days=1)
     return price_window(raw(rows), None, MATRIX, pd.Timestamp(first, tz="UTC"), end, end).rows
+
+
+def days(first="2026-09-01", last="2026-11-30"):
+    a, b = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
+    return [a + dt.timedelta(days=i) for i in range((b - a).days + 1)]
+
+
+def book(rows, idle="row", label_keys=(), **window):
+    """The daily table of every day of the window, as the budget asset reads it."""
+    return SpendBook(daily_costs(rows, days(**window), label_keys), idle)
 
 
 BUDGET = Budget(
@@ -45,7 +55,8 @@ ROWS = priced([spend_on("2026-10-01", 500), spend_on("2026-10-02", 300), spend_o
 
 def status(day: str, budget=BUDGET, rows=ROWS, as_of=None):
     d = dt.date.fromisoformat(day)
-    return evaluate_budget(budget, rows, d, as_of or pd.Timestamp(d + dt.timedelta(days=1), tz="UTC"))
+    labels = sorted(budget.scope.labels)
+    return evaluate_budget(budget, book(rows, label_keys=labels), d, as_of or pd.Timestamp(d + dt.timedelta(days=1), tz="UTC"))
 
 
 def test_crossing_50_80_100_and_120_percent():
@@ -159,7 +170,101 @@ def test_idle_share_mode_adds_the_scopes_share_of_idle_cost():
     d = dt.date(2026, 10, 2)
     as_of = pd.Timestamp("2026-10-03", tz="UTC")
     # Fleet $768, idle $648: shared 96:24 in share mode; whole-bill budget sees it all either way.
-    assert evaluate_budget(BUDGET, rows, d, as_of, idle="row")["spend_usd"] == pytest.approx(96)
-    assert evaluate_budget(BUDGET, rows, d, as_of, idle="share")["spend_usd"] == pytest.approx(96 + 648 * 96 / 120)
+    assert evaluate_budget(BUDGET, book(rows, idle="row"), d, as_of)["spend_usd"] == pytest.approx(96)
+    assert evaluate_budget(BUDGET, book(rows, idle="share"), d, as_of)["spend_usd"] == pytest.approx(96 + 648 * 96 / 120)
     everything = Budget(name="all", amount_usd=10000)
-    assert evaluate_budget(everything, rows, d, as_of, idle="row")["spend_usd"] == pytest.approx(768)
+    assert evaluate_budget(everything, book(rows, idle="row"), d, as_of)["spend_usd"] == pytest.approx(768)
+
+
+# --------------------------------------------------------------------------- the daily table
+
+
+def test_daily_table_has_one_row_per_scope_combination_and_day_and_marks_empty_days():
+    rows = priced([
+        spend_on("2026-10-01", 100, project="a", labels='{"tier": "gold", "pod-hash": "x1"}'),
+        spend_on("2026-10-01", 50, project="a", labels='{"tier": "gold", "pod-hash": "x2"}'),  # same scope combination
+        spend_on("2026-10-01", 30, project="b"),
+        spend_on("2026-10-03", 20, project="b"),
+    ])
+    daily = daily_costs(rows, days("2026-10-01", "2026-10-03"), ["tier"])
+    assert list(daily.columns) == ["day", "kind", "team", "project", "namespace", "cost_center", "labels", "label_keys", "intervals", "gpu_hours", "cost_usd", "on_demand_usd"]
+    day1 = daily[daily["day"] == dt.date(2026, 10, 1)].set_index("project")
+    assert len(day1) == 2  # two intervals of project a fold into one row: labels keep only scoped keys
+    assert day1.loc["a", "labels"] == '{"tier": "gold"}' and day1.loc["a", "intervals"] == 2
+    assert day1.loc["a", "cost_usd"] == pytest.approx(150) and day1.loc["b", "cost_usd"] == pytest.approx(30)
+    empty = daily[daily["day"] == dt.date(2026, 10, 2)]
+    assert empty["kind"].tolist() == ["none"] and empty["cost_usd"].tolist() == [0.0]  # computed, no usage: not missing
+    assert daily["cost_usd"].sum() == pytest.approx(rows["cost_usd"].sum())
+
+
+def test_a_budget_period_with_a_missing_day_reports_it_and_never_reads_it_as_zero():
+    rows = priced([spend_on(f"2026-10-{d:02d}", 100) for d in (1, 2, 3, 4, 5)])
+    kept = [dt.date(2026, 10, d) for d in (1, 2, 4, 5)]  # the 3rd was never materialized
+    daily = daily_costs(rows, days("2026-10-01", "2026-10-05"), [])
+    daily = daily[daily["day"].isin(kept)]
+    b = BUDGET.model_copy(update={"forecast_min_history": "4d"})
+    s = evaluate_budget(b, SpendBook(daily), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
+    assert s["days_missing"] == 1 and s["_missing"] == [dt.date(2026, 10, 3)]
+    assert s["spend_usd"] == pytest.approx(400)  # the days present, not a zero for the 3rd
+    # 4 days of history present (not 5): $100/day carried over the missing day and the 26 left.
+    assert s["forecast_usd"] == pytest.approx(400 + 100 * (26 + 1))
+    early = evaluate_budget(b, SpendBook(daily), dt.date(2026, 10, 4), pd.Timestamp("2026-10-05", tz="UTC"))
+    assert early["days_missing"] == 1 and early["forecast_usd"] is None  # 3 days present < 4d: withheld
+    # The whole table: the column, and the days named for the check.
+    table = evaluate_budgets([b, Budget(name="all", amount_usd=1e6)], daily, dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
+    assert table["days_missing"].tolist() == [1, 1]
+    from gpu_ops.cost.budgets import missing_days_outcome
+
+    passed, description, missing = missing_days_outcome(table)
+    assert not passed and missing == ["2026-10-03"] and "2026-10-03" in description and "nlp-monthly" in description
+    # Days before the first day data can exist (the first partition) are not expected.
+    late = evaluate_budget(b, SpendBook(daily), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"), expected_from=dt.date(2026, 10, 4))
+    assert late["days_missing"] == 0
+
+
+def test_a_label_scope_the_daily_table_was_not_built_for_counts_its_days_as_missing():
+    rows = priced([spend_on("2026-10-01", 100, labels='{"tier": "gold"}'), spend_on("2026-10-02", 100, labels='{"tier": "gold"}')])
+    gold = Budget(name="gold", amount_usd=1000, scope={"labels": {"tier": "gold"}})
+    old = daily_costs(rows[rows["day"].dt.date == dt.date(2026, 10, 1)], [dt.date(2026, 10, 1)], [])  # before the gold budget existed
+    new = daily_costs(rows[rows["day"].dt.date == dt.date(2026, 10, 2)], [dt.date(2026, 10, 2)], ["tier"])
+    s = evaluate_budget(gold, SpendBook(pd.concat([old, new])), dt.date(2026, 10, 2), pd.Timestamp("2026-10-03", tz="UTC"))
+    assert s["spend_usd"] == pytest.approx(100) and s["_missing"] == [dt.date(2026, 10, 1)]
+
+
+def _row_level_spend(budget, rows, day, idle):
+    """The former computation, straight from row-level pieces: the reference."""
+    start, _ = period_bounds(budget, day)
+    d = rows["day"].dt.date
+    rows = rows[(d >= start) & (d <= day)]
+    if not budget.scope.as_filters():
+        return rows["cost_usd"].sum()
+    alloc = rows[rows["kind"] != "idle"]
+    scope = alloc[alloc["team"] == budget.scope.team]
+    spend = scope["cost_usd"].sum()
+    if idle == "share":
+        for day_, part in rows.groupby(rows["day"].dt.date):
+            a = part[part["kind"] != "idle"]
+            if a["cost_usd"].sum() > 0:
+                spend += part.loc[part["kind"] == "idle", "cost_usd"].sum() * a.loc[a["team"] == budget.scope.team, "cost_usd"].sum() / a["cost_usd"].sum()
+    return spend
+
+
+@pytest.mark.parametrize("idle", ["row", "share"])
+def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(idle):
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.cost.usage import read_inventory_files, read_usage_files
+
+    cfg = load_config()
+    demo = BUNDLED_CONFIG.parent
+    start, end = pd.Timestamp("2026-10-01", tz="UTC"), pd.Timestamp("2026-11-01", tz="UTC")
+    rows = price_window(read_usage_files([str(demo / "usage" / "*.csv")]), read_inventory_files([str(demo / "inventory.csv")]), PriceMatrix.from_table(cfg.prices), start, end, end).rows
+    budgets = [*cfg.budgets, Budget(name="everything", amount_usd=50000)]
+    daily = pd.concat([daily_costs(rows[rows["day"].dt.date == d], [d], []) for d in days("2026-10-01", "2026-10-31")])
+    for day in (1, 10, 30):
+        d = dt.date(2026, 10, day)
+        table = evaluate_budgets(budgets, daily, d, pd.Timestamp(d + dt.timedelta(days=1), tz="UTC"), idle).set_index("budget")
+        for b in budgets:
+            ref = _row_level_spend(b, rows, d, idle)
+            assert round(table.loc[b.name, "spend_usd"], 2) == round(ref, 2) and ref > 0
+            assert table.loc[b.name, "days_missing"] == 0
