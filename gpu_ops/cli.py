@@ -30,6 +30,17 @@ class _LazyGroup(click.Group):
         module, _, attr = _COMMANDS[name][0].partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx: click.Context) -> object:
+        # A database that is down or a secret variable that is unset: one clear paragraph
+        # and exit 1, not a driver traceback.
+        from gpu_ops.config import ConfigError
+        from gpu_ops.storage.errors import StorageError
+
+        try:
+            return super().invoke(ctx)
+        except (StorageError, ConfigError) as exc:
+            raise click.ClickException(str(exc)) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_) for name, (_, help_) in sorted(_COMMANDS.items())])

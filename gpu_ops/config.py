@@ -114,13 +114,85 @@ def redact_url(url: str) -> str:
 # --------------------------------------------------------------------------- storage
 
 
+# ``{env: NAME}`` inside a storage URL: the password (or any part) read from the environment.
+_ENV_IN_URL = re.compile(r"\{\s*env:\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}")
+_USERINFO = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/?#]*)(?::(?P<password>[^@/?#]*))?@")
+
+
+def resolve_storage_url(url: str) -> str:
+    """Replace each ``{env: NAME}`` in ``url`` by that variable, percent-encoded.
+
+    The template is what configuration, Dagster run config and logs carry; the resolved
+    URL (with the password) exists only in memory, where a connection is opened.
+    """
+    from urllib.parse import quote
+
+    def value(m: re.Match[str]) -> str:
+        return quote(SecretRef(env=m.group(1)).get(), safe="")
+
+    return _ENV_IN_URL.sub(value, url)
+
+
+def _literal_password(url: str) -> bool:
+    m = _USERINFO.match(url)
+    password = m.group("password") if m else None
+    return bool(password) and not _ENV_IN_URL.fullmatch(password or "")
+
+
 class StorageConfig(_Model):
-    # sqlite:///relative/path.db resolves against the config file's folder;
-    # postgresql://user@host/db for production; {env: NAME} when it holds a password.
+    """Where the cost tables live.
+
+    ``url``: ``sqlite:///relative/path.db`` (against the config file's folder) or
+    ``postgresql://user@host:5432/db``. A password is never written in the file: either
+    ``password: {env: NAME}``, or ``{env: NAME}`` in the URL's password place
+    (``"postgresql://gpu_ops:{env: GPU_OPS_DB_PASSWORD}@db/costs"``, quoted in YAML), or
+    the whole URL from the environment (``url: {env: GPU_OPS_STORAGE_URL}``).
+    """
+
     url: Union[SecretRef, str] = "sqlite:///costs.db"
+    password: SecretRef | None = None
+    connect_timeout_s: PositiveFloat = 10.0
+    # PostgreSQL: the server cancels any statement running longer. SQLite: how long a
+    # writer waits for another writer's lock on the file.
+    statement_timeout_s: PositiveFloat = 300.0
+
+    @field_validator("url")
+    @classmethod
+    def _no_literal_password(cls, url: Any) -> Any:
+        if isinstance(url, str) and _literal_password(url):
+            raise ValueError(
+                "holds a literal password, which would end up in Dagster's run storage; write "
+                '"postgresql://user:{env: NAME}@host/db" or set storage.password: {env: NAME}'
+            )
+        return url
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def _password_is_a_reference(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("must be {env: NAME} (the variable holding the password), never the password itself")
+        return value
+
+    @model_validator(mode="after")
+    def _one_password(self) -> "StorageConfig":
+        if self.password is not None:
+            if not isinstance(self.url, str) or not _USERINFO.match(self.url):
+                raise ValueError("storage.password needs storage.url written as scheme://user@host/db (a user to go with it)")
+            if _USERINFO.match(self.url).group("password") is not None:  # type: ignore[union-attr]
+                raise ValueError("storage.password is set and storage.url has a password too; keep one")
+        return self
+
+    def url_template(self) -> Union[SecretRef, str]:
+        """The URL without any secret value: ``{env: NAME}`` where the password goes."""
+        if self.password is None or not isinstance(self.url, str):
+            return self.url
+        m = _USERINFO.match(self.url)
+        assert m is not None
+        return f"{m.group('scheme')}{m.group('user')}:{{env: {self.password.env}}}@{self.url[m.end():]}"
 
     def resolved_url(self) -> str:
-        return self.url.get() if isinstance(self.url, SecretRef) else self.url
+        template = self.url_template()
+        return template.get() if isinstance(template, SecretRef) else resolve_storage_url(template)
 
 
 # --------------------------------------------------------------------------- prices
@@ -616,7 +688,7 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
         rel = url[len("sqlite:///") :]
         if rel and rel != ":memory:":
             anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
-            cfg = cfg.model_copy(update={"storage": StorageConfig(url=f"sqlite:///{(anchor / rel).resolve()}")})
+            cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": f"sqlite:///{(anchor / rel).resolve()}"})})
     return cfg
 
 

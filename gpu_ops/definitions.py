@@ -19,9 +19,17 @@ from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.training.definitions import build_defs as training_defs
 
 
-def storage_url_config(config: GpuOpsConfig) -> str | dg.EnvVar:
-    url = config.storage.url
-    return dg.EnvVar(url.env) if isinstance(url, SecretRef) else url
+def storage_io_manager(config: GpuOpsConfig) -> TableIOManager:
+    """The IO manager on ``storage``, holding no secret: a password stays ``{env: NAME}``
+    (or the whole URL a ``dg.EnvVar``) until a table is read or written, so Dagster's run
+    snapshots and event logs never see it."""
+    storage = config.storage
+    url = storage.url_template()
+    return TableIOManager(
+        url=dg.EnvVar(url.env) if isinstance(url, SecretRef) else url,
+        connect_timeout_s=storage.connect_timeout_s,
+        statement_timeout_s=storage.statement_timeout_s,
+    )
 
 
 def build_defs(config_path: str | None = None) -> dg.Definitions:
@@ -29,7 +37,7 @@ def build_defs(config_path: str | None = None) -> dg.Definitions:
     shared = dg.Definitions(
         resources={
             "gpu_ops": GpuOpsSettings(config_path=str(config.source_path) if config.source_path else None),
-            "table_io_manager": TableIOManager(url=storage_url_config(config)),
+            "table_io_manager": storage_io_manager(config),
         }
     )
     return dg.Definitions.merge(

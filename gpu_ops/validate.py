@@ -28,29 +28,16 @@ class CheckResult:
 
 
 def check_storage(config: GpuOpsConfig) -> CheckResult:
-    import sqlalchemy as sa
-
-    from gpu_ops.storage.tables import TableStore, display_url
+    from gpu_ops.storage.tables import StorageError, TableStore, display_url
 
     try:
-        url = config.storage.resolved_url()
+        store = TableStore.from_config(config)
+        store.ping()
     except ConfigError as exc:
         return CheckResult("storage", "failed", str(exc), "export the variable, or set storage.url in the config file")
-    try:
-        store = TableStore(url)
-        with store.engine.begin() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except Exception as exc:  # any driver error is reported, not raised
-        reason = str(exc).splitlines()[0]
-        for secret in filter(None, [getattr(sa.engine.make_url(url), "password", None)]):
-            reason = reason.replace(secret, "***")
-        return CheckResult(
-            "storage",
-            "failed",
-            f"cannot open {display_url(url)}: {reason}",
-            "check storage.url: the database must exist and accept connections (for PostgreSQL: host, port, user, database)",
-        )
-    return CheckResult("storage", "ok", f"{display_url(url)} ({store.dialect}) accepts connections")
+    except StorageError as exc:  # names the database (password hidden) and what to check
+        return CheckResult("storage", "failed", str(exc), "check storage.url and the database server it names (the message says what failed)")
+    return CheckResult("storage", "ok", f"{display_url(store.url)} ({store.dialect}) accepts connections")
 
 
 # "module:function" so that a check's heavy imports (kubernetes, torch) stay in the check.

@@ -410,12 +410,11 @@ def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None 
     try:
         records = store.read(ENFORCEMENT_TABLE, missing_ok=True)
     except Exception as exc:  # the database is down: do not stop training over it
-        from gpu_ops.storage.tables import display_url
+        from gpu_ops.storage.tables import StorageUnavailable, display_url
 
-        logging.getLogger("gpu_ops.alerts").warning(
-            f"budget enforcement could not be checked ({type(exc).__name__} reading {ENFORCEMENT_TABLE} in "
-            f"{display_url(store.url)}); the launch goes ahead"
-        )
+        # Bounded by storage.connect_timeout_s / statement_timeout_s, never a hang.
+        why = str(exc) if isinstance(exc, StorageUnavailable) else f"{type(exc).__name__} reading {ENFORCEMENT_TABLE} in {display_url(store.url)}"
+        logging.getLogger("gpu_ops.alerts").warning(f"budget enforcement could not be checked ({why}); the launch goes ahead")
         return
     reason = launch_refusal(active_enforcements(records, now or dt.datetime.now(dt.timezone.utc)), request)
     if reason is None:

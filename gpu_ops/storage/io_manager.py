@@ -6,6 +6,8 @@ location loads (they would double its load time).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,18 @@ class _DataFrameType(dg.DagsterType):
 DATAFRAME_TYPE: dg.DagsterType = _DataFrameType()
 
 
+@contextmanager
+def _failure_on_unreachable_database() -> Iterator[None]:
+    """A database out of reach fails the step with the store's one-paragraph explanation
+    (database named, password hidden, what to check), not a driver traceback."""
+    from gpu_ops.storage.errors import StorageUnavailable
+
+    try:
+        yield
+    except StorageUnavailable as exc:
+        raise dg.Failure(description=str(exc), metadata={"storage_unavailable": True}) from None
+
+
 def table_name(key: dg.AssetKey) -> str:
     return "__".join(key.path)
 
@@ -73,12 +87,23 @@ class TableIOManager(dg.ConfigurableIOManager):
     input whose metadata names ``columns`` gets only those (the ones the table has).
     """
 
-    url: str = Field(description="SQLAlchemy URL: sqlite:///path.db or postgresql://user@host/db")
+    url: str = Field(
+        description=(
+            "SQLAlchemy URL: sqlite:///path.db or postgresql://user@host/db. A password is written "
+            "{env: NAME} in its place (resolved when a table is read or written, so run storage only "
+            "ever holds the reference), or the whole URL given as dg.EnvVar."
+        )
+    )
+    connect_timeout_s: float = Field(default=10.0, description="Give up opening a connection after this long (storage.connect_timeout_s).")
+    statement_timeout_s: float = Field(default=300.0, description="Cancel a statement running longer (storage.statement_timeout_s).")
 
     def _store(self) -> "TableStore":
+        from gpu_ops.config import resolve_storage_url
         from gpu_ops.storage.tables import TableStore
 
-        return TableStore(self.url)
+        return TableStore(
+            resolve_storage_url(self.url), connect_timeout_s=self.connect_timeout_s, statement_timeout_s=self.statement_timeout_s
+        )
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         import pandas as pd
@@ -91,10 +116,16 @@ class TableIOManager(dg.ConfigurableIOManager):
             raise StorageError(f"{context.asset_key.to_user_string()}: TableIOManager stores pandas DataFrames, got {type(obj).__name__}")
         name = table_name(context.asset_key)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
-        rows = self._store().write(name, obj, partition_keys=keys)
-        context.add_output_metadata({"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(self.url)})
+        store = self._store()
+        with _failure_on_unreachable_database():
+            rows = store.write(name, obj, partition_keys=keys)
+        context.add_output_metadata({"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(store.url)})
 
     def load_input(self, context: dg.InputContext) -> Any:
+        with _failure_on_unreachable_database():
+            return self._load(context)
+
+    def _load(self, context: dg.InputContext) -> Any:
         name = table_name(context.asset_key)
         columns = (context.definition_metadata or {}).get(COLUMNS)
         columns = list(columns) if columns is not None else None

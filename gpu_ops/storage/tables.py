@@ -11,6 +11,13 @@
   that were written (UTC timestamps, dates, bools, nullable ints, JSON lists).
 - PostgreSQL writes and reads use COPY (CSV written and parsed by Arrow, no Python
   object per value); reads can name the columns they need.
+- Every engine has a connect timeout and a statement timeout (``storage.connect_timeout_s``,
+  ``storage.statement_timeout_s``; SQLite: how long a writer waits for the file's lock).
+  A database that is down, silent or too slow raises :class:`StorageUnavailable`, whose
+  message names the database (password hidden) and says what to check: never a raw
+  driver traceback, never a hang.
+- Schema changes (the first write of a table, ``gpu_ops_columns``) are serialised by an
+  advisory lock, so concurrent first writers on a fresh PostgreSQL database all land.
 
 No Dagster imports here: the IO manager, the ledger and the alert state all use this.
 """
@@ -31,18 +38,64 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
+from gpu_ops.storage.errors import StorageError, StorageUnavailable
+
 PARTITION_COLUMN = "partition_key"
 _COLUMNS_TABLE = "gpu_ops_columns"
 _BATCH = 10_000
 
 
-class StorageError(RuntimeError):
-    pass
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_STATEMENT_TIMEOUT_S = 300.0
 
 
 def display_url(url: str | URL) -> str:
     """The URL with its password hidden, for logs and metadata."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _scrub(text: str, url: str | URL) -> str:
+    password = make_url(url).password
+    return text.replace(str(password), "***") if password else text
+
+
+def unavailable_reason(exc: BaseException, url: str | URL, connect_timeout_s: float, statement_timeout_s: float) -> str | None:
+    """What to tell an operator when ``exc`` means the database is out of reach, else None.
+
+    Connection failures (refused, unknown host, no answer within the connect timeout,
+    dropped), statements cancelled by the statement timeout and a SQLite file that stayed
+    locked are "unavailable"; anything else (a constraint, a bad type) is the caller's.
+    """
+    orig = getattr(exc, "orig", None) or exc
+    first = _scrub(str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__, url)
+    where = f"the gpu_ops database {display_url(url)}"
+    sqlite = make_url(url).get_backend_name() == "sqlite"
+    if getattr(orig, "pgcode", None) == "57014" or "statement timeout" in first:
+        return (
+            f"{where}: a statement ran longer than storage.statement_timeout_s ({statement_timeout_s:g} s) and was cancelled "
+            f"({first}). Check for sessions holding locks (pg_stat_activity), or raise storage.statement_timeout_s."
+        )
+    if sqlite:
+        if "locked" in first or "unable to open" in first:
+            return (
+                f"{where}: {first} (waited up to storage.statement_timeout_s = {statement_timeout_s:g} s). "
+                "Check that the folder exists and is writable and that no other process holds the file locked."
+            )
+        return None
+    connection_level = isinstance(exc, sa.exc.DBAPIError) and (exc.connection_invalidated or exc.connection_invalidated is None)
+    driver = type(orig).__name__
+    if "timeout expired" in first or "timed out" in first:
+        return (
+            f"cannot reach {where}: no answer within storage.connect_timeout_s ({connect_timeout_s:g} s): {first}. "
+            "Check that storage.url's host and port point at PostgreSQL (something there accepts connections but does not answer), "
+            "and that the network path (firewall, NetworkPolicy) lets this pod through."
+        )
+    if driver in ("OperationalError", "InterfaceError") or connection_level and isinstance(exc, sa.exc.OperationalError):
+        return (
+            f"cannot reach {where}: {first}. Check storage.url (host, port, user, database name), that the server is running "
+            "and accepts connections from here, and that the password's environment variable is set."
+        )
+    return None
 
 
 # --------------------------------------------------------------------------- column kinds
@@ -231,28 +284,50 @@ def _copy_out(conn: sa.Connection, query: sa.Select, kinds: Mapping[str, str]) -
 class TableStore:
     """Tables of DataFrames in one database, addressed by a SQLAlchemy URL."""
 
-    _engines: dict[str, Engine] = {}
+    _engines: dict[tuple[str, float, float], Engine] = {}
     _engines_lock = threading.Lock()
 
-    def __init__(self, url: str):
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
+    ):
         self.url = url
-        self.engine = self._engine_for(url)
+        self.connect_timeout_s = connect_timeout_s
+        self.statement_timeout_s = statement_timeout_s
+        self._engine_key = (url, float(connect_timeout_s), float(statement_timeout_s))
+        self.engine = self._engine_for(self._engine_key)
         self.dialect = self.engine.dialect.name
         # COPY goes through the raw driver, whose errors SQLAlchemy does not wrap.
         self._driver_error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
 
     @classmethod
     def from_config(cls, config: Any) -> "TableStore":
-        """The store a ``GpuOpsConfig`` names in ``storage.url`` (a secret reference resolved)."""
-        return cls(config.storage.resolved_url())
+        """The store a ``GpuOpsConfig`` names in ``storage`` (secret references resolved)."""
+        storage = config.storage
+        return cls(storage.resolved_url(), connect_timeout_s=storage.connect_timeout_s, statement_timeout_s=storage.statement_timeout_s)
 
     @classmethod
-    def _engine_for(cls, url: str) -> Engine:
+    def _engine_for(cls, key: tuple[str, float, float]) -> Engine:
         with cls._engines_lock:
-            engine = cls._engines.get(url)
+            engine = cls._engines.get(key)
             if engine is None:
-                engine = cls._engines[url] = _create_engine(url)
+                engine = cls._engines[key] = _create_engine(*key)
             return engine
+
+    def unavailable(self, exc: BaseException) -> StorageUnavailable | None:
+        """``exc`` as a :class:`StorageUnavailable` when it means the database is out of reach."""
+        if isinstance(exc, StorageUnavailable):
+            return exc
+        reason = unavailable_reason(exc, self.url, self.connect_timeout_s, self.statement_timeout_s)
+        return StorageUnavailable(reason) if reason else None
+
+    def ping(self) -> None:
+        """Open a connection and run ``SELECT 1``; raises :class:`StorageUnavailable`."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
 
     @classmethod
     def dispose_all(cls) -> None:
@@ -272,6 +347,17 @@ class TableStore:
         return dict(rows.fetchall())
 
     def _ensure_columns_table(self, conn: sa.Connection) -> None:
+        """Create ``gpu_ops_columns`` when it is missing, safely under concurrency.
+
+        On PostgreSQL ``CREATE TABLE IF NOT EXISTS`` is not safe against itself: two
+        sessions that both find the table missing both insert its row type, and one fails
+        on ``pg_type_typname_nsp_index``. Creators therefore take an advisory lock held to
+        the end of their transaction; the next one in line then finds the table. (SQLite's
+        ``BEGIN IMMEDIATE`` already serialises.)
+        """
+        if sa.inspect(conn).has_table(_COLUMNS_TABLE):
+            return
+        self._lock(conn, _COLUMNS_TABLE)
         conn.execute(
             sa.text(
                 f"CREATE TABLE IF NOT EXISTS {_COLUMNS_TABLE} ("
@@ -363,7 +449,10 @@ class TableStore:
                     conn.execute(table.delete())
                 self._insert(conn, table, df, kinds)
         except (sa.exc.DBAPIError, self._driver_error) as exc:
-            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            unavailable = self.unavailable(exc)
+            if unavailable is not None:
+                raise unavailable from exc
+            reason = _scrub(str(getattr(exc, "orig", exc)).strip().splitlines()[0], self.url)
             raise StorageError(f"table {name}: the database rejected the write; nothing was changed: {reason}") from exc
         return len(df)
 
@@ -427,7 +516,10 @@ class TableStore:
                 query = query.where(table.c[col].in_(value) if isinstance(value, (list, tuple, set)) else table.c[col] == value)
             kinds = self._kinds(conn, name)
             if self.dialect == "postgresql":
-                return _copy_out(conn, query, kinds)
+                try:
+                    return _copy_out(conn, query, kinds)
+                except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
+                    raise (self.unavailable(exc) or exc) from exc
             result = conn.execute(query)
             df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
         return _decode(df, kinds)
@@ -445,31 +537,61 @@ def _check_name(name: str) -> None:
         raise StorageError(f"{name!r} is not a usable table or column name (letters, digits and _; not starting with a digit)")
 
 
-def _create_engine(url: str) -> Engine:
+def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            import pathlib
-
-            pathlib.Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
-
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy, not pysqlite, issue BEGIN; WAL lets readers run during writes.
-            dbapi_conn.isolation_level = None
-            dbapi_conn.execute("PRAGMA journal_mode=WAL")
-            dbapi_conn.execute("PRAGMA busy_timeout=60000")
-
-        @sa.event.listens_for(engine, "begin")
-        def _on_begin(conn: sa.Connection) -> None:
-            # Take the write lock up front: two deferred transactions that both upgrade
-            # to writers deadlock in SQLite; IMMEDIATE makes the second one wait.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
-    if parsed.get_backend_name() == "postgresql":
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        engine = _sqlite_engine(url, parsed, statement_timeout_s)
+    elif backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg2")
-        return sa.create_engine(parsed, pool_pre_ping=True)
-    raise StorageError(f"storage.url {display_url(url)}: only sqlite:/// and postgresql:// are supported")
+        connect_args = {
+            # libpq: the whole connection attempt, a silent listener included (min 2 s).
+            "connect_timeout": max(2, math.ceil(connect_timeout_s)),
+            # Server side: any statement (advisory lock waits included) is cancelled after this.
+            "options": f"-c statement_timeout={int(statement_timeout_s * 1000)}",
+            # A peer that vanishes mid-query is noticed in about a minute, not hours.
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+        }
+        engine = sa.create_engine(parsed, pool_pre_ping=True, pool_timeout=max(connect_timeout_s, 1), connect_args=connect_args)
+    else:
+        raise StorageError(f"storage.url {display_url(url)}: only sqlite:/// and postgresql:// are supported")
+
+    @sa.event.listens_for(engine, "handle_error")
+    def _explain(ctx: sa.engine.ExceptionContext) -> BaseException | None:
+        # Every statement and every connection attempt: "cannot reach <db>: ...; check ..."
+        # in place of the driver's OperationalError (the original stays as __cause__).
+        reason = unavailable_reason(ctx.sqlalchemy_exception or ctx.original_exception, url, connect_timeout_s, statement_timeout_s)
+        if reason is None:
+            return None
+        err = StorageUnavailable(reason)
+        err.__cause__ = ctx.original_exception
+        return err
+
+    return engine
+
+
+def _sqlite_engine(url: str, parsed: URL, busy_timeout_s: float) -> Engine:
+    if parsed.database and parsed.database != ":memory:":
+        import pathlib
+
+        pathlib.Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, issue BEGIN; WAL lets readers run during writes.
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # Take the write lock up front: two deferred transactions that both upgrade
+        # to writers deadlock in SQLite; IMMEDIATE makes the second one wait.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

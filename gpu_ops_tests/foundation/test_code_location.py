@@ -68,10 +68,17 @@ def test_validate_passes_on_the_default_and_fails_with_a_fix_on_bad_storage(tmp_
 
     prices = REPO / "gpu_ops" / "demo" / "prices.yaml"
     cfg = tmp_path / "gpu_ops.yaml"
+    # A literal password is refused: it would be stored wherever the URL goes.
     cfg.write_text(f"storage: {{url: 'postgresql://nobody:hunter2@127.0.0.1:1/none'}}\nprices: {prices}\n")
-    bad = run([str(BIN / "gpu-ops"), "validate", "--config", str(cfg), "--only", "storage"])
+    literal = run([str(BIN / "gpu-ops"), "validate", "--config", str(cfg), "--only", "storage"])
+    assert literal.returncode == 1
+    assert "storage.url: holds a literal password" in literal.stdout
+    assert "hunter2" not in literal.stdout + literal.stderr
+
+    cfg.write_text(f"storage: {{url: 'postgresql://nobody:{{env: DB_PW}}@127.0.0.1:1/none'}}\nprices: {prices}\n")
+    bad = run([str(BIN / "gpu-ops"), "validate", "--config", str(cfg), "--only", "storage"], env={"DB_PW": "hunter2"})
     assert bad.returncode == 1
-    assert "FAIL storage: cannot open postgresql://nobody:***@127.0.0.1:1/none" in bad.stdout
+    assert "FAIL storage: cannot reach the gpu_ops database postgresql://nobody:***@127.0.0.1:1/none" in bad.stdout
     assert "fix: check storage.url" in bad.stdout
     assert "hunter2" not in bad.stdout + bad.stderr
 
