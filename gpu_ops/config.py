@@ -466,6 +466,12 @@ class AlertsConfig(_Model):
     delivery_timeout_s: PositiveFloat = 10.0
     run_retries: int = Field(default=3, ge=0)
     run_retry_delay_s: PositiveFloat = 60.0
+    # Redelivery: an alert whose run failed stays pending; budget_alert_sensor requests
+    # it again this often (a fresh run key, the same idempotency keys, delivered channels
+    # skipped) until every channel delivered or max_pending_s has passed since its first
+    # request; then it is dead-lettered (never silently dropped).
+    redelivery_interval_s: PositiveInt = 300
+    max_pending_s: PositiveInt = 259_200
     top_spenders: int = Field(default=5, ge=0)
 
 

@@ -75,6 +75,11 @@ class Alert:
         return f"{self._event_id}/{self.kind}"
 
     @property
+    def trigger_run_key(self) -> str:
+        """The run key of the trigger this alert (a resolve) answers."""
+        return self._event_id
+
+    @property
     def dedup_key(self) -> str:
         return f"gpu-ops/{self._event_id}"
 

@@ -4,7 +4,9 @@
   spenders), both written by the cost assets;
 - writes ``gpu_alert_deliveries``: one row per channel per delivery attempt of the alert
   op. A ``delivered`` row is written right after the channel accepted the alert, so a
-  retried op (or a re-executed run) skips that channel and sends only what failed.
+  retried op (or a re-executed run) skips that channel and sends only what failed;
+- writes ``gpu_alert_dead_letters``: one row per alert the sensor stopped requesting
+  after ``alerts.max_pending_s`` (what was and was not delivered, and why).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sqlalchemy as sa
 
 from gpu_ops.alerts.channels import DeliveryResult
 from gpu_ops.alerts.model import Alert
+from gpu_ops.alerts.redelivery import DeadLetter
 from gpu_ops.alerts.state import STATUS_COLUMNS, StatusRow
 from gpu_ops.cost.attribution import key_column
 from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
@@ -23,6 +26,7 @@ from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
 STATUS_TABLE = "gpu_budget_status"
 ATTRIBUTION_TABLE = "gpu_cost_attribution"
 DELIVERIES_TABLE = "gpu_alert_deliveries"
+DEAD_LETTERS_TABLE = "gpu_alert_dead_letters"
 
 
 def latest_status_partition(store: TableStore) -> str | None:
@@ -112,3 +116,41 @@ def record_delivery(store: TableStore, alert: Alert, result: DeliveryResult, *, 
         }
     )
     store.append(DELIVERIES_TABLE, row)
+
+
+def dead_letter_row(d: DeadLetter, alert: Alert | None, delivered: set[str], *, now: dt.datetime, last_run_id: str | None) -> dict[str, object]:
+    """One ``gpu_alert_dead_letters`` row; ``alert`` is None when no run of it exists."""
+    return {
+        "alert": d.key,
+        "budget": alert.budget if alert else d.key.split("/", 1)[0],
+        "kind": alert.kind if alert else "",
+        "threshold": alert.threshold if alert else "",
+        "period_start": alert.period_start if alert else "",
+        "idempotency_key": alert.idempotency_key if alert else "",
+        "delivered": ", ".join(sorted(delivered)),
+        "undelivered": ", ".join(c for c in alert.channels if c not in delivered) if alert else "",
+        "requests": d.pending.n,
+        "pending_since": dt.datetime.fromtimestamp(d.pending.first, dt.timezone.utc).isoformat(timespec="seconds"),
+        "dead_lettered_at": now.astimezone(dt.timezone.utc).isoformat(timespec="seconds"),
+        "reason": d.reason,
+        "last_run_id": last_run_id or "",
+    }
+
+
+def record_dead_letters(store: TableStore, rows: list[dict[str, object]]) -> None:
+    """Append the rows not recorded yet (a tick evaluated twice records once)."""
+    if not rows:
+        return
+    known = store.read(DEAD_LETTERS_TABLE, missing_ok=True)
+    seen = set(known["alert"]) if not known.empty else set()
+    new = [r for r in rows if r["alert"] not in seen]
+    if new:
+        store.append(DEAD_LETTERS_TABLE, pd.DataFrame(new))
+
+
+def recent_dead_letters(store: TableStore, *, since: dt.datetime) -> list[dict[str, object]]:
+    df = store.read(DEAD_LETTERS_TABLE, missing_ok=True)
+    if df.empty:
+        return []
+    df = df[df["dead_lettered_at"].astype(str) >= since.astimezone(dt.timezone.utc).isoformat(timespec="seconds")]
+    return df.to_dict("records")

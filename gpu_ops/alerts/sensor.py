@@ -31,15 +31,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from gpu_ops.alerts.model import Alert
+from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
 from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdEvent, evaluate
-from gpu_ops.config import Budget, GpuOpsConfig
+from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
 
 if TYPE_CHECKING:
     from gpu_ops.alerts.enforcement import EnforcementOrder, EnforcementOutcome, NodePools
@@ -51,11 +53,22 @@ ENFORCEMENT_JOB = "budget_enforcement_job"
 ALERT_OP = "deliver_budget_alert"
 ENFORCEMENT_OP = "apply_budget_enforcement"
 BUDGET_STATUS = dg.AssetKey("gpu_budget_status")
+DEAD_LETTER_CHECK = "alerts_delivered"
+ALERT_TAG = "gpu-ops/alert"  # the alert's first run key, on every run of it (redeliveries too)
+DEAD_LETTER_TAG = "gpu-ops/dead-letter"
 TICK_INTERVAL_S = 30
+# Runs are followed by their update time: each pass re-reads this much before the last one.
+RUNS_OVERLAP_S = 120
+DEAD_LETTER_WINDOW_DAYS = 7  # the alerts_delivered check fails this long after a dead letter
+Clock = Callable[[], dt.datetime]
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+def redelivery_policy(alerts: AlertsConfig) -> Policy:
+    return Policy(alerts.redelivery_interval_s, alerts.max_pending_s)
 
 
 # --------------------------------------------------------------------------- requests
@@ -110,12 +123,17 @@ def order_for(event: EnforcementEvent, budget: Budget | None, config: GpuOpsConf
     )
 
 
-def alert_run_request(alert: Alert) -> dg.RunRequest:
+def alert_run_request(alert: Alert, pending: Pending, policy: Policy) -> dg.RunRequest:
+    """The run of one request of ``alert``: its first (run key ``alert.run_key``) or a
+    redelivery (``.../redelivery-<n>``); the payload, and so every idempotency key, is the same."""
+    tags = {"gpu-ops/budget": alert.budget, "gpu-ops/threshold": alert.threshold, "gpu-ops/event": alert.kind, "gpu-ops/period": alert.period_start, ALERT_TAG: alert.run_key}
+    if pending.n > 1:
+        tags["gpu-ops/redelivery"] = str(pending.n)
     return dg.RunRequest(
-        run_key=alert.run_key,
+        run_key=pending.run_key(alert.run_key),
         job_name=ALERT_JOB,
-        run_config={"ops": {ALERT_OP: {"config": {"alert": alert.to_dict()}}}},
-        tags={"gpu-ops/budget": alert.budget, "gpu-ops/threshold": alert.threshold, "gpu-ops/event": alert.kind, "gpu-ops/period": alert.period_start},
+        run_config={"ops": {ALERT_OP: {"config": {"alert": alert.to_dict(), "delivery": policy.delivery(pending)}}}},
+        tags=tags,
     )
 
 
@@ -136,18 +154,27 @@ def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: d
     budgets = {b.name: b for b in config.budgets}
     result = evaluate(budgets, rows, cursor.budgets, now)
     requests: list[dg.RunRequest] = []
+    policy = redelivery_policy(config.alerts)
+    pending = dict(cursor.pending)
+    superseded = []
     for ev in result.alerts:
         budget = budgets[ev.budget]
         if budget.channels:  # no channels: the state still advances, nothing to send
-            requests.append(alert_run_request(alert_for(ev, budget, config)))
+            alert = alert_for(ev, budget, config)
+            first = pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
+            requests.append(alert_run_request(alert, first, policy))
+            if alert.kind == "resolve" and pending.pop(alert.trigger_run_key, None) is not None:
+                superseded.append(alert.trigger_run_key)  # never page after the resolve
     for ev in result.enforcement:
         requests.append(enforcement_run_request(order_for(ev, budgets.get(ev.budget), config)))
-    new_cursor = AlertCursor(cursor.last_storage_id, now.timestamp(), result.state)
+    new_cursor = AlertCursor(cursor.last_storage_id, now.timestamp(), result.state, pending, cursor.runs_seen_at)
     summary = (
         f"evaluated {len(rows)} budget rows of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
     )
+    if superseded:
+        summary += f"; undelivered trigger(s) superseded by their resolve, not redelivered: {', '.join(superseded)}"
     return new_cursor, requests, summary
 
 
@@ -172,7 +199,120 @@ def _latest_storage_id(instance: dg.DagsterInstance | None) -> int | None:
     return records[0].storage_id if records else None
 
 
-def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition]) -> dg.SensorDefinition:
+# --------------------------------------------------------------------------- redelivery
+
+_OUTCOMES: dict[str, RunOutcome] = {"SUCCESS": "success", "FAILURE": "failure", "CANCELED": "failure"}
+_RANK = {"failure": 0, "active": 1, "success": 2}
+
+
+@dataclass
+class FollowUp:
+    """What one tick does about pending alerts: redeliveries and dead letters."""
+
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    events: list[dg.AssetCheckEvaluation] = field(default_factory=list)
+    summary: str = ""
+
+
+def _alert_run_outcomes(instance: dg.DagsterInstance, cursor: AlertCursor) -> dict[str, RunOutcome]:
+    """Outcome of the alert runs updated since the last pass (by run key; a key with a
+    successful run counts as delivered). Without a previous pass: the pending keys' runs."""
+    from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
+
+    base = {SENSOR_NAME_TAG: SENSOR_NAME}
+    if cursor.runs_seen_at is None:
+        keys = [p.run_key(k) for k, p in cursor.pending.items()]
+        filters = [dg.RunsFilter(job_name=ALERT_JOB, tags={**base, RUN_KEY_TAG: keys[i : i + 500]}) for i in range(0, len(keys), 500)]
+    else:
+        since = dt.datetime.fromtimestamp(cursor.runs_seen_at - RUNS_OVERLAP_S, dt.timezone.utc)
+        filters = [dg.RunsFilter(job_name=ALERT_JOB, tags=base, updated_after=since)]
+    outcomes: dict[str, RunOutcome] = {}
+    for f in filters:
+        for run in instance.get_runs(filters=f):
+            key = run.tags.get(RUN_KEY_TAG)
+            outcome = _OUTCOMES.get(run.status.value, "active")
+            if key and (key not in outcomes or _RANK[outcome] > _RANK[outcomes[key]]):
+                outcomes[key] = outcome
+    return outcomes
+
+
+def _runs_of_alert(instance: dg.DagsterInstance, key: str) -> list[Any]:
+    return list(instance.get_runs(filters=dg.RunsFilter(job_name=ALERT_JOB, tags={ALERT_TAG: key})))
+
+
+def _alert_of_run(run: Any) -> Alert:
+    return Alert.from_dict(run.run_config["ops"][ALERT_OP]["config"]["alert"])
+
+
+def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.DagsterInstance | None, now: dt.datetime, log: Any) -> FollowUp:
+    """Every tick: what became of the runs of pending alerts; request the failed ones again
+    (each ``redelivery_interval_s``) or dead-letter them (after ``max_pending_s``).
+    Updates ``cursor.pending`` and ``cursor.runs_seen_at``."""
+    out = FollowUp()
+    if instance is None:
+        return out  # a test context without an instance: nothing to follow
+    seen_at = time.time()
+    if not cursor.pending:
+        cursor.runs_seen_at = seen_at
+        return out
+    policy = redelivery_policy(config.alerts)
+    step = advance(cursor.pending, _alert_run_outcomes(instance, cursor), now.timestamp(), policy)
+    cursor.pending, cursor.runs_seen_at = step.pending, seen_at
+    for key, again in step.redeliver:
+        runs = _runs_of_alert(instance, key)
+        if not runs:  # cannot happen for a run seen failing; never lose it silently
+            step.dead.append(DeadLetter(key, again, "its runs are gone from the instance: nothing to redeliver"))
+            del cursor.pending[key]
+            continue
+        out.requests.append(alert_run_request(_alert_of_run(runs[0]), again, policy))
+        log.warning(f"alert {key}: not delivered to every channel yet; request {again.n} of at most {policy.max_requests()} (dead-letter at {policy.delivery(again)['dead_letter_at']})")
+    if step.dead:
+        out.events.append(dead_letter(config, instance, step.dead, now, log))
+    out.summary = f"{len(cursor.pending)} alert(s) pending delivery, {len(step.redeliver)} redelivered, {len(step.dead)} dead-lettered, {len(step.delivered)} delivered since the last tick"
+    return out
+
+
+def dead_letter(config: GpuOpsConfig, instance: dg.DagsterInstance, dead: list[DeadLetter], now: dt.datetime, log: Any) -> dg.AssetCheckEvaluation:
+    """Record alerts that will not be requested again: a row each in
+    ``gpu_alert_dead_letters``, a tag on each of their runs, an ERROR log line, and a
+    failed ``alerts_delivered`` check evaluation on ``gpu_budget_status``."""
+    from gpu_ops.alerts.records import dead_letter_row, delivered_channels, record_dead_letters
+    from gpu_ops.storage.tables import TableStore
+
+    store = TableStore.from_config(config)
+    rows = []
+    for d in dead:
+        runs = _runs_of_alert(instance, d.key)
+        for run in runs:
+            instance.add_run_tags(run.run_id, {DEAD_LETTER_TAG: "true"})
+        alert = _alert_of_run(runs[0]) if runs else None
+        done = delivered_channels(store, alert.idempotency_key) if alert else set()
+        row = dead_letter_row(d, alert, done, now=now, last_run_id=runs[0].run_id if runs else None)
+        log.error(
+            f"alert {d.key} DEAD-LETTERED: {d.reason}. Undelivered channels: {row['undelivered'] or 'unknown'}; "
+            f"delivered: {row['delivered'] or 'none'}. Recorded in gpu_alert_deliveries' sibling table gpu_alert_dead_letters; runs tagged {DEAD_LETTER_TAG}."
+        )
+        rows.append(row)
+    record_dead_letters(store, rows)
+    passed, description, metadata = dead_letter_outcome(rows)
+    return dg.AssetCheckEvaluation(
+        asset_key=BUDGET_STATUS, check_name=DEAD_LETTER_CHECK, passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata,
+    )
+
+
+def dead_letter_outcome(rows: list[dict[str, Any]]) -> tuple[bool, str, dict[str, Any]]:
+    """``alerts_delivered``: fails while there are dead letters (the sensor's and the check's)."""
+    if not rows:
+        return True, "no dead-lettered alert", {"dead_letters": 0}
+    listed = "; ".join(f"{r['alert']} (undelivered: {r['undelivered'] or 'unknown'})" for r in rows[:20])
+    return (
+        False,
+        f"{len(rows)} alert(s) were never delivered to every channel within alerts.max_pending_s and are dead-lettered: {listed}",
+        {"dead_letters": len(rows), "alerts": dg.MetadataValue.json([{k: v.item() if hasattr(v, "item") else v for k, v in r.items()} for r in rows[:100]])},
+    )
+
+
+def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: Clock = _now) -> dg.SensorDefinition:
     interval = config.alerts.evaluation_interval_s
 
     @dg.sensor(
@@ -181,18 +321,28 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition]) -> dg.Senso
         jobs=jobs,
         required_resource_keys={"gpu_ops"},
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Budget thresholds and enforcement from gpu_budget_status: one run per notification or enforcement change.",
+        description="Budget thresholds and enforcement from gpu_budget_status: one run per notification or enforcement change; failed alerts are requested again until delivered or dead-lettered.",
     )
     def budget_alert_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         cfg: GpuOpsConfig = context.resources.gpu_ops.load()
         with _collection_deferred():
             cursor = AlertCursor.decode(context.cursor)
-        latest = _latest_storage_id(_instance_or_none(context))
-        now = _now()
+        instance = _instance_or_none(context)
+        now = clock()
+        had_pending = bool(cursor.pending)
+        follow = follow_pending(cfg, cursor, instance, now, context.log)
+        if follow.summary:
+            context.log.info(follow.summary)
+        latest = _latest_storage_id(instance)
         new_data = latest is not None and latest != cursor.last_storage_id
         due = cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
         if not (new_data or due):
-            return dg.SkipReason(f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s")
+            skip = f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s"
+            if not had_pending:
+                return dg.SkipReason(skip)
+            with _collection_deferred():
+                encoded = cursor.encode()
+            return dg.SensorResult(run_requests=follow.requests, skip_reason=None if follow.requests else skip, cursor=encoded, asset_events=follow.events)
         from gpu_ops.storage.tables import TableStore
 
         store = TableStore.from_config(cfg)
@@ -201,9 +351,26 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition]) -> dg.Senso
             new_cursor.last_storage_id = latest if latest is not None else cursor.last_storage_id
             encoded = new_cursor.encode()
         context.log.info(summary)
-        return dg.SensorResult(run_requests=requests, cursor=encoded)
+        # A trigger superseded by its resolve in this tick is not redelivered either.
+        redeliveries = [r for r in follow.requests if r.tags[ALERT_TAG] in new_cursor.pending]
+        return dg.SensorResult(run_requests=redeliveries + requests, cursor=encoded, asset_events=follow.events)
 
     return budget_alert_sensor
+
+
+def build_dead_letter_check(clock: Clock = _now) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=BUDGET_STATUS, name=DEAD_LETTER_CHECK, required_resource_keys={"gpu_ops"}, blocking=False,
+        description=f"ERROR while an alert was dead-lettered in the last {DEAD_LETTER_WINDOW_DAYS} days (never delivered to every channel within alerts.max_pending_s); budget_alert_sensor also reports it the moment it happens.",
+    )
+    def alerts_delivered(context) -> dg.AssetCheckResult:
+        from gpu_ops.alerts.records import recent_dead_letters
+
+        _, store = _settings_and_store(context)
+        passed, description, metadata = dead_letter_outcome(recent_dead_letters(store, since=clock() - dt.timedelta(days=DEAD_LETTER_WINDOW_DAYS)))
+        return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata)
+
+    return alerts_delivered
 
 
 def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
@@ -236,11 +403,13 @@ class KarpenterAccess(dg.ConfigurableResource):
         return NodePools(client.CustomObjectsApi())
 
 
-def _run_op(config: GpuOpsConfig, name: str, payload: str, description: str, resources: frozenset[str] = frozenset()) -> Any:
-    """``dg.op`` for a job the sensor launches: one ``payload`` in its run config, the
-    ``gpu_ops`` settings resource (and ``resources``), the alerts' ``RetryPolicy``."""
+def _run_op(config: GpuOpsConfig, name: str, payload: str, description: str, resources: frozenset[str] = frozenset(), optional: tuple[str, ...] = ()) -> Any:
+    """``dg.op`` for a job the sensor launches: one ``payload`` (and ``optional`` parts)
+    in its run config, the ``gpu_ops`` settings resource (and ``resources``), the alerts'
+    ``RetryPolicy``."""
     retry = dg.RetryPolicy(max_retries=config.alerts.run_retries, delay=config.alerts.run_retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
-    return dg.op(name=name, config_schema={payload: dg.Permissive()}, required_resource_keys={"gpu_ops", *resources}, retry_policy=retry, description=description)
+    schema = {payload: dg.Permissive(), **{k: dg.Field(dg.Permissive(), is_required=False) for k in optional}}
+    return dg.op(name=name, config_schema=schema, required_resource_keys={"gpu_ops", *resources}, retry_policy=retry, description=description)
 
 
 def _run_job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
@@ -255,8 +424,23 @@ def _settings_and_store(context: Any) -> tuple[GpuOpsConfig, TableStore]:
     return cfg, TableStore.from_config(cfg)
 
 
+def _after_this_run(delivery: dict[str, Any]) -> str:
+    """What becomes of the alert if this run fails for good (its redelivery schedule)."""
+    if not delivery:
+        return ""
+    if delivery.get("final"):
+        return (
+            f" This was request {delivery['request']}, the last before alerts.max_pending_s ends at {delivery['dead_letter_at']}: "
+            f"the alert is DEAD-LETTERED (table gpu_alert_dead_letters, check {DEAD_LETTER_CHECK} on gpu_budget_status)."
+        )
+    return (
+        f" If this run fails, budget_alert_sensor requests the alert again every {delivery['redelivery_interval_s']:g}s "
+        f"(pending since {delivery['pending_since']}) until {delivery['dead_letter_at']}, then dead-letters it."
+    )
+
+
 def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
-    @_run_op(config, ALERT_OP, "alert", "Deliver one budget alert to its channels; delivered channels are skipped on retry.")
+    @_run_op(config, ALERT_OP, "alert", "Deliver one budget alert to its channels; delivered channels are skipped on retry.", optional=("delivery",))
     def deliver_budget_alert(context) -> dg.Output:
         from gpu_ops.alerts.channels import DeliverySettings, deliver
         from gpu_ops.alerts.records import delivered_channels, record_delivery, top_spenders
@@ -291,16 +475,21 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
                  **{r.channel: {"ok": r.ok, "attempts": r.attempts, "detail": r.detail} for r in results}}
             ),
         }
+        delivery = context.op_config.get("delivery") or {}
+        if delivery:
+            metadata["delivery"] = dg.MetadataValue.json(delivery)
         failed = [r for r in results if not r.ok]
         if failed:
             retry = any(not r.permanent for r in failed)
             delivered = sorted(done | {r.channel for r in results if r.ok})
+            metadata["dead_letter"] = bool(delivery.get("final"))
             raise dg.Failure(
                 description=(
                     f"alert {alert.run_key}: delivery failed for "
                     + "; ".join(f"{r.channel} ({r.detail})" for r in failed)
                     + f". Delivered: {', '.join(delivered) or 'none'}."
-                    + (" The op's retry policy will try the failed channels again." if retry else " Not retried: the failures are permanent (fix the channel configuration).")
+                    + (" The op's retry policy will try the failed channels again." if retry else " Not retried in this run: the failures are permanent (fix the channel configuration).")
+                    + _after_this_run(delivery)
                 ),
                 metadata=metadata,
                 allow_retries=retry,
@@ -405,18 +594,21 @@ def run_sensor_once(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: 
     sensor = defs.resolve_sensor_def(SENSOR_NAME)
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     data = sensor.evaluate_tick(context)
+    for event in data.asset_events:  # the daemon stores a tick's asset events (check evaluations)
+        instance.report_runless_asset_event(event)
     requests = list(data.run_requests or [])
     launched, skipped = launch_requests(defs, instance, requests)
     return TickOutcome(data.cursor if data.cursor is not None else cursor, requests, [r for _, r in launched], skipped, data.skip_message)
 
 
-def build_alert_definitions(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None) -> dg.Definitions:
+def build_alert_definitions(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None, clock: Clock = _now) -> dg.Definitions:
     alert_job = build_alert_job(config)
     enforcement_job = build_enforcement_job(config)
-    sensor = build_sensor(config, [alert_job, enforcement_job])
+    sensor = build_sensor(config, [alert_job, enforcement_job], clock=clock)
     return dg.Definitions(
         jobs=[alert_job, enforcement_job],
         sensors=[sensor],
+        asset_checks=[build_dead_letter_check(clock)],
         resources={"gpu_ops_karpenter": karpenter or KarpenterAccess()},
     )
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_ops.alerts.model import money
+from gpu_ops.alerts.redelivery import Pending
 from gpu_ops.config import Budget
 
 RESOLVE_MARGIN = 0.95
@@ -133,6 +134,9 @@ class AlertCursor:
     last_storage_id: int | None = None  # newest gpu_budget_status materialization seen
     evaluated_at: float | None = None  # epoch seconds of the last full evaluation
     budgets: dict[str, BudgetState] = field(default_factory=dict)
+    # alert run key -> its redelivery state, until a run of it succeeds (redelivery.py)
+    pending: dict[str, Pending] = field(default_factory=dict)
+    runs_seen_at: float | None = None  # wall-clock epoch s of the last look at alert runs
 
     def encode(self) -> str:
         body = {
@@ -141,6 +145,10 @@ class AlertCursor:
             "at": self.evaluated_at,
             "b": {name: s.to_json() for name, s in self.budgets.items() if not s.empty},
         }
+        if self.pending:
+            body["r"] = {key: p.to_json() for key, p in self.pending.items()}
+        if self.runs_seen_at is not None:
+            body["w"] = self.runs_seen_at
         text = json.dumps(body, separators=(",", ":"))
         if len(text) > _COMPRESS_OVER:
             return "z:" + base64.b64encode(zlib.compress(text.encode(), 6)).decode()
@@ -155,7 +163,10 @@ class AlertCursor:
         data = json.loads(text)
         if data.get("v") != CURSOR_VERSION:
             raise ValueError(f"alert sensor cursor has version {data.get('v')}, this code reads {CURSOR_VERSION}")
-        return cls(data.get("m"), data.get("at"), {n: BudgetState.from_json(s) for n, s in (data.get("b") or {}).items()})
+        return cls(
+            data.get("m"), data.get("at"), {n: BudgetState.from_json(s) for n, s in (data.get("b") or {}).items()},
+            {k: Pending.from_json(v) for k, v in (data.get("r") or {}).items()}, data.get("w"),
+        )
 
 
 @dataclass(frozen=True)

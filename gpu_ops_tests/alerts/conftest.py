@@ -207,7 +207,11 @@ class SensorHarness:
         self.cursor: str | None = None
         self.launched: list[Any] = []
         self.skipped: list[str] = []
+        self.now: dt.datetime | None = None  # the sensor's clock; None: the wall clock
         self.reload()
+
+    def clock(self) -> dt.datetime:
+        return self.now or dt.datetime.now(dt.timezone.utc)
 
     def reload(self) -> None:
         import dagster as dg
@@ -218,7 +222,7 @@ class SensorHarness:
 
         self.config = load_config(self.config_path)
         self.settings = GpuOpsSettings(config_path=str(self.config_path))
-        self.defs = dg.Definitions.merge(build_defs(self.config, karpenter=self.karpenter), dg.Definitions(resources={"gpu_ops": self.settings}))
+        self.defs = dg.Definitions.merge(build_defs(self.config, karpenter=self.karpenter, clock=self.clock), dg.Definitions(resources={"gpu_ops": self.settings}))
 
     @property
     def store(self) -> Any:
