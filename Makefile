@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_INDEX),$(PY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e '.[train,test]'
+	$(PY) -m pip install -q -e '.[train,test,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)

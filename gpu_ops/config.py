@@ -275,6 +275,9 @@ class UsageConfig(_Model):
     # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
     idle: Literal["row", "share"] = "row"
     group_by: list[str] = ["team", "project"]
+    # Rows per batch when large usage files are streamed (`gpu-ops cost attribution`):
+    # peak memory follows this, not the size of the files.
+    batch_rows: int = Field(262_144, gt=0)
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
 

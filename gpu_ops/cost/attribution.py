@@ -126,18 +126,27 @@ def price_pieces(pieces: pd.DataFrame, per_row: bool = True) -> pd.DataFrame:
     per price and multiplies once per group (the ten-million-row path); prices stay coded.
     """
     physical = np.multiply(pieces["gpu_count"].to_numpy(), pieces["gpu_share"].to_numpy(dtype=float))
-    lost_gpu_hours = physical * pieces["lost_hours"].to_numpy() if "lost_hours" in pieces else None
+    lost_gpu_hours = physical * pieces["lost_hours"].to_numpy() if per_row and "lost_hours" in pieces else None
     gpu_hours = physical
     gpu_hours *= pieces["hours"].to_numpy()  # in place: physical is not needed any more
     cols: dict[str, Any] = {c: pieces[c] for c in pieces.columns}
     cols.update(gpu_hours=gpu_hours, kind=const_column(len(pieces), "allocated"))
-    if per_row:
-        price = as_floats(pieces["price_per_gpu_hour"])
-        od = as_floats(pieces["on_demand_price_per_gpu_hour"])
-        cols.update(price_per_gpu_hour=price, on_demand_price_per_gpu_hour=od, cost_usd=gpu_hours * price, on_demand_usd=gpu_hours * od)
-        if lost_gpu_hours is not None:
-            cols["lost_gpu_hours"] = lost_gpu_hours
-            cols["lost_cost_usd"] = lost_gpu_hours * price
+    if lost_gpu_hours is not None:
+        cols["lost_gpu_hours"] = lost_gpu_hours
+    out = pd.DataFrame(cols, copy=False)
+    return price_dollars(out) if per_row else out
+
+
+def price_dollars(rows: pd.DataFrame) -> pd.DataFrame:
+    """Dollars of priced GPU-hours: the one place where cost = GPU-hours × per-GPU price
+    (and the on-demand equivalent, and the cost of lost GPU-hours). NaN prices stay NaN."""
+    gpu_hours = rows["gpu_hours"].to_numpy(dtype=float)
+    price = as_floats(rows["price_per_gpu_hour"])
+    od = as_floats(rows["on_demand_price_per_gpu_hour"])
+    cols: dict[str, Any] = {c: rows[c] for c in rows.columns}
+    cols.update(price_per_gpu_hour=price, on_demand_price_per_gpu_hour=od, cost_usd=gpu_hours * price, on_demand_usd=gpu_hours * od)
+    if "lost_gpu_hours" in rows:
+        cols["lost_cost_usd"] = rows["lost_gpu_hours"].to_numpy(dtype=float) * price
     return pd.DataFrame(cols, copy=False)
 
 
@@ -298,14 +307,17 @@ def _sum_by(keys: pd.DataFrame, values: dict[str, np.ndarray]) -> pd.DataFrame:
     return _dedupe_groups(pd.DataFrame(out)[[*names, *values]], names, list(values))
 
 
-def _sum_priced(keys: pd.DataFrame, gpu_hours: np.ndarray, price: pd.Series, od: pd.Series) -> pd.DataFrame:
-    """GPU-hours, cost and on-demand equivalent per group, from coded prices.
+def priced_cells(pieces: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Coded-price pieces (``price_pieces(per_row=False)``) summed into cells.
 
-    GPU-hours are summed per (group, price, on-demand price) cell with one ``bincount``
-    and the dollars computed on that small table: no per-row cost arrays.
+    One row per (``keys``, price, on-demand price) with its ``gpu_hours``: GPU-hours are
+    summed with one ``bincount`` over integer codes, no per-row dollar arrays. Key values
+    come back as text ("" for missing), prices as floats (NaN when missing). Cells of
+    several batches can be concatenated and summed again (:func:`combine_cells`).
     """
-    names = list(keys.columns)
-    combined, layout, G = _combine(keys)
+    keys = list(keys)
+    combined, layout, G = _combine(pieces[keys]) if keys else (np.zeros(len(pieces), np.int64), [], 1)
+    price, od = pieces["price_per_gpu_hour"], pieces["on_demand_price_per_gpu_hour"]
     pc, oc = price.cat.codes.to_numpy(), od.cat.codes.to_numpy()
     pvals = np.append(price.cat.categories.to_numpy(dtype=float), np.nan)  # code -1 -> NaN
     ovals = np.append(od.cat.categories.to_numpy(dtype=float), np.nan)
@@ -319,19 +331,53 @@ def _sum_priced(keys: pd.DataFrame, gpu_hours: np.ndarray, price: pd.Series, od:
     combined += pc
     combined *= O
     combined += oc
-    if G * P * O <= 1 << 24:
-        cells = np.flatnonzero(t := np.bincount(combined, weights=gpu_hours, minlength=G * P * O)) if len(combined) else np.array([], np.int64)
-        hours = t[cells] if len(combined) else np.array([])
+    gpu_hours = pieces["gpu_hours"].to_numpy(dtype=float)
+    if not len(combined):
+        cells, hours = np.array([], np.int64), np.array([])
+    elif G * P * O <= 1 << 24:
+        t = np.bincount(combined, weights=gpu_hours, minlength=G * P * O)
+        cells = np.flatnonzero(t)
+        hours = t[cells]
     else:
         codes, cells = pd.factorize(combined)
         hours = np.bincount(codes, weights=gpu_hours, minlength=len(cells))
     group, p, o = cells // (P * O), (cells // O) % P, cells % O
-    present, inverse = np.unique(group, return_inverse=True)
-    # NaN prices only reach cells with hours when a price is missing: then the group's sum is NaN.
-    cost = np.bincount(inverse, weights=hours * pvals[p], minlength=len(present))
-    od_sum = np.bincount(inverse, weights=hours * ovals[o], minlength=len(present))
-    table = pd.DataFrame({**_labels(layout, present, names), "gpu_hours": np.bincount(inverse, weights=hours, minlength=len(present)), "cost_usd": cost, "on_demand_equivalent_usd": od_sum})
-    return _dedupe_groups(table, names, ["gpu_hours", "cost_usd", "on_demand_equivalent_usd"])
+    return pd.DataFrame({**_labels(layout, group, keys), "price_per_gpu_hour": pvals[p], "on_demand_price_per_gpu_hour": ovals[o], "gpu_hours": hours})
+
+
+def combine_cells(parts: Sequence[pd.DataFrame], keys: Sequence[str]) -> pd.DataFrame:
+    """Cells of several batches summed per (keys, price, on-demand price)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame({**{k: pd.Series([], dtype=object) for k in keys}, "price_per_gpu_hour": [], "on_demand_price_per_gpu_hour": [], "gpu_hours": []})
+    cells = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    by = [*keys, "price_per_gpu_hour", "on_demand_price_per_gpu_hour"]
+    return cells.groupby(by, sort=False, dropna=False, as_index=False)["gpu_hours"].sum()
+
+
+def cell_pieces(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells as allocated pieces with dollars: what :func:`attribute`, :func:`idle_rows`
+    and :func:`fleet_totals` sum (sums over cells equal sums over the pieces)."""
+    return price_dollars(cells.assign(kind=const_column(len(cells), "allocated")))
+
+
+def _sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """GPU-hours, cost and on-demand equivalent per group of priced rows; the equivalent
+    is NaN for a group with any row that has no on-demand price (never silently 0)."""
+    od = rows["on_demand_usd"].to_numpy(dtype=float)
+    od_missing = np.isnan(od)
+    values = {
+        "gpu_hours": rows["gpu_hours"].to_numpy(dtype=float),
+        "cost_usd": rows["cost_usd"].to_numpy(dtype=float),
+        "on_demand_equivalent_usd": np.nan_to_num(od) if od_missing.any() else od,
+    }
+    if od_missing.any():
+        values["_od_missing"] = od_missing.astype(np.float32)
+    table = _sum_by(keys, values)
+    if "_od_missing" in table:
+        table.loc[table["_od_missing"] > 0, "on_demand_equivalent_usd"] = np.nan
+        table = table.drop(columns="_od_missing")
+    return table
 
 
 @dataclass
@@ -355,22 +401,11 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     alloc = rows[alloc_mask] if not alloc_mask.all() else rows
     idle_part = rows[~alloc_mask]
 
-    if "cost_usd" in alloc:
-        od = alloc["on_demand_usd"].to_numpy(dtype=float)
-        od_missing = np.isnan(od)
-        values = {
-            "gpu_hours": alloc["gpu_hours"].to_numpy(dtype=float),
-            "cost_usd": alloc["cost_usd"].to_numpy(dtype=float),
-            "on_demand_equivalent_usd": np.nan_to_num(od) if od_missing.any() else od,
-        }
-        if od_missing.any():
-            values["_od_missing"] = od_missing.astype(np.float32)
-        table = _sum_by(key_frame(alloc, group_by), values)
-        if "_od_missing" in table:
-            table.loc[table["_od_missing"] > 0, "on_demand_equivalent_usd"] = np.nan
-            table = table.drop(columns="_od_missing")
-    else:  # coded prices (price_pieces(per_row=False))
-        table = _sum_priced(key_frame(alloc, group_by), alloc["gpu_hours"].to_numpy(dtype=float), alloc["price_per_gpu_hour"], alloc["on_demand_price_per_gpu_hour"])
+    keys = key_frame(alloc, group_by)
+    if "cost_usd" not in alloc:  # coded prices (price_pieces(per_row=False)): per price cell first
+        alloc = cell_pieces(priced_cells(pd.concat([keys, alloc[["price_per_gpu_hour", "on_demand_price_per_gpu_hour", "gpu_hours"]]], axis=1), key_cols))
+        keys = alloc[key_cols]
+    table = _sum_dollars(keys, alloc)
     # Rows kept with zero hours (split_by_day(drop_empty=False)) must not make groups;
     # pieces always have hours > 0 and shares/counts are > 0, so this is the same test.
     table = table[table["gpu_hours"] > 0].reset_index(drop=True)

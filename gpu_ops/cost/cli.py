@@ -137,11 +137,17 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
-    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True) -> Any:
+    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True, batch_rows: int | None = None) -> Any:
+        """Priced usage of the window. With ``keep`` (only sums by those columns are
+        needed) file sources are streamed in batches: memory bounded by ``batch_rows``."""
         from gpu_ops.cost.pipeline import load_raw, price_window
+        from gpu_ops.cost.stream import DEFAULT_BATCH_ROWS, stream_priced, streamable
         from gpu_ops.cost.usage import UsageSourceError
 
         try:
+            if keep is not None and streamable(self.sources):
+                rows = batch_rows or (self.config.usage.batch_rows if self.config else DEFAULT_BATCH_ROWS)
+                return stream_priced(self.sources, self.prices, window_start, window_end, as_of, keep, columns, rows, self.store())
             raw, inventory = load_raw(self.sources, self.store(), columns)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
@@ -213,14 +219,10 @@ def cost() -> None:
 @common
 @click.option("--by", help="Grouping keys, e.g. team,project or team,label:tier (default: the config's usage.group_by).")
 @click.option("--idle", type=click.Choice(["row", "share"]), help="Idle fleet cost as an __idle__ row or shared by weight.")
-def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None) -> None:
+@click.option("--batch-rows", type=click.IntRange(min=1), help="Rows per batch when usage files are streamed (default: the config's usage.batch_rows, else 262144); peak memory follows it.")
+def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None) -> None:
     """Cost per group for one UTC day."""
     from gpu_ops.cost import prefetch
-
-    if usage and by:
-        # Start decoding Parquet now: it runs without the GIL while pandas imports below.
-        prefetch.start(usage, prefetch.needed_columns([k.strip() for k in by.split(",") if k.strip()], bool(inventory), False), Path.cwd())
-
     from gpu_ops.cost.attribution import attribute, day_window
     from gpu_ops.cost.pipeline import attribution_columns
 
@@ -230,7 +232,7 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     cols = prefetch.needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
     # Only sums are printed, so out-of-day rows may stay in with zero hours (no copy).
-    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False)
+    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False, batch_rows=batch_rows)
     result = attribute(priced.rows, inputs.group_by, inputs.idle)
     t = result.totals
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""

@@ -87,16 +87,20 @@ def price_window(
     # Coded prices (no per-row dollars) only where nothing downstream needs them per row.
     per_row = drop_empty or raw_inventory is not None
     pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty), per_row=per_row)
-    quarantine = quarantine_in_window(v.quarantine, ws, we)
-    fleet_known = raw_inventory is not None
-    if raw_inventory is not None:
-        iv = validate_inventory(raw_inventory, prices)
-        inv_pieces = split_by_day(iv.rows, ws, we, asof)
-        idle = idle_rows(inv_pieces, pieces)
-        if len(idle):
-            pieces = pd.concat([_plain(pieces), idle], ignore_index=True)
-        quarantine = pd.concat([quarantine, quarantine_in_window(iv.quarantine, ws, we)], ignore_index=True)
-    return PricedUsage(pieces, quarantine, ws, we, asof, fleet_known)
+    return with_idle(PricedUsage(pieces, quarantine_in_window(v.quarantine, ws, we), ws, we, asof), raw_inventory, prices)
+
+
+def with_idle(priced: PricedUsage, raw_inventory: pd.DataFrame | None, prices: PriceMatrix) -> PricedUsage:
+    """Add one idle row per inventory node and day (fleet − allocated) to priced pieces,
+    and the inventory's bad rows to the quarantine. No inventory: unchanged."""
+    if raw_inventory is None:
+        return priced
+    ws, we = priced.window_start, priced.window_end
+    iv = validate_inventory(raw_inventory, prices)
+    idle = idle_rows(split_by_day(iv.rows, ws, we, priced.as_of), priced.rows)
+    pieces = pd.concat([_plain(priced.rows), idle], ignore_index=True) if len(idle) else priced.rows
+    quarantine = pd.concat([priced.quarantine, quarantine_in_window(iv.quarantine, ws, we)], ignore_index=True)
+    return PricedUsage(pieces, quarantine, ws, we, priced.as_of, fleet_known=True)
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
@@ -161,18 +165,21 @@ def load_raw(
         from gpu_ops.cost import kubernetes as k8s
 
         frames.append(store.read(k8s.COLLECTED_PODS_TABLE, missing_ok=True))
-    raw = concat_raw(frames)
-    inventory = None
-    if sources.has_inventory:
-        inv_frames = []
-        if sources.inventory_files:
-            inv_frames.append(read_inventory_files(sources.inventory_files, sources.base_dir))
-        if sources.inventory_karpenter:
-            from gpu_ops.cost import kubernetes as k8s
+    return concat_raw(frames), load_inventory(sources, store)
 
-            inv_frames.append(store.read(k8s.COLLECTED_NODES_TABLE, missing_ok=True))
-        inventory = concat_raw(inv_frames)
-    return raw, inventory
+
+def load_inventory(sources: SourceSet, store: Any = None) -> pd.DataFrame | None:
+    """The raw node inventory (files, and the Karpenter nodes recorded in ``store``), or None."""
+    if not sources.has_inventory:
+        return None
+    inv_frames = []
+    if sources.inventory_files:
+        inv_frames.append(read_inventory_files(sources.inventory_files, sources.base_dir))
+    if sources.inventory_karpenter:
+        from gpu_ops.cost import kubernetes as k8s
+
+        inv_frames.append(store.read(k8s.COLLECTED_NODES_TABLE, missing_ok=True))
+    return concat_raw(inv_frames)
 
 
 def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] | None = None, now: dt.datetime | None = None) -> dict[str, int]:

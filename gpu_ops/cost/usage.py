@@ -263,18 +263,30 @@ def read_usage_files(
     for pattern in patterns:
         paths = _expand(pattern, base_dir)
         for path in paths:
-            df = read_table_file(path, columns)
-            missing = [c for c in ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type") if c not in df.columns]
-            if missing:
-                raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the usage format is: {', '.join(USAGE_COLUMNS)})")
-            df = _collect_label_columns(df)
-            df["source"] = const_column(len(df), "file")
-            df["location"] = const_column(len(df), str(path))
-            # CSV: data row N is line N+1 (the header is line 1).
-            if row_numbers:
-                df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
-            frames.append(df)
+            frames.append(usage_frame(read_table_file(path, columns), path, 1 if row_numbers else None))
     return concat_raw(frames)
+
+
+def require_usage_columns(path: Path, names: Iterable[str]) -> None:
+    missing = [c for c in ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type") if c not in set(names)]
+    if missing:
+        raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the usage format is: {', '.join(USAGE_COLUMNS)})")
+
+
+def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1) -> pd.DataFrame:
+    """Rows read from a usage file (or one batch of it) -> raw rows with provenance.
+
+    ``first_row`` is the file's row number of the frame's first row (a batch further in
+    the file starts later); ``None`` builds no ``row`` column (see :func:`read_usage_files`).
+    """
+    require_usage_columns(path, df.columns)
+    df = _collect_label_columns(df)
+    df["source"] = const_column(len(df), "file")
+    df["location"] = const_column(len(df), str(path))
+    # CSV: data row N is line N+1 (the header is line 1).
+    if first_row is not None:
+        df["row"] = np.arange(first_row, first_row + len(df), dtype=np.int64)
+    return df
 
 
 def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
