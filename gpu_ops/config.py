@@ -415,9 +415,15 @@ class WebhookChannel(_Model):
     type: Literal["webhook"]
     url: Annotated[Secret, Field()]
     secret: Annotated[Secret, Field()] | None = None
-    headers: dict[str, str] = {}
+    # Extra request headers; a value may be {env: NAME} (e.g. Authorization: {env: HOOK_TOKEN}).
+    headers: dict[str, Annotated[Secret, Field()]] = {}
 
     _wrap = field_validator("url", "secret", mode="before")(_secret_from_literal)
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _wrap_headers(cls, headers: Any) -> Any:
+        return {k: _secret_from_literal(v) for k, v in headers.items()} if isinstance(headers, Mapping) else headers
 
 
 class SmtpSettings(_Model):

@@ -78,6 +78,10 @@ class Redactor:
                 value = _secret_value(getattr(ch, attr, None))
                 if value:
                     plain.add(value)
+            for header in (getattr(ch, "headers", None) or {}).values():
+                value = _secret_value(header)
+                if value:
+                    plain.add(value)
             smtp = getattr(ch, "smtp", None)
             value = _secret_value(getattr(smtp, "password", None)) if smtp else None
             if value:
@@ -207,7 +211,7 @@ def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettin
         url = channel.url.get()
         secret = channel.secret.get() if channel.secret else None
         headers, body = messages.webhook_request(alert, secret)
-        headers = {**channel.headers, **headers}
+        headers = {**{k: v.get() for k, v in channel.headers.items()}, **headers}
     else:  # pragma: no cover - the config model admits no other type
         raise TypeError(f"unknown channel type {type(channel).__name__}")
 

@@ -66,6 +66,18 @@ def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
 
 
+TRAINING_WORKER = "training-worker"
+
+
+def is_training_worker(obj: dict[str, Any]) -> bool:
+    """Objects for the training workers' identity (their own ServiceAccount and RBAC)."""
+    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == TRAINING_WORKER
+
+
+def code_server_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if not is_training_worker(o)]
+
+
 def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = by_kind(objs, kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"

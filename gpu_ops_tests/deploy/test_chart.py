@@ -21,7 +21,9 @@ from gpu_ops_tests.deploy.chart import (
     NAMESPACE,
     VALUE_SETS,
     by_kind,
+    code_server_objects,
     container_context,
+    is_training_worker,
     container_env,
     objects,
     one,
@@ -69,7 +71,14 @@ def test_every_object_is_valid_against_its_schema(value_set: tuple[str, dict], k
 
 def test_rbac_is_least_privilege(value_set: tuple[str, dict]) -> None:
     _, values = value_set
-    objs = objects(values)
+    every = objects(values)
+    for role in by_kind(every, "ClusterRole") + by_kind(every, "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), f"wildcard in {role['metadata']['name']}: {rule}"
+            assert "secrets" not in rule["resources"], f"secret access in {role['kind']}/{role['metadata']['name']}"
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+    objs = code_server_objects(every)  # the training workers' identity: its own test below
     roles = by_kind(objs, "ClusterRole") + by_kind(objs, "Role")
     assert roles
     for role in roles:
@@ -110,14 +119,14 @@ def test_rbac_is_least_privilege(value_set: tuple[str, dict]) -> None:
 
 
 def test_two_pools_grant_pod_reads_in_each_collected_namespace() -> None:
-    objs = objects(two_gpu_pools())
+    objs = code_server_objects(objects(two_gpu_pools()))
     assert {r["metadata"]["namespace"] for r in by_kind(objs, "Role")} == {"ml", "nlp", "vision", "kubetorch"}
 
 
 def test_collector_over_all_namespaces_reads_pods_cluster_wide_but_never_secrets() -> None:
     values = {"config": {**copy.deepcopy(yaml.safe_load((CHART / "values.yaml").read_text())["config"])}}
     values["config"]["usage"]["sources"] = [{"type": "kubernetes"}]
-    cluster = one(objects(values), "ClusterRole")
+    cluster = one(code_server_objects(objects(values)), "ClusterRole")
     pod_rules = [r for r in cluster["rules"] if "pods" in r["resources"]]
     assert pod_rules == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert not any("secrets" in r["resources"] for r in cluster["rules"])
@@ -172,7 +181,7 @@ def test_container_context_is_valid_dagster_k8s_config_for_run_workers(value_set
     from dagster_k8s.job import DagsterK8sJobConfig
 
     _, values = value_set
-    objs = objects(values)
+    objs = code_server_objects(objects(values))
     dep = one(objs, "Deployment")
     ctx = container_context(dep)
     result = process_config(DagsterK8sJobConfig.config_type_container_context(), ctx["k8s"])
@@ -241,7 +250,7 @@ def test_nodepools_off_renders_no_karpenter_objects() -> None:
     objs = objects(VALUE_SETS["nodepools-off"]())
     assert not [o for o in objs if o["kind"] in KARPENTER_KINDS]
     # The RBAC for NodePools stays: gpu_ops may still manage pools itself.
-    assert any("nodepools" in r["resources"] for r in one(objs, "ClusterRole")["rules"])
+    assert any("nodepools" in r["resources"] for r in one(code_server_objects(objs), "ClusterRole")["rules"])
 
 
 def test_rendered_configmap_loads_with_the_projects_config_loader(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,13 +296,50 @@ def test_default_configmap_loads_and_plain_url_storage_stays_literal(tmp_path) -
     assert "GPU_OPS_STORAGE_URL" not in container_env(one(objs, "Deployment"))
 
 
-def test_literal_channel_endpoint_passes_through(tmp_path) -> None:
+def ref(name: str, key: str) -> dict:
+    return {"secretKeyRef": {"name": name, "key": key}}
+
+
+def every_secret_as_a_reference() -> dict:
     values = two_gpu_pools()
-    values["config"]["channels"]["audit"] = {"type": "webhook", "url": "https://hooks.example.com/gpu", "secret": {"secretKeyRef": {"name": "hooks", "key": "hmac"}}}
-    objs = objects(values)
+    values["storage"] = {"existingSecret": {"name": ""}, "url": "postgresql://gpu_ops@db.internal:5432/gpu_ops", "password": ref("gpu-ops-db", "password")}
+    values["config"]["channels"] = {
+        "slack": {"type": "slack", "webhook_url": ref("alerts", "slack-url")},
+        "oncall": {"type": "pagerduty", "routing_key": ref("alerts", "pd-key")},
+        "audit": {"type": "webhook", "url": ref("alerts", "hook-url"), "secret": ref("alerts", "hook-hmac"),
+                  "headers": {"Authorization": ref("alerts", "hook-token"), "X-Team": "ml"}},
+        "finance": {"type": "email", "to": ["finops@example.com"], "smtp": {"host": "smtp.internal", "username": "gpu-ops", "password": ref("alerts", "smtp")}},
+    }
+    values["config"]["budgets"][0]["channels"] = ["slack", "oncall", "audit", "finance"]
+    return values
+
+
+def test_every_secret_is_a_secret_reference_headers_and_storage_password_included(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = objects(every_secret_as_a_reference())
     cfg = load_config(write_config(objs, tmp_path))
-    assert isinstance(cfg.channels["audit"].url, LiteralSecret) and cfg.channels["audit"].url.get() == "https://hooks.example.com/gpu"
-    assert container_env(one(objs, "Deployment"))[cfg.channels["audit"].secret.env]["valueFrom"]["secretKeyRef"] == {"name": "hooks", "key": "hmac"}
+    env = container_env(one(objs, "Deployment"))
+    run_env = {e["name"]: e for e in container_context(one(objs, "Deployment"))["k8s"]["env"]}
+    audit = cfg.channels["audit"]
+    refs = {
+        ("gpu-ops-db", "password"): cfg.storage.password,
+        ("alerts", "slack-url"): cfg.channels["slack"].webhook_url,
+        ("alerts", "pd-key"): cfg.channels["oncall"].routing_key,
+        ("alerts", "hook-url"): audit.url,
+        ("alerts", "hook-hmac"): audit.secret,
+        ("alerts", "hook-token"): audit.headers["Authorization"],
+        ("alerts", "smtp"): cfg.channels["finance"].smtp.password,
+    }
+    for (secret, key), secret_ref in refs.items():
+        assert isinstance(secret_ref, SecretRef), (secret, key)
+        assert env[secret_ref.env]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+        assert run_env[secret_ref.env]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}  # run workers too
+    assert audit.headers["X-Team"].get() == "ml"
+    assert "secretKeyRef" not in one(objs, "ConfigMap")["data"]["gpu_ops.yaml"]
+    # The storage password joins the URL only in memory, where the connection opens.
+    assert cfg.storage.url == "postgresql://gpu_ops@db.internal:5432/gpu_ops"
+    monkeypatch.setenv(cfg.storage.password.env, "s3cret/pw")
+    assert cfg.storage.resolved_url() == "postgresql://gpu_ops:s3cret%2Fpw@db.internal:5432/gpu_ops"
+    assert cfg.storage.connect_timeout_s == 10 and cfg.storage.statement_timeout_s == 300
 
 
 def test_a_config_mistake_in_values_is_reported_by_the_loader_naming_the_field(tmp_path) -> None:
@@ -316,6 +362,16 @@ def test_a_config_mistake_in_values_is_reported_by_the_loader_naming_the_field(t
         ({"codeServer": {"port": 80}}, "/codeServer/port"),
         ({"config": {"storage": {"url": "sqlite:///x.db"}}}, "additional properties 'storage' not allowed"),
         ({"config": {"channels": {"oncall": {"type": "pagerduty", "routing_key": {"secretKeyRef": {"name": "pd"}}}}}}, "/config/channels/oncall/routing_key"),
+        # Literal secrets: refused, naming the field, so none can reach the ConfigMap.
+        ({"storage": {"existingSecret": {"name": ""}, "url": "postgresql://gpu_ops:hunter2@db:5432/costs"}}, "/storage/url"),
+        ({"storage": {"password": "hunter2"}}, "/storage/password"),
+        ({"config": {"channels": {"oncall": {"type": "pagerduty", "routing_key": "R0UTINGKEY"}}}}, "/config/channels/oncall/routing_key"),
+        ({"config": {"channels": {"slack": {"type": "slack", "webhook_url": "https://hooks.slack.com/services/T0/B0/x"}}}}, "/config/channels/slack/webhook_url"),
+        ({"config": {"channels": {"audit": {"type": "webhook", "url": "https://hooks.example.com/gpu?token=x"}}}}, "/config/channels/audit/url"),
+        ({"config": {"channels": {"audit": {"type": "webhook", "url": {"env": "U"}, "secret": "hmac"}}}}, "/config/channels/audit/secret"),
+        ({"config": {"channels": {"audit": {"type": "webhook", "url": {"env": "U"}, "headers": {"Authorization": "Bearer abc"}}}}}, "/config/channels/audit/headers/Authorization"),
+        ({"config": {"channels": {"audit": {"type": "webhook", "url": {"env": "U"}, "headers": {"x-api-key": "abc"}}}}}, "/config/channels/audit/headers/x-api-key"),
+        ({"config": {"channels": {"mail": {"type": "email", "to": ["a@b.c"], "smtp": {"password": "pw"}}}}}, "/config/channels/mail/smtp/password"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_field(override: dict, field: str) -> None:
@@ -347,3 +403,98 @@ def test_notes_tell_how_to_register_the_code_location() -> None:
     assert "host: gpu-ops.dagster.svc.cluster.local" in notes and "port: 3030" in notes
     assert "clusterName is still" in notes
     assert "clusterName is still" not in render(two_gpu_pools())["gpu-ops/templates/NOTES.txt"]
+
+
+# --------------------------------------------------------------------------- NetworkPolicy
+
+
+def test_network_policies_admit_only_the_dagster_webserver_and_daemon(value_set: tuple[str, dict]) -> None:
+    _, values = value_set
+    objs = objects(values)
+    policies = {p["metadata"]["name"]: p for p in by_kind(objs, "NetworkPolicy")}
+    assert set(policies) == {"gpu-ops-code-server", "gpu-ops-run-workers"}
+    for policy in policies.values():
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+
+    server = policies["gpu-ops-code-server"]["spec"]
+    dep = one(objs, "Deployment")
+    assert server["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = server["ingress"]
+    assert rule["ports"] == [{"port": dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"], "protocol": "TCP"}]
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [{"component": "dagster-webserver"}, {"component": "dagster-daemon"}]
+    assert all(peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE} for peer in rule["from"])
+
+    # Run workers: selected by the labels the container context gives them; nothing may call them.
+    workers = policies["gpu-ops-run-workers"]["spec"]
+    assert workers["podSelector"]["matchLabels"].items() <= container_context(dep)["k8s"]["labels"].items()
+    assert workers["ingress"] == []
+
+    for spec in (server, workers):
+        ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
+        assert {(53, "UDP"), (53, "TCP"), (5432, "TCP"), (443, "TCP"), (6443, "TCP"), (8080, "TCP")} <= ports
+        (kubetorch,) = [r for r in spec["egress"] if r["ports"] == [{"port": 8080, "protocol": "TCP"}]]
+        assert kubetorch["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubetorch"}}}]
+
+
+def test_network_policy_egress_can_be_narrowed_and_the_policies_turned_off() -> None:
+    database = [{"ipBlock": {"cidr": "10.0.12.0/24"}}]
+    objs = objects({"networkPolicy": {"egress": {"database": {"to": database, "ports": [5432]}}, "dagster": {"namespace": "dagster-system"}}})
+    for policy in by_kind(objs, "NetworkPolicy"):
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+        assert {"to": database, "ports": [{"port": 5432, "protocol": "TCP"}]} in policy["spec"]["egress"]
+    server = next(p for p in by_kind(objs, "NetworkPolicy") if p["metadata"]["name"].endswith("code-server"))
+    assert {peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in server["spec"]["ingress"][0]["from"]} == {"dagster-system"}
+
+    assert by_kind(objects({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+# --------------------------------------------------------------------------- training workers
+
+
+def test_training_workers_may_get_their_own_node_and_pod_and_nothing_else() -> None:
+    objs = [o for o in objects(two_gpu_pools()) if is_training_worker(o)]
+    (sa,) = by_kind(objs, "ServiceAccount")
+    compute_ns = two_gpu_pools()["config"]["compute"]["namespace"]
+    assert sa["metadata"]["namespace"] == compute_ns
+    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (role,) = by_kind(objs, "Role")
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert role["metadata"]["namespace"] == compute_ns
+    bindings = by_kind(objs, "ClusterRoleBinding") + by_kind(objs, "RoleBinding")
+    assert {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == {(r["kind"], r["metadata"]["name"]) for r in (cluster_role, role)}
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": compute_ns}]
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# --------------------------------------------------------------------------- partitions in parallel
+
+
+def test_partitions_run_in_parallel_as_separate_pods_within_the_queue_limits() -> None:
+    """The deploy guide's settings (README, "Partitions in parallel"): each partition run
+    is its own Kubernetes Job (K8sRunLauncher), the run queue admits backfill runs a few at
+    a time, and a step pod launched by k8s_job_executor gets the same identity, config
+    mount and secret references as the run worker."""
+    from dagster._config import process_config
+    from dagster_k8s import k8s_job_executor
+    from dagster_k8s.job import DagsterK8sJobConfig
+
+    from gpu_ops_tests.deploy.chart import EXAMPLES
+
+    dagster = yaml.safe_load((EXAMPLES / "dagster-values.yaml").read_text())
+    assert dagster["runLauncher"]["type"] == "K8sRunLauncher"
+    queue = dagster["dagsterDaemon"]["runCoordinator"]
+    assert queue["enabled"] and queue["type"] == "QueuedRunCoordinator"
+    limits = {lim["key"]: lim for lim in queue["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]}
+    max_runs = queue["config"]["queuedRunCoordinator"]["maxConcurrentRuns"]
+    assert 2 <= limits["dagster/backfill"]["limit"] < max_runs  # parallel, but bounded below the whole queue
+    assert limits["gpu-ops/gpu-launch"]["limit"] < max_runs
+
+    # k8s_job_executor (one pod per step) accepts a bound on concurrent step pods, and the
+    # chart's container context is valid step-pod configuration as well.
+    assert process_config(k8s_job_executor.config_schema.config_type, {"max_concurrent": 4}).success
+    ctx = container_context(one(objects(), "Deployment"))["k8s"]
+    assert process_config(DagsterK8sJobConfig.config_type_container_context(), ctx).success

@@ -20,7 +20,7 @@ import yaml
 from gpu_ops import gpu_run_tags
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops_tests.conftest import REPO
-from gpu_ops_tests.deploy.chart import EXAMPLES, K8S_VERSION, container_context, objects, one, two_gpu_pools
+from gpu_ops_tests.deploy.chart import EXAMPLES, K8S_VERSION, code_server_objects, container_context, objects, one, two_gpu_pools
 
 PRODUCTION = REPO / "deploy" / "dagster.yaml"
 LOCAL = REPO / "dagster.yaml"
@@ -170,7 +170,7 @@ def test_run_worker_job_for_a_gpu_ops_run(instance_env: dict[str, str], tmp_path
     spec = pod["spec"]
     container = spec["containers"][0]
     assert container["image"] == image
-    assert spec["serviceAccountName"] == one(chart_objs, "ServiceAccount")["metadata"]["name"]
+    assert spec["serviceAccountName"] == one(code_server_objects(chart_objs), "ServiceAccount")["metadata"]["name"]
     assert "nvidia.com/gpu" not in json.dumps(manifest)
     assert not spec.get("tolerations")
     assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"

@@ -57,13 +57,16 @@ upper-cased, anything outside [A-Z0-9_] replaced by "_". Argument: list channel 
 Every secret the configuration references, as a list of
 {name: ENV_VAR, secretName: ..., key: ...}, plus the rewritten channels (secretKeyRef ->
 {env: ENV_VAR}). Returned as YAML: {env: [...], channels: {...}}.
-Channel fields looked at: every top-level field, and smtp.password.
+Channel fields looked at: every top-level field, smtp.password and each of headers;
+storage.password becomes GPU_OPS_DB_PASSWORD.
 */}}
 {{- define "gpu-ops.secrets" -}}
 {{- $env := list -}}
 {{- $channels := dict -}}
 {{- if .Values.storage.existingSecret.name -}}
 {{- $env = append $env (dict "name" "GPU_OPS_STORAGE_URL" "secretName" .Values.storage.existingSecret.name "key" .Values.storage.existingSecret.key) -}}
+{{- else if .Values.storage.password -}}
+{{- $env = append $env (dict "name" "GPU_OPS_DB_PASSWORD" "secretName" .Values.storage.password.secretKeyRef.name "key" .Values.storage.password.secretKeyRef.key) -}}
 {{- end -}}
 {{- range $chName, $ch := (.Values.config.channels | default (dict)) -}}
 {{- $out := dict -}}
@@ -80,6 +83,18 @@ Channel fields looked at: every top-level field, and smtp.password.
 {{- $_ := set $smtp "password" (dict "env" $var) -}}
 {{- end -}}
 {{- $_ := set $out $field $smtp -}}
+{{- else if and (eq $field "headers") (kindIs "map" $value) -}}
+{{- $headers := dict -}}
+{{- range $header, $hv := $value -}}
+{{- if and (kindIs "map" $hv) (hasKey $hv "secretKeyRef") -}}
+{{- $var := include "gpu-ops.secretEnvName" (list $chName (printf "header_%s" $header)) -}}
+{{- $env = append $env (dict "name" $var "secretName" $hv.secretKeyRef.name "key" $hv.secretKeyRef.key) -}}
+{{- $_ := set $headers $header (dict "env" $var) -}}
+{{- else -}}
+{{- $_ := set $headers $header $hv -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $out $field $headers -}}
 {{- else -}}
 {{- $_ := set $out $field $value -}}
 {{- end -}}
@@ -96,11 +111,22 @@ Channel fields looked at: every top-level field, and smtp.password.
 {{- if not $cfg.prices -}}
 {{- $_ := set $cfg "prices" (deepCopy .Values.defaultPrices) -}}
 {{- end -}}
+{{- $storage := dict -}}
 {{- if .Values.storage.existingSecret.name -}}
-{{- $_ := set $cfg "storage" (dict "url" (dict "env" "GPU_OPS_STORAGE_URL")) -}}
+{{- $_ := set $storage "url" (dict "env" "GPU_OPS_STORAGE_URL") -}}
 {{- else -}}
-{{- $_ := set $cfg "storage" (dict "url" (required "storage: set storage.existingSecret.name (a Secret holding the database URL) or storage.url" .Values.storage.url)) -}}
+{{- $_ := set $storage "url" (required "storage: set storage.existingSecret.name (a Secret holding the database URL) or storage.url" .Values.storage.url) -}}
+{{- if .Values.storage.password -}}
+{{- $_ := set $storage "password" (dict "env" "GPU_OPS_DB_PASSWORD") -}}
 {{- end -}}
+{{- end -}}
+{{- with .Values.storage.connectTimeoutSeconds -}}
+{{- $_ := set $storage "connect_timeout_s" . -}}
+{{- end -}}
+{{- with .Values.storage.statementTimeoutSeconds -}}
+{{- $_ := set $storage "statement_timeout_s" . -}}
+{{- end -}}
+{{- $_ := set $cfg "storage" $storage -}}
 {{- if .Values.config.channels -}}
 {{- $_ := set $cfg "channels" $secrets.channels -}}
 {{- end -}}
@@ -166,4 +192,56 @@ allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
+{{- end -}}
+
+{{/*
+NetworkPolicy egress shared by the code server and the run workers: DNS, the database, the API server,
+the Kubetorch controller, the alert channels; `to: []` in values means any address on
+those ports.
+*/}}
+{{- define "gpu-ops.egressPort" -}}
+{{- range $p := . }}
+- port: {{ $p }}
+  protocol: TCP
+{{- end }}
+{{- end -}}
+{{- define "gpu-ops.egressRules" -}}
+{{- $np := .Values.networkPolicy -}}
+# DNS
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ $np.egress.dns.namespace }}
+      podSelector:
+        matchLabels:
+          {{- toYaml $np.egress.dns.podLabels | nindent 10 }}
+  ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+{{- range $name := list "database" "apiServer" "channels" }}
+{{- $rule := index $np.egress $name }}
+# {{ $name }}
+- ports:
+    {{- include "gpu-ops.egressPort" $rule.ports | trim | nindent 4 }}
+  {{- with $rule.to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+# the Kubetorch controller
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Values.kubetorch.namespace }}
+  ports:
+    - port: {{ $np.egress.kubetorchControllerPort }}
+      protocol: TCP
+{{- with $np.egress.extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The namespace training workers run in (config.compute.namespace). */}}
+{{- define "gpu-ops.computeNamespace" -}}
+{{- default "default" (.Values.config.compute | default (dict)).namespace -}}
 {{- end -}}
