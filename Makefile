@@ -12,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run dev test bench clean
+.PHONY: venv run dev lint test bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
@@ -37,8 +37,14 @@ run: $(STAMP)
 dev: $(STAMP)
 	env -u DAGSTER_HOME $(VENV)/bin/dagster dev -w workspace.yaml
 
+# Ruff (with the ban on module-level torch/kubetorch/kubernetes/pandas/SQLAlchemy imports
+# in what the code location loads) and mypy; `make test` runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 

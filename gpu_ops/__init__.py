@@ -1,66 +1,165 @@
 """gpu_ops: GPU training as Dagster assets, with the GPU bill visible and under control.
 
-    from gpu_ops import GpuCompute, GpuRequest, gpu_asset, TrainingContext
+    import dagster as dg
+    from gpu_ops import GpuCompute, GpuRequest, PreemptionPolicy, TrainingContext, gpu_asset
 
-Names resolve lazily so that ``import gpu_ops`` stays cheap and never imports torch or
-kubetorch; each comes from the module that owns it.
+    @gpu_asset(request=GpuRequest(gpu_type="a100-80gb", gpus=8), policy=PreemptionPolicy(max_preemptions=10))
+    def finetune(ctx: TrainingContext, lr: float = 3e-4): ...
+
+    defs = dg.Definitions(assets=[finetune], resources={"gpu_compute": GpuCompute()})
+
+The public API is ``__all__`` below, grouped as in the README:
+
+- **Training**: ``gpu_asset``, ``gpu_op`` (preemption-aware training assets and ops),
+  ``TrainingContext`` (what the training function receives), ``PreemptionPolicy``,
+  ``CheckpointStore``, ``Outcome`` (how an attempt ended), ``young_daly_interval``,
+  ``GPU_POOL`` and ``gpu_run_tags`` (the concurrency pool and run tags GPU work uses).
+- **Compute**: ``GpuCompute`` (the ``gpu_compute`` resource), ``GpuRequest``,
+  ``Attribution``, ``WorkerReport``, ``WorkerExit``, ``WorkerTerminated``,
+  ``canonical_gpu_type``.
+- **Configuration and storage**: ``GpuOpsConfig``, ``load_config``, ``GpuOpsSettings``
+  (the ``gpu_ops`` resource), ``TableIOManager``, ``TableStore``.
+- **Cost** (pure pandas): ``PriceMatrix``, ``validate_usage``, ``attribute``,
+  ``evaluate_budgets``, ``roi_report``.
+- **Alerts**: ``assert_launch_allowed``, ``verify_webhook_signature``.
+- **Errors** (:mod:`gpu_ops.errors`): ``GpuOpsError`` and its subclasses.
+
+``import gpu_ops`` stays cheap: each name is imported from the module that owns it on
+first use, so neither this import nor loading a code location pulls in torch,
+kubetorch, pandas, SQLAlchemy or the Kubernetes client. The ``TYPE_CHECKING`` imports
+below are the same names, for type checkers and IDEs.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from gpu_ops._failures import AlertDeliveryFailed as AlertDeliveryFailed
+    from gpu_ops._failures import GpuOpsFailure as GpuOpsFailure
+    from gpu_ops._failures import LaunchRefused as LaunchRefused
+    from gpu_ops._failures import TrainingFailed as TrainingFailed
+    from gpu_ops.alerts.enforcement import assert_launch_allowed as assert_launch_allowed
+    from gpu_ops.alerts.messages import verify_webhook_signature as verify_webhook_signature
+    from gpu_ops.compute.backend import WorkerExit as WorkerExit
+    from gpu_ops.compute.backend import WorkerReport as WorkerReport
+    from gpu_ops.compute.backend import WorkerTerminated as WorkerTerminated
+    from gpu_ops.compute.catalog import UnknownGpuType as UnknownGpuType
+    from gpu_ops.compute.catalog import canonical_gpu_type as canonical_gpu_type
+    from gpu_ops.compute.kubetorch_backend import ComputeSetupError as ComputeSetupError
+    from gpu_ops.compute.request import Attribution as Attribution
+    from gpu_ops.compute.request import GpuRequest as GpuRequest
+    from gpu_ops.compute.resource import GpuCompute as GpuCompute
+    from gpu_ops.config import ConfigError as ConfigError
+    from gpu_ops.config import GpuOpsConfig as GpuOpsConfig
+    from gpu_ops.config import load_config as load_config
+    from gpu_ops.cost.attribution import attribute as attribute
+    from gpu_ops.cost.budgets import evaluate_budgets as evaluate_budgets
+    from gpu_ops.cost.pricing import PriceMatrix as PriceMatrix
+    from gpu_ops.cost.roi import roi_report as roi_report
+    from gpu_ops.cost.usage import validate_usage as validate_usage
+    from gpu_ops.errors import GpuOpsError as GpuOpsError
+    from gpu_ops.resources import GpuOpsSettings as GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager as TableIOManager
+    from gpu_ops.storage.tables import TableStore as TableStore
+    from gpu_ops.training.asset import GPU_POOL as GPU_POOL
+    from gpu_ops.training.asset import gpu_asset as gpu_asset
+    from gpu_ops.training.asset import gpu_op as gpu_op
+    from gpu_ops.training.asset import gpu_run_tags as gpu_run_tags
+    from gpu_ops.training.checkpoint import CheckpointStore as CheckpointStore
+    from gpu_ops.training.classify import Outcome as Outcome
+    from gpu_ops.training.context import TrainingContext as TrainingContext
+    from gpu_ops.training.context import TrainingPreempted as TrainingPreempted
+    from gpu_ops.training.interval import young_daly_interval as young_daly_interval
+    from gpu_ops.training.policy import PreemptionPolicy as PreemptionPolicy
+
+# name -> the module that owns it (a test checks this agrees with the imports above).
 _EXPORTS: dict[str, str] = {
-    # alerts
-    "assert_launch_allowed": "gpu_ops.alerts.enforcement",
-    "verify_webhook_signature": "gpu_ops.alerts.messages",
-    # configuration and storage
-    "GpuOpsConfig": "gpu_ops.config",
-    "ConfigError": "gpu_ops.config",
-    "load_config": "gpu_ops.config",
-    "GpuOpsSettings": "gpu_ops.resources",
-    "TableIOManager": "gpu_ops.storage.io_manager",
-    "TableStore": "gpu_ops.storage.tables",
-    # compute
-    "GpuRequest": "gpu_ops.compute.request",
-    "Attribution": "gpu_ops.compute.request",
-    "UnknownGpuType": "gpu_ops.compute.catalog",
-    "canonical_gpu_type": "gpu_ops.compute.catalog",
-    "WorkerExit": "gpu_ops.compute.backend",
-    "WorkerReport": "gpu_ops.compute.backend",
-    # cost (pure pandas; no Dagster import)
-    "PriceMatrix": "gpu_ops.cost.pricing",
-    "validate_usage": "gpu_ops.cost.usage",
-    "price_window": "gpu_ops.cost.pipeline",
-    "attribute": "gpu_ops.cost.attribution",
-    "evaluate_budgets": "gpu_ops.cost.budgets",
-    "roi_report": "gpu_ops.cost.roi",
-    "WorkerTerminated": "gpu_ops.compute.backend",
-    "GpuCompute": "gpu_ops.compute.resource",
-    "LocalBackend": "gpu_ops.compute.local",
-    "ComputeSetupError": "gpu_ops.compute.kubetorch_backend",
-    "NodePoolClient": "gpu_ops.compute.karpenter",
     # training
     "gpu_asset": "gpu_ops.training.asset",
     "gpu_op": "gpu_ops.training.asset",
     "gpu_run_tags": "gpu_ops.training.asset",
     "GPU_POOL": "gpu_ops.training.asset",
     "TrainingContext": "gpu_ops.training.context",
-    "TrainingPreempted": "gpu_ops.training.context",
-    "CheckpointStore": "gpu_ops.training.checkpoint",
     "PreemptionPolicy": "gpu_ops.training.policy",
+    "CheckpointStore": "gpu_ops.training.checkpoint",
     "Outcome": "gpu_ops.training.classify",
-    "Classification": "gpu_ops.training.classify",
-    "classify_report": "gpu_ops.training.classify",
-    "classify_pod": "gpu_ops.training.classify",
-    "classify_exception": "gpu_ops.training.classify",
     "young_daly_interval": "gpu_ops.training.interval",
-    "LEDGER_TABLE": "gpu_ops.training.ledger",
-    "LEDGER_COLUMNS": "gpu_ops.training.ledger",
+    # compute
+    "GpuCompute": "gpu_ops.compute.resource",
+    "GpuRequest": "gpu_ops.compute.request",
+    "Attribution": "gpu_ops.compute.request",
+    "WorkerReport": "gpu_ops.compute.backend",
+    "WorkerExit": "gpu_ops.compute.backend",
+    "WorkerTerminated": "gpu_ops.compute.backend",
+    "canonical_gpu_type": "gpu_ops.compute.catalog",
+    # configuration and storage
+    "GpuOpsConfig": "gpu_ops.config",
+    "load_config": "gpu_ops.config",
+    "GpuOpsSettings": "gpu_ops.resources",
+    "TableIOManager": "gpu_ops.storage.io_manager",
+    "TableStore": "gpu_ops.storage.tables",
+    # cost
+    "PriceMatrix": "gpu_ops.cost.pricing",
+    "validate_usage": "gpu_ops.cost.usage",
+    "attribute": "gpu_ops.cost.attribution",
+    "evaluate_budgets": "gpu_ops.cost.budgets",
+    "roi_report": "gpu_ops.cost.roi",
+    # alerts
+    "assert_launch_allowed": "gpu_ops.alerts.enforcement",
+    "verify_webhook_signature": "gpu_ops.alerts.messages",
+    # errors
+    "GpuOpsError": "gpu_ops.errors",
+    "GpuOpsFailure": "gpu_ops._failures",
+    "TrainingFailed": "gpu_ops._failures",
+    "LaunchRefused": "gpu_ops._failures",
+    "AlertDeliveryFailed": "gpu_ops._failures",
+    "ConfigError": "gpu_ops.config",
+    "UnknownGpuType": "gpu_ops.compute.catalog",
+    "ComputeSetupError": "gpu_ops.compute.kubetorch_backend",
+    "TrainingPreempted": "gpu_ops.training.context",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "GPU_POOL",
+    "AlertDeliveryFailed",
+    "Attribution",
+    "CheckpointStore",
+    "ComputeSetupError",
+    "ConfigError",
+    "GpuCompute",
+    "GpuOpsConfig",
+    "GpuOpsError",
+    "GpuOpsFailure",
+    "GpuOpsSettings",
+    "GpuRequest",
+    "LaunchRefused",
+    "Outcome",
+    "PreemptionPolicy",
+    "PriceMatrix",
+    "TableIOManager",
+    "TableStore",
+    "TrainingContext",
+    "TrainingFailed",
+    "TrainingPreempted",
+    "UnknownGpuType",
+    "WorkerExit",
+    "WorkerReport",
+    "WorkerTerminated",
+    "assert_launch_allowed",
+    "attribute",
+    "canonical_gpu_type",
+    "evaluate_budgets",
+    "gpu_asset",
+    "gpu_op",
+    "gpu_run_tags",
+    "load_config",
+    "roi_report",
+    "validate_usage",
+    "verify_webhook_signature",
+    "young_daly_interval",
+]
 
 
 def __getattr__(name: str) -> Any:

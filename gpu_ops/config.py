@@ -33,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from gpu_ops.errors import GpuOpsError
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
 HOME_ENV = "GPU_OPS_HOME"
@@ -43,7 +44,7 @@ SharingMode = Literal["none", "mig", "mps", "timeslice"]
 GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
 
 
-class ConfigError(ValueError):
+class ConfigError(GpuOpsError, ValueError):
     """One or more problems in a configuration file; each line names file and field."""
 
     def __init__(self, problems: list[str]):
@@ -333,7 +334,10 @@ class Threshold(_Model):
         return self
 
     def amount_usd(self, budget_amount: float) -> float:
-        return self.absolute_usd if self.absolute_usd is not None else budget_amount * self.percent / 100.0
+        if self.absolute_usd is not None:
+            return self.absolute_usd
+        assert self.percent is not None  # exactly one of the two (_exactly_one_amount)
+        return budget_amount * self.percent / 100.0
 
     def key(self) -> str:
         """Stable identifier used in alert state and run keys: ``actual-80pct``."""

@@ -152,9 +152,9 @@ def _http_post(client: httpx.Client, url: str, *, headers: dict[str, str], conte
     snippet = resp.text[:200].replace("\n", " ")
     if resp.status_code >= 500 or resp.status_code in (408, 429):
         retry_after = resp.headers.get("Retry-After", "")
-        exc = _Retryable(f"HTTP {resp.status_code}: {snippet}")
-        exc.retry_after = float(retry_after) if retry_after.isdigit() else None  # type: ignore[attr-defined]
-        raise exc
+        retryable = _Retryable(f"HTTP {resp.status_code}: {snippet}")
+        retryable.retry_after = float(retry_after) if retry_after.isdigit() else None  # type: ignore[attr-defined]
+        raise retryable
     raise _Permanent(f"HTTP {resp.status_code}: {snippet}")
 
 

@@ -274,9 +274,9 @@ def plan(order: EnforcementOrder, pools: NodePools | None) -> EnforcementOutcome
     else:
         # Revert wherever this budget left its mark, even if its scope changed since.
         for pool in pools.managed({}):
-            p = revert_plan(pool, order.budget)
-            if p is not None:
-                outcome.plans[p.name] = p
+            reverted = revert_plan(pool, order.budget)
+            if reverted is not None:
+                outcome.plans[reverted.name] = reverted
     return outcome
 
 
@@ -399,7 +399,7 @@ def _store_for(source: Any) -> Any:
 
 
 def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None = None) -> None:
-    """Raise ``dg.Failure(allow_retries=False)`` when a budget blocks or throttles this launch.
+    """Raise :class:`gpu_ops.errors.LaunchRefused` (a ``dg.Failure``, never retried) when a budget blocks or throttles this launch.
 
     ``source``: a GpuOpsConfig, a TableStore, a storage URL, or None (the loaded config).
     No enforcement table yet means nothing was ever enforced: the launch goes ahead. An
@@ -419,6 +419,6 @@ def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None 
     reason = launch_refusal(active_enforcements(records, now or dt.datetime.now(dt.timezone.utc)), request)
     if reason is None:
         return
-    import dagster as dg
+    from gpu_ops.errors import LaunchRefused
 
-    raise dg.Failure(description=reason, allow_retries=False, metadata={"refused_by": "gpu_budget_enforcement"})
+    raise LaunchRefused(reason, metadata={"refused_by": "gpu_budget_enforcement"})

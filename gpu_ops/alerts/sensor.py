@@ -157,10 +157,10 @@ def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: d
     policy = redelivery_policy(config.alerts)
     pending = dict(cursor.pending)
     superseded = []
-    for ev in result.alerts:
-        budget = budgets[ev.budget]
+    for alert_ev in result.alerts:
+        budget = budgets[alert_ev.budget]
         if budget.channels:  # no channels: the state still advances, nothing to send
-            alert = alert_for(ev, budget, config)
+            alert = alert_for(alert_ev, budget, config)
             first = pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
             requests.append(alert_run_request(alert, first, policy))
             if alert.kind == "resolve" and pending.pop(alert.trigger_run_key, None) is not None:
@@ -483,7 +483,9 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
             retry = any(not r.permanent for r in failed)
             delivered = sorted(done | {r.channel for r in results if r.ok})
             metadata["dead_letter"] = bool(delivery.get("final"))
-            raise dg.Failure(
+            from gpu_ops.errors import AlertDeliveryFailed
+
+            raise AlertDeliveryFailed(
                 description=(
                     f"alert {alert.run_key}: delivery failed for "
                     + "; ".join(f"{r.channel} ({r.detail})" for r in failed)
@@ -574,6 +576,7 @@ def launch_requests(
 
     launched, skipped = [], []
     for rr in requests:
+        assert rr.run_key is not None and rr.job_name is not None  # every request of this sensor names both
         tags = {**rr.tags, RUN_KEY_TAG: rr.run_key, SENSOR_NAME_TAG: SENSOR_NAME}
         if instance.get_runs(filters=RunsFilter(tags={RUN_KEY_TAG: rr.run_key, SENSOR_NAME_TAG: SENSOR_NAME}), limit=1):
             skipped.append(rr.run_key)

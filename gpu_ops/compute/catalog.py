@@ -10,9 +10,10 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from fractions import Fraction
+from gpu_ops.errors import GpuOpsError
 
 
-class UnknownGpuType(ValueError):
+class UnknownGpuType(GpuOpsError, ValueError):
     def __init__(self, name: str, suggestions: list[str]):
         self.name = name
         self.suggestions = suggestions
@@ -20,7 +21,7 @@ class UnknownGpuType(ValueError):
         super().__init__(f"unknown GPU type {name!r}{hint} (known: {', '.join(sorted(CATALOG))})")
 
 
-class UnknownMigProfile(ValueError):
+class UnknownMigProfile(GpuOpsError, ValueError):
     pass
 
 

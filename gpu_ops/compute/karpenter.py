@@ -44,6 +44,7 @@ from gpu_ops.compute.naming import (
     managed_selector,
 )
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.errors import GpuOpsError
 
 KARPENTER_GROUP = "karpenter.sh"
 KARPENTER_VERSION = "v1"
@@ -246,7 +247,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-class NotManagedError(RuntimeError):
+class NotManagedError(GpuOpsError, RuntimeError):
     """The object exists but was not created by gpu_ops: it is left alone."""
 
 

@@ -43,6 +43,7 @@ from gpu_ops.compute.karpenter import (
     pod_node_selector,
 )
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:
     import kubetorch as kt
@@ -51,7 +52,7 @@ KUBETORCH_VERSION = "0.5.1"  # the client is pinned; the controller chart must m
 SERVICE_LABEL = "kubetorch.com/service"
 
 
-class ComputeSetupError(RuntimeError):
+class ComputeSetupError(GpuOpsError, RuntimeError):
     """A launch could not be set up; ``fix`` says what to change."""
 
     def __init__(self, problem: str, fix: str, cause: BaseException | None = None):

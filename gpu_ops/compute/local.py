@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+from gpu_ops.errors import GpuOpsError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
 _POLL_S = 0.05
 
 
-class LaunchError(RuntimeError):
+class LaunchError(GpuOpsError, RuntimeError):
     """The launch could not start (the callable cannot be shipped, a worker cannot spawn)."""
 
 

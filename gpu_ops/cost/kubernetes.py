@@ -113,7 +113,8 @@ def _pod_end(pod: Any) -> dt.datetime | None:
 
 
 def _list_all(fn: Any, **kwargs: Any) -> list[Any]:
-    items, token = [], None
+    items: list[Any] = []
+    token = None
     while True:
         resp = fn(**kwargs, _continue=token) if token else fn(**kwargs)
         items.extend(resp.items or [])

@@ -23,6 +23,7 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
+from gpu_ops.errors import GpuOpsError
 
 USAGE_COLUMNS = (
     "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
@@ -41,7 +42,7 @@ OUTCOMES = ("completed", "preempted", "oom", "infrastructure", "user_error")
 NS_PER_HOUR = 3_600 * 10**9
 
 
-class UsageSourceError(ValueError):
+class UsageSourceError(GpuOpsError, ValueError):
     """A source cannot be read at all (missing file, wrong format, missing columns)."""
 
 
@@ -295,7 +296,7 @@ def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
         return raw["row"].to_numpy()[idx]
     loc = raw["location"]
     codes = loc.cat.codes.to_numpy() if isinstance(loc.dtype, pd.CategoricalDtype) else pd.factorize(loc)[0]
-    first = {}
+    first: dict[int, int] = {}
     change = np.flatnonzero(np.diff(codes, prepend=-2) != 0)  # where each file's rows begin
     for start in change:
         first.setdefault(int(codes[start]), int(start))

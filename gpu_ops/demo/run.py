@@ -156,5 +156,5 @@ def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days:
                 entry = month.setdefault((rec["kind"], rec["target"]), [0.0, 0, rec["detail"]])
                 entry[0] += float(rec["impact_usd"])
                 entry[1] += 1
-        for (kind, target), (impact, n, detail) in sorted(month.items(), key=lambda kv: -kv[1][0])[:3]:
+        for (kind, _target), (impact, n, detail) in sorted(month.items(), key=lambda kv: -kv[1][0])[:3]:
             echo(f"    recommendation ({kind}, {n} day(s), {money(impact)} in all): {detail}")

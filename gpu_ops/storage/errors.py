@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from gpu_ops.errors import GpuOpsError
 
-class StorageError(RuntimeError):
+
+class StorageError(GpuOpsError, RuntimeError):
     """A table could not be read or written; the message says which and why."""
 
 

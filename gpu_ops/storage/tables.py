@@ -30,7 +30,7 @@ import io
 import json
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -125,7 +125,7 @@ def column_kind(series: pd.Series) -> str:
     return "str"
 
 
-_SQL_TYPES = {
+_SQL_TYPES: dict[str, Any] = {
     "bool": sa.Boolean,
     "int": sa.BigInteger,
     "float": sa.Double,
@@ -155,7 +155,7 @@ def _encode(df: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, list[Any]]:
         kind = kinds[col]
         s = _to_utc(df[col]) if kind == "datetime" else df[col]
         missing = s.isna().to_numpy() if kind != "json" else [v is None or (isinstance(v, float) and math.isnan(v)) for v in s]
-        convert = {
+        converters: dict[str, Callable[[Any], Any]] = {
             "datetime": lambda v: v.to_pydatetime(),
             "json": lambda v: json.dumps(v, default=str),
             "bool": bool,
@@ -163,7 +163,8 @@ def _encode(df: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, list[Any]]:
             "float": float,
             "date": lambda v: v,
             "str": str,
-        }[kind]
+        }
+        convert = converters[kind]
         out[col] = [None if miss else convert(v) for v, miss in zip(s.tolist() if kind != "datetime" else list(s), missing)]
     return out
 
@@ -476,6 +477,7 @@ class TableStore:
         object per value, and memory bounded by the slice, not the frame."""
         cols = ", ".join(f'"{c}"' for c in df.columns)
         raw = conn.connection.driver_connection
+        assert raw is not None
         with raw.cursor() as cur:
             cur.copy_expert(f'COPY "{table.name}" ({cols}) FROM STDIN WITH (FORMAT csv)', _CsvStream(df, kinds), size=1 << 20)
 

@@ -278,7 +278,9 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         tb = classification.traceback or (report.traceback if report else None) or (
             "".join(traceback.format_exception(launch_error)) if launch_error else None
         )
-        raise dg.Failure(
+        from gpu_ops.errors import TrainingFailed
+
+        raise TrainingFailed(
             description=f"{asset_key}: attempt {attempt} {classification.describe()}. Not retried: {decision.reason}.",
             metadata={
                 "outcome": classification.outcome.value,
@@ -516,7 +518,7 @@ def gpu_asset(
     ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo).
     """
 
-    options = dict(
+    options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
     )
@@ -553,7 +555,7 @@ def gpu_op(
     """The op twin of :func:`gpu_asset`: outputs the function's return value, with the
     same metadata on the output. The ledger's ``asset_key`` column is ``op/<job>/<op>``."""
 
-    options = dict(
+    options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
     )

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from gpu_ops.errors import GpuOpsError
 
 # fsspec is imported when a store is opened, not when the code location loads (gpu_asset imports this module).
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ _NAME = re.compile(r"^ckpt-(\d{9})\.(bin|json)$")
 _TMP_PREFIX = ".tmp-"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(GpuOpsError, RuntimeError):
     pass
 
 
@@ -227,7 +228,7 @@ class CheckpointStore:
         for name in names:
             stale_tmp = name.startswith(_TMP_PREFIX)
             m = _NAME.match(name)
-            orphan = bool(m) and m.group(2) == "bin" and "json" not in entries.get(int(m.group(1)), set())
+            orphan = m is not None and m.group(2) == "bin" and "json" not in entries.get(int(m.group(1)), set())
             if stale_tmp or orphan:
                 try:
                     self.fs.rm(self._path(name))

@@ -68,7 +68,7 @@ _OOM_NAMES = {"MemoryError", "OutOfMemoryError", "OOMError"}
 _OOM_TEXT = re.compile(r"out of memory|OOMKilled|OOM-killed|oom-kill|CUDA error: out of memory", re.IGNORECASE)
 _MEMORY_PRESSURE = re.compile(r"low on resource: memory|memory pressure", re.IGNORECASE)
 # Raised by gpu_ops' own worker wrapper after a graceful save on SIGTERM or a spot notice.
-PREEMPTED_EXCEPTIONS = {"TrainingPreempted", "TrainingPreemptedError"}
+PREEMPTED_EXCEPTIONS = {"TrainingPreempted"}
 # Kubetorch setup failures: configuration (not retried) versus capacity/timeouts (retried).
 _CONFIG_ERRORS = {"ImagePullError", "KubernetesCredentialsError", "VersionMismatchError"}
 _INFRA_ERRORS = {"ResourceNotAvailableError", "ServiceTimeoutError", "StartupError", "KnativeServiceError", "AutoScalingError"}

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpu_ops.compute.backend import WorkerTerminated
+from gpu_ops.errors import GpuOpsError
 from gpu_ops.training.checkpoint import CheckpointInfo, CheckpointStore
 from gpu_ops.training.interval import CheckpointSchedule
 
@@ -56,17 +56,13 @@ def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
     return (head, data) if isinstance(data, dict) else None
 
 
-class TrainingPreemptedError(Exception):
-    """The same as :class:`TrainingPreempted` where a ``BaseException`` would hurt: in a
-    Kubetorch server the function runs inside a request handler that must survive it."""
-
-
-class TrainingPreempted(WorkerTerminated):
+class TrainingPreempted(GpuOpsError):
     """Raised by the worker wrapper when the function stopped after a preemption notice.
 
-    A :class:`WorkerTerminated`, so the local worker reports the attempt as ended by
-    SIGTERM (exit 143, no traceback noise); on other backends the classifier knows the
-    name. Either way the attempt is ``preempted``, not a user error.
+    An ``Exception``: in a Kubetorch server the function runs inside a request handler
+    that must survive it, and the classifier knows the name. (The local backend's worker
+    raises :class:`WorkerTerminated` instead, so the attempt reads as ended by SIGTERM,
+    exit 143.) Either way the attempt is ``preempted``, not a user error.
     """
 
 
@@ -147,7 +143,7 @@ class TrainingContext:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.schedule = CheckpointSchedule(
-            interval=spec.checkpoint_interval if spec.checkpoint_interval == "auto" else float(spec.checkpoint_interval),
+            interval="auto" if spec.checkpoint_interval == "auto" else float(spec.checkpoint_interval),
             mtbp_prior_s=spec.mtbp_prior_s,
             past_exposure_s=spec.past_exposure_s,
             past_preemptions=spec.past_preemptions,
@@ -329,5 +325,9 @@ def install_sigterm_handler(ctx: TrainingContext) -> Callable[[], None]:
         ctx.notify_preempted("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 

@@ -109,6 +109,7 @@ def train_demo(
         if epoch != perm_epoch:  # the loader's shuffle for this epoch
             perm = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + 1 + epoch)).to(device)
             perm_epoch = epoch
+        assert perm is not None  # set at the first step of every epoch
         idx = perm[batch * batch_size : (batch + 1) * batch_size]
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(inputs[idx]), labels[idx])

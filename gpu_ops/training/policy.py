@@ -175,10 +175,10 @@ def decide(
         if counts.ooms > policy.max_oom_retries:
             return Decision(Action.FAIL, f"out of memory {counts.ooms} times, more than max_oom_retries={policy.max_oom_retries}", 0.0, counts)
         before = plan_attempt(policy, base, history[:-1]).request
-        nxt = plan_attempt(policy, base, history).request
-        if nxt.memory_bytes <= before.memory_bytes:
+        after = plan_attempt(policy, base, history).request
+        if after.memory_bytes <= before.memory_bytes:
             return Decision(Action.FAIL, f"out of memory at {before.memory}, already at the memory cap; more memory cannot be requested", 0.0, counts)
-        return retry(counts.ooms, policy.max_oom_retries, "OOM", f" with memory {before.memory} -> {nxt.memory}")
+        return retry(counts.ooms, policy.max_oom_retries, "OOM", f" with memory {before.memory} -> {after.memory}")
     if outcome is Outcome.INFRASTRUCTURE:
         if counts.infrastructure > policy.max_infrastructure_retries:
             return Decision(

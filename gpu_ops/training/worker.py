@@ -15,22 +15,23 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
+from gpu_ops.compute.backend import WorkerTerminated
 from gpu_ops.training.context import (
     SpotNoticeWatcher,
     TrainingContext,
     TrainingPreempted,
-    TrainingPreemptedError,
     WorkerSpec,
     emit,
     install_sigterm_handler,
 )
+from gpu_ops.errors import GpuOpsError
 
 # (module, qualname) -> the undecorated training function; filled by gpu_asset/gpu_op
 # at import time in the parent and again in the worker when it imports the module.
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
-class TrainingFunctionError(TypeError):
+class TrainingFunctionError(GpuOpsError, TypeError):
     pass
 
 
@@ -69,7 +70,7 @@ def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
     """Worker entry point. Returns the function's value and a summary of the attempt.
 
     When SIGTERM or a spot notice arrived, the attempt ends with
-    :class:`TrainingPreempted` even if the function returned: the pod is going away and
+    :class:`TrainingPreempted` (locally :class:`WorkerTerminated`) even if the function returned: the pod is going away and
     the next attempt resumes from the checkpoint the function saved.
     """
     if isinstance(spec, dict):
@@ -93,9 +94,9 @@ def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
         sys.stdout.flush()
         restore()
         message = f"{ctx.preempt_reason}; {where}"
-        if os.environ.get("GPU_OPS_WORKER") == "1":  # the local backend's worker process
-            raise TrainingPreempted(message)
-        raise TrainingPreemptedError(message)
+        if os.environ.get("GPU_OPS_WORKER") == "1":  # the local backend's worker: reported as SIGTERM (exit 143)
+            raise WorkerTerminated(message)
+        raise TrainingPreempted(message)
     restore()
     emit("finished", **summary)
     return {"value": value, "summary": summary}

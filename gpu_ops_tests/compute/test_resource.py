@@ -157,6 +157,7 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
     import yaml
 
     from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
+    from gpu_ops.errors import LaunchRefused
     from gpu_ops.storage.tables import TableStore
 
     cfg = tmp_path / "gpu_ops.yaml"
@@ -172,7 +173,8 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
     compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg))
     started: list[list[int]] = []
     with dg.build_asset_context() as context:
-        with pytest.raises(dg.Failure, match="blocked by budget 'nlp-monthly'") as info:
+        # A step failure of its own (a dg.Failure and a GpuOpsError), never retried.
+        with pytest.raises(LaunchRefused, match="blocked by budget 'nlp-monthly'") as info:
             compute.launch(context, launch_assets.REQUEST, worker_fns.add, args=(1, 2), on_start=started.append)
     assert info.value.allow_retries is False and started == []
     # Another team is not affected; and the gate can be switched off.

@@ -117,7 +117,7 @@ def test_kill_during_writes_never_breaks_resume(tmp_path: Path) -> None:
     rng = random.Random(4)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     last_seen = 0
-    for trial in range(6):
+    for _trial in range(6):
         proc = subprocess.Popen(
             [sys.executable, "-c", f"from gpu_ops_tests.training.workloads import checkpoint_writer; checkpoint_writer({str(url)!r}, 8, 2)"],
             env=env,

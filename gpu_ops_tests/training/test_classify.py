@@ -289,6 +289,6 @@ def test_distributed_collateral_errors_point_at_the_killed_rank() -> None:
 
 def test_gpu_ops_preemption_raised_in_a_kubetorch_pod_after_a_spot_notice() -> None:
     # Kubetorch re-creates unknown remote exception types by name.
-    remote = type("TrainingPreemptedError", (Exception,), {})("spot interruption notice; checkpoint #4 at step 800")
+    remote = type("TrainingPreempted", (Exception,), {})("spot interruption notice; checkpoint #4 at step 800")
     c = classify_report(WorkerReport(exit=WorkerExit.ERROR, exception=remote, pod=pod(phase="Running"), node=node(spot=True)))
     assert c.outcome is Outcome.PREEMPTED and c.spot is True

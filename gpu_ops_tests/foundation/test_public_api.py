@@ -1,0 +1,85 @@
+"""The public API: an explicit ``__all__`` that type checkers see, cheap to import, and one
+exception base class."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+
+import gpu_ops
+import gpu_ops.errors as errors
+from gpu_ops_tests.conftest import REPO
+
+HEAVY = ("dagster", "torch", "kubetorch", "pandas", "numpy", "sqlalchemy", "httpx", "kubernetes", "fsspec")
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """name -> module of the ``if TYPE_CHECKING:`` re-exports in gpu_ops/__init__.py."""
+    tree = ast.parse((REPO / "gpu_ops" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    out = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name}: re-export as `import X as X` so type checkers export it"
+            out[alias.name] = node.module
+    return out
+
+
+def test_all_is_explicit_resolves_and_matches_the_static_re_exports():
+    static = _type_checking_imports()
+    assert sorted(gpu_ops.__all__) == sorted(static), "the TYPE_CHECKING imports and __all__ disagree"
+    assert sorted(gpu_ops._EXPORTS) == sorted(static)
+    for name in gpu_ops.__all__:
+        value = getattr(gpu_ops, name)
+        assert gpu_ops._EXPORTS[name] == static[name]
+        assert getattr(importlib.import_module(static[name]), name) is value
+
+
+def test_internals_are_not_public_and_the_readme_names_are():
+    assert not {"LEDGER_COLUMNS", "LEDGER_TABLE", "price_window", "classify_report", "LocalBackend"} & set(gpu_ops.__all__)
+    with pytest.raises(AttributeError):
+        gpu_ops.LEDGER_COLUMNS  # noqa: B018
+    readme = (REPO / "README.md").read_text()
+    for name in ("GpuCompute", "GpuRequest", "Attribution", "gpu_asset", "PreemptionPolicy", "TrainingContext", "gpu_run_tags", "verify_webhook_signature"):
+        assert name in gpu_ops.__all__ and name in readme
+
+
+def test_import_gpu_ops_and_its_errors_import_nothing_heavy():
+    code = f"import sys, gpu_ops, gpu_ops.errors; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_every_exception_derives_from_gpu_ops_error():
+    for module, name in errors.PLAIN_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, errors.GpuOpsError), name
+        assert not issubclass(cls, dg.Failure), name
+    # Every exception class the package defines is a GpuOpsError, or deliberately not.
+    deliberately_not = {"WorkerTerminated"}  # a BaseException: user code's `except Exception` must not swallow SIGTERM
+    found = set()
+    for info in pkgutil.walk_packages(gpu_ops.__path__, "gpu_ops."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name and not name.startswith("_"):
+                found.add(obj)
+    strays = sorted(c.__qualname__ for c in found if not issubclass(c, errors.GpuOpsError) and c.__name__ not in deliberately_not)
+    assert strays == []
+    assert {c.__name__ for c in found} >= {name for _, name in errors.PLAIN_ERRORS}
+
+
+def test_step_failures_are_dagster_failures_carrying_metadata():
+    for name in ("GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed"):
+        cls = getattr(errors, name)
+        assert issubclass(cls, dg.Failure) and issubclass(cls, errors.GpuOpsError)
+    exc = errors.TrainingFailed("train: attempt 3 raised ValueError", metadata={"attempts": 3})
+    assert exc.metadata["attempts"].value == 3 and exc.allow_retries is False and "attempt 3" in exc.description
