@@ -24,7 +24,6 @@ No Dagster imports here: the IO manager, the ledger and the alert state all use 
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import io
 import json
@@ -256,6 +255,7 @@ def _copy_out(conn: sa.Connection, query: sa.Select, kinds: Mapping[str, str]) -
     sql = str(query.with_only_columns(*utc_cols).compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
     buf = io.BytesIO()
     raw = conn.connection.driver_connection
+    assert raw is not None
     with raw.cursor() as cur:
         cur.copy_expert(f"COPY ({sql}) TO STDOUT WITH (FORMAT csv, HEADER)", buf)
     if not names:

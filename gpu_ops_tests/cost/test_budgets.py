@@ -242,7 +242,7 @@ def _row_level_spend(budget, rows, day, idle):
     scope = alloc[alloc["team"] == budget.scope.team]
     spend = scope["cost_usd"].sum()
     if idle == "share":
-        for day_, part in rows.groupby(rows["day"].dt.date):
+        for _day, part in rows.groupby(rows["day"].dt.date):
             a = part[part["kind"] != "idle"]
             if a["cost_usd"].sum() > 0:
                 spend += part.loc[part["kind"] == "idle", "cost_usd"].sum() * a.loc[a["team"] == budget.scope.team, "cost_usd"].sum() / a["cost_usd"].sum()
