@@ -278,7 +278,7 @@ class UsageConfig(_Model):
     group_by: list[str] = ["team", "project"]
     # Rows per batch when large usage files are streamed (`gpu-ops cost attribution`):
     # peak memory follows this, not the size of the files.
-    batch_rows: int = Field(262_144, gt=0)
+    batch_rows: int = Field(default=262_144, gt=0)
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
 

@@ -139,7 +139,7 @@ class AlertCursor:
     runs_seen_at: float | None = None  # wall-clock epoch s of the last look at alert runs
 
     def encode(self) -> str:
-        body = {
+        body: dict[str, Any] = {
             "v": CURSOR_VERSION,
             "m": self.last_storage_id,
             "at": self.evaluated_at,

@@ -196,7 +196,7 @@ def _no_huge_pages() -> None:
     """Batches reuse memory of the same size: numpy's transparent-huge-page advice only
     makes the kernel zero 2 MB pages for each of them (a quarter of the time at 10M rows)."""
     try:
-        from numpy._core.multiarray import _set_madvise_hugepage
+        from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]
     except ImportError:  # numpy < 2
         return
     _set_madvise_hugepage(False)
