@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpu_ops.compute.catalog import CATALOG
-from gpu_ops.config import LiteralSecret, SecretRef, load_config
+from gpu_ops.config import SecretRef, load_config
 from gpu_ops_tests.deploy.chart import (
     CHART,
     K8S_VERSION,

@@ -88,7 +88,7 @@ def secret_role(pg_url):
         TableStore.dispose_all()
         with admin.connect() as conn:
             conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"), {"r": role})
-            conn.execute(sa.text(f"ALTER SCHEMA public OWNER TO postgres"))
+            conn.execute(sa.text("ALTER SCHEMA public OWNER TO postgres"))
             conn.execute(sa.text(f"DROP OWNED BY {role}"))
             conn.execute(sa.text(f'ALTER DATABASE "{database}" OWNER TO postgres'))
             conn.execute(sa.text(f"DROP ROLE {role}"))
