@@ -1,12 +1,23 @@
-"""Cost attribution at scale: 10 million usage intervals in one Parquet file.
+"""Cost attribution at scale: 10, 30 and 100 million usage intervals in one Parquet file.
 
-    .venv/bin/python benchmarks/cost.py [--rows 10000000] [--keep DIR]
+    .venv/bin/python benchmarks/cost.py [--rows 10M,30M,100M] [--data DIR] [--repeat 3]
 
-Prints wall time and peak memory (max RSS of each whole process) of:
-  1. `gpu-ops cost attribution --by team` (the real CLI, validation and all),
-  2. a pyarrow+numpy floor computing the same per-team totals from the same file,
-  3. a straightforward pandas read + merge-with-prices + groupby,
-and checks that all three agree to the cent. Goal: (1) at most 2x the floor, at most 4 GB.
+Files over 10M rows are several GB: they are generated once into ``--data`` (default
+/work/bench_data, outside the repository) and kept. On a shared machine run anything over
+10M under the benchmark lock: ``flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/cost.py ...``.
+
+Per size, each contender is a whole process (interpreter start and imports included), run
+interleaved ``--repeat`` times; the best wall time and the highest peak RSS (max RSS of the
+process) are reported, and every answer (per-team GPU-hours and cost) must agree with the
+floor's to 1e-6:
+  1. `gpu-ops cost attribution --by team` (the real CLI: validation, quarantine, day split,
+     pricing, grouping; usage streamed in batches of ``usage.batch_rows``),
+  2. DuckDB: one SQL query over the file (join with a price table, GROUP BY team),
+  3. Polars: a lazy scan, join and group-by run by its streaming engine,
+  4. a floor: pyarrow record batches + numpy clip, price and ``bincount`` per team,
+  5. (10M only) pandas ``read_parquet`` + ``merge`` with prices + ``groupby``.
+Goal: the CLI at or under DuckDB's wall time at 10M and 100M; peak memory at most 2× DuckDB's
+and at most 4 GB at 100M.
 """
 
 from __future__ import annotations
@@ -16,20 +27,16 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 PRICES = REPO / "gpu_ops" / "demo" / "prices.yaml"
 DAY = "2026-10-14"
-DAY_START_US = int(np.datetime64(f"{DAY}T00:00:00", "us").astype(np.int64))
+AS_OF = "2026-10-15T00:00:00+00:00"
+DAY_START_US = 1_791_936_000 * 10**6  # 2026-10-14T00:00:00Z
 US_PER_H = 3_600 * 10**6
 
 # gpu_type values as billing exports write them: canonical names and aliases.
@@ -37,9 +44,17 @@ GPU_NAMES = ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "NVIDIA-H100-80GB-HBM
 
 
 def generate(path: Path, n: int, seed: int = 7) -> None:
+    # Imported here: the measuring process stays small, since a child's peak RSS starts
+    # from its parent's (fork) on Linux.
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     rng = np.random.default_rng(seed)
     chunk = 2_000_000
     writer = None
+    tmp = path.with_suffix(".partial")
     for off in range(0, n, chunk):
         m = min(chunk, n - off)
         # Starts from 6 h before the day to its end; ~2 h mean duration: some intervals cross
@@ -68,12 +83,15 @@ def generate(path: Path, n: int, seed: int = 7) -> None:
         }
         table = pa.table(cols)
         if writer is None:
-            writer = pq.ParquetWriter(path, table.schema)
+            writer = pq.ParquetWriter(tmp, table.schema)
         writer.write_table(table)
     assert writer is not None
     writer.close()
+    tmp.rename(path)
 
 
+# Every contender prints {team: [gpu_hours, cost_usd]} as JSON. The price table of the
+# peers maps each raw gpu_type name in the file to its canonical prices (as a join would).
 FLOOR = textwrap.dedent(
     """
     import json, sys
@@ -81,21 +99,71 @@ FLOOR = textwrap.dedent(
     from gpu_ops.compute.catalog import canonical_gpu_type
     path, prices_path, day_us, asof_us = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     prices = yaml.safe_load(open(prices_path))["gpus"]
-    t = pq.read_table(path, columns=["start", "end", "team", "gpu_type", "gpu_count", "gpu_share", "capacity_type"])
-    def codes(name):
-        col = t.column(name).combine_chunks()
-        return np.asarray(col.indices), col.dictionary.to_pylist()
-    s = np.asarray(t.column("start").combine_chunks().cast("int64"))
-    e_col = t.column("end").combine_chunks()
-    e = np.asarray(e_col.cast("int64").fill_null(asof_us))
     hi = min(day_us + 86_400_000_000, asof_us)
-    h = np.clip(np.minimum(e, hi) - np.maximum(s, day_us), 0, None) / 3.6e9
-    gi, gnames = codes("gpu_type"); ci, cnames = codes("capacity_type"); ti, tnames = codes("team")
-    table = np.array([[prices[canonical_gpu_type(g)].get(c, np.nan) for c in cnames] for g in gnames])
-    gpu_h = np.asarray(t.column("gpu_count").combine_chunks(), dtype=float) * np.asarray(t.column("gpu_share").combine_chunks()) * h
-    cost = np.bincount(ti, weights=gpu_h * table[gi, ci], minlength=len(tnames))
-    hours = np.bincount(ti, weights=gpu_h, minlength=len(tnames))
-    print(json.dumps({n: [hours[i], cost[i]] for i, n in enumerate(tnames)}))
+    hours, cost = {}, {}
+    cols = ["start", "end", "team", "gpu_type", "gpu_count", "gpu_share", "capacity_type"]
+    for b in pq.ParquetFile(path).iter_batches(batch_size=1 << 20, columns=cols):
+        c = dict(zip(b.schema.names, b.columns))
+        s = np.asarray(c["start"].cast("int64"))
+        e = np.asarray(c["end"].cast("int64").fill_null(asof_us))
+        h = np.clip(np.minimum(e, hi) - np.maximum(s, day_us), 0, None) / 3.6e9
+        gi, gnames = np.asarray(c["gpu_type"].indices), c["gpu_type"].dictionary.to_pylist()
+        ci, cnames = np.asarray(c["capacity_type"].indices), c["capacity_type"].dictionary.to_pylist()
+        ti, tnames = np.asarray(c["team"].indices), c["team"].dictionary.to_pylist()
+        table = np.array([[prices[canonical_gpu_type(g)].get(x, np.nan) for x in cnames] for g in gnames])
+        gpu_h = np.asarray(c["gpu_count"], dtype=float) * np.asarray(c["gpu_share"]) * h
+        hb = np.bincount(ti, weights=gpu_h, minlength=len(tnames))
+        cb = np.bincount(ti, weights=gpu_h * table[gi, ci], minlength=len(tnames))
+        for i, n in enumerate(tnames):
+            hours[n] = hours.get(n, 0.0) + hb[i]
+            cost[n] = cost.get(n, 0.0) + cb[i]
+    print(json.dumps({n: [hours[n], cost[n]] for n in hours}))
+    """
+)
+
+PEER_PRICES = textwrap.dedent(
+    """
+    import json, sys, yaml
+    from gpu_ops.compute.catalog import canonical_gpu_type
+    path, prices_path, day, asof, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(",")
+    gpus = yaml.safe_load(open(prices_path))["gpus"]
+    price_rows = [(n, c, v) for n in names for c, v in gpus[canonical_gpu_type(n)].items()]
+    """
+)
+
+DUCKDB = PEER_PRICES + textwrap.dedent(
+    """
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE p(gpu_type VARCHAR, capacity_type VARCHAR, price DOUBLE)")
+    con.executemany("INSERT INTO p VALUES (?, ?, ?)", price_rows)
+    q = f'''
+    WITH u AS (
+      SELECT team, gpu_type, capacity_type, gpu_count * gpu_share *
+        greatest(epoch_us(least(coalesce("end", TIMESTAMPTZ '{asof}'), TIMESTAMPTZ '{day}' + INTERVAL 1 DAY, TIMESTAMPTZ '{asof}'))
+                 - epoch_us(greatest(start, TIMESTAMPTZ '{day}')), 0) / 3.6e9 AS gpu_h
+      FROM read_parquet('{path}'))
+    SELECT team, sum(gpu_h), sum(gpu_h * price) FROM u JOIN p USING (gpu_type, capacity_type) GROUP BY team
+    '''
+    print(json.dumps({t: [h, c] for t, h, c in con.execute(q).fetchall()}))
+    """
+)
+
+POLARS = PEER_PRICES + textwrap.dedent(
+    """
+    from datetime import datetime, timedelta, timezone
+    import polars as pl
+    p = pl.DataFrame(price_rows, schema=["gpu_type", "capacity_type", "price"], orient="row")
+    lo = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
+    a = datetime.fromisoformat(asof)
+    hi = min(lo + timedelta(days=1), a)
+    span = pl.min_horizontal(pl.col("end").fill_null(a), pl.lit(hi)) - pl.max_horizontal(pl.col("start"), pl.lit(lo))
+    u = pl.scan_parquet(path).select(
+        pl.col("team").cast(pl.String), pl.col("gpu_type").cast(pl.String), pl.col("capacity_type").cast(pl.String),
+        (pl.col("gpu_count") * pl.col("gpu_share") * (span.dt.total_microseconds().clip(lower_bound=0) / 3.6e9)).alias("gpu_h"),
+    )
+    r = u.join(p.lazy(), on=["gpu_type", "capacity_type"]).group_by("team").agg(pl.col("gpu_h").sum(), (pl.col("gpu_h") * pl.col("price")).sum().alias("cost"))
+    print(json.dumps({t: [h, c] for t, h, c in r.collect(engine="streaming").iter_rows()}))
     """
 )
 
@@ -107,7 +175,7 @@ PANDAS = textwrap.dedent(
     path, prices_path, day, asof = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     prices = yaml.safe_load(open(prices_path))["gpus"]
     p = pd.DataFrame([(g, c, v) for g, caps in prices.items() for c, v in caps.items()], columns=["gpu_type", "capacity_type", "price"])
-    df = pd.read_parquet(path)
+    df = pd.read_parquet(path, columns=["start", "end", "team", "gpu_type", "gpu_count", "gpu_share", "capacity_type"])
     df["gpu_type"] = df["gpu_type"].astype(str).map(canonical_gpu_type)
     df["capacity_type"] = df["capacity_type"].astype(str)
     df["team"] = df["team"].astype(str)
@@ -122,13 +190,14 @@ PANDAS = textwrap.dedent(
     """
 )
 
+CLI = "gpu-ops cost attribution"
+
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str, float]:
+    """(wall s, peak RSS MiB, stdout, CPU s) of one whole process."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     # Read the pipes on threads so that wait4 can reap this child and give its own rusage.
-    import threading
-
     bufs: dict[str, bytes] = {}
     threads = [threading.Thread(target=lambda k=k, f=f: bufs.__setitem__(k, f.read())) for k, f in (("out", proc.stdout), ("err", proc.stderr))]
     for th in threads:
@@ -137,57 +206,91 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str, float]:
     wall = time.perf_counter() - t0
     for th in threads:
         th.join()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd[:4])}... failed ({proc.returncode}):\n{bufs['err'].decode()[-3000:]}")
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        raise SystemExit(f"{' '.join(cmd[:4])}... failed ({code}):\n{bufs['err'].decode()[-3000:]}")
     return wall, usage.ru_maxrss / 1024, bufs["out"].decode(), usage.ru_utime + usage.ru_stime
+
+
+def contenders(path: Path, rows: int, batch_rows: int | None) -> list[tuple[str, list[str]]]:
+    py = sys.executable
+    peer_args = [str(path), str(PRICES), DAY, AS_OF, ",".join(GPU_NAMES)]
+    cli = [py, "-m", "gpu_ops.cli", "cost", "attribution", "--usage", str(path), "--prices", str(PRICES), "--date", DAY, "--by", "team", "--format", "json"]
+    if batch_rows:
+        cli += ["--batch-rows", str(batch_rows)]
+    out = [
+        ("floor (pyarrow+numpy)", [py, "-c", FLOOR, str(path), str(PRICES), str(DAY_START_US), str(DAY_START_US + 24 * US_PER_H)]),
+        (CLI, cli),
+        ("DuckDB", [py, "-c", DUCKDB, *peer_args]),
+        ("Polars (streaming)", [py, "-c", POLARS, *peer_args]),
+    ]
+    if rows <= 10_000_000:
+        out.append(("pandas merge+groupby", [py, "-c", PANDAS, str(path), str(PRICES), DAY, AS_OF]))
+    return out
+
+
+def totals(name: str, stdout: str) -> dict[str, list[float]]:
+    data = json.loads(stdout)
+    if name == CLI:
+        return {r["team"]: [r["gpu_hours"], r["cost_usd"]] for r in data}
+    return data
+
+
+def load() -> str:
+    return os.popen("uptime").read().strip().split("load average:")[-1].strip()
+
+
+def bench_size(rows: int, data: Path, repeat: int, batch_rows: int | None) -> dict[str, tuple[float, float, float]]:
+    path = data / f"usage-{rows // 1_000_000}M.parquet"
+    if not path.exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--generate", str(path), str(rows)], check=True)
+        print(f"generated {rows:,} intervals in {time.perf_counter() - t0:.0f} s: {path} ({path.stat().st_size / 2**20:,.0f} MiB)")
+    cmds = contenders(path, rows, batch_rows)
+    runs: dict[str, list] = {name: [] for name, _ in cmds}
+    load_before = load()
+    # Interleaved, best of --repeat: on a shared machine the load changes from run to run.
+    for _ in range(repeat):
+        for name, cmd in cmds:
+            runs[name].append(run_measured(cmd))
+    load_after = load()
+    floor = totals(cmds[0][0], runs[cmds[0][0]][0][2])
+    for name, rs in runs.items():
+        for r in rs:
+            got = totals(name, r[2])
+            assert set(got) == set(floor), (name, sorted(got), sorted(floor))
+            for team, (h, c) in floor.items():
+                assert abs(got[team][0] - h) <= 1e-6 * max(1.0, abs(h)), (name, team, got[team], h)
+                assert abs(got[team][1] - c) <= 1e-6 * max(1.0, abs(c)), (name, team, got[team], c)
+    best = {name: (min(r[0] for r in rs), max(r[1] for r in rs), min(r[3] for r in rs)) for name, rs in runs.items()}
+    total = sum(c for _, c in floor.values())
+    print(f"\n{rows:,} intervals ({path.stat().st_size / 2**20:,.0f} MiB), {DAY}, {len(floor)} teams, ${total:,.2f}: all agree to 1e-6")
+    print(f"load average before/after: {load_before} / {load_after}; best of {repeat} interleaved runs")
+    duck_wall, duck_rss, _ = best["DuckDB"]
+    print(f"{'':26} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13} {'x DuckDB wall':>14} {'x DuckDB RSS':>13}")
+    for name, (wall, rss, cpu) in best.items():
+        print(f"{name:26} {wall:8.2f} {cpu:8.2f} {rss:13,.0f} {wall / duck_wall:14.2f} {rss / duck_rss:13.2f}")
+    wall, rss, _ = best[CLI]
+    print(f"goal: CLI wall <= DuckDB's: {'met' if wall <= duck_wall else 'MISSED'} ({wall / duck_wall:.2f}x); "
+          f"peak <= 2x DuckDB's: {'met' if rss <= 2 * duck_rss else 'MISSED'} ({rss / duck_rss:.2f}x); <= 4096 MiB: {'met' if rss <= 4096 else 'MISSED'}")
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--keep", help="write the Parquet file here and keep it")
+    ap.add_argument("--rows", default="10M", help="comma-separated sizes, e.g. 10M,30M,100M")
+    ap.add_argument("--data", default="/work/bench_data", help="where the generated files are kept")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved; the best wall time is reported")
+    ap.add_argument("--batch-rows", type=int, help="the CLI's --batch-rows (default: its own)")
+    ap.add_argument("--generate", nargs=2, metavar=("PATH", "ROWS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu_ops_bench_"))
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / "usage.parquet"
-    if not path.exists():
-        t0 = time.perf_counter()
-        generate(path, args.rows)
-        print(f"generated {args.rows:,} intervals in {time.perf_counter() - t0:.1f}s: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
-    asof = "2026-10-15T00:00:00+00:00"
-    asof_us = DAY_START_US + 24 * US_PER_H
-    py = sys.executable
-    gpu_ops = [py, "-m", "gpu_ops.cli", "cost", "attribution", "--usage", str(path), "--prices", str(PRICES), "--date", DAY, "--by", "team", "--format", "json"]
-    floor = [py, "-c", FLOOR, str(path), str(PRICES), str(DAY_START_US), str(asof_us)]
-    naive = [py, "-c", PANDAS, str(path), str(PRICES), DAY, asof]
-
-    # Interleaved, best of --repeat: on a shared machine the load changes from run to run.
-    commands = (("floor (pyarrow+numpy)", floor), ("gpu-ops cost attribution", gpu_ops), ("pandas merge+groupby", naive))
-    runs: dict[str, list] = {name: [] for name, _ in commands}
-    for _ in range(args.repeat):
-        for name, cmd in commands:
-            runs[name].append(run_measured(cmd))
-    results = {}
-    for name, rs in runs.items():
-        best = min(rs, key=lambda r: r[0])
-        results[name] = (best[0], max(r[1] for r in rs), best[2], min(r[3] for r in rs))
-
-    floor_totals = json.loads(results["floor (pyarrow+numpy)"][2])
-    ours = {r["team"]: [r["gpu_hours"], r["cost_usd"]] for r in json.loads(results["gpu-ops cost attribution"][2])}
-    naive_totals = json.loads(results["pandas merge+groupby"][2])
-    for team, (h, c) in floor_totals.items():
-        assert abs(ours[team][1] - c) < 0.01 and abs(naive_totals[team][1] - c) < 0.01, (team, c, ours[team], naive_totals[team])
-        assert abs(ours[team][0] - h) < 1e-6 * max(1, h)
-    total = sum(c for _, c in floor_totals.values())
-    print(f"\n{args.rows:,} intervals, {DAY}, {len(floor_totals)} teams, ${total:,.2f} (all three agree to the cent)")
-    print(f"{'':28} {'wall s':>8} {'CPU s':>7} {'peak RSS MiB':>13} {'x floor':>8}")
-    fw = results["floor (pyarrow+numpy)"][0]
-    for name, (wall, rss, _, cpu) in results.items():
-        print(f"{name:28} {wall:8.2f} {cpu:7.2f} {rss:13.0f} {wall / fw:8.2f}")
-    ours_wall, ours_rss, _, _ = results["gpu-ops cost attribution"]
-    print(f"\ngoal: <= 2x floor ({'met' if ours_wall <= 2 * fw else 'MISSED'}), <= 4096 MiB peak ({'met' if ours_rss <= 4096 else 'MISSED'})")
+    if args.generate:
+        return generate(Path(args.generate[0]), int(args.generate[1]))
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    for size in args.rows.split(","):
+        rows = int(float(size.strip().upper().rstrip("M")) * 1_000_000) if size.strip().upper().endswith("M") else int(size)
+        bench_size(rows, data, args.repeat, args.batch_rows)
 
 
 if __name__ == "__main__":

@@ -222,14 +222,14 @@ def cost() -> None:
 @click.option("--batch-rows", type=click.IntRange(min=1), help="Rows per batch when usage files are streamed (default: the config's usage.batch_rows, else 262144); peak memory follows it.")
 def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None) -> None:
     """Cost per group for one UTC day."""
-    from gpu_ops.cost import prefetch
+    from gpu_ops.cost.columns import needed_columns
     from gpu_ops.cost.attribution import attribute, day_window
     from gpu_ops.cost.pipeline import attribution_columns
 
     inputs = Inputs(usage, prices, inventory, config_path, idle, by)
     day = _date(date_)
     ws, we = day_window(day)
-    cols = prefetch.needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
+    cols = needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
     # Only sums are printed, so out-of-day rows may stay in with zero hours (no copy).
     priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False, batch_rows=batch_rows)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
-from gpu_ops.cost.prefetch import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
+from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.usage import (

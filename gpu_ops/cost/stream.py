@@ -27,7 +27,7 @@ import pandas as pd
 
 from gpu_ops.cost.attribution import DAY_NS, cell_pieces, combine_cells, price_pieces, priced_cells, split_by_day, utc
 from gpu_ops.cost.pipeline import PricedUsage, load_inventory, with_idle
-from gpu_ops.cost.prefetch import parquet_columns
+from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.cost.usage import (

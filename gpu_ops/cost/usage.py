@@ -179,15 +179,13 @@ def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.Data
     if suffix in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
-        from gpu_ops.cost import prefetch
+        from gpu_ops.cost.columns import parquet_columns
 
-        table = prefetch.take(path, columns)
-        if table is None:
-            try:
-                schema = pq.read_schema(path)
-            except Exception as exc:  # a corrupt file: name it
-                raise UsageSourceError(f"{path}: not a readable Parquet file: {exc}") from None
-            table = pq.read_table(path, columns=prefetch.parquet_columns(schema.names, columns))
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:  # a corrupt file: name it
+            raise UsageSourceError(f"{path}: not a readable Parquet file: {exc}") from None
+        table = pq.read_table(path, columns=parquet_columns(schema.names, columns))
         return arrow_to_frame(table)
     if suffix == ".csv":
         try:

@@ -121,20 +121,17 @@ def test_the_same_pod_from_two_sources_is_counted_once():
     assert kept["end"] == pd.Timestamp("2026-10-02T05:00:00Z")
 
 
-def test_prefetched_parquet_is_used_and_bad_files_still_name_themselves(tmp_path):
-    from gpu_ops.cost import prefetch
+def test_parquet_reads_only_the_columns_asked_for_and_bad_files_name_themselves(tmp_path):
+    from gpu_ops.cost.columns import needed_columns
 
     good = tmp_path / "a.parquet"
     pq.write_table(pa.table({k: [v] for k, v in GOOD.items() if k in USAGE_COLUMNS}), good)
-    cols = prefetch.needed_columns(["team"], False, False)
-    assert prefetch.start([str(tmp_path / "*.parquet")], cols) == 1
-    assert prefetch._pending  # the read is under way (or done) before anything asks for it
+    cols = needed_columns(["team"], False, False)
     df = read_usage_files([str(good)], columns=cols)
-    assert not prefetch._pending and list(df["team"]) == ["nlp"]
+    assert list(df["team"]) == ["nlp"]
     assert "pod" not in df.columns  # only the columns asked for
 
     bad = tmp_path / "b.parquet"
     bad.write_bytes(b"not parquet at all")
-    prefetch.start([str(bad)], cols)
     with pytest.raises(UsageSourceError, match=r"b.parquet: not a readable Parquet file"):
         read_usage_files([str(bad)], columns=cols)
