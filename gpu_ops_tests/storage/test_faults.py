@@ -114,6 +114,8 @@ def test_a_write_stuck_behind_a_lock_is_cancelled_by_the_statement_timeout(pg_ur
         with pytest.raises(StorageUnavailable) as err:
             store.write("usage", pd.DataFrame({"team": ["cv"], "gpu_hours": [2.0]}))
         elapsed = time.monotonic() - started
+        with pytest.raises(StorageUnavailable, match="statement_timeout_s"):
+            store.read("usage")  # a read (COPY TO, through the raw driver) is bounded too
         conn.rollback()
     holder.dispose()
     assert elapsed < BOUND_S
@@ -214,6 +216,27 @@ def test_the_io_manager_fails_the_step_naming_the_database(closed_port):
     description = failure.user_failure_data.description
     assert "cannot reach the gpu_ops database" in description and "Connection refused" in description
     assert_clear(description, closed_port)
+
+
+def test_a_cost_asset_fails_its_step_naming_the_database(tmp_path, closed_port, monkeypatch):
+    from gpu_ops.definitions import build_defs
+
+    monkeypatch.setenv("GPU_OPS_TEST_DB_PASSWORD", PASSWORD)
+    defs = build_defs(str(write_config(tmp_path, closed_port)))
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey("gpu_usage")})
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(partition_key="2026-11-02", instance=instance, raise_on_error=False)
+    assert not result.success
+    (failure,) = [e.step_failure_data for e in result.all_events if e.is_step_failure]
+    # Dagster's "Error occurred while executing op" wraps the step's own error, which the UI shows next.
+    chain, error = [], failure.error
+    while error is not None:
+        chain.append(error)
+        error = error.cause
+    (ours,) = [e for e in chain if e.cls_name == "StorageUnavailable"]
+    assert "cannot reach the gpu_ops database" in ours.message and "Connection refused" in ours.message
+    assert_clear(ours.message, closed_port)
+    assert not any(PASSWORD in e.message or PASSWORD in "".join(e.stack) for e in chain)
 
 
 def test_the_budget_sensor_tick_names_the_database(tmp_path, closed_port, monkeypatch):
