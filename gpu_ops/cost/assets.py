@@ -84,12 +84,19 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 description="Usage and inventory rows that failed validation, with the reason, file and row.",
             ),
         },
-        check_specs=[dg.AssetCheckSpec("quarantine_empty", asset="gpu_usage", description="No usage row of the day was set aside as invalid.")],
+        check_specs=[
+            dg.AssetCheckSpec("quarantine_empty", asset="gpu_usage", description="No usage row of the day was set aside as invalid."),
+            dg.AssetCheckSpec(
+                "sources_complete", asset="gpu_usage",
+                description="Every usage file pattern matched a file and every file could be read (ERROR: the day's cost would be short).",
+            ),
+        ],
     )
     def gpu_usage_asset(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
         from gpu_ops.cost.attribution import day_window, fleet_totals
         from gpu_ops.cost.pipeline import default_as_of, load_raw, price_window, usage_table
         from gpu_ops.cost.pricing import PriceMatrix
+        from gpu_ops.cost.usage import file_problems
         from gpu_ops.storage.tables import TableStore
 
         cfg = gpu_ops.load()
@@ -120,7 +127,8 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             )
         if "gpu_usage_quarantine" in selected:
             yield dg.Output(q, output_name="gpu_usage_quarantine", metadata={"quarantined_rows": len(q), "preview": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))})
-        if context.selected_asset_check_keys:
+        checks = {k.name for k in context.selected_asset_check_keys}
+        if "quarantine_empty" in checks:
             yield dg.AssetCheckResult(
                 asset_key="gpu_usage",
                 check_name="quarantine_empty",
@@ -128,6 +136,16 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 severity=dg.AssetCheckSeverity.WARN,
                 description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
                 metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
+            )
+        if "sources_complete" in checks:
+            unread = file_problems(q)
+            yield dg.AssetCheckResult(
+                asset_key="gpu_usage",
+                check_name="sources_complete",
+                passed=unread.empty,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=None if unread.empty else "; ".join(f"{r.location}: {r.reason}" for r in unread.itertuples(index=False)),
+                metadata={"unread_sources": len(unread), "problems": dg.MetadataValue.md(_md_table(unread[["location", "reason"]] if len(unread) else unread))},
             )
 
     @dg.multi_asset(

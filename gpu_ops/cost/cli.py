@@ -155,17 +155,31 @@ class Inputs:
 
 
 def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:
+    """Say what was set aside (stderr); exit 1 when a file or pattern gave no rows at all.
+
+    Called last, after the table was printed: the good files are priced either way, but a
+    missing or unreadable file must not pass for a cheap day in a script (exit status).
+    """
     import pandas as pd
+
+    from gpu_ops.cost.usage import file_problems
 
     if q.empty:
         return
     if path:
         q.to_csv(path, index=False)
-    first = q.iloc[0]
-    where = f"{first['location']} row {first['row']}"
-    if str(first["location"]).lower().endswith(".csv") and not pd.isna(first["row"]):
-        where += f" (line {int(first['row']) + 1}, after the header)"  # rows count data rows from 1
-    click.echo(f"quarantined {len(q)} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
+    files = file_problems(q)
+    rows = q[q["field"] != files["field"].iloc[0]] if len(files) else q
+    if len(rows):
+        first = rows.iloc[0]
+        where = f"{first['location']} row {first['row']}"
+        if str(first["location"]).lower().endswith(".csv") and not pd.isna(first["row"]):
+            where += f" (line {int(first['row']) + 1}, after the header)"  # rows count data rows from 1
+        click.echo(f"quarantined {len(rows)} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
+    if len(files):
+        for f in files.itertuples(index=False):
+            click.echo(f"Error: {f.location}: {f.reason}", err=True)
+        raise click.exceptions.Exit(1)
 
 
 def _emit(df: "pd.DataFrame", fmt: str, title: str = "") -> None:

@@ -35,10 +35,11 @@ def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[s
 
 def needed_columns(group_by: Sequence[str], with_inventory: bool, dedupe: bool) -> list[str]:
     """Columns to read from usage files for an attribution: fewer columns, less I/O."""
-    cols = {"start", "end", "team", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region", "lost_seconds", "outcome"}
+    # namespace and pod always: they tell two intervals apart, so identical-row detection
+    # never mistakes two pods for one; labels always: a bad labels cell is quarantined
+    # whatever the grouping, so the CLI prices exactly what the asset prices.
+    cols = {"start", "end", "team", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region", "lost_seconds", "outcome", "namespace", "pod", "labels"}
     cols |= set(attribution_columns(group_by, with_inventory))
-    if dedupe:
-        cols |= {"namespace", "pod"}
     return sorted(cols)
 
 

@@ -11,9 +11,13 @@ once per distinct value through ``pd.factorize``, not once per row.
 
 from __future__ import annotations
 
+import datetime as dt
 import glob as globmod
 import json
-from collections.abc import Callable, Iterable, Sequence
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ USAGE_COLUMNS = (
 OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
 ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
 PROVENANCE_COLUMNS = ("source", "location", "row")
+USAGE_REQUIRED = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
 INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
@@ -44,6 +49,23 @@ NS_PER_HOUR = 3_600 * 10**9
 
 class UsageSourceError(GpuOpsError, ValueError):
     """A source cannot be read at all (missing file, wrong format, missing columns)."""
+
+    def __init__(self, location: Any, reason: str | None = None):
+        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
+        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
+
+
+# A file or pattern that yields no rows at all is one quarantine row: this field, no row
+# number, and the reason. Readers carry it as a raw row with a FILE_ERROR column.
+FILE_FIELD = "<file>"
+FILE_ERROR = "file_error"
+DUPLICATE_FIELD = "<row>"
+LINE_FIELD = "<line>"  # a CSV line that could not be split into the header's fields
+# List, struct or map cells of a Parquet file: the reader blanks them and records, per
+# row, {field: what the cell held} here; validation quarantines those rows.
+CELL_ERRORS = "cell_errors"
+# More GPUs than this in one interval is a unit or export error, not a job.
+MAX_GPUS_PER_ROW = 100_000
 
 
 @dataclass
@@ -103,24 +125,66 @@ def _as_text(s: pd.Series) -> pd.Series:
 
 
 def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
-    """Any time column -> UTC datetime64[ns]; returns (parsed, unparseable mask).
+    """Any time column -> UTC datetime64[ns]; returns (parsed, bad mask).
 
     Naive times are UTC (the format says so); offsets are converted. Missing stays NaT.
+    Bad means unparseable or outside what datetime64[ns] holds (1677-09-21 to
+    2262-04-11): a ``9999-12-31`` "still running" sentinel is reported, never wrapped
+    round to a wrong day. :func:`time_problem` says which, for the rows that are bad.
     """
-    if isinstance(s.dtype, pd.DatetimeTZDtype):
-        if str(s.dtype) == "datetime64[ns, UTC]":
-            return s, np.zeros(len(s), bool)
-        return s.dt.tz_convert("UTC").astype("datetime64[ns, UTC]"), np.zeros(len(s), bool)
-    if pd.api.types.is_datetime64_dtype(s.dtype):
-        return s.dt.tz_localize("UTC").astype("datetime64[ns, UTC]"), np.zeros(len(s), bool)
+    if isinstance(s.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(s.dtype):
+        return _utc_ns(s)
     # Strings (CSV): parse each distinct value once, then index by code.
     blank = _blank(s)
     codes, uniques = _factorized(s)
-    texts = pd.Series([u if isinstance(u, pd.Timestamp) else str(u).strip() for u in uniques], dtype=object)
-    parsed_u = pd.to_datetime(texts, utc=True, errors="coerce", format="ISO8601").astype("datetime64[ns, UTC]")
-    nat = np.iinfo(np.int64).min
-    ints = _lut(list(parsed_u.array.asi8), nat, np.int64)[codes]
-    return utc_series(ints, s.index), ~blank & (ints == nat)
+    texts = pd.Series([u if isinstance(u, (pd.Timestamp, dt.date)) else str(u).strip() for u in uniques], dtype=object)
+    parsed_u, _ = _utc_ns(pd.to_datetime(texts, utc=True, errors="coerce", format="ISO8601"))
+    ints = _lut(list(parsed_u.array.asi8), _NAT, np.int64)[codes]
+    return utc_series(ints, s.index), ~blank & (ints == _NAT)
+
+
+_NAT = np.iinfo(np.int64).min
+_UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+TIME_RANGE = "1677-09-21 to 2262-04-11"
+
+
+def _utc_ns(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
+    """A datetime column of any unit -> UTC nanoseconds; values it cannot hold -> NaT, flagged."""
+    if not isinstance(s.dtype, pd.DatetimeTZDtype):
+        s = s.dt.tz_localize("UTC")
+    elif str(s.dtype.tz) != "UTC":
+        s = s.dt.tz_convert("UTC")
+    unit = np.datetime_data(s.dtype.base)[0]
+    if unit == "ns":
+        return (s if str(s.dtype) == "datetime64[ns, UTC]" else s.astype("datetime64[ns, UTC]")), np.zeros(len(s), bool)
+    scale = _UNIT_NS[unit]
+    ints = s.array.asi8
+    nat = ints == _NAT
+    out = ~nat & ((ints > np.iinfo(np.int64).max // scale) | (ints <= _NAT // scale))
+    ns = np.where(nat | out, _NAT, np.where(nat | out, 0, ints) * scale)
+    return utc_series(ns, s.index), out
+
+
+def time_problem(value: Any) -> str:
+    """Why a time value was refused: outside the datetime64[ns] range, or unparseable."""
+    when = value if isinstance(value, (pd.Timestamp, dt.date)) else None
+    if when is None:
+        try:
+            parsed = pd.to_datetime(pd.Series([str(value).strip()]), utc=True, errors="coerce", format="ISO8601").iloc[0]
+            when = None if pd.isna(parsed) else parsed
+        except (ValueError, OverflowError):
+            when = None
+    if when is None:
+        return f"unparseable time {_show(value)}"
+    if isinstance(value, pd.Timestamp):
+        text = (value.tz_convert("UTC").tz_localize(None) if value.tzinfo else value).isoformat()
+    else:
+        text = value.isoformat() if isinstance(value, dt.date) else _show(value)
+    return f"{text} is outside the range of supported times ({TIME_RANGE}); a \"still running\" interval has an empty end"
+
+
+def _show(value: Any) -> str:
+    return repr(value if isinstance(value, str) else str(value))
 
 
 def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
@@ -137,24 +201,40 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
 
 
 def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """-> (float values, blank mask, unparseable mask)."""
+    """-> (float values, blank mask, bad mask); bad: unparseable, NaN text or not finite
+    (``inf``, ``1e400``). Bad values are NaN in the result, so no check downstream can
+    take them for a number; :func:`number_problem` says what was wrong."""
     if pd.api.types.is_integer_dtype(s.dtype) and not isinstance(s.dtype, pd.api.extensions.ExtensionDtype):
         vals = s.to_numpy()  # plain ints have no missing values; no float copy needed
         return vals, np.zeros(len(s), bool), np.zeros(len(s), bool)
     if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
         vals = s.to_numpy(dtype=float, na_value=np.nan)
-        return vals, np.isnan(vals), np.zeros(len(s), bool)
+        inf = np.isinf(vals)
+        if inf.any():
+            vals = np.where(inf, np.nan, vals)
+        return vals, np.isnan(vals) & ~inf, inf
     codes, uniques = _factorized(s)
     parsed = []
     for u in uniques:
         text = str(u).strip()
         try:
-            parsed.append(float(text) if text else np.nan)
+            value = float(text) if text else np.nan
         except ValueError:
-            parsed.append(np.nan)
+            value = np.nan
+        parsed.append(value if np.isfinite(value) else np.nan)
     blank = _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
     vals = _lut(parsed, np.nan, float)[codes]
     return vals, blank, ~blank & np.isnan(vals)
+
+
+def number_problem(value: Any) -> str:
+    try:
+        f = float(str(value).strip())
+    except ValueError:
+        return f"not a number: {_show(value)}"
+    if np.isnan(f):
+        return f"not a number: {_show(value)}"
+    return f"not a finite number: {_show(value)}"
 
 
 # --------------------------------------------------------------------------- sources
@@ -165,36 +245,85 @@ def _expand(pattern: str, base_dir: Path | None) -> list[Path]:
     if not p.is_absolute() and base_dir is not None:
         p = base_dir / p
     if any(c in str(p) for c in "*?["):
-        return sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+        paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+        if not paths:
+            raise UsageSourceError(p, f"no file matches {pattern!r}")
+        return paths
     if p.is_dir():
-        return sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
+        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
+        if not paths:
+            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
+        return paths
     if not p.exists():
-        raise UsageSourceError(f"{p}: no such file")
+        raise UsageSourceError(p, "no such file")
     return [p]
 
 
+def _distinct_files(patterns: Iterable[str], base_dir: Path | None) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
+    """Each file the patterns match, once (by real path); a pattern matching nothing is an error."""
+    seen: set[str] = set()
+    for pattern in patterns:
+        try:
+            paths = _expand(pattern, base_dir)
+        except UsageSourceError as exc:
+            yield None, exc
+            continue
+        for path in paths:
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
+                yield path, None
+
+
 def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals)."""
+    """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals).
+
+    Anything that stops the file from being read raises :class:`UsageSourceError`
+    naming the file and what is wrong, never a reader's own exception.
+    """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         from gpu_ops.cost.columns import parquet_columns
 
         try:
             schema = pq.read_schema(path)
-        except Exception as exc:  # a corrupt file: name it
-            raise UsageSourceError(f"{path}: not a readable Parquet file: {exc}") from None
-        table = pq.read_table(path, columns=parquet_columns(schema.names, columns))
-        return arrow_to_frame(table)
+            return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
+        except (pa.ArrowException, OSError, ValueError) as exc:  # a corrupt or truncated file: name it
+            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
     if suffix == ".csv":
         try:
-            head = pd.read_csv(path, nrows=0)
+            return _read_csv(path, columns)
         except pd.errors.EmptyDataError:
-            raise UsageSourceError(f"{path}: empty file (a CSV needs a header row)") from None
-        present = [c for c in head.columns if columns is None or c in columns or str(c).startswith("label:")]
-        return pd.read_csv(path, usecols=present, dtype=str, keep_default_na=False, na_values=[""])
-    raise UsageSourceError(f"{path}: unsupported extension {suffix!r} (use .csv or .parquet)")
+            raise UsageSourceError(path, "empty file (a CSV needs a header row)") from None
+        except UnicodeDecodeError as exc:
+            raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
+        except (pd.errors.ParserError, ValueError, OSError) as exc:
+            raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+    raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+
+
+def _read_csv(path: Path, columns: Sequence[str] | None) -> pd.DataFrame:
+    """All text; a line with the wrong number of fields is skipped and listed in
+    ``attrs["bad_lines"]`` as (data row, reason) for the quarantine. Every column is
+    parsed (``usecols`` would silently cut a line with too many fields, e.g. an unquoted
+    comma, to the right length) and the unneeded ones dropped afterwards."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", pd.errors.ParserWarning)
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig", on_bad_lines="warn")
+    bad = [(int(m.group(1)) - 1, f"line {m.group(1)}: {m.group(2).strip()}; the line was not read")
+           for w in caught for m in re.finditer(r"Skipping line (\d+): ([^\n]*)", str(w.message))]
+    if columns is not None:
+        df = df[[c for c in df.columns if c in columns or str(c).startswith("label:")]]
+    df.attrs["bad_lines"] = bad
+    return df
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def arrow_to_frame(table: Any) -> pd.DataFrame:
@@ -209,6 +338,7 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
 
     table = table.unify_dictionaries()
     cols: dict[str, Any] = {}
+    nested: dict[str, list[str | None]] = {}
     n = table.num_rows
     for name, chunked in zip(table.column_names, table.columns):
         chunks = chunked.chunks
@@ -220,8 +350,13 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
                 continue
             codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
             cols[name] = pd.Categorical.from_codes(codes, categories=cats)
+        elif _is_nested(t):
+            nested[name] = _nested_cells_of(chunked, t)
+            cols[name] = pd.Series([None] * n, dtype=object)
+        elif pa.types.is_timestamp(t) and not _fits_ns(chunked, t.unit):
+            cols[name] = chunked.to_pandas()  # its own unit: validation flags what ns cannot hold
         elif pa.types.is_timestamp(t):
-            scale = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[t.unit]
+            scale = _UNIT_NS[t.unit]
             ints = _concat([c.view(pa.int64()).fill_null(0) if c.null_count else c.view(pa.int64()) for c in chunks], np.int64, n, scale)
             nulls = chunked.null_count
             if nulls:
@@ -232,7 +367,37 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
             cols[name] = _concat(chunks, np.float64 if pa.types.is_floating(t) else np.int64, n)
         else:
             cols[name] = chunked.to_pandas()
+    if nested:
+        per_row = [{f: v[i] for f, v in nested.items() if v[i] is not None} for i in range(n)]
+        cols[CELL_ERRORS] = pd.Series([d or None for d in per_row], dtype=object)
     return pd.DataFrame(cols, copy=False)
+
+
+def _is_nested(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_nested(t))
+
+
+def _nested_cells_of(chunked: Any, t: Any) -> list[str | None]:
+    """What each list/struct/map cell held, as text (None for a null cell)."""
+    import pyarrow as pa
+
+    kind = "struct" if pa.types.is_struct(t) else "map" if pa.types.is_map(t) else "list" if "list" in str(t) else str(t)
+    return [None if v is None else f"a {kind} cell {json.dumps(v, default=str)}, where the usage format has one value" for v in chunked.to_pylist()]
+
+
+def _fits_ns(chunked: Any, unit: str) -> bool:
+    """Whether every timestamp of ``unit`` is within datetime64[ns] (checked on the ints, no copy)."""
+    if unit == "ns" or chunked.null_count == len(chunked):
+        return True
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    scale = _UNIT_NS[unit]
+    lo_hi = pc.min_max(chunked.cast(pa.int64()))
+    lo, hi = lo_hi["min"].as_py(), lo_hi["max"].as_py()
+    return lo is None or (lo > _NAT // scale and hi <= np.iinfo(np.int64).max // scale)
 
 
 def _concat(chunks: list[Any], dtype: Any, n: int, scale: int = 1) -> np.ndarray:
@@ -254,37 +419,86 @@ def read_usage_files(
 ) -> pd.DataFrame:
     """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
 
+    Each file is read once however many patterns match it. A pattern that matches
+    nothing, or a file that cannot be read, becomes one file-level row (``FILE_ERROR``)
+    that :func:`validate_usage` quarantines; the other files are still read.
     With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
     quarantine still names rows, working them out from positions (files are concatenated
     in order).
     """
+    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers)
+
+
+def _read_files(
+    patterns: Iterable[str], base_dir: Path | None, columns: Sequence[str] | None, source: str,
+    required: Sequence[str], layout: Sequence[str], row_numbers: bool = True,
+) -> pd.DataFrame:
     frames = []
-    for pattern in patterns:
-        paths = _expand(pattern, base_dir)
-        for path in paths:
-            frames.append(usage_frame(read_table_file(path, columns), path, 1 if row_numbers else None))
+    for path, problem in _distinct_files(patterns, base_dir):
+        try:
+            if problem is not None:
+                raise problem
+            assert path is not None
+            df = read_table_file(path, columns)
+            _require(path, df.columns, required, "usage" if source == "file" else source, layout)
+        except UsageSourceError as exc:
+            frames.append(source_problem(exc, source))
+            continue
+        bad_lines = df.attrs.pop("bad_lines", [])
+        frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
+        if bad_lines:
+            frames.append(line_problems(path, bad_lines, source))
+    if any("row" in f for f in frames) and not all("row" in f for f in frames if FILE_ERROR not in f):
+        for f in frames:  # numbered files next to unnumbered ones: number them all
+            if "row" not in f and FILE_ERROR not in f:
+                f["row"] = np.arange(1, len(f) + 1, dtype=np.int64)
     return concat_raw(frames)
 
 
+def source_problem(exc: UsageSourceError, source: str = "file") -> pd.DataFrame:
+    """A file or pattern that yields no rows, as the one raw row validation quarantines."""
+    return pd.DataFrame({"source": [source], "location": [exc.location], FILE_ERROR: [exc.reason]})
+
+
+def line_problems(path: Path, bad_lines: Sequence[tuple[int, str]], source: str = "file") -> pd.DataFrame:
+    """CSV lines that could not be split into the header's fields: (data row, reason) each."""
+    return pd.DataFrame({"source": source, "location": str(path), "row": [r for r, _ in bad_lines], FILE_ERROR: [why for _, why in bad_lines]})
+
+
+def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:
+    """The quarantine's file-level rows: patterns that matched nothing, files not readable."""
+    if quarantine.empty:
+        return quarantine
+    return quarantine[quarantine["field"] == FILE_FIELD].reset_index(drop=True)
+
+
 def require_usage_columns(path: Path, names: Iterable[str]) -> None:
-    missing = [c for c in ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type") if c not in set(names)]
+    _require(path, names, USAGE_REQUIRED, "usage", USAGE_COLUMNS)
+
+
+def _require(path: Path, names: Iterable[str], required: Sequence[str], kind: str, layout: Sequence[str]) -> None:
+    missing = [c for c in required if c not in set(names)]
     if missing:
-        raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the usage format is: {', '.join(USAGE_COLUMNS)})")
+        raise UsageSourceError(path, f"missing column(s) {', '.join(missing)} (the {kind} format is: {', '.join(layout)})")
 
 
-def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1) -> pd.DataFrame:
+def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1, skipped: Sequence[int] = (), source: str = "file") -> pd.DataFrame:
     """Rows read from a usage file (or one batch of it) -> raw rows with provenance.
 
     ``first_row`` is the file's row number of the frame's first row (a batch further in
     the file starts later); ``None`` builds no ``row`` column (see :func:`read_usage_files`).
+    ``skipped``: data rows of this stretch of the file that were not read (bad CSV
+    lines); the rows after them keep their own numbers.
     """
-    require_usage_columns(path, df.columns)
-    df = _collect_label_columns(df)
-    df["source"] = const_column(len(df), "file")
+    if source == "file":
+        require_usage_columns(path, df.columns)
+        df = _collect_label_columns(df)
+    df["source"] = const_column(len(df), source)
     df["location"] = const_column(len(df), str(path))
     # CSV: data row N is line N+1 (the header is line 1).
     if first_row is not None:
-        df["row"] = np.arange(first_row, first_row + len(df), dtype=np.int64)
+        numbers = np.arange(first_row, first_row + len(df) + len(skipped), dtype=np.int64)
+        df["row"] = np.setdiff1d(numbers, np.asarray(skipped, dtype=np.int64)) if len(skipped) else numbers
     return df
 
 
@@ -313,10 +527,13 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
         for vals in sub.itertuples(index=False, name=None)
     ]
     if "labels" in df.columns:
-        base = [json.loads(v) if isinstance(v, str) and v.strip() else {} for v in df["labels"].astype(object)]
-        extra = [{**b, **e} for b, e in zip(base, extra)]
+        base = [v if isinstance(v, str) and v.strip() else "{}" for v in df["labels"].astype(object)]
+        # A labels cell that is not a JSON object is kept as written: validation quarantines it.
+        merged = [{**b, **e} if isinstance(b := _json_object(v), dict) else v for v, e in zip(base, extra)]
+    else:
+        merged = extra
     df = df.drop(columns=label_cols)
-    df["labels"] = [json.dumps(e, sort_keys=True) for e in extra]
+    df["labels"] = [json.dumps(m, sort_keys=True) if isinstance(m, dict) else m for m in merged]
     return df
 
 
@@ -358,6 +575,17 @@ def concat_raw(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _json_object(text: Any) -> Any:
+    """``labels`` text -> its dict, or a string saying why it is not a JSON object of labels."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        return f"not valid JSON ({exc}): {_show(text)}"
+    if not isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value.values()):
+        return f"must be a JSON object of label names to values, got {_show(text)}"
+    return value
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -368,11 +596,19 @@ class _Problems:
         self.n = n
         self.bad = np.zeros(n, bool)
         self.items: list[tuple[np.ndarray, str, Callable[[np.ndarray], list[str]]]] = []
+        self.fields: dict[str, np.ndarray] = {}  # rows already given a reason, per field
 
     def add(self, mask: np.ndarray, field: str, message: str | Callable[[np.ndarray], list[str]]) -> None:
         mask = np.asarray(mask, bool)
         if not mask.any():
             return
+        if field in self.fields:  # one reason per field and row: the first, most specific one
+            mask = mask & ~self.fields[field]
+            if not mask.any():
+                return
+            self.fields[field] |= mask
+        else:
+            self.fields[field] = mask.copy()
         self.bad |= mask
         msg = message if callable(message) else (lambda idx, m=message: [m] * len(idx))
         self.items.append((mask, field, msg))
@@ -521,26 +757,36 @@ _REQUIRED_TEXT = {
 def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
     """Check every row; return typed, priced rows and the quarantined ones with reasons.
 
-    Rules: ``start`` required and parseable; ``end`` parseable when given and not before
-    ``start``; ``team`` not blank; ``gpu_type`` known to the catalog (aliases mapped);
-    ``gpu_count`` > 0; ``capacity_type`` one of spot/on-demand/reserved; ``sharing`` one
-    of none/mig/mps/timeslice (blank = none); ``gpu_share`` in (0, 1] (blank = 1 only
-    for unshared GPUs); a price for gpu type × capacity and, when the table lists
-    regions, for the row's region.
+    Rules: ``start`` required and ``end`` optional, both parseable and within what
+    datetime64[ns] holds, ``end`` not before ``start``; ``team`` not blank; ``gpu_type``
+    known to the catalog (aliases mapped); ``gpu_count`` a whole number in
+    (0, MAX_GPUS_PER_ROW]; ``capacity_type`` one of spot/on-demand/reserved; ``sharing``
+    one of none/mig/mps/timeslice (blank = none); ``gpu_share`` in (0, 1], 1 (or blank)
+    for unshared GPUs; numbers finite; ``labels`` a JSON object; no list/struct cells;
+    a price for gpu type × capacity and, when the table lists regions, for the row's
+    region. Rows identical to an earlier good row are counted once (the copy is
+    quarantined as a duplicate). File-level rows from the readers become quarantine rows
+    with field ``<file>`` and no row number.
     """
+    file_q = empty_quarantine()
+    if FILE_ERROR in raw:
+        failed = raw[FILE_ERROR].notna().to_numpy()
+        file_q = _file_quarantine(raw[failed])
+        raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
     n = len(raw)
     problems = _Problems(n)
+    _cell_errors(raw, problems)  # first: a blanked list cell is reported as such, not as "missing"
     out: dict[str, Any] = {}
 
-    start, bad_start = parse_times(raw["start"]) if "start" in raw else (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
-    problems.add(bad_start, "start", lambda idx: [f"unparseable time {raw['start'].iloc[i]!r}" for i in idx])
+    no_times = (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
+    start, bad_start = parse_times(raw["start"]) if "start" in raw else no_times
+    problems.add(bad_start, "start", lambda idx: [time_problem(raw["start"].iloc[i]) for i in idx])
     problems.add(start.isna().to_numpy() & ~bad_start, "start", "missing")
-    end, bad_end = parse_times(raw["end"]) if "end" in raw else (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
-    problems.add(bad_end, "end", lambda idx: [f"unparseable time {raw['end'].iloc[i]!r}" for i in idx])
+    end, bad_end = parse_times(raw["end"]) if "end" in raw else no_times
+    problems.add(bad_end, "end", lambda idx: [time_problem(raw["end"].iloc[i]) for i in idx])
     s_ns, e_ns = start.array.asi8, end.array.asi8
-    nat = np.iinfo(np.int64).min
     # NaT is the smallest int64: a missing end is "before" any start, so exclude it.
-    problems.add((e_ns < s_ns) & (e_ns != nat), "end", lambda idx: [f"{end.iloc[i].isoformat()} is before start {start.iloc[i].isoformat()}" for i in idx])
+    problems.add((e_ns < s_ns) & (e_ns != _NAT), "end", lambda idx: [f"{end.iloc[i].isoformat()} is before start {start.iloc[i].isoformat()}" for i in idx])
     out["start"], out["end"] = start, end
 
     for col in ATTRIBUTE_COLUMNS:
@@ -563,11 +809,12 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         problems.add(np.ones(n, bool), "gpu_type", "missing")
         out["gpu_type"] = pd.Series(pd.Categorical.from_codes(np.full(n, -1), categories=[]), index=raw.index)
 
-    count, count_blank, count_bad = _numbers(raw["gpu_count"]) if "gpu_count" in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
-    problems.add(count_blank, "gpu_count", "missing")
-    problems.add(count_bad, "gpu_count", lambda idx: [f"not a number: {raw['gpu_count'].iloc[i]!r}" for i in idx])
-    # NaN (blank or unparseable, reported above) compares False here.
+    count = _number_column(raw, "gpu_count", problems, required=True)
+    # NaN (blank or bad, reported above) compares False below.
     problems.add(count <= 0, "gpu_count", lambda idx: [f"must be > 0, got {count[i]:g}" for i in idx])
+    problems.add(count > MAX_GPUS_PER_ROW, "gpu_count", lambda idx: [f"implausibly large: {count[i]:g} GPUs in one interval (at most {MAX_GPUS_PER_ROW:,})" for i in idx])
+    if count.dtype.kind == "f":
+        problems.add(np.isfinite(count) & (count != np.floor(count)), "gpu_count", lambda idx: [f"must be a whole number of GPUs, got {count[i]:g} (a fraction of a GPU is gpu_share with sharing mig, mps or timeslice)" for i in idx])
     out["gpu_count"] = count
 
     cap_codes, cap_uniques = _choice_codes(raw["capacity_type"], CAPACITY_TYPES) if "capacity_type" in raw else (np.full(n, -1), [])
@@ -583,14 +830,14 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         sh_codes = np.zeros(n, np.int8)
     out["sharing"] = pd.Series(pd.Categorical.from_codes(sh_codes, categories=list(SHARING_MODES)), index=raw.index)
 
-    share, share_blank, share_bad = _numbers(raw["gpu_share"]) if "gpu_share" in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
+    share, share_blank = _number_column(raw, "gpu_share", problems, required=False, with_blank=True)
     unshared = sh_codes == 0
     # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
     if share_blank.any():
         share = np.where(share_blank & unshared, 1.0, share)
-    problems.add(share_blank & ~unshared & (sh_codes > 0), "gpu_share", "missing (required when sharing is mig, mps or timeslice)")
-    problems.add(share_bad, "gpu_share", lambda idx: [f"not a number: {raw['gpu_share'].iloc[i]!r}" for i in idx])
+    problems.add(share_blank & (sh_codes > 0), "gpu_share", "missing (required when sharing is mig, mps or timeslice)")
     problems.add((share <= 0) | (share > 1), "gpu_share", lambda idx: [f"must be in (0, 1], got {share[i]:g}" for i in idx])
+    problems.add(unshared & (share < 1), "gpu_share", lambda idx: [f"{share[i]:g} but sharing is none: a share below 1 needs sharing mig, mps or timeslice" for i in idx])
     out["gpu_share"] = share
 
     if "region" in raw:
@@ -616,6 +863,10 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
 
     if "labels" in raw:
         out["labels"] = _as_text(raw["labels"])
+        lab = out["labels"]
+        verdicts = [None if c == "" else _json_object(c) for c in lab.cat.categories]
+        bad_labels = _lut([isinstance(v, str) for v in verdicts], False, bool)[lab.cat.codes.to_numpy()]
+        problems.add(bad_labels, "labels", lambda idx: [verdicts[lab.cat.codes.iloc[i]] for i in idx])
     for col in ("run_id", "asset_key", "outcome", "instance_type"):
         if col in raw:
             out[col] = _as_text(raw[col])
@@ -625,7 +876,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         out["last_checkpoint_at"], _ = parse_times(raw["last_checkpoint_at"])
     if "lost_seconds" in raw:
         lost, _, lost_bad = _numbers(raw["lost_seconds"])
-        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a number >= 0, got {raw['lost_seconds'].iloc[i]!r}" for i in idx])
+        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a finite number >= 0, got {_show(raw['lost_seconds'].iloc[i])}" for i in idx])
         out["lost_seconds"] = np.nan_to_num(lost, nan=0.0)
     for col in PROVENANCE_COLUMNS:
         if col in raw:
@@ -634,10 +885,99 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
             out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
 
     typed = pd.DataFrame(out, index=raw.index, copy=False)
+    _duplicates(typed, raw, problems)
     quarantine = problems.render(raw, start, end)
+    if len(file_q):
+        quarantine = pd.concat([file_q, quarantine], ignore_index=True) if len(quarantine) else file_q
     good = ~problems.bad
     rows = typed if good.all() else typed.loc[good].reset_index(drop=True)
     return Validated(rows.reset_index(drop=True), quarantine)
+
+
+def _number_column(raw: pd.DataFrame, col: str, problems: _Problems, required: bool, with_blank: bool = False) -> Any:
+    """A numeric column with its blank (when required) and bad values reported."""
+    n = len(raw)
+    vals, blank, bad = _numbers(raw[col]) if col in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
+    if required:
+        problems.add(blank, col, "missing")
+    problems.add(bad, col, lambda idx: [number_problem(raw[col].iloc[i]) for i in idx])
+    return (vals, blank) if with_blank else vals
+
+
+def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
+    """Report the list/struct/map cells the reader recorded (:data:`CELL_ERRORS`), per field."""
+    if CELL_ERRORS not in raw:
+        return
+    errors = raw[CELL_ERRORS].to_numpy()
+    rows = np.flatnonzero(pd.notna(errors))
+    fields = sorted({f for i in rows for f in errors[i]})
+    for field in fields:
+        mask = np.zeros(len(raw), bool)
+        mask[[i for i in rows if field in errors[i]]] = True
+        problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])
+
+
+def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems) -> None:
+    """Quarantine good rows identical (after parsing) to an earlier good row: counted once."""
+    good = np.flatnonzero(~problems.bad)
+    if len(good) < 2:
+        return
+    cols = [c for c in typed.columns if c not in PROVENANCE_COLUMNS and c != CELL_ERRORS]
+    sub = typed.iloc[good][cols] if len(good) < len(typed) else typed[cols]
+    hashes = pd.util.hash_pandas_object(sub, index=False).to_numpy()
+    dup = pd.Series(hashes).duplicated(keep="first").to_numpy()
+    if not dup.any():
+        return
+    first_of = pd.Series(np.arange(len(hashes))).groupby(hashes).transform("first").to_numpy()
+    later, first = np.flatnonzero(dup), first_of[dup]
+    same = np.ones(len(later), bool)  # confirm value by value: a hash collision is not a duplicate
+    for c in cols:
+        col = sub[c]
+        v = col.cat.codes.to_numpy() if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
+        a, b = v[later], v[first]
+        eq = a == b
+        if v.dtype.kind == "f":
+            eq |= np.isnan(a) & np.isnan(b)
+        elif v.dtype.kind in "Mm" or isinstance(col.dtype, pd.DatetimeTZDtype):
+            eq |= pd.isna(a) & pd.isna(b)
+        same &= np.asarray(eq, bool)
+    later, first = good[later[same]], good[first[same]]
+    if not len(later):
+        return
+    mask = np.zeros(len(typed), bool)
+    mask[later] = True
+    first_at = dict(zip(later.tolist(), first.tolist()))
+    rows = dict(zip(first.tolist(), _row_numbers(raw, first).tolist()))
+    loc = raw["location"] if "location" in raw else None
+
+    def reason(idx: np.ndarray) -> list[str]:
+        out = []
+        for i in idx:
+            j = first_at[int(i)]
+            where = "" if loc is None or str(loc.iloc[j]) == str(loc.iloc[i]) else f"{loc.iloc[j]} "
+            out.append(f"duplicate of {where}row {rows[j]}: identical in every column, counted once")
+        return out
+
+    problems.add(mask, DUPLICATE_FIELD, reason)
+
+
+def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:
+    """Reader problems: a whole file or pattern (no row: ``<file>``) or a CSV line (``<line>``)."""
+    n = len(failed)
+    q = empty_quarantine()
+    row = pd.array(failed["row"].to_numpy() if "row" in failed else [None] * n, dtype="Int64")
+    return pd.DataFrame(
+        {
+            "source": failed["source"].astype(str).to_numpy() if "source" in failed else ["file"] * n,
+            "location": failed["location"].astype(str).to_numpy(),
+            "row": row,
+            "field": np.where(pd.isna(row), FILE_FIELD, LINE_FIELD),
+            "reason": failed[FILE_ERROR].astype(str).to_numpy(),
+            "record": [""] * n,
+            "start": pd.Series(pd.NaT, index=range(n), dtype=q["start"].dtype),
+            "end": pd.Series(pd.NaT, index=range(n), dtype=q["end"].dtype),
+        }
+    )
 
 
 def dedupe_intervals(rows: pd.DataFrame) -> pd.DataFrame:
@@ -683,15 +1023,4 @@ def validate_inventory(raw: pd.DataFrame, prices: PriceMatrix) -> Validated:
 
 
 def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
-    frames = []
-    for pattern in patterns:
-        for path in _expand(pattern, base_dir):
-            df = read_table_file(path)
-            missing = [c for c in ("node", "capacity_type", "start") if c not in df.columns]
-            if missing:
-                raise UsageSourceError(f"{path}: missing column(s) {', '.join(missing)} (the inventory format is: {', '.join(INVENTORY_COLUMNS)})")
-            df["source"] = const_column(len(df), "inventory")
-            df["location"] = const_column(len(df), str(path))
-            df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
-            frames.append(df)
-    return concat_raw(frames)
+    return _read_files(patterns, base_dir, None, "inventory", ("node", "capacity_type", "start"), INVENTORY_COLUMNS)

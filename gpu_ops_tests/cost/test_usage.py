@@ -11,7 +11,7 @@ import pytest
 
 from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.pipeline import price_window
-from gpu_ops.cost.usage import USAGE_COLUMNS, UsageSourceError, dedupe_intervals, read_usage_files, validate_usage
+from gpu_ops.cost.usage import USAGE_COLUMNS, dedupe_intervals, read_usage_files, validate_usage
 
 from .helpers import MATRIX, raw, row
 
@@ -42,7 +42,7 @@ def _write_csv(path, rows):
 
 def test_bad_rows_are_quarantined_with_file_row_and_reason(tmp_path):
     path = tmp_path / "export.csv"
-    rows = [GOOD] + [{**r, "region": r.get("region", "")} for r, _, _ in BAD] + [GOOD]
+    rows = [GOOD] + [{**r, "region": r.get("region", "")} for r, _, _ in BAD] + [{**GOOD, "pod": "another"}]
     _write_csv(path, [{**r, "region": r.get("region", "")} for r in rows])
     p = price_window(read_usage_files([str(path)]), None, MATRIX, DAY, NEXT, NEXT)
     q = p.quarantine.set_index("row")
@@ -101,14 +101,28 @@ def test_label_columns_of_a_file_become_labels(tmp_path):
     assert t["cost_usd"].to_dict() == {"gold": pytest.approx(4.0), "": pytest.approx(4.0)}
 
 
-def test_unreadable_sources_are_errors_that_name_the_file(tmp_path):
-    with pytest.raises(UsageSourceError, match="no such file"):
-        read_usage_files([str(tmp_path / "missing.csv")])
+def test_unreadable_sources_are_file_level_quarantine_rows_and_the_rest_is_read(tmp_path):
+    good = tmp_path / "good.csv"
+    _write_csv(good, [GOOD])
     bad = tmp_path / "short.csv"
     bad.write_text("start,end,team\n2026-10-02T00:00:00Z,,nlp\n")
-    with pytest.raises(UsageSourceError, match=r"short.csv: missing column\(s\) gpu_type, gpu_count, capacity_type"):
-        read_usage_files([str(bad)])
+    raw_rows = read_usage_files([str(tmp_path / "missing.csv"), str(bad), str(good), str(tmp_path / "none-*.parquet")])
+    v = validate_usage(raw_rows, MATRIX)
+    assert len(v.rows) == 1  # the readable file is still priced
+    q = v.quarantine
+    assert list(q["field"]) == ["<file>"] * 3 and q["row"].isna().all()
+    reasons = dict(zip(q["location"], q["reason"]))
+    assert reasons[str(tmp_path / "missing.csv")] == "no such file"
+    assert reasons[str(bad)].startswith("missing column(s) gpu_type, gpu_count, capacity_type")
+    assert reasons[str(tmp_path / "none-*.parquet")].startswith("no file matches")
     assert "gpu_share" in USAGE_COLUMNS
+
+
+def test_a_file_matched_by_several_patterns_is_read_once(tmp_path):
+    good = tmp_path / "good.csv"
+    _write_csv(good, [GOOD])
+    raw_rows = read_usage_files([str(good), str(tmp_path / "*.csv"), str(tmp_path / "." / "good.csv")])
+    assert len(raw_rows) == 1
 
 
 def test_the_same_pod_from_two_sources_is_counted_once():
@@ -129,9 +143,9 @@ def test_parquet_reads_only_the_columns_asked_for_and_bad_files_name_themselves(
     cols = needed_columns(["team"], False, False)
     df = read_usage_files([str(good)], columns=cols)
     assert list(df["team"]) == ["nlp"]
-    assert "pod" not in df.columns  # only the columns asked for
+    assert "node" not in df.columns and "pod" in df.columns  # only the columns asked for (pod tells intervals apart)
 
     bad = tmp_path / "b.parquet"
     bad.write_bytes(b"not parquet at all")
-    with pytest.raises(UsageSourceError, match=r"b.parquet: not a readable Parquet file"):
-        read_usage_files([str(bad)], columns=cols)
+    problem = read_usage_files([str(bad)], columns=cols)
+    assert problem["location"].tolist() == [str(bad)] and problem["file_error"].iloc[0].startswith("not a readable Parquet file")

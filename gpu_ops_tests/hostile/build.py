@@ -1,0 +1,102 @@
+"""Parquet cases of the hostile corpus, written at test time with pyarrow.
+
+Binary files are built here rather than committed so that each case says in code what
+is wrong with it (a timestamp unit, a list-typed cell, a flipped byte in a data page).
+``build(folder)`` writes every file named in ``PARQUET`` under ``folder/parquet/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2026, 10, 1, 0, 0, tzinfo=UTC)
+T2 = dt.datetime(2026, 10, 1, 2, 0, tzinfo=UTC)
+FAR = dt.datetime(9999, 12, 31, tzinfo=UTC)
+EARLY = dt.datetime(1, 1, 1, tzinfo=UTC)
+JUST_AFTER = dt.datetime(2263, 1, 1, tzinfo=UTC)  # one year past what datetime64[ns] holds
+
+
+def _table(n: int = 2, **override: pa.Array) -> pa.Table:
+    """``n`` good rows (2 GPU-hours of a100-80gb on-demand each: $8.00), columns overridable."""
+    cols: dict[str, pa.Array] = {
+        "start": pa.array([T0] * n, pa.timestamp("us", tz="UTC")),
+        "end": pa.array([T2] * n, pa.timestamp("us", tz="UTC")),
+        "namespace": pa.array(["ml"] * n),
+        "pod": pa.array([f"p{i}" for i in range(n)]),
+        "node": pa.array(["n1"] * n),
+        "team": pa.array(["nlp"] * n).dictionary_encode(),
+        "project": pa.array(["llm"] * n),
+        "gpu_type": pa.array(["a100-80gb"] * n).dictionary_encode(),
+        "gpu_count": pa.array([1] * n, pa.int64()),
+        "capacity_type": pa.array(["on-demand"] * n),
+        "sharing": pa.array(["none"] * n),
+        "gpu_share": pa.array([1.0] * n),
+    }
+    cols.update(override)
+    return pa.table(cols)
+
+
+def _times(unit: str, second: dt.datetime, tz: str | None = "UTC", first: dt.datetime = T2) -> pa.Array:
+    """[first, second] as a timestamp column of ``unit``; naive when ``tz`` is None."""
+    values = [first, second] if tz else [first.replace(tzinfo=None), second.replace(tzinfo=None)]
+    return pa.array(values, pa.timestamp(unit, tz=tz))
+
+
+def _corrupt(path: Path) -> None:
+    """A good file whose data pages are overwritten: the footer reads, the pages do not."""
+    table = _table(200, pod=pa.array([f"pod-{i:05d}-" + "x" * 40 for i in range(200)]))
+    pq.write_table(table, path, compression="snappy")
+    data = bytearray(path.read_bytes())
+    meta = pq.ParquetFile(path).metadata
+    col = meta.row_group(0).column(3)  # pod: the largest column
+    begin = col.data_page_offset + 20
+    data[begin : begin + 200] = b"\xff" * 200
+    path.write_bytes(bytes(data))
+
+
+def _truncated(path: Path) -> None:
+    pq.write_table(_table(50), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+PARQUET: dict[str, Callable[[Path], None]] = {
+    "good.parquet": lambda p: pq.write_table(_table(), p),
+    # Timestamps past 2262 (or before 1677) in every unit: datetime64[ns] cannot hold them.
+    **{
+        f"end_9999_{unit}.parquet": (lambda p, unit=unit: pq.write_table(_table(end=_times(unit, FAR)), p))
+        for unit in ("s", "ms", "us")
+    },
+    "end_9999_s_naive.parquet": lambda p: pq.write_table(_table(end=_times("s", FAR, tz=None)), p),
+    "start_0001_us.parquet": lambda p: pq.write_table(_table(start=_times("us", EARLY, first=T0)), p),
+    "start_2263_ms.parquet": lambda p: pq.write_table(_table(start=_times("ms", JUST_AFTER, first=T0)), p),
+    "end_null_ns.parquet": lambda p: pq.write_table(_table(end=pa.array([T2, None], pa.timestamp("ns", tz="UTC"))), p),
+    "end_date32_9999.parquet": lambda p: pq.write_table(_table(end=pa.array([T2.date() + dt.timedelta(days=1), FAR.date()], pa.date32())), p),
+    "gpu_count_inf.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([1.0, float("inf")])), p),
+    "gpu_count_nan.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([1.0, float("nan")])), p),
+    "gpu_count_fraction.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([1.0, 0.5])), p),
+    "gpu_count_huge_int.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([1, 2**62], pa.int64())), p),
+    "gpu_share_nan_mig.parquet": lambda p: pq.write_table(_table(sharing=pa.array(["none", "mig"]), gpu_share=pa.array([1.0, float("nan")])), p),
+    "list_cell.parquet": lambda p: pq.write_table(_table(team=pa.array([["nlp"], ["nlp", "vision"]], pa.list_(pa.string()))), p),
+    "struct_cell.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([{"n": 1}, {"n": 2}], pa.struct([("n", pa.int64())]))), p),
+    "list_cell_gpu_count.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([[1], [2]], pa.list_(pa.int64()))), p),
+    "labels_bad_json.parquet": lambda p: pq.write_table(_table(labels=pa.array(['{"tier": "gold"}', "{tier"])), p),
+    "duplicate_rows.parquet": lambda p: pq.write_table(_table(pod=pa.array(["p0", "p0"])), p),
+    "missing_columns.parquet": lambda p: pq.write_table(_table().drop_columns(["gpu_count", "capacity_type"]), p),
+    "corrupt_page.parquet": _corrupt,
+    "truncated.parquet": _truncated,
+    "csv_named_parquet.parquet": lambda p: p.write_text("start,end\n2026-10-01,2026-10-02\n"),
+}
+
+
+def build(folder: Path) -> None:
+    out = folder / "parquet"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, write in PARQUET.items():
+        write(out / name)

@@ -1,0 +1,183 @@
+"""The hostile-input corpus (cases.yaml) through the CLI and through the `gpu_usage` asset.
+
+Each case is checked twice, against the same expectation:
+- `gpu-ops cost attribution ... --format json --quarantine q.csv` in a real process (one
+  driver process runs every case through the console entry point; a sample also runs as
+  separate `gpu-ops` processes): exit status, no traceback, total to the cent, exactly
+  the expected quarantine rows, the error text;
+- a real Dagster materialization of `gpu_usage` (one ephemeral instance for all cases):
+  the stored `gpu_usage` and `gpu_usage_quarantine` tables, the `sources_complete`
+  ERROR check, or the run's failure message for configuration errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from gpu_ops_tests.conftest import REPO
+from gpu_ops_tests.hostile import build
+
+HERE = Path(__file__).parent
+CASES: list[dict[str, Any]] = yaml.safe_load((HERE / "cases.yaml").read_text())["cases"]
+DAY = "2026-10-01"
+# Run as separate `gpu-ops` processes too (one per kind of outcome).
+STANDALONE = ("csv-end-9999-sentinel", "parquet-end-9999-seconds", "parquet-corrupt-page", "glob-matches-nothing", "prices-whole-instance-h100", "config-glob-matches-nothing")
+
+
+def test_corpus_is_large_and_ids_are_unique():
+    ids = [c["id"] for c in CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 40
+    kinds = {c["id"].split("-")[0] for c in CASES}
+    assert {"csv", "parquet", "prices", "config"} <= kinds
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hostile") / "corpus"
+    shutil.copytree(HERE, folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    build.build(folder)
+    return folder
+
+
+def _argv(case: dict[str, Any], corpus: Path, qpath: Path) -> list[str]:
+    argv = ["cost", "attribution", "--date", case.get("date", DAY), "--format", "json", "--by", "team", "--quarantine", str(qpath)]
+    if "config" in case:
+        return [*argv, "--config", str(corpus / case["config"])]
+    for pattern in case["usage"]:
+        argv += ["--usage", pattern]
+    return [*argv, "--prices", case.get("prices", "prices.yaml")]
+
+
+@pytest.fixture(scope="module")
+def cli_results(corpus: Path) -> dict[str, dict[str, Any]]:
+    """Every case through the real console entry point, in one driver process."""
+    requests = []
+    for case in CASES:
+        qpath = corpus / "out" / f"{case['id']}.quarantine.csv"
+        qpath.parent.mkdir(exist_ok=True)
+        requests.append(json.dumps({"id": case["id"], "argv": _argv(case, corpus, qpath), "cwd": str(corpus)}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu_ops_tests.hostile.cli_driver"], input="\n".join(requests) + "\n",
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
+# --------------------------------------------------------------------------- expectations
+
+
+def _match_quarantine(actual: pd.DataFrame, expected: list[dict[str, Any]]) -> None:
+    rows = [] if actual is None or actual.empty else actual.to_dict("records")
+    shown = "\n".join(f"  {r.get('location')} row {r.get('row')} [{r.get('field')}] {r.get('reason')}" for r in rows)
+    assert len(rows) == len(expected), f"expected {len(expected)} quarantined row(s), got {len(rows)}:\n{shown}"
+    left = list(rows)
+    for exp in expected:
+        want_row = exp.get("row")
+        for r in left:
+            row = r.get("row")
+            row = None if row is None or (isinstance(row, float) and math.isnan(row)) or row is pd.NA or row == "" else int(row)
+            if str(r["location"]).endswith(exp["file"]) and row == want_row and r["field"] == exp["field"] and exp["reason"] in str(r["reason"]):
+                left.remove(r)
+                break
+        else:
+            raise AssertionError(f"no quarantined row like {exp}; got:\n{shown}")
+
+
+def _total(case: dict[str, Any], value: float) -> None:
+    assert round(value, 2) == pytest.approx(case["total_usd"], abs=0.001), f"priced ${value:.4f}, expected ${case['total_usd']:.2f}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_cli(case: dict[str, Any], cli_results: dict[str, dict[str, Any]], corpus: Path) -> None:
+    r = cli_results[case["id"]]
+    assert "Traceback" not in r["stderr"], r["stderr"]
+    assert r["exit"] == case.get("exit", 0), f"exit {r['exit']}; stderr:\n{r['stderr']}"
+    if "error" in case:
+        assert case["error"] in r["stderr"], r["stderr"]
+    if "total_usd" in case:
+        table = json.loads(r["stdout"])
+        _total(case, sum(row["cost_usd"] for row in table))
+        qpath = corpus / "out" / f"{case['id']}.quarantine.csv"
+        _match_quarantine(pd.read_csv(qpath) if qpath.exists() else None, case.get("quarantine", []))
+    else:
+        assert r["stdout"] == "", "a configuration error prints no table"
+
+
+@pytest.mark.parametrize("case_id", STANDALONE)
+def test_cli_as_its_own_process_agrees_with_the_driver(case_id: str, cli_results: dict[str, dict[str, Any]], corpus: Path, tmp_path: Path) -> None:
+    case = next(c for c in CASES if c["id"] == case_id)
+    qpath = tmp_path / "q.csv"
+    proc = subprocess.run([sys.executable, "-m", "gpu_ops.cli", *_argv(case, corpus, qpath)], capture_output=True, text=True, cwd=corpus, timeout=120)
+    driven = cli_results[case_id]
+    assert "Traceback" not in proc.stderr
+    assert (proc.returncode, proc.stdout) == (driven["exit"], driven["stdout"])
+    assert proc.stderr.replace(str(qpath), "Q") == driven["stderr"].replace(str(corpus / "out" / f"{case_id}.quarantine.csv"), "Q")
+
+
+# --------------------------------------------------------------------------- the asset
+
+
+@pytest.fixture(scope="module")
+def dagster_env(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+
+    stand_in = tmp_path_factory.mktemp("stand_in") / "gpu_ops.yaml"
+    stand_in.write_text(yaml.safe_dump({"prices": str(corpus / "prices.yaml"), "usage": {"sources": [{"type": "file", "path": str(corpus / "csv" / "good.csv")}]}}))
+    assets, _ = build_assets(load_config(stand_in))
+    with dg.DagsterInstance.ephemeral() as instance:
+        yield assets[0], instance
+
+
+def _case_config(case: dict[str, Any], corpus: Path, folder: Path) -> Path:
+    if "config" in case:
+        return corpus / case["config"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpu_ops.yaml"
+    cfg = {
+        "storage": {"url": f"sqlite:///{folder / 'costs.db'}"},
+        "prices": str(corpus / case.get("prices", "prices.yaml")),
+        "usage": {"sources": [{"type": "file", "path": str(corpus / p)} for p in case["usage"]]},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_asset(case: dict[str, Any], corpus: Path, dagster_env: Any, tmp_path: Path) -> None:
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.storage.tables import TableStore
+
+    usage_asset, instance = dagster_env
+    expect = {**case, **case.get("asset", {})}
+    url = f"sqlite:///{tmp_path / 'tables.db'}"
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(_case_config(case, corpus, tmp_path / "cfg"))), "table_io_manager": TableIOManager(url=url)}
+    result = dg.materialize([usage_asset], partition_key=expect.get("date", DAY), resources=resources, instance=instance, raise_on_error=False)
+    if "run_fails" in expect or "total_usd" not in expect:  # a configuration error: the run fails and says why
+        assert not result.success
+        failures = [e.step_failure_data.error.to_string() for e in result.all_events if e.is_step_failure]
+        assert any(expect.get("run_fails", expect.get("error")) in m for m in failures), failures
+        return
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    complete = checks["sources_complete"]
+    assert complete.passed == (expect.get("exit", 0) == 0), complete.description
+    assert complete.severity == dg.AssetCheckSeverity.ERROR
+    if "error" in expect:
+        assert expect["error"] in (complete.description or "")
+    store = TableStore(url)
+    usage = store.read("gpu_usage")
+    _total(expect, float(usage["cost_usd"].sum()) if len(usage) else 0.0)
+    _match_quarantine(store.read("gpu_usage_quarantine", missing_ok=True), expect.get("quarantine", []))
