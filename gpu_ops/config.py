@@ -199,8 +199,12 @@ class StorageConfig(_Model):
 # --------------------------------------------------------------------------- prices
 
 
+# A price or multiplier: a finite number above zero (YAML's .inf and .nan are refused).
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class RegionAdjustment(_Model):
-    multiplier: PositiveFloat = 1.0
+    multiplier: PositiveFinite = 1.0
 
 
 def _canonical_gpu_key(name: str) -> str:
@@ -213,21 +217,45 @@ GpuTypeName = Annotated[str, AfterValidator(_canonical_gpu_key)]
 
 
 class PriceTable(_Model):
-    """Per-GPU-hour prices (never per instance) by canonical gpu type and capacity."""
+    """Per-GPU-hour prices (never per instance) by canonical gpu type and capacity.
+
+    Each price must be finite and above zero, and is held against the GPU catalog: a
+    price above the GPU's usual per-GPU range (a whole-instance price in the per-GPU
+    field, the seed designs' 8x error) is refused, naming the per-GPU figure it probably
+    meant, unless the GPU's entry says ``deliberate: true``
+    (``h100: {on-demand: 98.32, deliberate: true}``). Checked for USD, EUR, GBP and CHF.
+    """
 
     currency: str = "USD"
     source: str
     as_of: dt.date
-    gpus: dict[GpuTypeName, Annotated[dict[CapacityType, PositiveFloat], Field(min_length=1)]]
+    gpus: dict[GpuTypeName, Annotated[dict[CapacityType, PositiveFinite], Field(min_length=1)]]
     regions: dict[str, RegionAdjustment] = {}
+    # GPUs whose prices are outside the usual range on purpose (from `deliberate: true`
+    # in their entry; not written at the top level).
+    deliberate: frozenset[GpuTypeName] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
-    def _no_two_names_for_one_gpu(cls, data: Any) -> Any:
+    def _entries(cls, data: Any) -> Any:
+        """One name per GPU; ``deliberate: true`` moves from the GPU's entry to :attr:`deliberate`."""
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
+        if not isinstance(data, Mapping) or not isinstance(data.get("gpus"), Mapping):
+            return data
+        if "deliberate" in data:
+            raise ValueError("deliberate: write it in a GPU's entry, e.g. gpus: {h100: {on-demand: 98.32, deliberate: true}}")
         seen: dict[str, str] = {}
-        for name in (data.get("gpus") or {}) if isinstance(data, Mapping) else {}:
+        gpus, deliberate = {}, set()
+        for name, entry in data["gpus"].items():
+            if isinstance(entry, Mapping) and "deliberate" in entry:
+                flag = entry["deliberate"]
+                if not isinstance(flag, bool):
+                    raise ValueError(f"gpus.{name}.deliberate: must be true or false, got {flag!r}")
+                entry = {k: v for k, v in entry.items() if k != "deliberate"}
+                if flag:
+                    deliberate.add(name)
+            gpus[name] = entry
             try:
                 canonical = canonical_gpu_type(name)
             except UnknownGpuType:
@@ -235,7 +263,27 @@ class PriceTable(_Model):
             if canonical in seen:
                 raise ValueError(f"gpus: {name!r} and {seen[canonical]!r} both name {canonical!r}")
             seen[canonical] = name
-        return data
+        return {**data, "gpus": gpus, "deliberate": sorted(deliberate)}
+
+    @model_validator(mode="after")
+    def _plausible(self) -> "PriceTable":
+        """Each price against the catalog's usual per-GPU range (whole-instance prices named)."""
+        from pydantic_core import InitErrorDetails, PydanticCustomError
+
+        from gpu_ops.compute.catalog import PRICE_CHECK_CURRENCIES, price_problem
+
+        if self.currency.upper() not in PRICE_CHECK_CURRENCIES:
+            return self
+        errors = [
+            InitErrorDetails(type=PydanticCustomError("implausible_price", "{problem}", {"problem": problem}), loc=("gpus", gpu, capacity), input=price)
+            for gpu, prices in self.gpus.items()
+            if gpu not in self.deliberate
+            for capacity, price in prices.items()
+            if (problem := price_problem(gpu, capacity, price))
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
 
 
 # --------------------------------------------------------------------------- usage
@@ -582,6 +630,10 @@ def _friendly(err: Mapping[str, Any]) -> str:
         if kind == op:
             bound = ctx[next(k for k in ("gt", "ge", "lt", "le") if k in ctx)]
             return f"must be {sym} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sym} {bound}"
+    if kind == "finite_number":
+        return "must be a finite number (not .inf or .nan)"
+    if kind in ("float_parsing", "float_type"):
+        return f"must be a number, got {err.get('input')!r}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
     if kind == "union_tag_invalid":
@@ -634,14 +686,21 @@ def _read_yaml(path: Path, problems: list[str]) -> Any:
         return None
 
 
+def describe_errors(exc: ValidationError, data: Any, label: str, prefix: str = "") -> list[str]:
+    """One ``file: field.path: what is wrong`` line per error (the CLI's files use it too)."""
+    lines = []
+    for err in exc.errors():
+        path = _field_path(tuple(err["loc"]), data)
+        full = f"{prefix}.{path}" if prefix and path != "(top level)" else (prefix or path)
+        lines.append(f"{label}: {full}: {_friendly(err)}")
+    return lines
+
+
 def _validate_section(model: Any, data: Any, label: str, prefix: str, problems: list[str]) -> Any:
     try:
         return model.model_validate(data) if hasattr(model, "model_validate") else model(data)
     except ValidationError as exc:
-        for err in exc.errors():
-            path = _field_path(tuple(err["loc"]), data)
-            full = f"{prefix}.{path}" if prefix and path != "(top level)" else (prefix or path)
-            problems.append(f"{label}: {full}: {_friendly(err)}")
+        problems.extend(describe_errors(exc, data, label, prefix))
         return None
 
 

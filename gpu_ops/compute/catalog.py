@@ -8,7 +8,7 @@ prefix or fuzzy matching, so ``a10`` never becomes ``a100``. An unknown name rai
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from gpu_ops.errors import GpuOpsError
 
@@ -51,6 +51,10 @@ class GpuSpec:
     instance_types: dict[str, int] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     mig_profiles: tuple[MigProfile, ...] = ()
+    # The most a GPU-hour of this type usually costs on demand, in USD, with headroom:
+    # big-cloud list prices per GPU, single-GPU instances with many vCPUs included.
+    # A price above it is an error unless marked deliberate (see config.PriceTable).
+    usual_max_usd_per_gpu_hour: float = 16.0
 
     def mig_profile(self, name: str) -> MigProfile:
         for p in self.mig_profiles:
@@ -129,6 +133,12 @@ _SPECS = [
     ),
 ]
 
+# Usual per-GPU on-demand maxima (USD/h), from AWS us-east-1 list prices (p5 $98.32/8 =
+# $12.29 per H100; g6e.16xlarge $7.58 for one L40S; g5.16xlarge $4.10 for one A10G; ...)
+# and the other big clouds, plus about a third of headroom.
+_USUAL_MAX = {"h200": 16.0, "h100": 16.0, "a100-80gb": 8.0, "a100": 6.0, "l40s": 9.0, "l4": 4.5, "a10g": 5.5, "t4": 5.5, "v100": 5.0}
+_SPECS = [replace(s, usual_max_usd_per_gpu_hour=_USUAL_MAX[s.name]) for s in _SPECS]
+
 CATALOG: dict[str, GpuSpec] = {s.name: s for s in _SPECS}
 
 
@@ -168,3 +178,40 @@ def gpu_share(gpu_type: str, mig_profile: str | None = None, timeslice_replicas:
             raise ValueError(f"time-slice replicas must be >= 1, got {timeslice_replicas}")
         return 1.0 / timeslice_replicas
     return 1.0
+
+
+# Per-GPU-hour prices are held against these in USD and in currencies of about its
+# value; other currencies are not checked (the figures would mean nothing there).
+PRICE_CHECK_CURRENCIES = ("USD", "EUR", "GBP", "CHF")
+
+
+def price_problem(gpu_type: str, capacity: str, price: float) -> str | None:
+    """Why a per-GPU-hour price looks wrong for this GPU (None when it looks right).
+
+    Prices are per GPU, never per instance: a price above the usual per-GPU range that
+    becomes a usual one when divided by the GPUs of one of the GPU's instance shapes is
+    named as that instance's price, with the per-GPU figure it probably meant.
+    """
+    spec = CATALOG[canonical_gpu_type(gpu_type)]
+    limit = spec.usual_max_usd_per_gpu_hour
+    if price <= limit:
+        return None
+    shapes: dict[int, list[str]] = {}
+    for instance, n in sorted(spec.instance_types.items()):
+        shapes.setdefault(n, []).append(instance)
+    fits = [n for n in sorted(shapes) if n > 1 and price / n <= limit]
+    keep = "mark the entry `deliberate: true` if this per-GPU price is meant"
+    if fits:
+        # Several shapes may fit (4 and 8 GPUs): name each with the figure it implies.
+        whole = " or ".join(f"{' or '.join(shapes[n])} ({n} {spec.name} GPUs: {price:g} / {n} = {price / n:.2f} per GPU-hour)" for n in fits)
+        meant = " or ".join(f"{price / n:.2f}" for n in fits)
+        return (
+            f"{price:g} per GPU-hour looks like the price of a whole {whole}. Prices are per GPU: write {meant}, "
+            f"or {keep} (usual for {spec.name}: up to about {limit:g} per GPU-hour)"
+        )
+    most = max(shapes) if shapes else 1
+    return (
+        f"{price:g} per GPU-hour is far above the usual range for {spec.name} (up to about {limit:g} per GPU-hour on demand"
+        + (f"; even divided by the {most} GPUs of a {' or '.join(shapes[most])} it is {price / most:.2f}" if most > 1 else "")
+        + f"). Check the figure, or {keep}"
+    )

@@ -39,12 +39,10 @@ def _read_yaml(path: str) -> Any:
         raise click.BadParameter(f"{path}: not valid YAML: {exc}") from None
 
 
-def _errors(path: str, prefix: str, exc: Any) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-        lines.append(f"{path}: {loc.lstrip('.') or '(top level)'}: {err['msg'].removeprefix('Value error, ')}")
-    return "\n".join(lines)
+def _errors(path: str, prefix: str, exc: Any, data: Any) -> str:
+    from gpu_ops.config import describe_errors
+
+    return "\n".join(describe_errors(exc, data, path, prefix))
 
 
 def load_prices(path: str) -> "PriceTable":
@@ -56,7 +54,7 @@ def load_prices(path: str) -> "PriceTable":
     try:
         return PriceTable.model_validate(data)
     except ValidationError as exc:
-        raise click.ClickException(_errors(path, "", exc)) from None
+        raise click.ClickException(_errors(path, "", exc, data)) from None
 
 
 def load_budgets(path: str) -> "list[Budget]":
@@ -70,7 +68,7 @@ def load_budgets(path: str) -> "list[Budget]":
     try:
         return TypeAdapter(list[Budget]).validate_python(data or [])
     except ValidationError as exc:
-        raise click.ClickException(_errors(path, "budgets", exc)) from None
+        raise click.ClickException(_errors(path, "budgets", exc, data)) from None
 
 
 def _config(path: str | None) -> "GpuOpsConfig":
