@@ -232,7 +232,7 @@ class PriceTable(_Model):
     gpus: dict[GpuTypeName, Annotated[dict[CapacityType, PositiveFinite], Field(min_length=1)]]
     regions: dict[str, RegionAdjustment] = {}
     # GPUs whose prices are outside the usual range on purpose (from `deliberate: true`
-    # in their entry; not written at the top level).
+    # in their entry, the documented spelling; a dumped table lists them here).
     deliberate: frozenset[GpuTypeName] = frozenset()
 
     @model_validator(mode="before")
@@ -243,10 +243,8 @@ class PriceTable(_Model):
 
         if not isinstance(data, Mapping) or not isinstance(data.get("gpus"), Mapping):
             return data
-        if "deliberate" in data:
-            raise ValueError("deliberate: write it in a GPU's entry, e.g. gpus: {h100: {on-demand: 98.32, deliberate: true}}")
         seen: dict[str, str] = {}
-        gpus, deliberate = {}, set()
+        gpus, deliberate = {}, set(data.get("deliberate") or ())  # a dumped table lists them here
         for name, entry in data["gpus"].items():
             if isinstance(entry, Mapping) and "deliberate" in entry:
                 flag = entry["deliberate"]

@@ -18,6 +18,7 @@ and numpy's large-array loops run without the GIL, so two cores are both used.
 from __future__ import annotations
 
 import csv
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,11 +33,15 @@ from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.cost.usage import (
     UsageSourceError,
-    _expand,
+    _distinct_files,
     arrow_to_frame,
+    concat_raw,
     empty_quarantine,
+    line_problems,
     quarantine_in_window,
     require_usage_columns,
+    source_problem,
+    SeenRows,
     usage_frame,
     validate_usage,
 )
@@ -53,18 +58,19 @@ def streamable(sources: SourceSet) -> bool:
 # --------------------------------------------------------------------------- reading
 
 
-def record_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int]]:
-    """(Arrow record batch, 1-based row number of its first row) for one usage file."""
+def record_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int, list[tuple[int, str]]]]:
+    """(Arrow record batch, 1-based row number of its first row, CSV lines skipped in its
+    stretch as (data row, reason)) for one usage file."""
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         yield from _parquet_batches(path, columns, batch_rows)
     elif suffix == ".csv":
         yield from _csv_batches(path, columns, batch_rows)
     else:
-        raise UsageSourceError(f"{path}: unsupported extension {suffix!r} (use .csv or .parquet)")
+        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
 
 
-def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int]]:
+def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int, list[tuple[int, str]]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -79,7 +85,7 @@ def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int)
     except UsageSourceError:
         raise
     except Exception as exc:  # a corrupt file: name it
-        raise UsageSourceError(f"{path}: not a readable Parquet file: {exc}") from None
+        raise UsageSourceError(path, f"not a readable Parquet file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     first = 1
     batches = pf.iter_batches(batch_size=batch_rows, columns=present, use_threads=True)
     while True:
@@ -88,45 +94,67 @@ def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int)
         except StopIteration:
             return
         except Exception as exc:
-            raise UsageSourceError(f"{path}: not a readable Parquet file (after row {first - 1}): {exc}") from None
-        yield batch, first
+            raise UsageSourceError(path, f"not a readable Parquet file (after row {first - 1}): {exc}") from None
+        yield batch, first, []
         first += batch.num_rows
 
 
-def _csv_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int]]:
+def _csv_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int, list[tuple[int, str]]]]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the first name
             header = next(csv.reader(f), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageSourceError(f"{path}: cannot be read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
+    except (OSError, csv.Error) as exc:
+        raise UsageSourceError(path, f"cannot be read: {exc}") from None
     if not header:
-        raise UsageSourceError(f"{path}: empty file (a CSV needs a header row)")
+        raise UsageSourceError(path, "empty file (a CSV needs a header row)")
     present = [c for c in header if columns is None or c in columns or c.startswith("label:")]
     require_usage_columns(path, present)
     # Everything is text, as a whole-file read gives it (validation parses it); a blank
     # cell is missing. Dictionaries: each distinct value is parsed once.
     text = pa.dictionary(pa.int32(), pa.string())
     opts = pacsv.ConvertOptions(column_types={c: text for c in header}, include_columns=present, strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
-    # A block is about batch_rows rows of a typical usage file (~160 bytes a row).
-    read = pacsv.ReadOptions(block_size=max(1 << 16, min(batch_rows * 160, 1 << 30)))
+    # A block is about batch_rows rows of a typical usage file (~160 bytes a row). One
+    # thread, so that a line with the wrong number of fields is known by its number.
+    read = pacsv.ReadOptions(block_size=max(1 << 16, min(batch_rows * 160, 1 << 30)), use_threads=False)
+    skipped: list[tuple[int, str]] = []
+
+    def bad_line(row: Any) -> str:
+        skipped.append((row.number - 1, f"line {row.number}: expected {row.expected_columns} fields, saw {row.actual_columns}; the line was not read"))
+        return "skip"
+
     first = 1
     try:
-        reader = pacsv.open_csv(path, read_options=read, convert_options=opts)
+        reader = pacsv.open_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
         for batch in reader:
-            yield batch, first
-            first += batch.num_rows
+            mine: list[tuple[int, str]] = []  # the skipped lines among this batch's rows
+            while skipped and skipped[0][0] < first + batch.num_rows + len(mine):
+                mine.append(skipped.pop(0))
+            yield batch, first, mine
+            first += batch.num_rows + len(mine)
+        if skipped:  # bad lines after the last good one
+            yield pa.RecordBatch.from_pylist([], schema=reader.schema), first, list(skipped)
     except (pa.ArrowException, OSError) as exc:
-        raise UsageSourceError(f"{path}: not a readable CSV file (after data row {first - 1}): {exc}") from None
+        what = "not UTF-8 text" if "UTF8" in str(exc) else f"not a readable CSV file: {exc}"
+        raise UsageSourceError(path, f"{what} (after data row {first - 1})") from None
 
 
-def raw_batches(sources: SourceSet, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, Path, int]]:
-    for pattern in sources.usage_files:
-        for path in _expand(pattern, sources.base_dir):
-            for batch, first in record_batches(path, columns, batch_rows):
-                yield batch, path, first
+def raw_batches(sources: SourceSet, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, Any, int, list[tuple[int, str]]]]:
+    """(batch, path, first row, skipped lines) per batch of each file (once per real path);
+    (None, UsageSourceError, 0, []) for a pattern matching nothing or a file that breaks."""
+    for path, problem in _distinct_files(sources.usage_files, sources.base_dir):
+        if problem is not None:
+            yield None, problem, 0, []
+            continue
+        try:
+            for batch, first, skipped in record_batches(path, columns, batch_rows):  # type: ignore[arg-type]
+                yield batch, path, first, skipped
+        except UsageSourceError as exc:
+            yield None, exc, 0, []
 
 
 # --------------------------------------------------------------------------- pricing
@@ -140,24 +168,74 @@ class _Window:
         # One day: rows outside it keep zero hours instead of being copied out (see split_by_day).
         self.one_day = (hi - 1) // DAY_NS == self.ws.value // DAY_NS
         self.cell_keys = self.keys if self.one_day else [*self.keys, "day"]
+        self.turns = _Turns()
 
-    def cells(self, batch: Any, path: Path, first: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """One batch -> (its priced cells, its quarantined rows inside the window)."""
+    def cells(self, seq: int, batch: Any, path: Any, first: int, skipped: list[tuple[int, str]]) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+        """One batch -> (its priced cells, its quarantined rows inside the window); a file
+        that could not be read -> (None, its file-level quarantine row)."""
         import pyarrow as pa
 
-        raw = usage_frame(arrow_to_frame(pa.Table.from_batches([batch])), path, first)
-        v = validate_usage(raw, self.prices)
+        turn = self.turns.take(seq)
+        try:
+            if batch is None:
+                return None, validate_usage(source_problem(path), self.prices).quarantine
+            raw = usage_frame(arrow_to_frame(pa.Table.from_batches([batch])), path, first, [r for r, _ in skipped])
+            if skipped:
+                raw = concat_raw([raw, line_problems(path, skipped)])
+            v = validate_usage(raw, self.prices, seen=turn)
+        finally:
+            turn.done()
         rows = v.rows[[c for c in v.rows.columns if c in set(self.keys) | set(_PRICING)]]
         pieces = price_pieces(split_by_day(rows, self.ws, self.we, self.as_of, drop_empty=not self.one_day), per_row=False)
         return priced_cells(pieces, self.cell_keys), quarantine_in_window(v.quarantine, self.ws, self.we)
 
     def priced(self, parts: list[tuple[pd.DataFrame, pd.DataFrame]]) -> PricedUsage:
-        cells = cell_pieces(combine_cells([c for c, _ in parts], self.cell_keys))
+        cells = cell_pieces(combine_cells([c for c, _ in parts if c is not None], self.cell_keys))
         cells = cells[cells["gpu_hours"].to_numpy() != 0].reset_index(drop=True)
         cells["day"] = pd.to_datetime(cells["day"], utc=True) if not self.one_day else pd.Series([self.ws] * len(cells), dtype="datetime64[ns, UTC]")
         quarantine = [q for _, q in parts if len(q)]
         q = pd.concat(quarantine, ignore_index=True) if quarantine else empty_quarantine()
         return PricedUsage(cells, q, self.ws, self.we, self.as_of)
+
+
+class _Turns:
+    """Batches take their turn at the identical-row check in reading order, so that the
+    first copy of a row is the one counted whichever worker thread finishes first."""
+
+    def __init__(self) -> None:
+        self.seen = SeenRows()
+        self.cond = threading.Condition()
+        self.next = 0
+
+    def take(self, seq: int) -> "_Turn":
+        return _Turn(self, seq)
+
+
+class _Turn:
+    """What ``validate_usage(seen=...)`` calls for one batch; ``done()`` ends the turn
+    whether or not the batch got that far (a batch that failed must not stall the rest)."""
+
+    def __init__(self, turns: _Turns, seq: int):
+        self.turns, self.seq, self.finished = turns, seq, False
+
+    def check_and_add(self, hashes: Any, locations: Any, rows: Any) -> Any:
+        with self.turns.cond:
+            self.turns.cond.wait_for(lambda: self.turns.next == self.seq)
+            try:
+                return self.turns.seen.check_and_add(hashes, locations, rows)
+            finally:
+                self._advance()
+
+    def done(self) -> None:
+        with self.turns.cond:
+            if not self.finished:
+                self.turns.cond.wait_for(lambda: self.turns.next == self.seq)
+                self._advance()
+
+    def _advance(self) -> None:
+        self.finished = True
+        self.turns.next += 1
+        self.turns.cond.notify_all()
 
 
 def stream_priced(
@@ -183,8 +261,8 @@ def stream_priced(
     parts: list[tuple[pd.DataFrame, pd.DataFrame]] = []
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="gpu_ops-batch") as pool:
         pending: list[Future] = []
-        for batch, path, first in raw_batches(sources, columns, max(1, int(batch_rows))):
-            pending.append(pool.submit(window.cells, batch, path, first))
+        for seq, (batch, path, first, skipped) in enumerate(raw_batches(sources, columns, max(1, int(batch_rows)))):
+            pending.append(pool.submit(window.cells, seq, batch, path, first, skipped))
             # At most workers + 1 batches decoded and waiting: memory is bounded by batch_rows.
             while len(pending) > workers:
                 parts.append(pending.pop(0).result())

@@ -754,7 +754,7 @@ _REQUIRED_TEXT = {
 }
 
 
-def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
+def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",), seen: "SeenRows | None" = None) -> Validated:
     """Check every row; return typed, priced rows and the quarantined ones with reasons.
 
     Rules: ``start`` required and ``end`` optional, both parseable and within what
@@ -765,8 +765,9 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     for unshared GPUs; numbers finite; ``labels`` a JSON object; no list/struct cells;
     a price for gpu type × capacity and, when the table lists regions, for the row's
     region. Rows identical to an earlier good row are counted once (the copy is
-    quarantined as a duplicate). File-level rows from the readers become quarantine rows
-    with field ``<file>`` and no row number.
+    quarantined as a duplicate); ``seen`` carries the rows of earlier batches when a
+    read is validated batch by batch. File-level rows from the readers become quarantine
+    rows with field ``<file>`` and no row number.
     """
     file_q = empty_quarantine()
     if FILE_ERROR in raw:
@@ -885,7 +886,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
             out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
 
     typed = pd.DataFrame(out, index=raw.index, copy=False)
-    _duplicates(typed, raw, problems)
+    _duplicates(typed, raw, problems, seen)
     quarantine = problems.render(raw, start, end)
     if len(file_q):
         quarantine = pd.concat([file_q, quarantine], ignore_index=True) if len(quarantine) else file_q
@@ -917,21 +918,45 @@ def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
         problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])
 
 
-def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems) -> None:
+def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, seen: "SeenRows | None" = None) -> None:
     """Quarantine good rows identical (after parsing) to an earlier good row: counted once."""
     good = np.flatnonzero(~problems.bad)
-    if len(good) < 2:
-        return
     cols = [c for c in typed.columns if c not in PROVENANCE_COLUMNS and c != CELL_ERRORS]
     sub = typed.iloc[good][cols] if len(good) < len(typed) else typed[cols]
-    hashes = pd.util.hash_pandas_object(sub, index=False).to_numpy()
-    dup = pd.Series(hashes).duplicated(keep="first").to_numpy()
-    if not dup.any():
+    # Numbers hash as floats: a CSV's "1" and a Parquet file's integer 1 are the same count.
+    ints = {c: sub[c].astype(float) for c in ("gpu_count", "attempt") if c in sub and sub[c].dtype.kind in "iu"}
+    hashes = pd.util.hash_pandas_object(sub.assign(**ints) if ints else sub, index=False).to_numpy() if len(good) else np.empty(0, np.uint64)
+    dup = np.array(pd.Series(hashes).duplicated(keep="first")) if len(good) > 1 else np.zeros(len(good), bool)
+    earlier: dict[int, str] = {}  # row position -> "row N" or "<file> row N" of its first copy
+    location = raw["location"] if "location" in raw else pd.Series([""] * len(raw), dtype=object)
+
+    def loc(idx: Any) -> np.ndarray:  # location text of some rows (not a pass over all of them)
+        return location.iloc[np.atleast_1d(idx)].astype(str).to_numpy()
+
+    if dup.any():
+        first_of = pd.Series(np.arange(len(hashes))).groupby(hashes).transform("first").to_numpy()
+        later, first = np.flatnonzero(dup), first_of[dup]
+        same = _same_values(sub, later, first)  # a hash collision is not a duplicate
+        dup[later[~same]] = False
+        later, first = good[later[same]], good[first[same]]
+        numbers = _row_numbers(raw, first) if len(first) else []
+        for i, j, n, li, lj in zip(later.tolist(), first.tolist(), numbers, loc(later), loc(first)):
+            earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
+    if seen is not None:
+        rest = good[~dup]
+        again, refs = seen.check_and_add(hashes[~dup], loc(rest), _row_numbers(raw, rest) if len(rest) else np.empty(0, np.int64))
+        for i, (where, n), li in zip(rest[again].tolist(), refs, loc(rest[again])):
+            earlier[i] = f"row {n}" if where == li else f"{where} row {n}"
+    if not earlier:
         return
-    first_of = pd.Series(np.arange(len(hashes))).groupby(hashes).transform("first").to_numpy()
-    later, first = np.flatnonzero(dup), first_of[dup]
-    same = np.ones(len(later), bool)  # confirm value by value: a hash collision is not a duplicate
-    for c in cols:
+    mask = np.zeros(len(typed), bool)
+    mask[list(earlier)] = True
+    problems.add(mask, DUPLICATE_FIELD, lambda idx: [f"duplicate of {earlier[int(i)]}: identical in every column, counted once" for i in idx])
+
+
+def _same_values(sub: pd.DataFrame, later: np.ndarray, first: np.ndarray) -> np.ndarray:
+    same = np.ones(len(later), bool)
+    for c in sub.columns:
         col = sub[c]
         v = col.cat.codes.to_numpy() if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
         a, b = v[later], v[first]
@@ -941,24 +966,42 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems) -> 
         elif v.dtype.kind in "Mm" or isinstance(col.dtype, pd.DatetimeTZDtype):
             eq |= pd.isna(a) & pd.isna(b)
         same &= np.asarray(eq, bool)
-    later, first = good[later[same]], good[first[same]]
-    if not len(later):
-        return
-    mask = np.zeros(len(typed), bool)
-    mask[later] = True
-    first_at = dict(zip(later.tolist(), first.tolist()))
-    rows = dict(zip(first.tolist(), _row_numbers(raw, first).tolist()))
-    loc = raw["location"] if "location" in raw else None
+    return same
 
-    def reason(idx: np.ndarray) -> list[str]:
-        out = []
-        for i in idx:
-            j = first_at[int(i)]
-            where = "" if loc is None or str(loc.iloc[j]) == str(loc.iloc[i]) else f"{loc.iloc[j]} "
-            out.append(f"duplicate of {where}row {rows[j]}: identical in every column, counted once")
-        return out
 
-    problems.add(mask, DUPLICATE_FIELD, reason)
+class SeenRows:
+    """Good rows of the earlier batches of one read, by hash, for reads validated batch by
+    batch (:mod:`gpu_ops.cost.stream`): a row identical to one of an earlier batch is
+    counted once there too. 16 bytes a row (hash, and where its first copy is); rows are
+    matched by their 64-bit hash alone across batches (within a batch values are compared)."""
+
+    def __init__(self) -> None:
+        self.hashes = np.empty(0, np.uint64)
+        self.refs = np.empty(0, np.int64)  # location index << 40 | row
+        self.locations: list[str] = []
+
+    def check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        """-> (which rows were seen before, (location, row) of each one's first copy); the
+        others are remembered."""
+        hashes = np.asarray(hashes, np.uint64)
+        if len(self.hashes) and len(hashes):
+            pos = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+            again = self.hashes[pos] == hashes
+        else:
+            pos, again = np.zeros(len(hashes), np.int64), np.zeros(len(hashes), bool)
+        refs = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in self.refs[pos[again]]] if again.any() else []
+        new = ~again
+        if new.any():
+            inverse, names = pd.factorize(locations[new])
+            for name in names:
+                if name not in self.locations:
+                    self.locations.append(name)
+            codes = np.array([self.locations.index(name) for name in names], np.int64)[inverse]
+            order = np.argsort(hashes[new], kind="stable")
+            h, r = hashes[new][order], ((codes << 40) | np.asarray(rows, np.int64)[new])[order]
+            at = np.searchsorted(self.hashes, h)
+            self.hashes, self.refs = np.insert(self.hashes, at, h), np.insert(self.refs, at, r)
+        return again, refs
 
 
 def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:

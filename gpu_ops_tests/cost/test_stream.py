@@ -200,11 +200,13 @@ def test_cli_streams_with_batch_rows_and_names_bad_rows(files, tmp_path):
     assert list(bad["row"]) == list(expected_q["row"]) and list(bad["reason"]) == list(expected_q["reason"])
 
 
-def test_unreadable_files_are_errors_that_name_the_file(tmp_path):
+def test_unreadable_files_and_lines_are_quarantined_and_the_rest_is_priced(tmp_path):
     bad = tmp_path / "broken.parquet"
     bad.write_bytes(b"PAR1 not really parquet")
     short = write_csv(tmp_path / "short.csv", usage_rows(3))
     short.write_text(short.read_text() + "2026-10-02T00:00:00Z,too,few\n")
-    for path in (bad, short):
-        with pytest.raises(ValueError, match=path.name):
-            stream_priced(SourceSet(usage_files=[str(path)]), MATRIX, WS, WE, WE, ["team"], None, 2)
+    p = stream_priced(SourceSet(usage_files=[str(bad), str(short)]), MATRIX, WS, WE, WE, ["team"], None, 2)
+    q = p.quarantine.set_index("location")
+    assert q.loc[str(bad), "field"] == "<file>" and "not a readable Parquet file" in q.loc[str(bad), "reason"]
+    assert q.loc[str(short), "field"] == "<line>" and q.loc[str(short), "row"] == 4 and "line 5" in q.loc[str(short), "reason"]
+    assert p.rows["gpu_hours"].sum() > 0  # the three good rows are priced

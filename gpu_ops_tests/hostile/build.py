@@ -2,7 +2,8 @@
 
 Binary files are built here rather than committed so that each case says in code what
 is wrong with it (a timestamp unit, a list-typed cell, a flipped byte in a data page).
-``build(folder)`` writes every file named in ``PARQUET`` under ``folder/parquet/``.
+``build(folder)`` writes every file named in ``PARQUET`` under ``folder/parquet/`` and
+the generated CSV files (``GENERATED_CSV``) under ``folder/csv/``.
 """
 
 from __future__ import annotations
@@ -95,8 +96,27 @@ PARQUET: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _big_csv(path: Path) -> None:
+    """1,200 rows of $1.00 (a quarter hour of a100-80gb on demand), about 130 kB: more
+    than one block of the streaming CSV reader. Row 1100 repeats row 1, line 1151 (row
+    1150) has a field too many, row 1180 has gpu_count "x": $1,197.00 is priced."""
+    header = "start,end,namespace,pod,node,team,project,cost_center,experiment_id,gpu_type,gpu_count,capacity_type,sharing,gpu_share"
+    lines = [header]
+    for i in range(1, 1201):
+        pod = "pod-00001" if i == 1100 else f"pod-{i:05d}"
+        count = "x" if i == 1180 else "1"
+        line = f"2026-10-01T00:00:00Z,2026-10-01T00:15:00Z,ml,{pod},n1,nlp,llm,,,a100-80gb,{count},on-demand,none,"
+        lines.append(line + ",oops" if i == 1150 else line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+GENERATED_CSV: dict[str, Callable[[Path], None]] = {"big_with_problems.csv": _big_csv}
+
+
 def build(folder: Path) -> None:
     out = folder / "parquet"
     out.mkdir(parents=True, exist_ok=True)
     for name, write in PARQUET.items():
         write(out / name)
+    for name, write in GENERATED_CSV.items():
+        write(folder / "csv" / name)

@@ -52,6 +52,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _argv(case: dict[str, Any], corpus: Path, qpath: Path) -> list[str]:
     argv = ["cost", "attribution", "--date", case.get("date", DAY), "--format", "json", "--by", "team", "--quarantine", str(qpath)]
+    if "batch_rows" in case:
+        argv += ["--batch-rows", str(case["batch_rows"])]
     if "config" in case:
         return [*argv, "--config", str(corpus / case["config"])]
     for pattern in case["usage"]:
