@@ -49,12 +49,28 @@ CHECKS: list[str] = [
     "gpu_ops.compute.checks:check_gpu",
     "gpu_ops.training.checks:check_checkpoints",
     "gpu_ops.alerts.checks:check_channels",
+    "gpu_ops.cost.checks:check_usage_sources",
 ]
 
 
+def check_names() -> list[str]:
+    """What ``--only`` takes: each registered check's function name without ``check_``."""
+    return [ref.partition(":")[2].removeprefix("check_") for ref in CHECKS]
+
+
+def _same_name(a: str, b: str) -> bool:
+    return a.replace(" ", "_").lower() == b.replace(" ", "_").lower()
+
+
 def run_checks(config: GpuOpsConfig, only: str | None = None) -> list[CheckResult]:
+    """Every check, or only the one named (by its registered name or the name it prints).
+
+    An ``only`` that names no check raises :class:`UnknownCheck`: a typo must not pass
+    for a clean bill of health.
+    """
+    refs = CHECKS if only is None else [r for r in CHECKS if _same_name(r.partition(":")[2].removeprefix("check_"), only)] or CHECKS
     results: list[CheckResult] = []
-    for ref in CHECKS:
+    for ref in refs:
         module, _, attr = ref.partition(":")
         check: Callable[[GpuOpsConfig], CheckResult | list[CheckResult]] = getattr(importlib.import_module(module), attr)
         try:
@@ -62,9 +78,15 @@ def run_checks(config: GpuOpsConfig, only: str | None = None) -> list[CheckResul
         except Exception as exc:  # a crashing check is itself a failed check, not a crash
             out = CheckResult(attr.removeprefix("check_"), "failed", f"the check itself failed: {type(exc).__name__}: {exc}")
         for result in out if isinstance(out, list) else [out]:
-            if only is None or result.name == only:
+            if only is None or len(refs) == 1 or _same_name(result.name, only):
                 results.append(result)
+    if only is not None and not results:
+        raise UnknownCheck(f"no check named {only!r}; the checks are: {', '.join(check_names())}")
     return results
+
+
+class UnknownCheck(ValueError):
+    pass
 
 
 _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
@@ -72,7 +94,7 @@ _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
 
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
-@click.option("--only", help="run only the check with this name")
+@click.option("--only", help="run only the check with this name (storage, kubeconfig, kubetorch, karpenter, gpu, checkpoints, channels, usage_sources)")
 def validate(config_path: str | None, only: str | None) -> None:
     """Check configuration, storage, cluster and GPU; say how to fix each problem."""
     try:
@@ -84,7 +106,10 @@ def validate(config_path: str | None, only: str | None) -> None:
         click.echo("     fix: correct the fields named above")
         raise SystemExit(1) from None
     click.echo(f"ok   config: {config.source_path}")
-    results = run_checks(config, only)
+    try:
+        results = run_checks(config, only)
+    except UnknownCheck as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
     for r in results:
         click.echo(f"{_MARK[r.status]} {r.name}: {r.detail}")
         if r.failed and r.fix:

@@ -39,6 +39,7 @@ OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outco
 ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
 PROVENANCE_COLUMNS = ("source", "location", "row")
 USAGE_REQUIRED = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
+INVENTORY_REQUIRED = ("node", "capacity_type", "start")
 INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
@@ -463,6 +464,48 @@ def source_problem(exc: UsageSourceError, source: str = "file") -> pd.DataFrame:
 def line_problems(path: Path, bad_lines: Sequence[tuple[int, str]], source: str = "file") -> pd.DataFrame:
     """CSV lines that could not be split into the header's fields: (data row, reason) each."""
     return pd.DataFrame({"source": source, "location": str(path), "row": [r for r, _ in bad_lines], FILE_ERROR: [why for _, why in bad_lines]})
+
+
+def probe_files(
+    patterns: Iterable[str], base_dir: Path | None, required: Sequence[str] = USAGE_REQUIRED, kind: str = "usage", layout: Sequence[str] = USAGE_COLUMNS, limit: int = 200,
+) -> tuple[int, list[str]]:
+    """Cheap look at what a read would find: each pattern matches a file, each file
+    (up to ``limit`` per read) opens as CSV or Parquet with the required columns. Only
+    headers and Parquet footers are read. -> (files seen, problems as "location: reason")."""
+    import csv
+
+    problems, seen = [], 0
+    for path, problem in _distinct_files(patterns, base_dir):
+        if problem is not None:
+            problems.append(str(problem))
+            continue
+        seen += 1
+        if seen > limit:
+            continue
+        assert path is not None
+        try:
+            suffix = path.suffix.lower()
+            if suffix in (".parquet", ".pq"):
+                import pyarrow.parquet as pq
+
+                try:
+                    names = pq.read_schema(path).names
+                except Exception as exc:  # any reader error names the file
+                    raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+            elif suffix == ".csv":
+                try:
+                    with path.open(newline="", encoding="utf-8-sig") as f:
+                        names = next(csv.reader(f), None) or []
+                except (UnicodeDecodeError, OSError, csv.Error) as exc:
+                    raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
+                if not names:
+                    raise UsageSourceError(path, "empty file (a CSV needs a header row)")
+            else:
+                raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+            _require(path, names, required, kind, layout)
+        except UsageSourceError as exc:
+            problems.append(str(exc))
+    return seen, problems
 
 
 def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:
@@ -1066,4 +1109,4 @@ def validate_inventory(raw: pd.DataFrame, prices: PriceMatrix) -> Validated:
 
 
 def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
-    return _read_files(patterns, base_dir, None, "inventory", ("node", "capacity_type", "start"), INVENTORY_COLUMNS)
+    return _read_files(patterns, base_dir, None, "inventory", INVENTORY_REQUIRED, INVENTORY_COLUMNS)

@@ -183,3 +183,24 @@ def test_asset(case: dict[str, Any], corpus: Path, dagster_env: Any, tmp_path: P
     usage = store.read("gpu_usage")
     _total(expect, float(usage["cost_usd"].sum()) if len(usage) else 0.0)
     _match_quarantine(store.read("gpu_usage_quarantine", missing_ok=True), expect.get("quarantine", []))
+
+
+# --------------------------------------------------------------------------- gpu-ops validate
+
+
+def _validate(corpus: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpu_ops.cli", "validate", *args], capture_output=True, text=True, cwd=corpus, timeout=120)
+
+
+def test_validate_fails_on_a_pattern_that_matches_nothing(corpus: Path) -> None:
+    r = _validate(corpus, "--config", str(corpus / "configs" / "empty_glob.yaml"), "--only", "usage_sources")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "FAIL usage_sources:" in r.stdout and "no file matches '../exports/*.parquet'" in r.stdout and "fix:" in r.stdout
+    ok = _validate(corpus, "--config", str(corpus / "configs" / "two_patterns_one_file.yaml"), "--only", "usage_sources")
+    assert ok.returncode == 0 and "ok   usage_sources: 3 pattern(s) match 1 file(s)" in ok.stdout
+
+
+def test_validate_only_with_an_unknown_name_is_an_error_listing_the_names(corpus: Path) -> None:
+    r = _validate(corpus, "--config", str(corpus / "configs" / "two_patterns_one_file.yaml"), "--only", "typo")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no check named 'typo'" in r.stderr and "storage, kubeconfig" in r.stderr and "usage_sources" in r.stderr
