@@ -135,6 +135,7 @@ DUCKDB = PEER_PRICES + textwrap.dedent(
     """
     import duckdb
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
     con.execute("CREATE TABLE p(gpu_type VARCHAR, capacity_type VARCHAR, price DOUBLE)")
     con.executemany("INSERT INTO p VALUES (?, ?, ?)", price_rows)
     q = f'''
@@ -230,7 +231,10 @@ def contenders(path: Path, rows: int, batch_rows: int | None) -> list[tuple[str,
 
 
 def totals(name: str, stdout: str) -> dict[str, list[float]]:
-    data = json.loads(stdout)
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"{name} printed no JSON answer: {stdout[:500]!r}") from None
     if name == CLI:
         return {r["team"]: [r["gpu_hours"], r["cost_usd"]] for r in data}
     return data
