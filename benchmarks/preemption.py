@@ -4,7 +4,11 @@
    atomic write with fsync and checksum) through `CheckpointStore`.
 2. Recovery latency R on the local backend: a real `train_demo_model` materialization,
    the worker SIGKILLed (and, separately, SIGTERMed) mid-training; from the kill to the
-   first resumed training step (backoff set to 0, so this is the pure restart cost).
+   first resumed training step (backoff set to 0, so this is the pure restart cost), by
+   phase (process spawn, interpreter start, imports incl. torch, CUDA init, checkpoint
+   load, first step), with a new worker and with the standby worker (compute.standby).
+   Then lost work with and without a preemption notice (SIGUSR1 N s before SIGKILL).
+   Every figure is labelled with the device that ran the steps.
 3. Simulation: exponential preemption traces with MTBP from 30 min to 8 h, a 24 GPU-hour
    job, restart cost R. Lost GPU-hours (wall time beyond the work itself: rework,
    checkpoint writes, restarts) of
@@ -22,6 +26,7 @@ Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--qu
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -97,18 +102,33 @@ def _quiet(fn):
 # --------------------------------------------------------------------------- 2. recovery latency
 
 
-def measure_recovery(sig: int, steps: int = 1500) -> dict[str, float]:
-    """Kill the worker of a real materialization; time kill -> first resumed step."""
+def device_label() -> str:
+    """What the demo's steps run on here: the GPU's name, or CPU and the thread count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+    return f"CPU, 1 thread ({os.cpu_count()} cores)"
+
+
+PHASES = ["process", "interpreter", "imports", "cuda_init", "activated", "payload", "checkpoint_loaded", "first_step"]
+
+
+def _demo_with_preemption(compute: str, training: str, preempt) -> tuple[list, float, "object"]:
+    """Materialize the demo asset on the local backend; once its first checkpoint exists,
+    ``preempt(pid)`` (returns the kill's wall time). Returns (run log, kill time, ledger rows)."""
     import dagster as dg
 
     from gpu_ops.definitions import build_defs
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import ledger
 
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         cfg = root / "gpu_ops.yaml"
         cfg.write_text(
             f"storage: {{url: 'sqlite:///ledger.db'}}\nprices: {REPO / 'gpu_ops/demo/prices.yaml'}\n"
-            f"training: {{checkpoint_url: ckpts, demo_steps: {steps}, demo_checkpoint_interval_s: 1.0, retry_backoff_s: 0}}\n"
+            f"compute: {{{compute}}}\ntraining: {{checkpoint_url: ckpts, retry_backoff_s: 0, {training}}}\n"
         )
         os.environ["GPU_OPS_PIDFILE_DIR"] = str(root / "pids")
         os.environ["GPU_OPS_HOME"] = str(root)
@@ -119,10 +139,7 @@ def measure_recovery(sig: int, steps: int = 1500) -> dict[str, float]:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not list((root / "ckpts").glob("*/*/ckpt-*.json")):
                 time.sleep(0.01)
-            time.sleep(1.5)
-            pid = int(next((root / "pids").glob("*.rank0.pid")).read_text())
-            killed["t"] = time.time()
-            os.kill(pid, sig)
+            killed["t"] = preempt(int(next((root / "pids").glob("*.rank0.pid")).read_text()))
 
         th = threading.Thread(target=killer, daemon=True)
         th.start()
@@ -131,17 +148,62 @@ def measure_recovery(sig: int, steps: int = 1500) -> dict[str, float]:
             assert result.success, "the benchmark run failed"
             logs = instance.all_logs(result.run_id)
         th.join()
-        t0 = killed["t"]
+        rows = ledger.read(TableStore(f"sqlite:///{root / 'ledger.db'}")).sort_values("attempt")
+        return logs, killed["t"], rows
 
-        def first(pred) -> float:
-            return next(e.timestamp for e in logs if e.message and pred(e.message)) - t0
 
-        return {
-            "retry_requested": first(lambda m: "-> retry:" in m),
-            "worker_started": next(e.timestamp for e in logs if e.message and e.message.startswith("worker started") and e.timestamp > t0) - t0,
-            "checkpoint_loaded": first(lambda m: "attempt 2 resumes from checkpoint" in m),
-            "first_step": first(lambda m: m.startswith("step ") and "[attempt 2]" in m),
-        }
+def measure_recovery(sig: int, standby: bool, steps: int = 1500) -> dict[str, float]:
+    """Kill the worker of a real materialization; time kill -> first resumed step, by phase.
+
+    Returns seconds after the kill: ``retry_requested`` and ``worker_started`` (parent
+    side), then the new worker's own phases (see gpu_ops.compute.worker): a standby's
+    process/interpreter/imports/CUDA times are negative (done before the kill)."""
+
+    def preempt(pid: int) -> float:
+        time.sleep(1.5)
+        t = time.time()
+        os.kill(pid, sig)
+        return t
+
+    logs, t0, _ = _demo_with_preemption(f"standby: {str(standby).lower()}", f"demo_steps: {steps}, demo_checkpoint_interval_s: 1.0", preempt)
+
+    def first(pred) -> float:
+        return next(e.timestamp for e in logs if e.message and pred(e.message)) - t0
+
+    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 start-up"))
+    times = json.loads(startup.split("startup_times=", 1)[1])
+    out = {
+        "retry_requested": first(lambda m: "-> retry:" in m),
+        "worker_started": next(e.timestamp for e in logs if e.message and e.message.startswith("worker started") and e.timestamp > t0) - t0,
+        "standby": bool(times.get("standby")),
+    }
+    out.update({k: times[k] - t0 for k in PHASES if isinstance(times.get(k), (int, float))})
+    return out
+
+
+def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: float = 10.0, steps: int = 2500) -> tuple[float, int]:
+    """The demo checkpoints every ``interval_s``; ``run_s`` after its first checkpoint its
+    worker gets a notice ``notice_s`` before a SIGKILL (None: no notice). Returns the
+    ledger's lost seconds of the killed attempt and the steps attempt 2 redid."""
+    from gpu_ops.compute.local import simulate_preemption
+
+    def preempt(pid: int) -> float:
+        time.sleep(max(0.0, run_s - (notice_s or 0.0)))
+        simulate_preemption(pid, notice_s).join()
+        return time.time()
+
+    logs, _, rows = _demo_with_preemption("standby: true", f"demo_steps: {steps}, demo_checkpoint_interval_s: {interval_s}", preempt)
+    last_step_1 = max((int(m.split()[1].split("/")[0]) for m in (e.message or "" for e in logs) if m.startswith("step ") and "[attempt 1]" in m), default=0)
+    resumed = next((int(m.split("(step ")[1].split(",")[0]) for m in (e.message or "" for e in logs) if m.startswith("attempt 2 resumes from checkpoint")), 0)
+    return float(rows.iloc[0]["lost_seconds"]), max(0, last_step_1 - resumed)
+
+
+def print_recovery(name: str, r: dict[str, float]) -> None:
+    who = "standby worker" if r["standby"] else "new worker"
+    parts = [f"retry decided +{r['retry_requested']:.2f}", f"launch +{r['worker_started']:.2f}"]
+    parts += [f"{k} {r[k]:+.2f}" for k in PHASES if k in r]
+    verdict = "met" if r["first_step"] < 3.0 else "NOT met"
+    print(f"  after {name}, {who}: " + ", ".join(parts) + f" s -> first resumed step {r['first_step']:.2f} s (goal < 3 s: {verdict})")
 
 
 # --------------------------------------------------------------------------- 3. simulation
@@ -237,21 +299,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the real recovery measurements")
     args = parser.parse_args()
 
+    device = device_label()
+    print(f"device: {device}; load average {os.getloadavg()[0]:.2f}")
     cost, size, step_s = measure_checkpoint_cost()
     print(f"demo model checkpoint: {size / 1e6:.2f} MB, median save {cost * 1000:.1f} ms (atomic write + fsync + sha256, {os.cpu_count()} CPUs)")
-    print(f"demo step time (CPU, 1 thread; includes set-up): {step_s[0] * 1000:.2f} ms without checkpoints, {step_s[1] * 1000:.2f} ms checkpointing every 3 s")
+    print(f"demo step time ({device}; includes set-up): {step_s[0] * 1000:.2f} ms without checkpoints, {step_s[1] * 1000:.2f} ms checkpointing every 3 s")
 
     restart = 5.0
     if not args.quick:
-        for name, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM)):
-            r = measure_recovery(sig)
-            print(
-                f"recovery after {name} (local backend, backoff 0): retry decided +{r['retry_requested']:.2f} s, "
-                f"worker started +{r['worker_started']:.2f} s, checkpoint loaded +{r['checkpoint_loaded']:.2f} s, "
-                f"first resumed step +{r['first_step']:.2f} s (goal < 5 s + backoff)"
-            )
-            if sig == signal.SIGKILL:
-                restart = r["first_step"]
+        print(f"recovery, kill -> first resumed step (local backend, backoff 0, {device}); phases as seconds after the kill:")
+        for standby in (False, True):
+            for name, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM)):
+                r = measure_recovery(sig, standby)
+                print_recovery(name, r)
+                if sig == signal.SIGKILL and standby:
+                    restart = r["first_step"]
+        print(f"lost work when the preemption comes 3 s after a checkpoint (checkpoint every 10 s, save {cost * 1000:.0f} ms, {device}):")
+        for notice_s in (None, 0.2, 1.0, 5.0):
+            lost, redone = measure_lost_work(notice_s)
+            what = "no notice (SIGKILL only)" if notice_s is None else f"notice {notice_s:g} s before the SIGKILL"
+            print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds), >= {redone} logged step(s) redone by attempt 2")
     print(f"restart cost used in the simulation: R = {restart:.2f} s")
 
     work = args.work_hours * HOUR

@@ -556,14 +556,34 @@ class KubetorchConfig(_Model):
     image: str | None = None
 
 
+class QuotasConfig(_Model):
+    """GPUs, not steps: at most this many GPUs held at once per team and per NodePool."""
+
+    team: dict[str, PositiveInt] = {}
+    pool: dict[str, PositiveInt] = {}
+
+
+class AdmissionConfig(_Model):
+    # A launch over quota waits (backoff_s, x1.5 each time, up to backoff_max_s) this
+    # long, then fails; a lease not renewed for lease_ttl_s is reclaimed.
+    wait_timeout_s: PositiveFloat = 3600.0
+    lease_ttl_s: PositiveFloat = 60.0
+    backoff_s: PositiveFloat = 2.0
+    backoff_max_s: PositiveFloat = 30.0
+
+
 class ComputeConfig(_Model):
     backend: Literal["local", "kubetorch"] = "local"
     namespace: str = "default"
     priority_class: str | None = None
     cleanup: Literal["always", "on_exception", "never"] = "always"
+    # Local backend: a standby worker (interpreter, warm imports, CUDA ready) takes over a retry.
+    standby: bool = True
     karpenter: KarpenterConfig = KarpenterConfig()
     kubetorch: KubetorchConfig = KubetorchConfig()
     orphan_grace: str = "1h"
+    quotas: QuotasConfig = QuotasConfig()
+    admission: AdmissionConfig = AdmissionConfig()
 
 
 class TrainingConfig(_Model):
@@ -577,6 +597,10 @@ class TrainingConfig(_Model):
     demo_steps: PositiveInt = 3000
     demo_checkpoint_interval_s: PositiveFloat = 3.0
     retry_backoff_s: float = Field(default=5.0, ge=0)
+    # The ledger records and prices the hardware that ran: a CPU run is CPU, not a GPU.
+    # A demo on a machine without a GPU may opt in to price CPU attempts as the
+    # declared GPUs in the asset's metadata (said there); the ledger stays as run.
+    simulate_gpu_pricing: bool = False
 
 
 # --------------------------------------------------------------------------- the file

@@ -8,6 +8,8 @@ classifier reads the report (and, on Kubernetes, the pod evidence attached to it
 from __future__ import annotations
 
 import enum
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -52,6 +54,13 @@ class WorkerReport:
     def ok(self) -> bool:
         return self.exit is WorkerExit.COMPLETED
 
+
+# A preemption notice delivered to a worker process: the kill comes later. The worker
+# checkpoints at once and stops (the training layer's ``ctx.preempted``).
+NOTICE_SIGNAL = signal.SIGUSR1
+# Set by the local worker's handler when a notice arrives before the training layer has
+# installed its own (a notice during start-up must not be lost, nor kill the worker).
+NOTICE_RECEIVED = threading.Event()
 
 LogSink = Callable[[str], None]
 StartSink = Callable[[list[int]], None]  # receives the worker pids (local backend), rank order

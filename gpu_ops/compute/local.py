@@ -21,6 +21,7 @@ before it propagates.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import queue
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+from gpu_ops.compute.backend import NOTICE_SIGNAL, LogSink, RankReport, StartSink, WorkerExit, WorkerReport
 from gpu_ops.errors import GpuOpsError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
@@ -94,6 +95,17 @@ def _oom_kills() -> int | None:
     return None
 
 
+class _Route:
+    """Where a worker's output lines go: a standby's go nowhere until it is adopted."""
+
+    def __init__(self, lines: "queue.Queue[str] | None", prefix: str = ""):
+        self.lines, self.prefix = lines, prefix
+
+    def put(self, line: str) -> None:
+        if self.lines is not None:
+            self.lines.put(self.prefix + line)
+
+
 @dataclass
 class _Worker:
     rank: int
@@ -103,6 +115,48 @@ class _Worker:
     readers: list[threading.Thread] = field(default_factory=list)
     sent_sigterm: bool = False
     ended_at: float | None = None
+    route: _Route = field(default_factory=lambda: _Route(None))
+
+
+# Variables that differ between attempts of the same launch; a standby started for one
+# attempt receives the next attempt's values with its payload.
+_PER_ATTEMPT_ENV = ("MASTER_PORT",)
+
+
+@dataclass
+class Standby:
+    """A worker process started ahead of need: past interpreter start, warm imports and
+    CUDA init, waiting on stdin for the next attempt's payload (see compute.worker)."""
+
+    worker: _Worker
+    env_key: tuple[tuple[str, str], ...]  # its environment, less the per-attempt variables, and its warm-up
+
+    @property
+    def alive(self) -> bool:
+        return self.worker.proc.poll() is None
+
+    def stop(self) -> None:
+        """End it (EOF on stdin, then SIGKILL of its process group) and reap it."""
+        proc = self.worker.proc
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for stream in (proc.stdin,):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _env_key(env: dict[str, str], warm_args: list[str]) -> tuple[tuple[str, str], ...]:
+    return (*sorted((k, v) for k, v in env.items() if k not in _PER_ATTEMPT_ENV), ("warm", " ".join(warm_args)))
 
 
 class LocalBackend:
@@ -118,6 +172,9 @@ class LocalBackend:
         python: str = sys.executable,
         workdir: str | os.PathLike[str] | None = None,
         pidfile_dir: str | os.PathLike[str] | None = None,
+        warm: tuple[str, ...] | list[str] = (),
+        standby: bool = False,
+        adopt: list[Standby] | None = None,
     ):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -131,6 +188,14 @@ class LocalBackend:
         self._workdir_parent = Path(workdir) if workdir else None
         self.workdir: Path | None = None
         self._workers: list[_Worker] = []
+        # Modules every worker imports before the payload (and CUDA init when it has GPUs).
+        self.warm = [m for m in warm if m]
+        # standby: while the launch runs, start one standby per rank for the next attempt
+        # (taken from `spares` by the caller); adopt: standbys of the previous attempt.
+        self.standby = standby
+        self._adopt = list(adopt or [])
+        self.spares: list[Standby] = []
+        self.adopted = 0
 
     # ------------------------------------------------------------------ launch
 
@@ -158,34 +223,89 @@ class LocalBackend:
             env["CUDA_VISIBLE_DEVICES"] = ""  # asked for no GPU: hide the machine's
         return env
 
-    def _spawn(self, rank: int, port: int, payload: Path, env: dict[str, str], lines: "queue.Queue[str]") -> _Worker:
-        assert self.workdir is not None
-        result = self.workdir / f"result-{rank}.pkl"
-        cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result)]
+    def _warm_args(self) -> list[str]:
+        args = ["--warm", ",".join(self.warm)] if self.warm else []
+        return args + (["--cuda"] if self.gpus and "torch" in self.warm else [])
+
+    def _popen(self, cmd: list[str], env: dict[str, str], stdin: Any) -> subprocess.Popen:
+        # The child starts with the notice signal blocked (the mask is inherited through
+        # fork and exec) and unblocks it once its handler is in place: a notice during
+        # start-up is delivered then, instead of killing the worker (SIGUSR1's default).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {NOTICE_SIGNAL})
         try:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 cmd,
-                env=self._env(rank, port, env),
-                stdin=subprocess.DEVNULL,
+                env=env,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: kill the whole tree
             )
         except OSError as exc:
             raise LaunchError(f"cannot start a worker with {self.python}: {exc}") from None
-        prefix = f"[rank {rank}] " if self.workers > 1 else ""
-        worker = _Worker(rank, proc, result, None)
-        for stream in (proc.stdout, proc.stderr):
-            t = threading.Thread(target=_pump, args=(stream, prefix, lines), daemon=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _start_readers(self, worker: _Worker) -> None:
+        for stream in (worker.proc.stdout, worker.proc.stderr):
+            t = threading.Thread(target=_pump, args=(stream, worker.route), daemon=True)
             t.start()
             worker.readers.append(t)
+
+    def _prefix(self, rank: int) -> str:
+        return f"[rank {rank}] " if self.workers > 1 else ""
+
+    def _write_pidfile(self, worker: _Worker) -> None:
         if self.pidfile_dir is not None:
             self.pidfile_dir.mkdir(parents=True, exist_ok=True)
-            worker.pidfile = self.pidfile_dir / f"{self.name}.rank{rank}.pid"
+            worker.pidfile = self.pidfile_dir / f"{self.name}.rank{worker.rank}.pid"
             tmp = worker.pidfile.with_suffix(".tmp")
-            tmp.write_text(f"{proc.pid}\n")
+            tmp.write_text(f"{worker.proc.pid}\n")
             os.replace(tmp, worker.pidfile)
+
+    def _spawn(self, rank: int, port: int, payload: Path, env: dict[str, str], lines: "queue.Queue[str]") -> _Worker:
+        assert self.workdir is not None
+        result = self.workdir / f"result-{rank}.pkl"
+        standby = self._take_standby(rank, port, env)
+        if standby is not None:
+            worker = standby.worker
+            worker.result_path, worker.route.prefix, worker.route.lines = result, self._prefix(rank), lines
+            order = {"payload": str(payload), "result": str(result), "env": {k: self._env(rank, port, env)[k] for k in _PER_ATTEMPT_ENV}}
+            try:
+                assert worker.proc.stdin is not None
+                worker.proc.stdin.write((json.dumps(order) + "\n").encode())
+                worker.proc.stdin.close()
+            except OSError:  # it died a moment ago: start a fresh one
+                standby.stop()
+            else:
+                self.adopted += 1
+                self._write_pidfile(worker)
+                return worker
+        cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result), *self._warm_args()]
+        proc = self._popen(cmd, self._env(rank, port, env), subprocess.DEVNULL)
+        worker = _Worker(rank, proc, result, None, route=_Route(lines, self._prefix(rank)))
+        self._start_readers(worker)
+        self._write_pidfile(worker)
         return worker
+
+    def _take_standby(self, rank: int, port: int, env: dict[str, str]) -> Standby | None:
+        """The previous attempt's standby for ``rank`` if it is alive and was started
+        with this launch's environment; any other is stopped."""
+        want = _env_key(self._env(rank, port, env), self._warm_args())
+        while self._adopt:
+            s = self._adopt.pop(0)
+            if s.worker.rank == rank and s.alive and s.env_key == want:
+                return s
+            s.stop()
+        return None
+
+    def _spawn_standby(self, rank: int, port: int, env: dict[str, str]) -> Standby:
+        full = self._env(rank, port, env)
+        cmd = [self.python, "-m", "gpu_ops.compute.worker", "--standby", *self._warm_args()]
+        proc = self._popen(cmd, full, subprocess.PIPE)
+        worker = _Worker(rank, proc, Path(os.devnull), None)
+        self._start_readers(worker)
+        return Standby(worker, _env_key(full, self._warm_args()))
 
     def run(
         self,
@@ -211,15 +331,21 @@ class LocalBackend:
         try:
             for rank in range(self.workers):
                 self._workers.append(self._spawn(rank, port, payload, env or {}, lines))
+            for _ in self._adopt:  # more standbys than ranks
+                self._adopt.pop().stop()
+            warm = " (standby, already warm)" if self.adopted else ""
             for w in self._workers:
-                log(f"worker started pid={w.proc.pid} rank={w.rank}")
+                log(f"worker started pid={w.proc.pid} rank={w.rank}{warm}")
             if on_start is not None:
                 on_start([w.proc.pid for w in self._workers])
+            if self.standby:
+                self.spares = [self._spawn_standby(rank, port, env or {}) for rank in range(self.workers)]
             self._supervise(lines, log)
         except BaseException:
             # An interrupt (Dagster run termination, Ctrl-C) or a failing callback: stop
             # every worker before the exception propagates, so nothing outlives the step.
             self._stop_all(lines, log)
+            self.release_spares()
             raise
         finally:
             self._join_readers()
@@ -357,20 +483,53 @@ class LocalBackend:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
 
+    def take_spares(self) -> list[Standby]:
+        """Hand this launch's standbys to the caller (for the next attempt)."""
+        spares, self.spares = [s for s in self.spares if s.alive], []
+        return spares
+
+    def release_spares(self) -> None:
+        for s in self.spares:
+            s.stop()
+        self.spares = []
+
     def teardown(self) -> None:
-        """Stop any live worker and remove the launch's working folder."""
+        """Stop any live worker and standby not handed on, and remove the launch's folder."""
         if any(w.proc.poll() is None for w in self._workers):
             self._stop_all(queue.Queue(), lambda _line: None)
+        self.release_spares()
+        for s in self._adopt:
+            s.stop()
+        self._adopt = []
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _pump(stream: IO[bytes] | None, prefix: str, lines: "queue.Queue[str]") -> None:
+def simulate_preemption(pid: int, notice_s: float | None, sig: int = signal.SIGKILL) -> threading.Thread:
+    """What a spot reclaim looks like to a local worker: a notice (:data:`NOTICE_SIGNAL`)
+    ``notice_s`` seconds before ``sig`` (None: no notice, only the kill). Returns the
+    started thread that sends them."""
+
+    def send() -> None:
+        try:
+            if notice_s is not None:
+                os.kill(pid, NOTICE_SIGNAL)
+                time.sleep(notice_s)
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass  # it already stopped after the notice
+
+    t = threading.Thread(target=send, name="gpu-ops-simulated-preemption", daemon=True)
+    t.start()
+    return t
+
+
+def _pump(stream: IO[bytes] | None, route: _Route) -> None:
     if stream is None:
         return
     with stream:
         for raw in iter(stream.readline, b""):
-            lines.put(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"))
+            route.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
 
 
 def _drain(lines: "queue.Queue[str]", log: LogSink, limit: int | None = None) -> None:

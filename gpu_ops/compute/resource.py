@@ -95,9 +95,16 @@ class GpuCompute(dg.ConfigurableResource):
     local_workdir: str | None = Field(default=None, description="Folder for local workers' payloads and results (default: the system temp).")
     budget_gate: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
     config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the bundled demo).")
+    standby: bool = Field(
+        default=True,
+        description="Local backend: while an attempt runs, keep a standby worker (interpreter started, warm imports and CUDA done) that takes over the retry.",
+    )
 
     _run_id: str | None = PrivateAttr(default=None)
     _pending: list[Backend] = PrivateAttr(default_factory=list)
+    # Local standby workers waiting for the next attempt of a launch, by run and asset.
+    _standbys: dict[str, list[Any]] = PrivateAttr(default_factory=dict)
+    _last_admission: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "GpuCompute":
@@ -107,6 +114,7 @@ class GpuCompute(dg.ConfigurableResource):
             backend=config.backend,
             namespace=config.namespace,
             cleanup=config.cleanup,
+            standby=config.standby,
             priority_class=config.priority_class,
             launch_timeout_s=kt.launch_timeout_s,
             inactivity_ttl=kt.inactivity_ttl,
@@ -133,6 +141,14 @@ class GpuCompute(dg.ConfigurableResource):
             # Whatever a launch left behind (kept by policy, or interrupted before it
             # could clean up) is settled when the step ends, BaseException included.
             self._settle_pending(log)
+            self.release_standbys()
+
+    def release_standbys(self) -> None:
+        """Stop every standby worker still waiting (the run is over, or will not retry here)."""
+        standbys, self._standbys = self._standbys, {}
+        for spares in standbys.values():
+            for spare in spares:
+                spare.stop()
 
     def _settle_pending(self, log: LogSink) -> None:
         pending, self._pending = self._pending, []
@@ -144,7 +160,9 @@ class GpuCompute(dg.ConfigurableResource):
 
     # ------------------------------------------------------------------ launch
 
-    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str]) -> Backend:
+    def make_backend(
+        self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), adopt: list[Any] | None = None
+    ) -> Backend:
         if self.backend == "local":
             from gpu_ops.compute.local import LocalBackend
 
@@ -154,6 +172,9 @@ class GpuCompute(dg.ConfigurableResource):
                 name=name,
                 grace_period_s=self.grace_period_s,
                 workdir=self.local_workdir,
+                warm=warm,
+                standby=self.standby,
+                adopt=adopt,
             )
         from gpu_ops.compute.kubetorch_backend import KubetorchBackend
 
@@ -170,6 +191,7 @@ class GpuCompute(dg.ConfigurableResource):
         env: dict[str, str] | None = None,
         log: LogSink | None = None,
         on_start: StartSink | None = None,
+        warm: tuple[str, ...] = (),
     ) -> WorkerReport:
         """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
 
@@ -193,7 +215,85 @@ class GpuCompute(dg.ConfigurableResource):
             from gpu_ops.config import load_config
 
             assert_launch_allowed(load_config(self.config_path), request)
-        backend = self.make_backend(request, name, labels)
+        heartbeat = self._admit(context, request, run_id, asset_key)
+        try:
+            return self._launch(request, fn, args, kwargs, env=env, log=log, on_start=on_start, warm=warm, run_id=run_id, asset_key=asset_key, name=name, labels=labels)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()  # the GPUs go back to the quota
+
+    @property
+    def last_admission(self) -> Any:
+        """The :class:`~gpu_ops.compute.quota.Admission` of the latest launch under a quota."""
+        return self._last_admission
+
+    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None) -> Any:
+        """Take a lease on the request's GPUs under ``compute.quotas``, waiting while the
+        quotas are full (the reason in the run log); None when no quota applies."""
+        import time
+
+        from gpu_ops.config import load_config
+
+        config = load_config(self.config_path)
+        from gpu_ops.compute.quota import Heartbeat, LeaseBook, QuotaExceeded, Quotas
+
+        quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
+        if not quotas or request.total_gpus == 0:
+            return None
+        from gpu_ops.compute.karpenter import nodepool_name
+        from gpu_ops.storage.tables import TableStore
+
+        adm_cfg = config.compute.admission
+        scoped_run = run_id if self.pool_scope == "run" else None
+        pools = [nodepool_name(request.labels.team, request.gpu_type, cap, scoped_run) for cap in request.capacity_types]
+        book = LeaseBook(TableStore.from_config(config), adm_cfg.lease_ttl_s)
+        log = getattr(context, "log", None)
+        info = log.info if log is not None else print
+        warn = log.warning if log is not None else print
+        started, wait, last_said = time.monotonic(), adm_cfg.backoff_s, (None, 0.0)
+        while True:
+            try:
+                admission = book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id or "", asset_key="/".join(asset_key or []))
+            except QuotaExceeded as exc:
+                raise dg.Failure(description=f"launch refused: {exc} (compute.quotas)", allow_retries=False) from None
+            for lease in admission.reclaimed:
+                warn(f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {adm_cfg.lease_ttl_s:g} s")
+            waited = time.monotonic() - started
+            if admission.granted:
+                info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
+                self._last_admission = admission
+                heartbeat = Heartbeat(book, admission.lease, adm_cfg.lease_ttl_s / 3, on_error=warn)
+                heartbeat.start()
+                return heartbeat
+            if waited >= adm_cfg.wait_timeout_s:
+                raise dg.Failure(
+                    description=f"launch not admitted after {waited:.0f} s (compute.admission.wait_timeout_s): {admission.reason}",
+                    allow_retries=False,
+                )
+            if admission.reason != last_said[0] or time.monotonic() - last_said[1] >= 60:
+                warn(f"{admission.reason} (waited {waited:.0f} s of at most {adm_cfg.wait_timeout_s:g} s)")
+                last_said = (admission.reason, time.monotonic())
+            time.sleep(min(wait, max(0.0, adm_cfg.wait_timeout_s - waited)))
+            wait = min(wait * 1.5, adm_cfg.backoff_max_s)
+
+    def _launch(
+        self,
+        request: GpuRequest,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any] | None,
+        *,
+        env: dict[str, str] | None,
+        log: LogSink,
+        on_start: StartSink | None,
+        warm: tuple[str, ...],
+        run_id: str | None,
+        asset_key: list[str] | None,
+        name: str,
+        labels: dict[str, str],
+    ) -> WorkerReport:
+        standby_key = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
+        backend = self.make_backend(request, name, labels, tuple(warm), self._standbys.pop(standby_key, None))
         self._pending.append(backend)
         failed = True
         try:
@@ -201,6 +301,12 @@ class GpuCompute(dg.ConfigurableResource):
             failed = not report.ok
             return report
         finally:
+            take = getattr(backend, "take_spares", None)
+            spares = take() if take is not None else []
+            if failed and spares:  # a retry is likely: its workers are already warm
+                self._standbys[standby_key] = spares
+            for spare in spares if not failed else []:
+                spare.stop()
             if should_clean_up(self.cleanup, failed):
                 self._pending.remove(backend)
                 _safe_teardown(backend, log)

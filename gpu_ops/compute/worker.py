@@ -11,26 +11,45 @@ outcome is written to the result file (pickle) before exiting:
 
 The command line names the payload, so a worker is identifiable with ``ps``. Kept free
 of Dagster imports: a worker must start fast.
+
+``--standby``: a worker started ahead of need, while an attempt runs. It gets through
+interpreter start, ``--warm`` imports (torch, the training module) and, with
+``--cuda``, CUDA initialisation, then waits on stdin for one JSON line
+``{"payload", "result", "env"}`` that makes it the next attempt's worker (EOF: it exits).
+Every worker reports its start-up phases, as wall-clock times, in one line
+``gpu_ops:phase {"phases": {...}, "standby": bool}`` just before the function runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import pickle
-import signal
-import sys
-import threading
 import time
-import traceback
-from typing import Any
 
-from gpu_ops.compute.backend import WorkerTerminated
+_T_INTERPRETER = time.time()  # before any other import: "interpreter ready"
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any  # noqa: E402
+
+from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, WorkerTerminated
 
 EXIT_ERROR = 1
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERMed process
 
 _terminating = False
+
+
+def _on_notice(signum: int, frame: Any) -> None:
+    # NOTICE_SIGNAL (SIGUSR1) = a preemption notice (the kill comes later). Noted from the
+    # first instant, so that one arriving during start-up does not kill the worker
+    # (SIGUSR1's default action); the training layer turns it into ``ctx.preempted``.
+    NOTICE_RECEIVED.set()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -93,19 +112,113 @@ def _write(path: str, result: dict[str, Any]) -> None:
     os.replace(tmp, path)  # the parent never reads half a result
 
 
+def process_start_time() -> float | None:
+    """When this process was created (wall clock, 10 ms resolution), from /proc; None where unreadable."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _exercise_torch(cuda: bool) -> None:
+    """One tiny training step: the first optimizer alone imports torch._dynamo (seconds).
+    The RNG states are put back, so a function's results do not depend on the warm-up."""
+    torch = sys.modules["torch"]
+    device = "cuda" if cuda and torch.cuda.is_available() else "cpu"
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device == "cuda" else None
+    model = torch.nn.Linear(4, 4).to(device)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(2, 4, device=device)).sum().backward()
+    opt.step()
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def warm_up(modules: list[str], cuda: bool, phases: dict[str, float]) -> None:
+    """Import ``modules`` (missing ones are skipped) and, with ``cuda``, create the CUDA
+    context, so that a function calling them finds them ready."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a warm-up import is an optimisation, never an error
+            pass
+    torch = sys.modules.get("torch") if "torch" in modules else None
+    if torch is not None:
+        try:
+            _exercise_torch(cuda=False)
+        except Exception:  # noqa: BLE001 - the function meets the same error and reports it
+            pass
+    phases["imports"] = time.time()
+    if cuda and torch is not None:
+        try:
+            if torch.cuda.is_available():
+                # cuBLAS reads its workspace setting when the first handle is made: the
+                # deterministic one (what torch asks for with deterministic algorithms).
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+                torch.cuda.init()
+                _exercise_torch(cuda=True)  # the context, cuBLAS handles, the CUDA kernels of a step
+        except Exception:  # noqa: BLE001 - the function meets the same error and reports it
+            pass
+    phases["cuda_init"] = time.time()
+
+
+def _emit_phases(phases: dict[str, float], standby: bool) -> None:
+    sys.stdout.write(f"gpu_ops:phase {json.dumps({'phases': phases, 'standby': standby, 't': time.time()})}\n")
+    sys.stdout.flush()
+
+
+def _await_activation() -> dict[str, Any] | None:
+    """A standby's wait: one JSON line on stdin makes it a worker; EOF or SIGTERM ends it."""
+    try:
+        line = sys.stdin.readline()
+    except WorkerTerminated:
+        return None
+    if not line.strip():
+        return None
+    order = json.loads(line)
+    os.environ.update(order.get("env") or {})
+    return order
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_ops.compute.worker")
-    parser.add_argument("--payload", required=True)
-    parser.add_argument("--result", required=True)
+    parser.add_argument("--payload")
+    parser.add_argument("--result")
+    parser.add_argument("--standby", action="store_true", help="warm up, then wait on stdin for the payload")
+    parser.add_argument("--warm", default="", help="comma-separated modules to import before the payload")
+    parser.add_argument("--cuda", action="store_true", help="initialise CUDA before the payload")
     opts = parser.parse_args(argv)
+    if not opts.standby and not (opts.payload and opts.result):
+        parser.error("--payload and --result are required without --standby")
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(NOTICE_SIGNAL, _on_notice)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {NOTICE_SIGNAL})  # the local backend starts us with it blocked
     _watch_parent(os.getppid(), float(os.environ.get("GPU_OPS_GRACE_S", "30")))
+    phases = {"process": process_start_time() or _T_INTERPRETER, "interpreter": _T_INTERPRETER}
+    try:
+        warm_up([m for m in opts.warm.split(",") if m], opts.cuda, phases)
+        if opts.standby:
+            order = _await_activation()
+            if order is None:
+                os._exit(0)
+            opts.payload, opts.result = order["payload"], order["result"]
+            phases["activated"] = time.time()
+    except WorkerTerminated:
+        os._exit(EXIT_SIGTERM)  # stopped before any work: nothing to report
 
     code = 0
     try:
         with open(opts.payload, "rb") as f:
             payload = pickle.load(f)
+        phases["payload"] = time.time()
+        _emit_phases(phases, opts.standby)
         value = payload["fn"](*payload["args"], **payload["kwargs"])
         result: dict[str, Any] = {"status": "ok", "value": value}
     except WorkerTerminated as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 # The ledger and TableStore (pandas, SQLAlchemy) are imported when an attempt runs, not when the code location loads.
 import datetime as dt
+import json
 import random
 import socket
 import traceback
@@ -30,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from gpu_ops.compute import hardware
 from gpu_ops.compute.backend import WorkerReport
+from gpu_ops.compute.catalog import gpu_share
 from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import GpuOpsConfig, load_config
@@ -73,6 +76,9 @@ class TrainingSpec:
     compute_resource_key: str = "gpu_compute"
     settings_resource_key: str | None = None  # None: load_config() ($GPU_OPS_CONFIG or the demo)
     config_path: str | None = None
+    # Modules a worker imports before the function (standby workers import them while
+    # the previous attempt runs): e.g. ("torch",). The function's own module is added.
+    warm_imports: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -98,6 +104,12 @@ class _EventSink:
         self.last_progress: dict[str, Any] | None = None
         self.last_checkpoint: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None
+        self.hardware: dict[int, hardware.Hardware] = {}  # rank -> what its worker reported
+        self.startup: dict[str, Any] = {}  # rank 0's start-up phases (wall clock), see compute.worker
+
+    @property
+    def actual_hardware(self) -> hardware.Hardware | None:
+        return hardware.combine([self.hardware[r] for r in sorted(self.hardware)])
 
     def on_start(self, pids: list[int]) -> None:
         self.pids = list(pids)
@@ -112,6 +124,7 @@ class _EventSink:
         if event == "progress":
             if self.first_progress_at is None:
                 self.first_progress_at = data.get("t")
+                self._log_startup(data.get("t"))
             self.last_progress = data
             total = data.get("total")
             pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
@@ -121,6 +134,7 @@ class _EventSink:
             self.last_checkpoint = data
             self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
         elif event == "start":
+            self.startup["checkpoint_loaded"] = data.get("t")
             self.resumed = data if data.get("resumed") else None
             if data.get("resumed"):
                 self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
@@ -130,12 +144,32 @@ class _EventSink:
             self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
         elif event == "stopped":
             self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
+        elif event == "phase":
+            if not line.startswith("[rank") or line.startswith("[rank 0]"):
+                self.startup = {"standby": bool(data.get("standby")), **(data.get("phases") or {})}
+        elif event == "hardware":
+            hw = hardware.Hardware.from_dict(data)
+            self.hardware[int(data.get("rank") or 0)] = hw
+            names = ", ".join(dict.fromkeys(hw.names))
+            self.log.info(f"worker rank {data.get('rank') or 0} runs on {hw.describe()}" + (f" ({names})" if names else "") + f" [{hw.source}]")
         elif event == "log":
             self.log.info(str(data.get("message")))
         elif event == "finished":
             self.log.info(f"training function returned after step {data.get('last_step')}")
         else:
             self.log.info(line)
+
+
+    def _log_startup(self, first_step_at: float | None) -> None:
+        """One line: how long each start-up phase took, and the absolute times (JSON)."""
+        if not self.startup or first_step_at is None:
+            return
+        times = {**self.startup, "first_step": first_step_at}
+        order = ["process", "interpreter", "imports", "cuda_init", "activated", "payload", "checkpoint_loaded", "first_step"]
+        marks = [(k, times[k]) for k in order if isinstance(times.get(k), (int, float))]
+        steps = ", ".join(f"{k} +{t - prev:.2f} s" for (_, prev), (k, t) in zip(marks, marks[1:]))
+        who = "a standby worker (warm before the attempt began)" if times.get("standby") else "a new worker"
+        self.log.info(f"attempt {self.attempt} start-up on {who}: {steps}; startup_times={json.dumps(times)}")
 
 
 def _fmt(v: Any) -> str:
@@ -224,6 +258,7 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         past_preemptions=past_preemptions,
         spot_notice=spec.policy.spot_notice,
         spot_notice_poll_s=spec.policy.spot_notice_poll_s,
+        kubernetes_notice=spec.policy.kubernetes_notice,
         request=request.model_dump(mode="json"),
     )
     counts = Counts.of(history)
@@ -242,7 +277,10 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     report: WorkerReport | None = None
     launch_error: Exception | None = None
     try:
-        report = compute.launch(context, request, run_training, args=(asdict(worker_spec),), env=dict(spec.env), log=sink, on_start=sink.on_start)
+        report = compute.launch(
+            context, request, run_training, args=(asdict(worker_spec),), env=dict(spec.env), log=sink, on_start=sink.on_start,
+            warm=(*spec.warm_imports, spec.fn_module),
+        )
     except dg.Failure:
         # A deliberate refusal (a budget block names itself and how to lift it): no GPU
         # was used and nothing is retried, so it reaches the run as it is.
@@ -255,7 +293,7 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         # Interrupted (run terminated, Ctrl-C): still account for the GPUs, then stop.
         if sink.started_at is not None:
             why = f"interrupted by {type(exc).__name__}"
-            _record(context, store, request, None, name, run_id, asset_key, attempt, Outcome.PREEMPTED, start, _utcnow(), ckpts, why, used_gpus=True)
+            _record(context, store, request, None, name, run_id, asset_key, attempt, Outcome.PREEMPTED, start, _utcnow(), ckpts, why, used_gpus=True, actual=sink.actual_hardware)
         raise
     end = _utcnow()
 
@@ -267,7 +305,14 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         assert report is not None
         classification = classify_report(report)
     used_gpus = launch_error is None or sink.started_at is not None
-    row = _record(context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason, used_gpus=used_gpus)
+    actual = sink.actual_hardware or _reported_hardware(report)
+    warning = hardware.mismatch(request.gpu_type, request.total_gpus, request.mig_profile, actual) if actual else None
+    if warning:
+        context.log.warning(f"attempt {attempt}: {warning}")
+    row = _record(
+        context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason,
+        used_gpus=used_gpus, actual=actual,
+    )
     this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
     decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
     _log_decision(context, attempt, classification, decision)
@@ -297,7 +342,27 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     value = returned.get("value")
     summary = returned.get("summary") or {}
     metadata = _materialization_metadata(store, config, run_id, asset_key, decision, summary, value, ckpt_url, request, sink)
+    metadata.update(_hardware_metadata(request, actual, warning))
+    admission = getattr(compute, "last_admission", None)
+    if admission is not None:
+        from gpu_ops.compute.quota import Quotas, holders_markdown
+
+        quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
+        metadata["gpu_quota"] = admission.reason
+        metadata["gpu_quota_holders"] = dg.MetadataValue.md(holders_markdown(admission.holders, quotas))
     return AttemptResult(value, metadata)
+
+
+def _hardware_metadata(request: GpuRequest, actual: hardware.Hardware | None, warning: str | None) -> dict[str, Any]:
+    md: dict[str, Any] = {
+        "declared_gpu": hardware.declared(request.gpu_type, request.total_gpus, request.mig_profile),
+        "actual_gpu": actual.describe() if actual is not None and actual.determined else "unreported (recorded as declared)",
+    }
+    if actual is not None and actual.names:
+        md["actual_gpu_names"] = ", ".join(dict.fromkeys(actual.names))
+    if warning:
+        md["hardware_warning"] = warning
+    return md
 
 
 def _op_params(context: Any) -> dict[str, Any]:
@@ -322,6 +387,7 @@ def _record(
     reason: str,
     *,
     used_gpus: bool,
+    actual: hardware.Hardware | None = None,
 ) -> ledger.LedgerRow:
     from gpu_ops.training import ledger
 
@@ -330,6 +396,7 @@ def _record(
     last_at = newest.written_at_dt if newest and newest.written_at_dt >= start else None
     pod, node = _pod_and_node(report, name)
     labels = request.labels
+    used = _used_hardware(request, actual, used_gpus)
     row = ledger.LedgerRow(
         start=start,
         end=end,
@@ -340,17 +407,20 @@ def _record(
         project=labels.project,
         cost_center=labels.cost_center,
         experiment_id=labels.experiment_id,
-        gpu_type=request.gpu_type,
-        gpu_count=request.total_gpus if used_gpus else 0,  # a launch that never started used none
+        gpu_type=used.gpu_type,
+        gpu_count=used.gpu_count,
         capacity_type=_capacity_type(report, request),
-        sharing="mig" if request.mig_profile else "none",
-        gpu_share=request.gpu_share,
+        sharing=used.sharing,
+        gpu_share=used.gpu_share,
         run_id=run_id,
         asset_key=asset_key,
         attempt=attempt,
         outcome=outcome.value,
         last_checkpoint_at=last_at,
         lost_seconds=ledger.lost_seconds(outcome, start, end, last_at) if used_gpus else 0.0,
+        declared_gpu_type=request.gpu_type,
+        declared_gpu_count=request.total_gpus,
+        hardware_source=used.source,
     )
     try:
         ledger.append(store, [row])
@@ -358,10 +428,42 @@ def _record(
         context.log.error(f"could not append attempt {attempt} to {ledger.LEDGER_TABLE}: {type(exc).__name__}: {exc}; row: {row}")
         return row
     context.log.info(
-        f"ledger: attempt {attempt} {outcome.value} ({reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} {row.gpu_type}, "
+        f"ledger: attempt {attempt} {outcome.value} ({reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} "
+        f"{row.gpu_count}x {row.gpu_type} ({row.hardware_source}), "
         f"lost {row.lost_seconds:.1f} s of work"
     )
     return row
+
+
+def _reported_hardware(report: WorkerReport | None) -> hardware.Hardware | None:
+    """The hardware in a completed attempt's summary (Kubetorch: the workers' log lines
+    may not reach us); None when there is none."""
+    value = report.value if report is not None else None
+    found = value.get("summary", {}).get("hardware") if isinstance(value, dict) and isinstance(value.get("summary"), dict) else None
+    return hardware.Hardware.from_dict(found) if isinstance(found, dict) else None
+
+
+@dataclass(frozen=True)
+class UsedHardware:
+    """What the ledger records for an attempt: the reported hardware when there is a
+    report, the request when the worker died before reporting, nothing when none started."""
+
+    gpu_type: str
+    gpu_count: int
+    sharing: str
+    gpu_share: float
+    source: str
+
+
+def _used_hardware(request: GpuRequest, actual: hardware.Hardware | None, used_gpus: bool) -> UsedHardware:
+    if not used_gpus:  # a launch that never started held no GPU
+        return UsedHardware(request.gpu_type, 0, "none", 1.0, "none")
+    if actual is None or not actual.determined:
+        return UsedHardware(request.gpu_type, request.total_gpus, "mig" if request.mig_profile else "none", request.gpu_share, "declared")
+    if actual.is_cpu:
+        return UsedHardware(hardware.CPU, 0, "none", 1.0, "worker")
+    share = gpu_share(actual.gpu_type, actual.mig_profile) if actual.known else 1.0
+    return UsedHardware(actual.gpu_type, actual.gpu_count, "mig" if actual.mig_profile else "none", share, "worker")
 
 
 def _log_decision(context: Any, attempt: int, c: Classification, d: Decision) -> None:
@@ -393,17 +495,22 @@ def _materialization_metadata(
     gpu_hours = 0.0
     cost: float | None = 0.0
     missing: list[str] = []
-    lines = ["| attempt | outcome | capacity | seconds | lost s |", "|---|---|---|---|---|"]
+    simulated = 0
+    lines = ["| attempt | outcome | capacity | hardware | seconds | lost s |", "|---|---|---|---|---|---|"]
     for r in rows.itertuples(index=False):
         seconds = (r.end - r.start).total_seconds()
-        hours = r.gpu_count * r.gpu_share * seconds / 3600.0
+        gpu_type, count, share = r.gpu_type, r.gpu_count, r.gpu_share
+        if gpu_type == hardware.CPU and config.training.simulate_gpu_pricing:
+            # The demo's opt-in: a CPU run priced as if it had the declared GPUs (said in the metadata).
+            gpu_type, count, share, simulated = request.gpu_type, request.total_gpus, request.gpu_share, simulated + 1
+        hours = count * share * seconds / 3600.0
         gpu_hours += hours
-        price = price_per_gpu_hour(config, r.gpu_type, r.capacity_type)
+        price = price_per_gpu_hour(config, gpu_type, r.capacity_type) if count else 0.0
         if price is None:
-            missing.append(f"{r.gpu_type}/{r.capacity_type}")
+            missing.append(f"{gpu_type}/{r.capacity_type}")
         elif cost is not None:
             cost += hours * price
-        lines.append(f"| {r.attempt} | {r.outcome} | {r.capacity_type} | {seconds:.1f} | {r.lost_seconds:.1f} |")
+        lines.append(f"| {r.attempt} | {r.outcome} | {r.capacity_type} | {hardware.declared(r.gpu_type, r.gpu_count)} | {seconds:.1f} | {r.lost_seconds:.1f} |")
     if missing:
         cost = None
     outcomes = list(rows["outcome"]) if not rows.empty else [Outcome.COMPLETED.value]
@@ -422,6 +529,12 @@ def _materialization_metadata(
         "attempt_history": dg.MetadataValue.md("\n".join(lines)),
         "checkpoint_url": ckpt_url,
         "gpu_request": f"{request.gpus}x {request.gpu_type}, {request.workers} worker(s), {request.capacity}, {request.memory}",
+        "pricing": (
+            f"simulated: {simulated} CPU attempt(s) priced as the declared {hardware.declared(request.gpu_type, request.total_gpus)} "
+            "(training.simulate_gpu_pricing)"
+            if simulated
+            else "as run: the hardware each worker reported (CPU attempts are not priced)"
+        ),
     }
     if summary.get("checkpoint_seconds") is not None:
         md["checkpoint_seconds"] = dg.MetadataValue.float(float(summary["checkpoint_seconds"]))
@@ -504,6 +617,7 @@ def gpu_asset(
     settings_resource_key: str | None = None,
     config_path: str | None = None,
     name: str | None = None,
+    warm_imports: tuple[str, ...] | list[str] = (),
     **asset_kwargs: Any,
 ) -> Any:
     """Decorate ``def train(ctx: TrainingContext, **params)`` into a preemption-aware asset.
@@ -515,12 +629,15 @@ def gpu_asset(
     function runs in a worker process; a returned mapping's scalars become
     materialization metadata. Requires the ``gpu_compute`` resource (and
     ``settings_resource_key`` when given; otherwise the configuration comes from
-    ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo).
+    ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo). ``warm_imports`` (e.g.
+    ``("torch",)``) are imported by workers before the function, and by the standby
+    worker that takes over a retry while the attempt before it still runs.
     """
 
     options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
+        warm_imports=tuple(warm_imports),
     )
 
     def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -550,6 +667,7 @@ def gpu_op(
     settings_resource_key: str | None = None,
     config_path: str | None = None,
     name: str | None = None,
+    warm_imports: tuple[str, ...] | list[str] = (),
     **op_kwargs: Any,
 ) -> Any:
     """The op twin of :func:`gpu_asset`: outputs the function's return value, with the
@@ -558,6 +676,7 @@ def gpu_op(
     options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
+        warm_imports=tuple(warm_imports),
     )
 
     def decorate(f: Callable[..., Any]) -> dg.OpDefinition:

@@ -23,17 +23,15 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.training.checkpoint import CheckpointInfo, CheckpointStore
 from gpu_ops.training.interval import CheckpointSchedule
 
 EVENT_PREFIX = "gpu_ops:"
-IMDS = "http://169.254.169.254"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -85,6 +83,7 @@ class WorkerSpec:
     past_preemptions: int = 0
     spot_notice: str | None = None
     spot_notice_poll_s: float = 5.0
+    kubernetes_notice: bool = True
     request: dict[str, Any] = field(default_factory=dict)
     progress_every_s: float = 2.0
 
@@ -156,6 +155,7 @@ class TrainingContext:
         self._last_progress = 0.0
         self.last_metrics: dict[str, Any] = {}
         self.last_step: int | None = None
+        self.hardware: Any = None  # gpu_ops.compute.hardware.Hardware, set by the worker wrapper
 
     # ---- preemption
 
@@ -243,6 +243,8 @@ class TrainingContext:
             "checkpoint_interval_s": self.schedule.current_interval(),
             "last_checkpoint_at": last.written_at if last else None,
             "resumed_from_step": resumed.step if resumed else None,
+            # Structured, for backends whose workers' output does not reach the parent.
+            "hardware": self.hardware.as_dict() if self.hardware is not None else None,
         }
 
 
@@ -258,62 +260,17 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-# --------------------------------------------------------------------------- notices
-
-
-class SpotNoticeWatcher(threading.Thread):
-    """Polls a spot-interruption notice and flags the context when one appears.
-
-    ``imds`` polls EC2 instance metadata (IMDSv2 token, then
-    ``/latest/meta-data/spot/instance-action``: 404 until AWS schedules the reclaim);
-    any other value is a URL whose 200 answer is a notice.
-    """
-
-    def __init__(self, ctx: TrainingContext, source: str, every_s: float = 5.0):
-        super().__init__(name="gpu-ops-spot-notice", daemon=True)
-        self.ctx = ctx
-        self.source = source
-        self.every_s = every_s
-        self._stop_event = threading.Event()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def _poll(self) -> str | None:
-        if self.source == "imds":
-            token_req = urllib.request.Request(f"{IMDS}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-            with urllib.request.urlopen(token_req, timeout=1) as r:
-                token = r.read().decode()
-            req = urllib.request.Request(f"{IMDS}/latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": token})
-        else:
-            req = urllib.request.Request(self.source)
-        try:
-            with urllib.request.urlopen(req, timeout=2) as r:
-                return r.read().decode(errors="replace")[:200] if r.status == 200 else None
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-    def run(self) -> None:
-        failures = 0
-        while not self._stop_event.wait(self.every_s if failures == 0 else min(60.0, self.every_s * 2**failures)):
-            try:
-                notice = self._poll()
-                failures = 0
-            except (OSError, urllib.error.URLError):
-                failures += 1  # metadata endpoint unreachable: back off, keep training
-                continue
-            if notice is not None:
-                self.ctx.notify_preempted(f"spot interruption notice: {notice}")
-                return
-
-
 # --------------------------------------------------------------------------- SIGTERM
 
 
+# A preemption *notice* (the kill comes later): checkpoint now, then stop. The local
+# backend's way to simulate Karpenter's taint or EC2's two-minute warning.
+NOTICE_SIGNAL_REASON = "preemption notice (SIGUSR1)"
+
+
 def install_sigterm_handler(ctx: TrainingContext) -> Callable[[], None]:
-    """Turn SIGTERM into ``ctx.preempted``; returns a function that restores the old handler.
+    """Turn SIGTERM and the notice signal (SIGUSR1) into ``ctx.preempted``; returns a
+    function that restores the old handlers.
 
     Only the main thread may install signal handlers; elsewhere (a Kubetorch server
     thread) the server's own termination event is checked instead.
@@ -324,10 +281,18 @@ def install_sigterm_handler(ctx: TrainingContext) -> Callable[[], None]:
     def on_sigterm(signum: int, frame: Any) -> None:
         ctx.notify_preempted("SIGTERM")
 
+    def on_notice(signum: int, frame: Any) -> None:
+        ctx.notify_preempted(NOTICE_SIGNAL_REASON)
+
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_notice = signal.signal(NOTICE_SIGNAL, on_notice)
+    # A notice that reached the worker before this handler existed (compute.worker notes it).
+    if NOTICE_RECEIVED.is_set():
+        ctx.notify_preempted(NOTICE_SIGNAL_REASON)
 
     def restore() -> None:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(NOTICE_SIGNAL, previous_notice)
 
     return restore
 

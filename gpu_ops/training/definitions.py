@@ -39,6 +39,7 @@ def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
         ),
         params={"steps": training.demo_steps},
         settings_resource_key="gpu_ops",
+        warm_imports=("torch",),  # a retry's standby worker has torch (and CUDA) ready
         group_name="training",
         description=(
             "Demo training run: a small deterministic MLP on synthetic data, checkpointed every "

@@ -7,6 +7,15 @@ usage-interval format of DESIGN.md plus run id, asset key, attempt and outcome):
     gpu_type, gpu_count, capacity_type, sharing, gpu_share,
     run_id, asset_key, attempt, outcome, last_checkpoint_at, lost_seconds
 
+plus what the asset declared and where the recorded hardware comes from:
+
+    declared_gpu_type, declared_gpu_count, hardware_source
+
+``gpu_type``/``gpu_count`` are what really ran, as the worker reported it
+(``hardware_source`` ``worker``): a CPU run is ``cpu`` with ``gpu_count`` 0, never
+priced. ``declared`` means the worker started but died before reporting (the request
+is recorded); ``none`` that no worker started (``gpu_count`` 0).
+
 It is also the memory of the preemption policy: the attempts of a run (how many
 preemptions, OOMs, ...) and an asset's preemption history (for the MTBP estimate).
 No Dagster imports.
@@ -46,7 +55,11 @@ LEDGER_COLUMNS: tuple[str, ...] = (
     "outcome",
     "last_checkpoint_at",
     "lost_seconds",
+    "declared_gpu_type",
+    "declared_gpu_count",
+    "hardware_source",
 )
+HARDWARE_SOURCES = ("worker", "declared", "none")
 CAPACITY_TYPES = ("spot", "on-demand", "reserved")
 SHARING_MODES = ("none", "mig", "mps", "timeslice")
 
@@ -73,6 +86,9 @@ class LedgerRow:
     outcome: str
     last_checkpoint_at: dt.datetime | None
     lost_seconds: float
+    declared_gpu_type: str = ""
+    declared_gpu_count: int = 0
+    hardware_source: str = "declared"
 
     def __post_init__(self) -> None:
         for name in ("start", "end", "last_checkpoint_at"):
@@ -87,6 +103,8 @@ class LedgerRow:
             raise ValueError(f"sharing {self.sharing!r} is not one of {SHARING_MODES}")
         if self.outcome not in {o.value for o in Outcome}:
             raise ValueError(f"outcome {self.outcome!r} is not one of {[o.value for o in Outcome]}")
+        if self.hardware_source not in HARDWARE_SOURCES:
+            raise ValueError(f"hardware_source {self.hardware_source!r} is not one of {HARDWARE_SOURCES}")
         if self.outcome == Outcome.COMPLETED.value and self.lost_seconds != 0:
             raise ValueError("a completed attempt loses no work (lost_seconds must be 0)")
 
@@ -115,6 +133,7 @@ def to_frame(rows: Sequence[LedgerRow]) -> pd.DataFrame:
         df[col] = pd.to_datetime(pd.Series(data[col], dtype="object"), utc=True).astype("datetime64[us, UTC]")
     df["gpu_count"] = df["gpu_count"].astype("int64")
     df["attempt"] = df["attempt"].astype("int64")
+    df["declared_gpu_count"] = df["declared_gpu_count"].astype("int64")
     df["gpu_share"] = df["gpu_share"].astype("float64")
     df["lost_seconds"] = df["lost_seconds"].astype("float64")
     return df

@@ -51,6 +51,9 @@ class PreemptionPolicy(BaseModel):
     # whose 200 answer is a notice; every spot_notice_poll_s seconds (EC2 warns 120 s ahead).
     spot_notice: str | None = None
     spot_notice_poll_s: PositiveFloat = 5.0
+    # In a Kubernetes pod, also watch the node's karpenter.sh/disrupted taint, spot
+    # interruption events and the pod's deletionTimestamp (needs `get` on its node and pod).
+    kubernetes_notice: bool = True
 
     @field_validator("oom_memory_cap")
     @classmethod

@@ -15,9 +15,10 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
+from gpu_ops.compute import hardware
 from gpu_ops.compute.backend import WorkerTerminated
+from gpu_ops.training import notices
 from gpu_ops.training.context import (
-    SpotNoticeWatcher,
     TrainingContext,
     TrainingPreempted,
     WorkerSpec,
@@ -69,7 +70,7 @@ def resolve(module: str, qualname: str) -> Callable[..., Any]:
 def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
     """Worker entry point. Returns the function's value and a summary of the attempt.
 
-    When SIGTERM or a spot notice arrived, the attempt ends with
+    When SIGTERM or a preemption notice (see :mod:`gpu_ops.training.notices`) arrived, the attempt ends with
     :class:`TrainingPreempted` (locally :class:`WorkerTerminated`) even if the function returned: the pod is going away and
     the next attempt resumes from the checkpoint the function saved.
     """
@@ -77,14 +78,16 @@ def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
         spec = WorkerSpec(**spec)
     fn = resolve(spec.fn_module, spec.fn_qualname)
     ctx = TrainingContext(spec)
+    # What this worker really has, reported before any work so that even an attempt
+    # killed a moment later is recorded (and priced) as the hardware that ran it.
+    ctx.hardware = hardware.detect()
+    emit("hardware", rank=ctx.rank, **ctx.hardware.as_dict())
     restore = install_sigterm_handler(ctx)
-    watcher = SpotNoticeWatcher(ctx, spec.spot_notice, spec.spot_notice_poll_s) if spec.spot_notice else None
-    if watcher is not None:
-        watcher.start()
+    watchers = notices.start_watchers(ctx, spec.spot_notice, spec.spot_notice_poll_s, spec.kubernetes_notice)
     try:
         value = fn(ctx, **spec.params)
     finally:
-        if watcher is not None:
+        for watcher in watchers:
             watcher.stop()
     summary = ctx.summary()
     if ctx.preempted:

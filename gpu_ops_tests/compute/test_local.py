@@ -168,3 +168,77 @@ def test_losing_one_rank_fails_the_attempt_without_a_hung_survivor(tmp_path: Pat
     assert not any(_alive(pid) for pid in log.pids())
     assert elapsed < 60
     assert any("stopping the other workers" in l for l in log.lines)
+
+
+def _phase_line(lines: list[str]) -> dict:
+    import json
+
+    (line,) = [l for l in lines if l.startswith("gpu_ops:phase ")]
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_a_standby_worker_takes_over_the_next_attempt(tmp_path: Path) -> None:
+    """Attempt 1 is SIGKILLed; its standby (started while it ran) runs attempt 2 with the
+    new attempt's environment; nothing outlives the teardowns."""
+    first = LocalBackend(name="job-s", workdir=tmp_path, standby=True, warm=("json",))
+    log1 = Recorder("sleeping", lambda r: os.kill(r.pids()[0], signal.SIGKILL))
+    report1 = first.run(worker_fns.sleep_forever, env={"GPU_OPS_TEST_VALUE": "v"}, log=log1)
+    assert report1.exit is WorkerExit.SIGKILL
+    spares = first.take_spares()
+    first.teardown()
+    assert len(spares) == 1 and spares[0].alive  # handed on, not torn down
+    standby_pid = spares[0].worker.proc.pid
+
+    second = LocalBackend(name="job-s", workdir=tmp_path, standby=True, warm=("json",), adopt=spares)
+    log2 = Recorder()
+    report2 = second.run(worker_fns.add, (2, 3), {"scale": 2}, env={"GPU_OPS_TEST_VALUE": "v"}, log=log2)
+    assert report2.ok and report2.value["sum"] == 10 and report2.ranks[0].pid == standby_pid
+    assert second.adopted == 1 and any(l.endswith("(standby, already warm)") for l in log2.lines)
+    phases = _phase_line(log2.lines)
+    assert phases["standby"] is True
+    p = phases["phases"]
+    assert p["process"] <= p["interpreter"] <= p["imports"] <= p["activated"] <= p["payload"]
+    assert "adding 2 3" in log2.lines  # its output reaches the new launch's log
+    next_spare = second.spares[0].worker.proc.pid
+    second.teardown()
+    assert not _alive(standby_pid) and not _alive(next_spare)
+
+
+def test_a_standby_with_another_environment_is_not_adopted(tmp_path: Path) -> None:
+    first = LocalBackend(workdir=tmp_path, standby=True)
+    first.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "a"}, log=Recorder())
+    spares = first.take_spares()
+    first.teardown()
+    old = spares[0].worker.proc.pid
+    second = LocalBackend(workdir=tmp_path, adopt=spares)
+    report = second.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "b"}, log=Recorder())
+    assert report.ok and report.value["env"] == "b" and report.ranks[0].pid != old and second.adopted == 0
+    assert not _alive(old)
+    second.teardown()
+
+
+def test_a_cold_worker_reports_its_start_up_phases(tmp_path: Path) -> None:
+    log = Recorder()
+    LocalBackend(workdir=tmp_path).run(worker_fns.add, (1, 1), log=log)
+    phases = _phase_line(log.lines)
+    assert phases["standby"] is False and "activated" not in phases["phases"]
+    p = phases["phases"]
+    assert p["process"] <= p["interpreter"] <= p["imports"] <= p["cuda_init"] <= p["payload"]
+
+
+def test_a_notice_during_start_up_is_not_lost(tmp_path: Path) -> None:
+    """SIGUSR1 sent the instant the worker process exists (before Python has started):
+    delivered once the handler is in place, so the attempt stops as preempted after a
+    checkpoint instead of dying of SIGUSR1's default action."""
+    from dataclasses import asdict
+
+    from gpu_ops.compute.backend import NOTICE_SIGNAL
+    from gpu_ops.training.context import WorkerSpec
+    from gpu_ops.training.worker import run_training
+
+    spec = WorkerSpec("gpu_ops_tests.training.workloads", "counting", "run", "asset", 1, str(tmp_path / "ckpts"), params={"wait_for_notice": True})
+    log = Recorder("worker started pid=", lambda r: os.kill(r.pids()[0], NOTICE_SIGNAL))
+    report = LocalBackend(workdir=tmp_path).run(run_training, (asdict(spec),), log=log)
+    assert report.exit is WorkerExit.SIGTERM and report.exit_code == 143  # stopped as preempted, not killed by the signal
+    assert "preemption notice (SIGUSR1)" in report.error_message
+    assert any(l.startswith("gpu_ops:checkpoint ") for l in log.lines)

@@ -86,3 +86,8 @@ def cuda_out_of_memory() -> None:
     import torch
 
     raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def sleep_for(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds

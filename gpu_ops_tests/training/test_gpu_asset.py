@@ -17,6 +17,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from gpu_ops.compute import hardware
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import load_config
@@ -32,7 +33,7 @@ DEMO_STEPS = 400
 REQUEST = GpuRequest(gpu_type="t4", gpus=1, memory="4Gi", capacity="spot-then-on-demand", labels=Attribution(team="nlp", project="tests"))
 
 
-def write_config(folder: Path, steps: int = DEMO_STEPS) -> Path:
+def write_config(folder: Path, steps: int = DEMO_STEPS, simulate_gpu_pricing: bool = False) -> Path:
     path = folder / "gpu_ops.yaml"
     path.write_text(
         f"""
@@ -44,6 +45,7 @@ training:
   demo_steps: {steps}
   demo_checkpoint_interval_s: 0.4
   retry_backoff_s: 0.1
+  simulate_gpu_pricing: {str(simulate_gpu_pricing).lower()}
 """
     )
     return path
@@ -154,13 +156,19 @@ def test_demo_uninterrupted(config_path: Path, reference_sha: str) -> None:
     assert md["weights_sha256"] == reference_sha
     assert md["attempts"] == 1 and md["preemptions"] == 0
     assert 0 < md["final_loss"] < 2.5
-    assert md["gpu_hours"] > 0 and md["cost_usd"] == pytest.approx(md["gpu_hours"] * 0.21, rel=1e-6)  # t4 spot
+    ran = hardware.detect()  # the worker ran on this machine: the ledger records what it has
+    assert md["declared_gpu"] == "1x t4" and md["actual_gpu"] == ran.describe()
+    if ran.is_cpu:
+        assert md["gpu_hours"] == 0 and md["cost_usd"] == 0 and "no GPU" in md["hardware_warning"]
+    else:
+        assert md["gpu_hours"] > 0 and md["cost_usd"] > 0
     logs = messages(instance, result.run_id)
     assert any(m.startswith(f"step {DEMO_STEPS}/{DEMO_STEPS} (100%) loss=") for m in logs)  # ctx.progress in the run log
     assert any(m.startswith("checkpoint #") for m in logs)
     rows = ledger_rows(config_path)
     assert list(rows["outcome"]) == ["completed"] and rows.iloc[0]["run_id"] == result.run_id
-    assert rows.iloc[0]["team"] == "ml-platform" and rows.iloc[0]["gpu_type"] == "t4"
+    assert rows.iloc[0]["team"] == "ml-platform" and rows.iloc[0]["gpu_type"] == (ran.gpu_type if ran.gpu_count else "cpu")
+    assert rows.iloc[0]["declared_gpu_type"] == "t4" and rows.iloc[0]["hardware_source"] == "worker"
 
 
 @pytest.mark.slow
@@ -388,7 +396,8 @@ def test_a_launch_without_capacity_is_an_infrastructure_retry(config_path: Path)
     assert md["infrastructure_retries"] == 1 and md["attempts"] == 2
     rows = ledger_rows(config_path)
     assert list(rows["outcome"]) == ["infrastructure", "completed"]
-    assert list(rows["gpu_count"]) == [0, 1]  # the failed launch used no GPU
+    assert list(rows["hardware_source"]) == ["none", "worker"]  # the failed launch used no GPU
+    assert rows.iloc[0]["gpu_count"] == 0 and rows.iloc[1]["gpu_count"] == hardware.detect().gpu_count
 
 
 @pytest.mark.slow
@@ -415,7 +424,8 @@ def test_two_workers_losing_one_rank_resume_together(config_path: Path) -> None:
     assert md["ranks_agree"] is True and md["weights_sha256"] == reference["weights_sha256"]
     assert any("rank 1" in m and "-> retry" in m for m in messages(instance, result.run_id))
     rows = ledger_rows(config_path)
-    assert list(rows[rows["asset_key"] == "ddp_killed"]["gpu_count"]) == [2, 2]
+    ran = hardware.detect()  # both local ranks see this machine's GPUs (counted once), or none
+    assert list(rows[rows["asset_key"] == "ddp_killed"]["gpu_count"]) == [ran.gpu_count] * 2
 
 
 def test_a_budget_block_fails_the_step_with_its_own_message_and_no_retry(config_path: Path) -> None:

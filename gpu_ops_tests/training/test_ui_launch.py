@@ -71,7 +71,7 @@ def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         "  config: {dequeue_interval_seconds: 1}\n"
         "telemetry: {enabled: false}\n"
     )
-    config = write_config(tmp_path, steps=DEMO_STEPS)
+    config = write_config(tmp_path, steps=DEMO_STEPS, simulate_gpu_pricing=True)  # dollar figures even on CPU, labelled
     port = free_port()
     env = {
         **os.environ,
@@ -174,6 +174,7 @@ def test_materialize_from_the_ui_survives_a_killed_worker(dagster_ui: tuple[str,
     md = {e["label"]: e.get("intValue", e.get("floatValue", e.get("text"))) for e in mats[0]["metadataEntries"]}
     assert md["attempts"] == 2 and md["preemptions"] == 1
     assert md["gpu_hours"] > 0 and md["cost_usd"] > 0 and md["final_loss"] > 0
+    assert md["declared_gpu"] == "1x t4" and md["actual_gpu"] and md["pricing"]
     assert len(md["weights_sha256"]) == 64
 
     # The step really was retried by Dagster (multiprocess executor, run launched by the daemon).

@@ -1,0 +1,208 @@
+"""GPU-weighted admission: quotas counted in GPUs per team and per NodePool, held as leases.
+
+A Dagster pool gives a step one slot whether it asks for 1 GPU or 64. Here a launch
+takes a *lease* on its GPUs in the gpu_ops database (table ``gpu_ops_gpu_leases``, SQLite
+or PostgreSQL) before anything starts, and only if every quota it falls under
+(``compute.quotas: {team: {nlp: 32}, pool: {gpu-ops-nlp-h100-spot: 64}}``) still has
+room. The holder renews the lease (a heartbeat) while its workers run and deletes it
+when they end; a holder that dies (SIGKILL, node loss) stops renewing, and once the
+lease's TTL has passed the next admission deletes it: its GPUs come back.
+
+Admission is one transaction under a lock (PostgreSQL advisory lock, SQLite ``BEGIN
+IMMEDIATE``): expired leases are removed, the held GPUs are summed per scope, the new
+lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
+4``). Waiting, backoff and the run log are the caller's (:mod:`gpu_ops.compute.resource`).
+A request that can never fit (more GPUs than the quota itself) raises
+:class:`QuotaExceeded` at once. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LEASE_TABLE = "gpu_ops_gpu_leases"
+
+
+class QuotaExceeded(ValueError):
+    """The request alone is larger than a quota: waiting cannot help."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    team: str
+    pools: tuple[str, ...]
+    gpus: int
+    run_id: str
+    asset_key: str
+    holder: str
+    acquired_at: float
+    expires_at: float
+
+    def scopes(self) -> list[tuple[str, str]]:
+        return [("team", self.team), *(("pool", p) for p in self.pools)]
+
+
+@dataclass(frozen=True)
+class Admission:
+    granted: bool
+    reason: str  # why it waits, or what it was granted against
+    lease: Lease | None = None
+    holders: tuple[Lease, ...] = ()  # the leases held when it was decided (the new one included)
+    reclaimed: tuple[Lease, ...] = ()  # expired leases removed by this admission
+
+
+@dataclass(frozen=True)
+class Quotas:
+    team: Mapping[str, int] = field(default_factory=dict)
+    pool: Mapping[str, int] = field(default_factory=dict)
+
+    def limit(self, kind: str, name: str) -> int | None:
+        return (self.team if kind == "team" else self.pool).get(name)
+
+    def __bool__(self) -> bool:
+        return bool(self.team or self.pool)
+
+
+def decide(quotas: Quotas, want: Lease, held: Iterable[Lease]) -> tuple[bool, str]:
+    """Pure: may ``want`` start next to the ``held`` leases? (granted, reason)."""
+    held = list(held)
+    for kind, name in want.scopes():
+        limit = quotas.limit(kind, name)
+        if limit is None:
+            continue
+        if want.gpus > limit:
+            raise QuotaExceeded(f"{kind} {name}: the launch asks for {want.gpus} GPUs, more than its whole quota of {limit}")
+        used = sum(lease.gpus for lease in held if (kind, name) in lease.scopes())
+        if used + want.gpus > limit:
+            return False, f"{name} holds {used} of {limit} GPUs; waiting for {want.gpus}"
+    scopes = [f"{n} {sum(le.gpus for le in held if (k, n) in le.scopes()) + want.gpus} of {quotas.limit(k, n)}" for k, n in want.scopes() if quotas.limit(k, n)]
+    return True, "admitted: " + (", ".join(scopes) + " GPUs" if scopes else "no quota applies")
+
+
+def _row(lease: Lease) -> dict[str, Any]:
+    return {
+        "lease_id": lease.lease_id, "team": lease.team, "pools": json.dumps(list(lease.pools)), "gpus": lease.gpus,
+        "run_id": lease.run_id, "asset_key": lease.asset_key, "holder": lease.holder,
+        "acquired_at": lease.acquired_at, "expires_at": lease.expires_at,
+    }
+
+
+def _lease(row: Mapping[str, Any]) -> Lease:
+    return Lease(
+        str(row["lease_id"]), str(row["team"]), tuple(json.loads(row["pools"])), int(row["gpus"]), str(row["run_id"]),
+        str(row["asset_key"]), str(row["holder"]), float(row["acquired_at"]), float(row["expires_at"]),
+    )
+
+
+class LeaseBook:
+    """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
+
+    def __init__(self, store: Any, ttl_s: float = 60.0, clock: Any = time.time):
+        import sqlalchemy as sa
+
+        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+        self._sa = sa
+        meta = sa.MetaData()
+        self.table = sa.Table(
+            LEASE_TABLE, meta,
+            sa.Column("lease_id", sa.String(64), primary_key=True),
+            sa.Column("team", sa.Text, nullable=False),
+            sa.Column("pools", sa.Text, nullable=False),
+            sa.Column("gpus", sa.Integer, nullable=False),
+            sa.Column("run_id", sa.Text, nullable=False),
+            sa.Column("asset_key", sa.Text, nullable=False),
+            sa.Column("holder", sa.Text, nullable=False),
+            sa.Column("acquired_at", sa.Float, nullable=False),
+            sa.Column("expires_at", sa.Float, nullable=False),
+        )
+
+    def _locked(self, conn: Any) -> None:
+        # One admission at a time; the table is created under the same lock, so two first
+        # admissions on a fresh database do not race on CREATE TABLE.
+        self.store._lock(conn, LEASE_TABLE)
+        self.table.create(conn, checkfirst=True)
+
+    def _live(self, conn: Any, now: float) -> tuple[list[Lease], list[Lease]]:
+        rows = [_lease(r._mapping) for r in conn.execute(self.table.select())]
+        expired = [r for r in rows if r.expires_at < now]
+        if expired:
+            conn.execute(self.table.delete().where(self.table.c.lease_id.in_([e.lease_id for e in expired])))
+        return [r for r in rows if r.expires_at >= now], expired
+
+    def try_acquire(self, quotas: Quotas, *, team: str, pools: Iterable[str], gpus: int, run_id: str, asset_key: str) -> Admission:
+        now = self.clock()
+        want = Lease(uuid.uuid4().hex, team, tuple(pools), gpus, run_id, asset_key, f"{socket.gethostname()}:{os.getpid()}", now, now + self.ttl_s)
+        with self.store.engine.begin() as conn:
+            self._locked(conn)
+            live, expired = self._live(conn, now)
+            granted, reason = decide(quotas, want, live)
+            if granted:
+                conn.execute(self.table.insert().values(**_row(want)))
+                live.append(want)
+        return Admission(granted, reason, want if granted else None, tuple(live), tuple(expired))
+
+    def renew(self, lease: Lease) -> bool:
+        """Push the lease's expiry ``ttl_s`` ahead; False when it is gone (expired and reclaimed)."""
+        with self.store.engine.begin() as conn:
+            t = self.table
+            done = conn.execute(t.update().where(t.c.lease_id == lease.lease_id).values(expires_at=self.clock() + self.ttl_s))
+            return bool(done.rowcount)
+
+    def release(self, lease: Lease) -> None:
+        with self.store.engine.begin() as conn:
+            conn.execute(self.table.delete().where(self.table.c.lease_id == lease.lease_id))
+
+    def holders(self) -> list[Lease]:
+        """Live leases (expired ones are left for the next admission to reclaim)."""
+        with self.store.engine.begin() as conn:
+            self._locked(conn)
+            now = self.clock()
+            return [le for le in (_lease(r._mapping) for r in conn.execute(self.table.select())) if le.expires_at >= now]
+
+
+class Heartbeat(threading.Thread):
+    """Renews a lease every ``every_s`` until stopped; then releases it."""
+
+    def __init__(self, book: LeaseBook, lease: Lease, every_s: float, on_error: Any = None):
+        super().__init__(name=f"gpu-ops-lease-{lease.lease_id[:8]}", daemon=True)
+        self.book, self.lease, self.every_s = book, lease, every_s
+        self.on_error = on_error or (lambda _m: None)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.every_s):
+            try:
+                if not self.book.renew(self.lease):
+                    self.on_error(f"GPU lease {self.lease.lease_id[:8]} expired before it was renewed (database unreachable for more than its TTL?)")
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: the next beat retries
+                self.on_error(f"could not renew GPU lease {self.lease.lease_id[:8]}: {type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+        try:
+            self.book.release(self.lease)
+        except Exception as exc:  # noqa: BLE001 - it expires after its TTL anyway
+            self.on_error(f"could not release GPU lease {self.lease.lease_id[:8]} (it expires after {self.book.ttl_s:g} s): {type(exc).__name__}: {exc}")
+
+
+def holders_markdown(leases: Iterable[Lease], quotas: Quotas) -> str:
+    """Who holds what: one row per scope with a quota, then the leases."""
+    leases = list(leases)
+    lines = ["| scope | held | quota |", "|---|---|---|"]
+    for kind, limits in (("team", quotas.team), ("pool", quotas.pool)):
+        for name, limit in sorted(limits.items()):
+            held = sum(le.gpus for le in leases if (kind, name) in le.scopes())
+            lines.append(f"| {kind} {name} | {held} | {limit} |")
+    lines += ["", "| run | asset | team | GPUs | holder |", "|---|---|---|---|---|"]
+    lines += [f"| {le.run_id[:8]} | {le.asset_key} | {le.team} | {le.gpus} | {le.holder} |" for le in leases]
+    return "\n".join(lines)

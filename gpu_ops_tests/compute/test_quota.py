@@ -1,0 +1,175 @@
+"""GPU-weighted admission: quotas in GPUs, leases with heartbeats in the gpu_ops database.
+
+Real SQLite and PostgreSQL (``pg_url``), real Dagster materializations running at the same
+time in two threads, real worker subprocesses, and a real lease holder SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from gpu_ops.compute.quota import Lease, LeaseBook, QuotaExceeded, Quotas, decide
+from gpu_ops.compute.request import Attribution, GpuRequest
+from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.storage.tables import TableStore
+from gpu_ops_tests.compute import worker_fns
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'costs.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
+def write_config(tmp_path: Path, url: str, ttl_s: float = 60.0, timeout_s: float = 60.0) -> Path:
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "storage": {"url": url},
+                "prices": {"source": "t", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.2}}},
+                "compute": {
+                    "quotas": {"team": {"nlp": 4}, "pool": {"gpu-ops-vision-t4-spot": 8}},
+                    "admission": {"lease_ttl_s": ttl_s, "backoff_s": 0.1, "backoff_max_s": 0.3, "wait_timeout_s": timeout_s},
+                },
+            }
+        )
+    )
+    return cfg
+
+
+def lease(team: str, gpus: int, pools: tuple[str, ...] = ()) -> Lease:
+    return Lease(f"{team}-{gpus}", team, pools, gpus, "run", "asset", "host:1", 0.0, 1e12)
+
+
+def test_the_decision_counts_gpus_per_team_and_pool() -> None:
+    quotas = Quotas(team={"nlp": 32}, pool={"gpu-ops-nlp-h100-spot": 40})
+    held = [lease("nlp", 30, ("gpu-ops-nlp-h100-spot",)), lease("vision", 8, ("gpu-ops-nlp-h100-spot",))]
+    assert decide(quotas, lease("nlp", 4), held) == (False, "nlp holds 30 of 32 GPUs; waiting for 4")
+    assert decide(quotas, lease("nlp", 2), held)[0]
+    granted, reason = decide(quotas, lease("ml", 3, ("gpu-ops-nlp-h100-spot",)), held)
+    assert not granted and reason == "gpu-ops-nlp-h100-spot holds 38 of 40 GPUs; waiting for 3"
+    assert decide(quotas, lease("ml", 64), held)[0]  # no quota for team ml
+    with pytest.raises(QuotaExceeded, match="more than its whole quota of 32"):
+        decide(quotas, lease("nlp", 33), [])
+
+
+def _asset(name: str, gpus: int, seconds: float) -> dg.AssetsDefinition:
+    request = GpuRequest(gpu_type="t4", gpus=gpus, capacity="spot", labels=Attribution(team="nlp"))
+
+    @dg.asset(name=name)
+    def launches(context, gpu_compute: GpuCompute) -> float:  # type: ignore[no-untyped-def]
+        report = gpu_compute.launch(context, request, worker_fns.sleep_for, args=(seconds,))
+        assert report.ok, report.error_message
+        return report.value
+
+    return launches
+
+
+def _messages(instance: dg.DagsterInstance, run_id: str) -> list[tuple[float, str]]:
+    return [(e.timestamp, e.message) for e in instance.all_logs(run_id) if e.message]
+
+
+def test_a_launch_over_quota_waits_then_runs_when_the_first_ends(tmp_path: Path, db_url: str) -> None:
+    cfg = write_config(tmp_path, db_url)
+    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    results: dict[str, tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]] = {}
+
+    def materialize(name: str, gpus: int, seconds: float) -> None:
+        instance = dg.DagsterInstance.ephemeral()
+        results[name] = (instance, dg.materialize([_asset(name, gpus, seconds)], instance=instance, resources={"gpu_compute": compute}))
+
+    first = threading.Thread(target=materialize, args=("holds_four", 4, 2.5))
+    first.start()
+    book = LeaseBook(TableStore(db_url))
+    deadline = time.monotonic() + 60
+    while not book.holders() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [le.gpus for le in book.holders()] == [4]
+    second = threading.Thread(target=materialize, args=("wants_two", 2, 0.1))
+    second.start()
+    first.join(timeout=120)
+    second.join(timeout=120)
+    (i1, r1), (i2, r2) = results["holds_four"], results["wants_two"]
+    assert r1.success and r2.success
+    logs2 = _messages(i2, r2.run_id)
+    waiting = [t for t, m in logs2 if m.startswith("nlp holds 4 of 4 GPUs; waiting for 2")]
+    admitted = [t for t, m in logs2 if m.startswith("GPU quota: admitted") and "after waiting" in m]
+    first_done = max(t for t, m in _messages(i1, r1.run_id) if m.startswith("GPU quota: admitted")) + 2.5
+    assert waiting and admitted and admitted[0] >= first_done - 0.5  # it ran once the first had ended
+    assert book.holders() == []  # both released
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
+    from gpu_ops.storage.tables import TableStore
+    book = LeaseBook(TableStore(sys.argv[1]), ttl_s=1.0)
+    adm = book.try_acquire(Quotas(team={"nlp": 4}), team="nlp", pools=["gpu-ops-nlp-t4-spot"], gpus=4, run_id="killed-run", asset_key="a")
+    assert adm.granted, adm.reason
+    Heartbeat(book, adm.lease, 0.2).start()
+    print("held", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, db_url: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, db_url], stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"held"
+        time.sleep(1.5)  # longer than the TTL: only the heartbeat keeps it
+        book = LeaseBook(TableStore(db_url), ttl_s=1.0)
+        assert [(le.run_id, le.gpus) for le in book.holders()] == [("killed-run", 4)]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    cfg = write_config(tmp_path, db_url, ttl_s=1.0)
+    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([_asset("after_the_crash", 4, 0.1)], instance=instance, resources={"gpu_compute": compute})
+    assert result.success
+    logs = [m for _, m in _messages(instance, result.run_id)]
+    assert any("reclaimed an expired GPU lease: 4 GPU(s) of nlp, run killed-r" in m for m in logs)
+    assert book.holders() == []
+
+
+def test_a_launch_larger_than_the_quota_fails_at_once(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    request = GpuRequest(gpu_type="t4", gpus=8, capacity="spot", labels=Attribution(team="nlp"))
+    with dg.build_asset_context() as context:
+        with pytest.raises(dg.Failure, match="more than its whole quota of 4") as info:
+            compute.launch(context, request, worker_fns.add, args=(1, 2))
+    assert info.value.allow_retries is False
+
+
+def test_a_training_asset_shows_who_holds_what(tmp_path: Path) -> None:
+    from gpu_ops.training.asset import gpu_asset
+    from gpu_ops_tests.training import workloads
+
+    cfg = write_config(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    request = GpuRequest(gpu_type="t4", gpus=2, capacity="spot", labels=Attribution(team="nlp"))
+    asset = gpu_asset(workloads.counting, name="quota_visible", request=request, params={"steps": 3, "step_s": 0.0}, config_path=str(cfg))
+    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    result = dg.materialize([asset], instance=dg.DagsterInstance.ephemeral(), resources={"gpu_compute": compute})
+    assert result.success
+    md = result.asset_materializations_for_node("quota_visible")[-1].metadata
+    assert md["gpu_quota"].value == "admitted: nlp 2 of 4 GPUs"
+    table = md["gpu_quota_holders"].value
+    assert "| team nlp | 2 | 4 |" in table and "| quota_visible | nlp | 2 |" in table
