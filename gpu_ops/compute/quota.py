@@ -28,10 +28,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_ops.errors import GpuOpsError
+
 LEASE_TABLE = "gpu_ops_gpu_leases"
 
 
-class QuotaExceeded(ValueError):
+class QuotaExceeded(GpuOpsError, ValueError):
     """The request alone is larger than a quota: waiting cannot help."""
 
 

@@ -236,6 +236,7 @@ class GpuCompute(dg.ConfigurableResource):
 
         config = load_config(self.config_path)
         from gpu_ops.compute.quota import Heartbeat, LeaseBook, QuotaExceeded, Quotas
+        from gpu_ops.errors import LaunchRefused
 
         quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
         if not quotas or request.total_gpus == 0:
@@ -250,25 +251,26 @@ class GpuCompute(dg.ConfigurableResource):
         log = getattr(context, "log", None)
         info = log.info if log is not None else print
         warn = log.warning if log is not None else print
-        started, wait, last_said = time.monotonic(), adm_cfg.backoff_s, (None, 0.0)
+        started, wait = time.monotonic(), adm_cfg.backoff_s
+        last_said: tuple[str | None, float] = (None, 0.0)
         while True:
             try:
                 admission = book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id or "", asset_key="/".join(asset_key or []))
             except QuotaExceeded as exc:
-                raise dg.Failure(description=f"launch refused: {exc} (compute.quotas)", allow_retries=False) from None
+                raise LaunchRefused(f"launch refused: {exc} (compute.quotas)", metadata={"refused_by": "compute.quotas"}) from None
             for lease in admission.reclaimed:
                 warn(f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {adm_cfg.lease_ttl_s:g} s")
             waited = time.monotonic() - started
-            if admission.granted:
+            if admission.granted and admission.lease is not None:
                 info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
                 self._last_admission = admission
                 heartbeat = Heartbeat(book, admission.lease, adm_cfg.lease_ttl_s / 3, on_error=warn)
                 heartbeat.start()
                 return heartbeat
             if waited >= adm_cfg.wait_timeout_s:
-                raise dg.Failure(
-                    description=f"launch not admitted after {waited:.0f} s (compute.admission.wait_timeout_s): {admission.reason}",
-                    allow_retries=False,
+                raise LaunchRefused(
+                    f"launch not admitted after {waited:.0f} s (compute.admission.wait_timeout_s): {admission.reason}",
+                    metadata={"refused_by": "compute.quotas"},
                 )
             if admission.reason != last_said[0] or time.monotonic() - last_said[1] >= 60:
                 warn(f"{admission.reason} (waited {waited:.0f} s of at most {adm_cfg.wait_timeout_s:g} s)")

@@ -37,7 +37,7 @@ import threading  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, WorkerTerminated
+from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, WorkerTerminated  # noqa: E402
 
 EXIT_ERROR = 1
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERMed process

@@ -4,7 +4,6 @@ notice simulated on the local backend before a real SIGKILL (nothing left to red
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
 import time
 from pathlib import Path
@@ -19,9 +18,15 @@ from gpu_ops.compute.local import simulate_preemption
 from gpu_ops.training.context import TrainingContext, WorkerSpec
 from gpu_ops.training.notices import KubernetesNoticeWatcher, cluster_notice, in_cluster_identity
 from gpu_ops_tests.fake_k8s import FakeCoreV1
-from gpu_ops_tests.training.test_gpu_asset import config_path, counting_asset, ledger_rows, messages, metadata, run  # noqa: F401 (fixture)
+from gpu_ops_tests.training.test_gpu_asset import counting_asset, ledger_rows, messages, metadata, run, write_config
 
 NODE = "ip-10-0-1-7.ec2.internal"
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPU_OPS_PIDFILE_DIR", str(tmp_path / "pids"))
+    return write_config(tmp_path)
 
 
 def node(*taints: tuple[str, str]) -> client.V1Node:
