@@ -6,6 +6,7 @@ location loads (they would double its load time).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -117,9 +118,12 @@ class TableIOManager(dg.ConfigurableIOManager):
         name = table_name(context.asset_key)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
         store = self._store()
+        t0 = time.perf_counter()
         with _failure_on_unreachable_database():
             rows = store.write(name, obj, partition_keys=keys)
-        context.add_output_metadata({"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(store.url)})
+        context.add_output_metadata(
+            {"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(store.url), "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
+        )
 
     def load_input(self, context: dg.InputContext) -> Any:
         with _failure_on_unreachable_database():

@@ -1,0 +1,291 @@
+"""The daily cost flow against history: does one day cost what the day costs?
+
+    .venv/bin/python benchmarks/history.py [--section NAME ...] [--intervals N] [--pg URL]
+
+Sections (all by default):
+  budget_status  gpu_budget_status on day 1, 10 and 30 of a month whose days are all in
+                 gpu_cost_daily (goal: day 30 within 1.5x of day 1).
+  daily_job      the four cost assets for one day of --intervals (default 1M) usage
+                 intervals on PostgreSQL, days 1 and 2: wall time and peak RSS per step,
+                 rows written per second (goal: < 60 s and < 2 GB peak for the day).
+
+Big runs hold the benchmark lock:
+    flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/history.py --section daily_job
+The PostgreSQL server is --pg (default $GPU_OPS_TEST_PG or postgres@127.0.0.1/test); a
+scratch database is created for the run and dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import resource
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PRICES = REPO / "gpu_ops" / "demo" / "prices.yaml"
+PG_ADMIN = os.environ.get("GPU_OPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MONTH = dt.date(2026, 10, 1)
+US_PER_H = 3_600 * 10**6
+GPU_TYPES = ["a100-80gb", "h100", "l40s", "l4", "a10g", "h200"]
+TEAMS, PROJECTS = 25, 200
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_note() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} cores"
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str) -> Iterator[str]:
+    import sqlalchemy as sa
+
+    from gpu_ops.storage.tables import TableStore
+
+    name = f"gpu_ops_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(admin_url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        TableStore.dispose_all()
+        with admin.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+class RssSampler(threading.Thread):
+    """Resident memory of this process every 20 ms, to find each step's peak."""
+
+    PAGE = os.sysconf("SC_PAGE_SIZE")
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, int]] = []
+        self.running = True
+
+    def run(self) -> None:
+        with open("/proc/self/statm") as statm:  # Linux: pages; the second field is resident
+            while self.running:
+                statm.seek(0)
+                self.samples.append((time.time(), int(statm.read().split()[1]) * self.PAGE))
+                time.sleep(0.02)
+
+    def peak(self, t0: float, t1: float) -> int:
+        return max((r for t, r in self.samples if t0 <= t <= t1), default=0)
+
+
+def month_days(n: int) -> list[dt.date]:
+    return [MONTH + dt.timedelta(days=i) for i in range(n)]
+
+
+def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0) -> None:
+    """``n`` intervals that start in ``day`` (some from the evening before, some still
+    open), keyed the way a fleet is: each project belongs to one team, namespace and
+    cost center, so budget scopes have hundreds of key combinations, not millions."""
+    rng = np.random.default_rng(seed + day.toordinal())
+    day_us = int(np.datetime64(day.isoformat(), "us").astype(np.int64))
+    start = day_us - 2 * US_PER_H + rng.integers(0, 25 * US_PER_H, n)
+    end = start + rng.exponential(2 * US_PER_H, n).astype(np.int64) + 60_000_000
+    open_ = rng.random(n) < 0.01
+    project = rng.integers(0, PROJECTS, n)
+    team = project % TEAMS
+    sharing = rng.choice(4, n, p=[0.85, 0.07, 0.04, 0.04])
+    share = np.choose(sharing, [np.ones(n), np.full(n, 1 / 7), np.full(n, 0.5), np.full(n, 0.25)])
+
+    def coded(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names))
+
+    table = pa.table(
+        {
+            "start": pa.array(start, pa.timestamp("us", tz="UTC")),
+            "end": pa.array(np.where(open_, 0, end), pa.timestamp("us", tz="UTC"), mask=open_),
+            "namespace": coded(team, [f"ml-team-{i:02d}" for i in range(TEAMS)]),
+            "pod": pa.array([f"pod-{day:%m%d}-{i}" for i in range(n)]),
+            "node": coded(rng.integers(0, 2000, n), [f"node-{i}" for i in range(2000)]),
+            "team": coded(team, [f"team-{i:02d}" for i in range(TEAMS)]),
+            "project": coded(project, [f"proj-{i:03d}" for i in range(PROJECTS)]),
+            "cost_center": coded(team % 10, [f"cc-{i}" for i in range(10)]),
+            "experiment_id": coded(rng.integers(0, 5000, n), [f"exp-{i}" for i in range(5000)]),
+            "gpu_type": coded(rng.integers(0, len(GPU_TYPES), n), GPU_TYPES),
+            "gpu_count": pa.array(np.where(sharing == 0, rng.choice([1, 2, 4, 8], n), 1).astype(np.int64)),
+            "capacity_type": coded(rng.choice(3, n, p=[0.5, 0.4, 0.1]), ["spot", "on-demand", "reserved"]),
+            "sharing": coded(sharing, ["none", "mig", "mps", "timeslice"]),
+            "gpu_share": pa.array(share),
+        }
+    )
+    pq.write_table(table, path, row_group_size=256_000)
+
+
+def bench_config(tmp: Path, url: str, usage_glob: str, budgets: list[dict]) -> Path:
+    cfg = {
+        "storage": {"url": url},
+        "prices": str(PRICES),
+        "usage": {"sources": [{"type": "file", "path": usage_glob}], "group_by": ["team", "project"], "partitions_start": MONTH.isoformat()},
+        "budgets": budgets,
+        "channels": {"log": {"type": "log"}},
+    }
+    path = tmp / "gpu_ops.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def fleet_budgets() -> list[dict]:
+    """A budget per team and per project, one on everything: 226 budgets, three scope shapes."""
+    out = [{"name": "everything", "amount_usd": 5e7, "thresholds": [{"percent": 80}, {"percent": 120, "basis": "forecast"}]}]
+    out += [{"name": f"team-{i:02d}", "scope": {"team": f"team-{i:02d}"}, "amount_usd": 2e6} for i in range(TEAMS)]
+    out += [{"name": f"proj-{i:03d}", "scope": {"project": f"proj-{i:03d}"}, "amount_usd": 2e5} for i in range(PROJECTS)]
+    return out
+
+
+def materialize(config: Path, url: str, day: dt.date, instance: Any, selection: list[str] | None = None) -> Any:
+    import dagster as dg
+
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+
+    assets, _ = build_assets(load_config(config))
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url)}
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = dg.materialize(assets, partition_key=day.isoformat(), resources=resources, instance=instance, selection=selection, run_config=quiet)
+    return result
+
+
+def step_times(instance: Any, run_id: str) -> dict[str, tuple[float, float]]:
+    """(start, end) wall-clock of each step, from the run's event log."""
+    spans: dict[str, list[float]] = {}
+    for entry in instance.all_logs(run_id):
+        ev = entry.dagster_event
+        if ev is not None and ev.step_key and ev.event_type_value in ("STEP_START", "STEP_SUCCESS", "STEP_FAILURE"):
+            spans.setdefault(ev.step_key, []).append(entry.timestamp)
+    return {k: (min(v), max(v)) for k, v in spans.items()}
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def section_budget_status(args: argparse.Namespace) -> None:
+    """gpu_budget_status on day 1, 10 and 30: a month of gpu_cost_daily is written from
+    one generated day (the same key combinations every day), then the budget asset alone
+    is materialized for each day, three times; the best wall time is reported."""
+    import dagster as dg
+    import pandas as pd
+
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.budgets import daily_costs, evaluate_budgets
+    from gpu_ops.cost.pipeline import default_as_of, load_raw, price_window, usage_table
+    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.cost.sources import SourceSet
+    from gpu_ops.storage.tables import TableStore
+
+    n = args.budget_intervals
+    with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
+        tmp = Path(tmp_)
+        write_usage_day(tmp / "day.parquet", MONTH, n)
+        config = bench_config(tmp, url, str(tmp / "day.parquet"), fleet_budgets())
+        cfg = load_config(config)
+        raw, _ = load_raw(SourceSet.from_config(cfg))
+        start, end = pd.Timestamp(MONTH, tz="UTC"), pd.Timestamp(MONTH + dt.timedelta(days=1), tz="UTC")
+        one_day = daily_costs(usage_table(price_window(raw, None, PriceMatrix.from_table(cfg.prices), start, end, end).rows), [MONTH])
+        store = TableStore(url)
+        for d in month_days(30):
+            store.write("gpu_cost_daily", one_day.assign(day=d), partition_keys=[d.isoformat()])
+        print(f"gpu_budget_status: {len(cfg.budgets)} budgets; gpu_cost_daily has {len(one_day):,} rows a day (from {n:,} intervals a day), 30 days")
+        print(f"{'day':>5} {'step s (best of 3)':>19} {'evaluate s':>11} {'days read':>10}")
+        walls = {}
+        with dg.DagsterInstance.ephemeral() as instance:
+            for day in (1, 10, 30):
+                d = MONTH + dt.timedelta(days=day - 1)
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    materialize(config, url, d, instance, selection=["gpu_budget_status"])
+                    best = min(best, time.perf_counter() - t0)
+                daily = store.read("gpu_cost_daily", partition_keys=[(d - dt.timedelta(days=i)).isoformat() for i in range(31)])
+                t0 = time.perf_counter()
+                evaluate_budgets(cfg.budgets, daily, d, default_as_of(d), expected_from=MONTH)
+                pure = time.perf_counter() - t0
+                walls[day] = best
+                print(f"{day:>5} {best:19.2f} {pure:11.3f} {daily['day'].nunique():>10}")
+        ratio = walls[30] / walls[1]
+        print(f"day 30 / day 1: {ratio:.2f}x (goal <= 1.5x: {'met' if ratio <= 1.5 else 'MISSED'}); {load_note()}")
+
+
+def section_daily_job(args: argparse.Namespace) -> None:
+    """All four cost assets for days 1 and 2 at --intervals a day, on PostgreSQL, in one
+    process (the in-process executor): per step wall time and peak RSS, rows written/s."""
+    import dagster as dg
+
+    from gpu_ops.storage.tables import TableStore
+
+    n = args.intervals
+    with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
+        tmp = Path(tmp_)
+        for d in month_days(2):
+            write_usage_day(tmp / f"usage-{d}.parquet", d, n)
+        config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets())
+        sampler = RssSampler()
+        sampler.start()
+        print(f"daily job on PostgreSQL: {n:,} intervals a day, {len(fleet_budgets())} budgets; {load_note()}")
+        print(f"{'day':>5} {'step':<22} {'wall s':>8} {'peak RSS MiB':>13} {'rows':>10} {'rows/s':>10}")
+        with dg.DagsterInstance.ephemeral() as instance:
+            for d in month_days(2):
+                t0 = time.time()
+                result = materialize(config, url, d, instance)
+                wall = time.time() - t0
+                written = {m.materialization.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
+                for step, (a, b) in sorted(step_times(instance, result.run_id).items(), key=lambda kv: kv[1][0]):
+                    meta = written.get(step, {})
+                    rows = meta["rows"].value if "rows" in meta else None
+                    secs = meta["write_seconds"].value if "write_seconds" in meta else None
+                    rate = f"{rows / secs:10,.0f}" if rows and secs else f"{'':>10}"
+                    print(f"{d.day:>5} {step:<22} {b - a:8.2f} {sampler.peak(a, b) / 2**20:13.0f} {rows if rows is not None else '':>10} {rate}")
+                peak = sampler.peak(t0, time.time()) / 2**20
+                goal = "met" if wall < 60 and peak < 2048 else "MISSED"
+                print(f"{d.day:>5} {'whole job':<22} {wall:8.2f} {peak:13.0f}   (goal < 60 s and < 2048 MiB: {goal})")
+        sampler.running = False
+        store = TableStore(url)
+        with store.engine.connect() as conn:
+            size = conn.exec_driver_sql("SELECT pg_total_relation_size('gpu_usage')").scalar()
+        print(f"gpu_usage on PostgreSQL: {size / 2**20:,.0f} MiB for 2 days; max RSS of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB; {load_note()}")
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "budget_status": section_budget_status,
+    "daily_job": section_daily_job,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--section", action="append", choices=sorted(SECTIONS), help="run only these sections (repeatable); default: all")
+    ap.add_argument("--intervals", type=int, default=1_000_000, help="daily_job: usage intervals a day")
+    ap.add_argument("--budget-intervals", type=int, default=100_000, help="budget_status: intervals of the generated day")
+    ap.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a scratch database is created on it)")
+    args = ap.parse_args()
+    for name in args.section or list(SECTIONS):
+        print(f"\n== {name}")
+        SECTIONS[name](args)
+
+
+if __name__ == "__main__":
+    main()
