@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import datetime as dt
 import os
-import resource
 import tempfile
 import threading
 import time
@@ -69,27 +68,6 @@ def scratch_database(admin_url: str) -> Iterator[str]:
             conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
-
-
-class RssSampler(threading.Thread):
-    """Resident memory of this process every 20 ms, to find each step's peak."""
-
-    PAGE = os.sysconf("SC_PAGE_SIZE")
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.samples: list[tuple[float, int]] = []
-        self.running = True
-
-    def run(self) -> None:
-        with open("/proc/self/statm") as statm:  # Linux: pages; the second field is resident
-            while self.running:
-                statm.seek(0)
-                self.samples.append((time.time(), int(statm.read().split()[1]) * self.PAGE))
-                time.sleep(0.02)
-
-    def peak(self, t0: float, t1: float) -> int:
-        return max((r for t, r in self.samples if t0 <= t <= t1), default=0)
 
 
 def month_days(n: int) -> list[dt.date]:
@@ -170,16 +148,6 @@ def materialize(config: Path, url: str, day: dt.date, instance: Any, selection: 
     return result
 
 
-def step_times(instance: Any, run_id: str) -> dict[str, tuple[float, float]]:
-    """(start, end) wall-clock of each step, from the run's event log."""
-    spans: dict[str, list[float]] = {}
-    for entry in instance.all_logs(run_id):
-        ev = entry.dagster_event
-        if ev is not None and ev.step_key and ev.event_type_value in ("STEP_START", "STEP_SUCCESS", "STEP_FAILURE"):
-            spans.setdefault(ev.step_key, []).append(entry.timestamp)
-    return {k: (min(v), max(v)) for k, v in spans.items()}
-
-
 # --------------------------------------------------------------------------- sections
 
 
@@ -230,43 +198,106 @@ def section_budget_status(args: argparse.Namespace) -> None:
         print(f"day 30 / day 1: {ratio:.2f}x (goal <= 1.5x: {'met' if ratio <= 1.5 else 'MISSED'}); {load_note()}")
 
 
-def section_daily_job(args: argparse.Namespace) -> None:
-    """All four cost assets for days 1 and 2 at --intervals a day, on PostgreSQL, in one
-    process (the in-process executor): per step wall time and peak RSS, rows written/s."""
+STEPS = (
+    ("gpu_usage", ["gpu_usage", "gpu_usage_quarantine"]),
+    ("gpu_cost_attribution", ["gpu_cost_attribution", "gpu_cost_daily"]),
+    ("gpu_roi_report", ["gpu_roi_report"]),
+    ("gpu_budget_status", ["gpu_budget_status"]),
+)
+
+
+def run_step(config: Path, url: str, day: dt.date, selection: list[str], row_level: str | None) -> None:
+    """One step in this process (the child side of daily_job): prints what it wrote."""
+    import json
+
     import dagster as dg
 
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+
+    assets, _ = build_assets(load_config(config))
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url, row_level_path=row_level)}
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    with dg.DagsterInstance.ephemeral() as instance:
+        t0 = time.perf_counter()
+        result = dg.materialize(assets, partition_key=day.isoformat(), resources=resources, instance=instance, selection=selection, run_config=quiet)
+        step = time.perf_counter() - t0
+    out = {"step_s": step}
+    for e in result.get_asset_materialization_events():
+        m = e.materialization.metadata
+        out[e.materialization.asset_key.to_user_string()] = {"rows": m["rows"].value if "rows" in m else 0, "write_s": m["write_seconds"].value if "write_seconds" in m else None}
+    print("RESULT " + json.dumps(out))
+
+
+def measured_child(args: list[str]) -> tuple[float, float, dict]:
+    """Run this script with ``args`` in a fresh process: (wall s, peak RSS MiB, its RESULT)."""
+    import json
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    out: dict[str, bytes] = {}
+    readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read())) for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS
+    wall = time.perf_counter() - t0
+    for r in readers:
+        r.join()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"step {args} failed:\n{out['err'].decode()[-3000:]}")
+    line = next(x for x in out["out"].decode().splitlines() if x.startswith("RESULT "))
+    return wall, usage.ru_maxrss / 1024, json.loads(line[len("RESULT ") :])
+
+
+def section_daily_job(args: argparse.Namespace) -> None:
+    """The four cost steps for days 1 and 2 at --intervals a day on PostgreSQL, each step
+    a process of its own (as Dagster's multiprocess executor runs them): wall time and
+    peak RSS per step, rows written per second. Row-level usage in a PostgreSQL table,
+    then as Parquet files (storage.row_level_path); the aggregates agree to the cent."""
     from gpu_ops.storage.tables import TableStore
 
     n = args.intervals
-    with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
+    totals = {}
+    with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_:
         tmp = Path(tmp_)
         for d in month_days(2):
             write_usage_day(tmp / f"usage-{d}.parquet", d, n)
-        config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets())
-        sampler = RssSampler()
-        sampler.start()
-        print(f"daily job on PostgreSQL: {n:,} intervals a day, {len(fleet_budgets())} budgets; {load_note()}")
-        print(f"{'day':>5} {'step':<22} {'wall s':>8} {'peak RSS MiB':>13} {'rows':>10} {'rows/s':>10}")
-        with dg.DagsterInstance.ephemeral() as instance:
-            for d in month_days(2):
-                t0 = time.time()
-                result = materialize(config, url, d, instance)
-                wall = time.time() - t0
-                written = {m.materialization.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
-                for step, (a, b) in sorted(step_times(instance, result.run_id).items(), key=lambda kv: kv[1][0]):
-                    meta = written.get(step, {})
-                    rows = meta["rows"].value if "rows" in meta else None
-                    secs = meta["write_seconds"].value if "write_seconds" in meta else None
-                    rate = f"{rows / secs:10,.0f}" if rows and secs else f"{'':>10}"
-                    print(f"{d.day:>5} {step:<22} {b - a:8.2f} {sampler.peak(a, b) / 2**20:13.0f} {rows if rows is not None else '':>10} {rate}")
-                peak = sampler.peak(t0, time.time()) / 2**20
-                goal = "met" if wall < 60 and peak < 2048 else "MISSED"
-                print(f"{d.day:>5} {'whole job':<22} {wall:8.2f} {peak:13.0f}   (goal < 60 s and < 2048 MiB: {goal})")
-        sampler.running = False
-        store = TableStore(url)
-        with store.engine.connect() as conn:
-            size = conn.exec_driver_sql("SELECT pg_total_relation_size('gpu_usage')").scalar()
-        print(f"gpu_usage on PostgreSQL: {size / 2**20:,.0f} MiB for 2 days; max RSS of the process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB; {load_note()}")
+        print(f"daily job: {n:,} intervals a day, {len(fleet_budgets())} budgets, each step its own process; {load_note()}")
+        for mode in ("postgresql", "parquet"):
+            row_level = str(tmp / "rows") if mode == "parquet" else None
+            with scratch_database(args.pg) as url:
+                config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets())
+                print(f"\nrow-level gpu_usage as {mode}; aggregates on PostgreSQL")
+                print(f"{'day':>4} {'step':<22} {'wall s':>7} {'in-step s':>9} {'peak RSS MiB':>12} {'rows':>10} {'write s':>8} {'rows/s':>10}")
+                for d in month_days(2):
+                    wall_sum, peak = 0.0, 0.0
+                    for step, selection in STEPS:
+                        child = ["--step", ",".join(selection), "--day", d.isoformat(), "--config", str(config), "--url", url] + (["--row-level", row_level] if row_level else [])
+                        wall, rss, res = measured_child(child)
+                        wall_sum, peak = wall_sum + wall, max(peak, rss)
+                        w = res.get(step, {})
+                        rate = f"{w['rows'] / w['write_s']:10,.0f}" if w.get("write_s") else f"{'':>10}"
+                        write_s = f"{w['write_s']:8.2f}" if w.get("write_s") is not None else f"{'':>8}"
+                        print(f"{d.day:>4} {step:<22} {wall:7.2f} {res['step_s']:9.2f} {rss:12.0f} {w.get('rows', ''):>10} {write_s} {rate}", flush=True)
+                    goal = "met" if wall_sum < 60 and peak < 2048 else "MISSED"
+                    print(f"{d.day:>4} {'the day':<22} {wall_sum:7.2f} {'':>9} {peak:12.0f}   goal < 60 s and < 2048 MiB: {goal}; {load_note()}")
+                store = TableStore(url)
+                attribution = store.read("gpu_cost_attribution")
+                totals[mode] = round(float(attribution["cost_usd"].sum()), 2)
+                if mode == "postgresql":
+                    with store.engine.connect() as conn:
+                        size = conn.exec_driver_sql("SELECT pg_total_relation_size('gpu_usage')").scalar()
+                    print(f"gpu_usage in PostgreSQL: {size / 2**20:,.0f} MiB for 2 days")
+                else:
+                    size = sum(p.stat().st_size for p in (tmp / "rows").rglob("*.parquet"))
+                    print(f"gpu_usage as Parquet: {size / 2**20:,.0f} MiB for 2 days")
+                TableStore.dispose_all()
+    same = len(set(totals.values())) == 1
+    print(f"\nattributed cost of the 2 days: {totals} ({'equal to the cent' if same else 'DIFFERENT'})")
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
@@ -281,7 +312,15 @@ def main() -> None:
     ap.add_argument("--intervals", type=int, default=1_000_000, help="daily_job: usage intervals a day")
     ap.add_argument("--budget-intervals", type=int, default=100_000, help="budget_status: intervals of the generated day")
     ap.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a scratch database is created on it)")
+    ap.add_argument("--step", help=argparse.SUPPRESS)  # daily_job's child processes
+    ap.add_argument("--day", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--row-level", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.step:
+        run_step(Path(args.config), args.url, dt.date.fromisoformat(args.day), args.step.split(","), args.row_level)
+        return
     for name in args.section or list(SECTIONS):
         print(f"\n== {name}")
         SECTIONS[name](args)

@@ -156,6 +156,11 @@ class StorageConfig(_Model):
     # PostgreSQL: the server cancels any statement running longer. SQLite: how long a
     # writer waits for another writer's lock on the file.
     statement_timeout_s: PositiveFloat = 300.0
+    # Row-level usage (gpu_usage) as Parquet files under this folder, one per day, with
+    # the aggregates in SQL; relative folders resolve against the config file's folder.
+    # Every run worker must see the same folder (in Kubernetes, a ReadWriteMany volume).
+    # Unset: a SQL table like the rest. See README, "Row-level storage".
+    row_level_path: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -789,6 +794,8 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
         if rel and rel != ":memory:":
             anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
             cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": f"sqlite:///{(anchor / rel).resolve()}"})})
+    if cfg.storage.row_level_path:
+        cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"row_level_path": str(cfg.resolve_path(cfg.storage.row_level_path))})})
     return cfg
 
 

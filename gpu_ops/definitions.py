@@ -29,6 +29,7 @@ def storage_io_manager(config: GpuOpsConfig) -> TableIOManager:
         url=dg.EnvVar(url.env) if isinstance(url, SecretRef) else url,
         connect_timeout_s=storage.connect_timeout_s,
         statement_timeout_s=storage.statement_timeout_s,
+        row_level_path=storage.row_level_path,
     )
 
 

@@ -20,7 +20,7 @@ from gpu_ops.config import GpuOpsConfig
 from gpu_ops.cost.columns import ROI_INPUT_COLUMNS, attribution_input_columns
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMNS, DATAFRAME_TYPE
+from gpu_ops.storage.io_manager import COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +77,9 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         outs={
             "gpu_usage": dg.AssetOut(
                 io_manager_key=IO, group_name=GROUP, is_required=False,
-                description="Usage intervals of the UTC day, clipped at midnight and priced, plus one idle row per fleet node.",
+                description="Usage intervals of the UTC day, clipped at midnight and priced, plus one idle row per fleet node "
+                "(Parquet under storage.row_level_path when set, else a SQL table).",
+                metadata={ROW_LEVEL: True},
             ),
             "gpu_usage_quarantine": dg.AssetOut(
                 io_manager_key=IO, group_name=GROUP, is_required=False,

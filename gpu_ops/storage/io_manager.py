@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 # `dg.AssetIn(metadata={COLUMNS: [...]})`: load only these columns of the upstream table.
 COLUMNS = "columns"
+# `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
+# `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
+ROW_LEVEL = "gpu_ops/row_level"
 # What Dagster names a type inferred from `pd.DataFrame` (its __module__ became "pandas" in pandas 3).
 _DATAFRAME_QUALNAME = "pandas.DataFrame" if int(version("pandas").split(".")[0]) >= 3 else "pandas.core.frame.DataFrame"
 
@@ -97,6 +100,18 @@ class TableIOManager(dg.ConfigurableIOManager):
     )
     connect_timeout_s: float = Field(default=10.0, description="Give up opening a connection after this long (storage.connect_timeout_s).")
     statement_timeout_s: float = Field(default=300.0, description="Cancel a statement running longer (storage.statement_timeout_s).")
+    row_level_path: str | None = Field(
+        default=None,
+        description="Folder for row-level tables (outputs marked gpu_ops/row_level) as Parquet, one file per partition (storage.row_level_path); unset: SQL tables.",
+    )
+
+    def _files(self, metadata: Any) -> Any:
+        """The Parquet store when this output is row-level and a folder is configured, else None."""
+        if not self.row_level_path or not (metadata or {}).get(ROW_LEVEL):
+            return None
+        from gpu_ops.storage.files import PartitionFiles
+
+        return PartitionFiles(self.row_level_path)
 
     def _store(self) -> "TableStore":
         from gpu_ops.config import resolve_storage_url
@@ -117,6 +132,15 @@ class TableIOManager(dg.ConfigurableIOManager):
             raise StorageError(f"{context.asset_key.to_user_string()}: TableIOManager stores pandas DataFrames, got {type(obj).__name__}")
         name = table_name(context.asset_key)
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
+        files = self._files(context.definition_metadata) if keys else None
+        if files is not None:
+            t0 = time.perf_counter()
+            rows = files.write(name, obj, partition_keys=keys)
+            where = files.path(name, keys[0]) if len(keys) == 1 else files.root / name
+            context.add_output_metadata(
+                {"table": name, "rows": dg.MetadataValue.int(rows), "storage": dg.MetadataValue.path(str(where)), "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
+            )
+            return
         store = self._store()
         t0 = time.perf_counter()
         with _failure_on_unreachable_database():
@@ -137,6 +161,9 @@ class TableIOManager(dg.ConfigurableIOManager):
             keys = list(context.asset_partition_keys)
             if columns is not None and len(keys) > 1:
                 columns.append(PARTITION_COLUMN)
+            files = self._files(context.upstream_output.definition_metadata if context.upstream_output else None)
+            if files is not None:
+                return files.read(name, partition_keys=keys, columns=columns)
             df = self._store().read(name, partition_keys=keys, columns=columns, missing_ok=True)
             if len(keys) == 1 and PARTITION_COLUMN in df.columns:
                 df = df.drop(columns=[PARTITION_COLUMN])

@@ -432,7 +432,7 @@ class TableStore:
         whole table is replaced, or appended to when ``replace`` is false.
         """
         _check_name(name)
-        df = df.copy()
+        df = df.copy(deep=False)  # a new column must not touch the caller's frame; the data is not copied
         if partition_keys is not None:
             keys = list(partition_keys)
             if PARTITION_COLUMN not in df.columns:

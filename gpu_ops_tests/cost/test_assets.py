@@ -39,12 +39,12 @@ def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: 
 
 
 class Env:
-    def __init__(self, tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01"):
+    def __init__(self, tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01", row_level_path: str | None = None):
         self.path = write_config(tmp_path, url, ledger, extra_budgets, start)
         self.config = load_config(self.path)
         self.url = url
         self.assets, self.partitions = build_assets(self.config)
-        self.resources = {"gpu_ops": GpuOpsSettings(config_path=str(self.path)), "table_io_manager": TableIOManager(url=url)}
+        self.resources = {"gpu_ops": GpuOpsSettings(config_path=str(self.path)), "table_io_manager": TableIOManager(url=url, row_level_path=row_level_path)}
 
     def materialize(self, day: str, instance: dg.DagsterInstance, selection: list[str] | None = None) -> dg.ExecuteInProcessResult:
         result = dg.materialize(self.assets, partition_key=day, resources=self.resources, instance=instance, selection=selection)
@@ -55,7 +55,7 @@ class Env:
         store = TableStore(self.url)
         out = {}
         for name in TABLES:
-            df = store.read(name)
+            df = store.read(name, missing_ok=True)
             out[name] = df.sort_values(list(df.columns[:6])).reset_index(drop=True) if len(df) else df
         return out
 
@@ -165,6 +165,32 @@ def test_a_day_missing_from_a_budget_period_is_reported_and_budgets_read_only_th
     attribution = TableStore(env.url).read("gpu_cost_attribution")
     assert status["days_missing"].tolist() == [0, 0]
     assert round(status.loc["nlp-monthly", "spend_usd"], 2) == round(attribution.loc[attribution["team"] == "nlp", "cost_usd"].sum(), 2)
+
+
+def test_row_level_usage_as_parquet_files_gives_the_same_tables(tmp_path):
+    from gpu_ops.storage.files import PartitionFiles
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "files").mkdir()
+    sql = Env(tmp_path / "sql", f"sqlite:///{tmp_path / 'sql.db'}")
+    files = Env(tmp_path / "files", f"sqlite:///{tmp_path / 'files.db'}", row_level_path=str(tmp_path / "rows"))
+    with dg.DagsterInstance.ephemeral() as instance:
+        for env in (sql, files):
+            for day in ("2026-10-14", "2026-10-15", "2026-10-15"):  # a re-run replaces the day's file
+                result = env.materialize(day, instance)
+    usage_meta = {e.materialization.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}["gpu_usage"]
+    assert usage_meta["storage"].value.endswith("gpu_usage/partition_key=2026-10-15/data.parquet")
+    assert not TableStore(files.url).has_table("gpu_usage")
+    rows = PartitionFiles(tmp_path / "rows").read("gpu_usage")
+    expected = TableStore(sql.url).read("gpu_usage")
+    assert PartitionFiles(tmp_path / "rows").partitions("gpu_usage") == ["2026-10-14", "2026-10-15"]
+    key = ["partition_key", "kind", "namespace", "pod", "node", "start"]
+    pd.testing.assert_frame_equal(
+        rows[expected.columns].sort_values(key).reset_index(drop=True), expected.sort_values(key).reset_index(drop=True), check_dtype=False
+    )
+    a, b = sql.tables(), files.tables()
+    for name in ("gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report"):
+        pd.testing.assert_frame_equal(a[name].drop(columns="as_of", errors="ignore"), b[name].drop(columns="as_of", errors="ignore"))
 
 
 def test_definitions_register_assets_checks_and_the_daily_schedule():

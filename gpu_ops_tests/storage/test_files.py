@@ -1,0 +1,45 @@
+"""PartitionFiles: row-level tables as one Parquet file per partition, on a real folder."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpu_ops.storage.files import PartitionFiles
+
+
+def frame(day: str, n: int, team: str = "nlp") -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "start": pd.date_range(day, periods=n, freq="h", tz="UTC"),
+            "team": [team] * n,
+            "pod": [f"p-{i}" if i else None for i in range(n)],
+            "row": pd.array([i if i % 2 else None for i in range(n)], dtype="Int64"),
+            "cost_usd": [1.5 * i for i in range(n)],
+        }
+    )
+
+
+def test_partitions_replace_read_back_with_dtypes_and_only_the_columns_asked(tmp_path):
+    files = PartitionFiles(tmp_path)
+    files.write("usage", frame("2026-10-01", 3), ["2026-10-01"])
+    files.write("usage", frame("2026-10-02", 5, "vision"), ["2026-10-02"])
+    files.write("usage", frame("2026-10-01", 2), ["2026-10-01"])  # a re-run replaces, never appends
+    assert files.partitions("usage") == ["2026-10-01", "2026-10-02"]
+    one = files.read("usage", ["2026-10-01"])
+    pd.testing.assert_frame_equal(one, frame("2026-10-01", 2))  # tz-aware times, None, nullable ints kept
+    both = files.read("usage", ["2026-10-01", "2026-10-02", "2026-10-03"], columns=["cost_usd", "team", "absent"])
+    assert list(both.columns) == ["cost_usd", "team", "partition_key"]
+    assert both.groupby("partition_key")["team"].first().to_dict() == {"2026-10-01": "nlp", "2026-10-02": "vision"}
+    assert not list((tmp_path / "usage" / "partition_key=2026-10-01").glob(".*tmp"))  # no temporary left behind
+
+
+def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
+    files = PartitionFiles(tmp_path)
+    df = pd.concat([frame("2026-10-01", 2).assign(partition_key="2026-10-01"), frame("2026-10-02", 1).assign(partition_key="2026-10-02")])
+    assert files.write("usage", df, ["2026-10-01", "2026-10-02", "2026-10-03"]) == 3
+    assert files.partitions("usage") == ["2026-10-01", "2026-10-02", "2026-10-03"]  # the empty day has its (empty) file
+    assert len(files.read("usage", ["2026-10-03"])) == 0
+    with pytest.raises(ValueError, match="outside the ones written"):
+        files.write("usage", df, ["2026-10-01"])
+    assert len(files.read("usage", ["2026-10-02"])) == 1  # the refused write changed nothing
