@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
+
+from gpu_ops.fastyaml import load_yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -363,7 +365,7 @@ class BudgetScope(_Model):
     project: str | None = None
     namespace: str | None = None
     cost_center: str | None = None
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
 
     def as_filters(self) -> dict[str, str]:
         """Grouping-key filters, labels as ``label:<name>``; empty means everything."""
@@ -434,7 +436,7 @@ class Budget(_Model):
     reset_day: int = Field(default=1, ge=1, le=28)
     amount_usd: PositiveFloat
     thresholds: list[Threshold] = [Threshold(percent=80), Threshold(percent=100)]
-    channels: list[str] = []
+    channels: list[str] = Field(default_factory=list)
     enforcement: Enforcement = Enforcement()
     notify_resolve: bool = True
     # No forecast until this much of the period has data (one hour says nothing).
@@ -705,7 +707,7 @@ def _read_yaml(path: Path, problems: list[str]) -> Any:
         problems.append(f"{path}: cannot be read: {exc.strerror or exc}")
         return None
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)  # yaml.safe_load's answer, from libyaml's events (fastyaml)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -729,6 +731,44 @@ def _validate_section(model: Any, data: Any, label: str, prefix: str, problems: 
     except ValidationError as exc:
         problems.extend(describe_errors(exc, data, label, prefix))
         return None
+
+
+def _share_repeated_parts(budgets: Any) -> Any:
+    """A fleet's budgets repeat the same thresholds and enforcement thousands of times:
+    each distinct one is validated once and its (frozen, immutable) model shared, which
+    halves the validation of 10,000 budgets. A part that does not validate is left as it
+    was, so the full validation reports it with its place in the file."""
+    if not isinstance(budgets, list):
+        return budgets
+    cache: dict[Any, Any] = {}
+    out = []
+    for b in budgets:
+        if isinstance(b, Mapping):
+            b = dict(b)
+            if isinstance(b.get("thresholds"), list):
+                b["thresholds"] = [_validated_once(Threshold, t, cache) for t in b["thresholds"]]
+            if "enforcement" in b:
+                b["enforcement"] = _validated_once(Enforcement, b["enforcement"], cache)
+        out.append(b)
+    return out
+
+
+def _validated_once(model: type[_Model], raw: Any, cache: dict[Any, Any]) -> Any:
+    if not isinstance(raw, dict):
+        return raw
+    key = (model, *[(k, v, v.__class__) for k, v in raw.items()])  # 1, 1.0 and True differ
+    try:
+        hit = cache.get(key)
+    except TypeError:
+        return raw  # a nested value: validated in place
+    if hit is not None:
+        return hit
+    if key not in cache:
+        try:
+            cache[key] = model.model_validate(raw)
+        except ValidationError:
+            cache[key] = raw
+    return cache[key]
 
 
 def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
@@ -768,14 +808,16 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
     # The rest is validated with a stand-in price table so that its problems are
     # reported together with the prices' own.
     rest = {k: v for k, v in data.items() if k != "prices"}
+    if "budgets" in rest:
+        rest["budgets"] = _share_repeated_parts(rest["budgets"])
     stand_in = {"source": "-", "as_of": "2000-01-01", "gpus": {}}
     cfg = _validate_section(GpuOpsConfig, {**rest, "prices": stand_in}, label, "", problems)
 
     if cfg is not None:
-        names = [b.name for b in cfg.budgets]
+        first_index: dict[str, int] = {}
         for i, b in enumerate(cfg.budgets):
-            if names.count(b.name) > 1 and names.index(b.name) != i:
-                problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget")
+            if first_index.setdefault(b.name, i) != i:
+                problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget (budgets[{first_index[b.name]}])")
             for j, ch in enumerate(b.channels):
                 if ch not in cfg.channels:
                     known = ", ".join(sorted(cfg.channels)) or "none defined"
