@@ -1,29 +1,111 @@
-"""Load time of the code location next to `import dagster` alone, in the same run.
+"""Load time of the code location next to `import dagster` alone, in the same run, and
+with fleet-sized configurations (10,000 and 100,000 budgets) next to the old loading path.
 
-Each figure is the median of fresh interpreter starts (imports are cached per process,
-so every sample is a new process). Goal: gpu_ops.definitions at most 1.5x `import dagster`.
+    flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/load.py [--budgets 10000,100000]
+
+Each code-location figure is the median of fresh interpreter starts (imports are cached
+per process, so every sample is a new process). Goals: gpu_ops.definitions at most 1.5x
+`import dagster`; 10,000 budgets load in under 1.5 s.
+
+The configuration figures, per size, in this process:
+  - new: `load_config` (fastyaml + validation with shared thresholds, linear name check);
+  - old path: `yaml.safe_load` (pure-Python PyYAML, what the loader used before), then
+    the same validation without sharing, then the quadratic `names.count` check (skipped
+    above 20,000 budgets: it grows with n^2; the line says so);
+and `import gpu_ops.definitions` with GPU_OPS_CONFIG pointing at that file.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 RUNS = 5
+QUADRATIC_LIMIT = 20_000
 
 
-def sample(code: str) -> float:
+def sample(code: str, runs: int = RUNS, env: dict[str, str] | None = None) -> float:
     times = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env={**os.environ, **(env or {})})
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
+def fleet_config(n: int, folder: Path) -> Path:
+    """N budgets of 5 thresholds (every 10th throttles), written as a person would."""
+    import yaml
+
+    budgets = []
+    for i in range(n):
+        b = {
+            "name": f"team-{i:06d}-monthly",
+            "scope": {"team": f"team-{i:06d}"},
+            "amount_usd": 10_000,
+            "thresholds": [{"percent": 50}, {"percent": 80}, {"percent": 100, "severity": "critical"}, {"percent": 120, "basis": "forecast"}, {"absolute_usd": 12_000}],
+            "channels": ["log"],
+        }
+        if i % 10 == 0:
+            b["enforcement"] = {"action": "throttle", "grace_period": "0s", "max_gpus": 8}
+        budgets.append(b)
+    data = {
+        "storage": {"url": f"sqlite:///{folder / 'costs.db'}"},
+        "prices": {"source": "bench", "as_of": "2026-11-01", "gpus": {"h100": {"on-demand": 12.29}}},
+        "budgets": budgets,
+        "channels": {"log": {"type": "log"}},
+    }
+    path = folder / f"gpu_ops_{n}.yaml"
+    path.write_text(yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
+    return path
+
+
+def old_path(path: Path) -> tuple[float, float, float | None]:
+    """What loading cost before: pure-Python YAML, validation, quadratic name check."""
+    import yaml
+
+    from gpu_ops.config import GpuOpsConfig
+
+    t = time.perf_counter()
+    data = yaml.safe_load(path.read_text())
+    yaml_s = time.perf_counter() - t
+    data["prices"] = {"source": "-", "as_of": "2000-01-01", "gpus": {}}
+    t = time.perf_counter()
+    cfg = GpuOpsConfig.model_validate(data)
+    validate_s = time.perf_counter() - t
+    names_s = None
+    if len(cfg.budgets) <= QUADRATIC_LIMIT:
+        names = [b.name for b in cfg.budgets]
+        t = time.perf_counter()
+        _ = [i for i, b in enumerate(cfg.budgets) if names.count(b.name) > 1 and names.index(b.name) != i]
+        names_s = time.perf_counter() - t
+    return yaml_s, validate_s, names_s
+
+
+def new_path(path: Path) -> tuple[float, float]:
+    from gpu_ops.config import parse_config
+    from gpu_ops.fastyaml import load_yaml
+
+    t = time.perf_counter()
+    data = load_yaml(path.read_text())
+    yaml_s = time.perf_counter() - t
+    t = time.perf_counter()
+    parse_config(data, path)
+    return yaml_s, time.perf_counter() - t
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budgets", default="10000,100000", help="comma-separated sizes; empty for none")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.budgets.split(",") if s]
+
     bare = sample("pass")
     dagster = sample("import dagster")
     location = sample("import gpu_ops.definitions")
@@ -31,10 +113,25 @@ def main() -> None:
         [sys.executable, "-c", "import sys, gpu_ops.definitions; print(','.join(m for m in ('torch','kubetorch','pandas','numpy','pyarrow','sqlalchemy','httpx','kubernetes','fsspec') if m in sys.modules) or 'none')"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
+    print(f"load average: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} CPUs")
     print(f"interpreter start        {bare:6.2f} s")
     print(f"import dagster           {dagster:6.2f} s")
     print(f"import gpu_ops.definitions {location:6.2f} s  ratio {location / dagster:.2f}x import dagster (goal <= 1.5x)")
     print(f"heavy modules imported by the code location: {leaks}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            path = fleet_config(n, Path(tmp))
+            new_yaml, new_parse = new_path(path)
+            old_yaml, old_validate, old_names = old_path(path)
+            runs = 3 if n <= 10_000 else 1
+            code_location = sample("import gpu_ops.definitions", runs=runs, env={"GPU_OPS_CONFIG": str(path), "GPU_OPS_HOME": tmp})
+            old_total = old_yaml + old_validate + (old_names or 0.0)
+            names = f"{old_names:.2f} s" if old_names is not None else f"skipped (quadratic: about {(n / 10_000) ** 2:.0f}x the 10,000-budget figure)"
+            print(f"\n{n:,} budgets ({path.stat().st_size / 1e6:.1f} MB of YAML), load average {os.getloadavg()[0]:.2f}:")
+            print(f"  new  load_config            {new_yaml + new_parse:7.2f} s  (YAML {new_yaml:.2f} s, validation and checks {new_parse:.2f} s)   goal at 10,000: < 1.5 s")
+            print(f"  old  path                   {old_total:7.2f} s  (yaml.safe_load {old_yaml:.2f} s, validation {old_validate:.2f} s, names.count {names})")
+            print(f"  import gpu_ops.definitions  {code_location:7.2f} s  with GPU_OPS_CONFIG = this file (median of {runs}; {code_location - location:.2f} s over the demo config)")
 
 
 if __name__ == "__main__":

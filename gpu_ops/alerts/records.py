@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from gpu_ops.alerts.channels import DeliveryResult
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter
-from gpu_ops.alerts.state import STATUS_COLUMNS, StatusRow
+from gpu_ops.alerts.state import STATUS_COLUMNS, StatusTable
 from gpu_ops.cost.attribution import key_column
 from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
 
@@ -39,7 +39,7 @@ def latest_status_partition(store: TableStore) -> str | None:
 _REQUIRED = {"budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used"}
 
 
-def read_latest_status(store: TableStore) -> tuple[str | None, list[StatusRow]]:
+def read_latest_status(store: TableStore) -> tuple[str | None, StatusTable]:
     """The newest partition's rows: each budget's most recent view of its period.
 
     Reads only the contract's columns as plain tuples: going through a DataFrame (and
@@ -48,7 +48,7 @@ def read_latest_status(store: TableStore) -> tuple[str | None, list[StatusRow]]:
     """
     partition = latest_status_partition(store)
     if partition is None:
-        return None, []
+        return None, StatusTable([])
     with store.engine.connect() as conn:
         table = sa.Table(STATUS_TABLE, sa.MetaData(), autoload_with=conn)
         missing = _REQUIRED - set(table.c.keys())
@@ -56,7 +56,7 @@ def read_latest_status(store: TableStore) -> tuple[str | None, list[StatusRow]]:
             raise ValueError(f"table {STATUS_TABLE} lacks the columns {sorted(missing)} of the budget status contract")
         cols = [table.c[c] if c in table.c else sa.null().label(c) for c in STATUS_COLUMNS]
         rows = conn.execute(sa.select(*cols).where(table.c[PARTITION_COLUMN] == partition)).all()
-    return partition, [StatusRow.from_tuple(r) for r in rows]
+    return partition, StatusTable([tuple(r) for r in rows])
 
 
 def top_spenders(store: TableStore, alert: Alert, limit: int) -> list[tuple[str, float]]:

@@ -21,6 +21,7 @@ sends, each waiting at most ``delivery_timeout_s``.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,7 +30,7 @@ RunOutcome = Literal["success", "failure", "active"]
 REDELIVERY_MARK = "/redelivery-"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pending:
     """An alert not yet delivered to every channel."""
 
@@ -99,9 +100,18 @@ def advance(pending: Mapping[str, Pending], outcomes: Mapping[str, RunOutcome], 
     """Each pending alert, given what was seen of its latest run since the last step (by
     run key; absent when nothing new): delivered, still waiting, requested again, or
     dead-lettered."""
+    news: dict[str, dict[int, RunOutcome]] = {}
+    for run_key, outcome in outcomes.items():
+        base, _, n = run_key.partition(REDELIVERY_MARK)
+        news.setdefault(base, {})[int(n) if n.isdigit() else 1] = outcome
     step = Step({})
     for key, p in pending.items():
-        outcome = outcomes.get(p.run_key(key)) or p.seen or None
+        seen = news.get(key)
+        outcome = seen.get(p.n) if seen else None
+        if outcome is None and not p.seen and now < p.first + policy.max_pending_s:
+            step.pending[key] = p  # the common case at scale: nothing new, waiting for its run
+            continue
+        outcome = outcome or p.seen or None
         if outcome != "success" and outcome != p.seen:
             p = Pending(p.first, p.last, p.n, outcome or "")
             step.seen.append(key)
@@ -125,5 +135,6 @@ def _requests(n: int) -> str:
     return "its run" if n == 1 else f"all {n} runs"
 
 
+@functools.lru_cache(maxsize=4096)  # a tick stamps thousands of requests with one time
 def _iso(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")

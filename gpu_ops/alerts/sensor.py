@@ -40,7 +40,7 @@ import dagster as dg
 
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
-from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdEvent, evaluate
+from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdEvent, ThresholdPlan, evaluate
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
 
 if TYPE_CHECKING:
@@ -146,13 +146,27 @@ def enforcement_run_request(order: EnforcementOrder) -> dg.RunRequest:
     )
 
 
+_PLAN: list[Any] = [None, None]  # the last configuration object and its ThresholdPlan
+
+
+def threshold_plan(config: GpuOpsConfig) -> ThresholdPlan:
+    """The plan of ``config``, built once per loaded configuration (load_config caches
+    the object until the file changes)."""
+    if _PLAN[0] is not config:
+        _PLAN[:] = [config, ThresholdPlan.build(config.budgets)]
+    return _PLAN[1]
+
+
 def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: dt.datetime) -> tuple[AlertCursor, list[dg.RunRequest], str]:
     """One full evaluation: newest status rows + previous state -> new state + run requests."""
     from gpu_ops.alerts.records import read_latest_status
 
-    partition, rows = read_latest_status(store)
-    budgets = {b.name: b for b in config.budgets}
-    result = evaluate(budgets, rows, cursor.budgets, now)
+    partition, table = read_latest_status(store)
+    plan = threshold_plan(config)
+    budgets = plan.budgets
+    quiet = table.quiet_rows(plan, cursor.budgets)  # rows that change nothing, found in numpy
+    rows = [table.row(i) for i in range(len(table)) if not quiet[i]]
+    result = evaluate(budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q])
     requests: list[dg.RunRequest] = []
     policy = redelivery_policy(config.alerts)
     pending = dict(cursor.pending)
@@ -169,7 +183,7 @@ def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: d
         requests.append(enforcement_run_request(order_for(ev, budgets.get(ev.budget), config)))
     new_cursor = AlertCursor(cursor.last_storage_id, now.timestamp(), result.state, pending, cursor.runs_seen_at)
     summary = (
-        f"evaluated {len(rows)} budget rows of partition {partition or '(none yet)'}: "
+        f"evaluated {len(table)} budget rows ({len(rows)} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
     )

@@ -42,7 +42,7 @@ from gpu_ops.alerts.redelivery import Pending
 from gpu_ops.config import Budget
 
 RESOLVE_MARGIN = 0.95
-CURSOR_VERSION = 1
+CURSOR_VERSION = 2
 _COMPRESS_OVER = 32_768  # bytes of JSON; larger cursors are stored zlib+base64
 
 
@@ -121,6 +121,9 @@ class BudgetState:
     def empty(self) -> bool:
         return not self.thresholds and not self.enforcement
 
+    def signature(self) -> tuple[Any, ...]:
+        return (self.period_start, self.period_end, tuple((k, *v) for k, v in self.thresholds.items()), tuple(self.enforcement or ()))
+
     def copy(self) -> "BudgetState":
         return BudgetState(
             self.period_start, self.period_end, {k: list(v) for k, v in self.thresholds.items()}, list(self.enforcement) if self.enforcement else None
@@ -139,19 +142,18 @@ class AlertCursor:
     runs_seen_at: float | None = None  # wall-clock epoch s of the last look at alert runs
 
     def encode(self) -> str:
-        body: dict[str, Any] = {
-            "v": CURSOR_VERSION,
-            "m": self.last_storage_id,
-            "at": self.evaluated_at,
-            "b": {name: s.to_json() for name, s in self.budgets.items() if not s.empty},
-        }
+        """JSON, zlib+base64 above 32 KB. Budgets in the same state (most of a fleet) share
+        one entry of ``S``, alerts with the same redelivery state one of ``P``, so the
+        cursor grows by a name and a number per budget."""
+        states, budgets = _shared(((name, s) for name, s in self.budgets.items() if not s.empty), BudgetState.signature, BudgetState.to_json)
+        body: dict[str, Any] = {"v": CURSOR_VERSION, "m": self.last_storage_id, "at": self.evaluated_at, "S": states, "b": budgets}
         if self.pending:
-            body["r"] = {key: p.to_json() for key, p in self.pending.items()}
+            body["P"], body["r"] = _shared(self.pending.items(), lambda p: p, Pending.to_json)
         if self.runs_seen_at is not None:
             body["w"] = self.runs_seen_at
         text = json.dumps(body, separators=(",", ":"))
         if len(text) > _COMPRESS_OVER:
-            return "z:" + base64.b64encode(zlib.compress(text.encode(), 6)).decode()
+            return "z:" + base64.b64encode(zlib.compress(text.encode(), 1)).decode()
         return text
 
     @classmethod
@@ -161,12 +163,39 @@ class AlertCursor:
         if text.startswith("z:"):
             text = zlib.decompress(base64.b64decode(text[2:])).decode()
         data = json.loads(text)
-        if data.get("v") != CURSOR_VERSION:
-            raise ValueError(f"alert sensor cursor has version {data.get('v')}, this code reads {CURSOR_VERSION}")
-        return cls(
-            data.get("m"), data.get("at"), {n: BudgetState.from_json(s) for n, s in (data.get("b") or {}).items()},
-            {k: Pending.from_json(v) for k, v in (data.get("r") or {}).items()}, data.get("w"),
-        )
+        version = data.get("v")
+        if version == 1:  # one state per budget, no sharing
+            budgets = {n: BudgetState.from_json(s) for n, s in (data.get("b") or {}).items()}
+            pending = {k: Pending.from_json(v) for k, v in (data.get("r") or {}).items()}
+        elif version == CURSOR_VERSION:
+            # Shared objects: evaluate() copies a state before it changes it.
+            states = [BudgetState.from_json(s) for s in data["S"]]
+            budgets = {n: states[i] for n, i in data["b"].items()}
+            entries = [Pending.from_json(p) for p in data.get("P") or []]
+            pending = {k: entries[i] for k, i in (data.get("r") or {}).items()}
+        else:
+            raise ValueError(f"alert sensor cursor has version {version}, this code reads 1 and {CURSOR_VERSION}")
+        return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"))
+
+
+def _shared(items: Iterable[tuple[str, Any]], signature: Any, to_json: Any) -> tuple[list[Any], dict[str, int]]:
+    """(distinct values as JSON, name -> index): one entry per distinct signature; an
+    object seen before (shared since decoding) is not signed again."""
+    distinct: list[Any] = []
+    index: dict[Any, int] = {}
+    by_object: dict[int, int] = {}
+    names: dict[str, int] = {}
+    for name, obj in items:
+        i = by_object.get(id(obj))
+        if i is None:
+            sig = signature(obj)
+            i = index.get(sig)
+            if i is None:
+                i = index[sig] = len(distinct)
+                distinct.append(to_json(obj))
+            by_object[id(obj)] = i
+        names[name] = i
+    return distinct, names
 
 
 @dataclass(frozen=True)
@@ -219,17 +248,22 @@ def evaluate(
     rows: Iterable[StatusRow],
     previous: Mapping[str, BudgetState],
     now: dt.datetime,
+    *,
+    unchanged: Iterable[str] = (),
 ) -> Evaluation:
     """Advance every budget's state with its newest status row; collect what to send and do.
 
     ``budgets`` is the current configuration: a raised ``amount_usd`` takes effect at the
-    next evaluation, without waiting for the cost asset to run again.
+    next evaluation, without waiting for the cost asset to run again. ``unchanged`` names
+    budgets that have a row this evaluation which :func:`quiet_rows` showed changes
+    nothing: they are not passed as rows, but count as seen.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (UTC)")
-    state = {name: s.copy() for name, s in previous.items()}  # the caller's state stays as it was
+    # Copy on write: a state is copied when it changes, so the caller's stays as it was.
+    state = dict(previous)
     out = Evaluation(state)
-    seen: set[str] = set()
+    seen: set[str] = set(unchanged)
 
     for row in rows:
         budget = budgets.get(row.budget)
@@ -241,22 +275,118 @@ def evaluate(
             continue  # an older period's row (a backfill): never re-arm backwards
         if st is None or row.period_start > st.period_start:
             if st is not None:
+                st = state[row.budget] = st.copy()
                 _revert_enforcement(out, row.budget, st, f"period {st.period_start} ended; a new period started {row.period_start}")
             st = state[row.budget] = BudgetState(row.period_start, row.period_end)
+        else:
+            st = state[row.budget] = st.copy()
         _advance_thresholds(out, budget, row, st)
         _advance_enforcement(out, budget, row, st, now)
 
     for name, st in list(state.items()):
         if name not in budgets:
-            _revert_enforcement(out, name, st, f"budget {name} was removed from the configuration")
+            _revert_enforcement(out, name, st.copy(), f"budget {name} was removed from the configuration")
             del state[name]
             continue
         if name not in seen and st.enforcement and st.enforcement[0] == "active" and period_end_passed(st.period_end, now):
             # The period ended before the first status row of the next one arrived.
+            st = state[name] = st.copy()
             _revert_enforcement(out, name, st, f"period {st.period_start} ended at {st.period_end}")
         if st.empty and name not in seen:
             del state[name]
     return out
+
+
+# --------------------------------------------------------------------------- at fleet scale
+
+
+@dataclass
+class ThresholdPlan:
+    """A configuration's thresholds as arrays (one row per budget, NaN-padded), built
+    once per loaded configuration, so that a tick compares every threshold of every
+    budget in a few numpy operations."""
+
+    budgets: dict[str, Budget]
+    index: dict[str, int]
+    keys: list[tuple[str, ...]]
+    lines: Any  # float [budgets, thresholds]
+    forecast: Any  # bool [budgets, thresholds]: basis forecast
+    enforce_line: Any  # float [budgets]: spend that starts enforcement; inf for alert-only
+
+    @classmethod
+    def build(cls, budgets: Iterable[Budget]) -> "ThresholdPlan":
+        import numpy as np
+
+        by_name = {b.name: b for b in budgets}
+        width = max((len(b.thresholds) for b in by_name.values()), default=0)
+        n = len(by_name)
+        lines = np.full((n, width), np.nan)
+        forecast = np.zeros((n, width), dtype=bool)
+        enforce = np.full(n, np.inf)
+        keys = []
+        for i, b in enumerate(by_name.values()):
+            keys.append(tuple(th.key() for th in b.thresholds))
+            for j, th in enumerate(b.thresholds):
+                lines[i, j] = th.amount_usd(b.amount_usd)
+                forecast[i, j] = th.basis == "forecast"
+            if b.enforcement.action != "alert":
+                enforce[i] = b.amount_usd * b.enforcement.threshold_percent / 100.0
+        return cls(by_name, {name: i for i, name in enumerate(by_name)}, keys, lines, forecast, enforce)
+
+
+class StatusTable:
+    """The newest ``gpu_budget_status`` partition as raw rows (STATUS_COLUMNS order);
+    a :class:`StatusRow` is built only for the rows that need one."""
+
+    def __init__(self, rows: list[tuple]):
+        self.rows = rows
+        self.names = [r[0] for r in rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, i: int) -> StatusRow:
+        return StatusRow.from_tuple(self.rows[i])
+
+    def quiet_rows(self, plan: ThresholdPlan, previous: Mapping[str, BudgetState]) -> Any:
+        """Per row, True when :func:`evaluate` would change nothing for it: no threshold
+        crosses or falls back, the period and thresholds are those of the stored state,
+        and no enforcement is pending or in force or about to be. Conservative: a row
+        not shown quiet goes through the full per-row evaluation."""
+        import numpy as np
+
+        n = len(self.rows)
+        if n == 0 or len(set(self.names)) != n:
+            return np.zeros(n, dtype=bool)  # duplicate rows: the per-row path decides
+        idx = np.fromiter((plan.index.get(name, -1) for name in self.names), dtype=np.int64, count=n)
+        known = idx >= 0
+        idx = np.where(known, idx, 0)
+        spend = np.array([r[4] for r in self.rows], dtype=float)
+        forecast = np.array([r[6] for r in self.rows], dtype=float)  # None -> NaN
+        lines = plan.lines[idx]
+        values = np.where(plan.forecast[idx], forecast[:, None], spend[:, None])
+        with np.errstate(invalid="ignore"):
+            crossed = values >= lines  # NaN (no forecast, padding) -> False: neither fires nor resolves
+            under = values < lines * RESOLVE_MARGIN
+        alarm = np.zeros_like(crossed)
+        quiet = known & (spend < plan.enforce_line[idx])
+        position = {name: i for i, name in enumerate(self.names)}
+        start_of: dict[Any, str] = {}
+        for name, st in previous.items():
+            i = position.get(name)
+            if i is None or not quiet[i]:
+                continue
+            raw_start = self.rows[i][1]
+            start = start_of.get(raw_start) or start_of.setdefault(raw_start, _iso_date(raw_start))
+            keys = plan.keys[idx[i]]
+            if st.enforcement or start != st.period_start or not st.thresholds.keys() <= set(keys):
+                quiet[i] = False
+                continue
+            for key, (state, _) in st.thresholds.items():
+                if state == "alarm":
+                    alarm[i, keys.index(key)] = True
+        changes = (crossed & ~alarm) | (alarm & under)
+        return quiet & ~changes.any(axis=1)
 
 
 def _advance_thresholds(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState) -> None:
