@@ -40,29 +40,13 @@ def sample(code: str, runs: int = RUNS, env: dict[str, str] | None = None) -> fl
 
 
 def fleet_config(n: int, folder: Path) -> Path:
-    """N budgets of 5 thresholds (every 10th throttles), written as a person would."""
+    """The shared fleet configuration (benchmarks/fleet.py), written as YAML."""
     import yaml
 
-    budgets = []
-    for i in range(n):
-        b = {
-            "name": f"team-{i:06d}-monthly",
-            "scope": {"team": f"team-{i:06d}"},
-            "amount_usd": 10_000,
-            "thresholds": [{"percent": 50}, {"percent": 80}, {"percent": 100, "severity": "critical"}, {"percent": 120, "basis": "forecast"}, {"absolute_usd": 12_000}],
-            "channels": ["log"],
-        }
-        if i % 10 == 0:
-            b["enforcement"] = {"action": "throttle", "grace_period": "0s", "max_gpus": 8}
-        budgets.append(b)
-    data = {
-        "storage": {"url": f"sqlite:///{folder / 'costs.db'}"},
-        "prices": {"source": "bench", "as_of": "2026-11-01", "gpus": {"h100": {"on-demand": 12.29}}},
-        "budgets": budgets,
-        "channels": {"log": {"type": "log"}},
-    }
+    from fleet import fleet_data
+
     path = folder / f"gpu_ops_{n}.yaml"
-    path.write_text(yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
+    path.write_text(yaml.dump(fleet_data(n, folder), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
     return path
 
 
