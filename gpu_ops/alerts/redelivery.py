@@ -101,13 +101,13 @@ def advance(pending: Mapping[str, Pending], outcomes: Mapping[str, RunOutcome], 
     run key; absent when nothing new): delivered, still waiting, requested again, or
     dead-lettered."""
     news: dict[str, dict[int, RunOutcome]] = {}
-    for run_key, outcome in outcomes.items():
+    for run_key, run_outcome in outcomes.items():
         base, _, n = run_key.partition(REDELIVERY_MARK)
-        news.setdefault(base, {})[int(n) if n.isdigit() else 1] = outcome
+        news.setdefault(base, {})[int(n) if n.isdigit() else 1] = run_outcome
     step = Step({})
     for key, p in pending.items():
         seen = news.get(key)
-        outcome = seen.get(p.n) if seen else None
+        outcome: str | None = seen.get(p.n) if seen else None
         if outcome is None and not p.seen and now < p.first + policy.max_pending_s:
             step.pending[key] = p  # the common case at scale: nothing new, waiting for its run
             continue
