@@ -3,6 +3,13 @@
     .venv/bin/python benchmarks/history.py [--section NAME ...] [--intervals N] [--pg URL]
 
 Sections (all by default):
+  usage_files    the gpu_usage step for one day with 3, 30 and 365 daily Parquet files
+                 present (--rows-per-day intervals each), in two layouts: a flat folder
+                 matched by a glob (footers read, other days' row groups skipped) and
+                 `exports/day={date}/*.parquet` (other days never listed). Goal: flat
+                 within 1.2x across history.
+  usage_ledger   the same step with a gpu_usage_ledger of 1, 30 and 365 days (SQLite,
+                 --ledger-rows-per-day rows a day; an indexed range query).
   budget_status  gpu_budget_status on day 1, 10 and 30 of a month whose days are all in
                  gpu_cost_daily (goal: day 30 within 1.5x of day 1).
   daily_job      the four cost assets for one day of --intervals (default 1M) usage
@@ -22,6 +29,7 @@ import contextlib
 import datetime as dt
 import os
 import tempfile
+import statistics
 import threading
 import time
 import uuid
@@ -74,15 +82,21 @@ def month_days(n: int) -> list[dt.date]:
     return [MONTH + dt.timedelta(days=i) for i in range(n)]
 
 
-def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0) -> None:
-    """``n`` intervals that start in ``day`` (some from the evening before, some still
-    open), keyed the way a fleet is: each project belongs to one team, namespace and
-    cost center, so budget scopes have hundreds of key combinations, not millions."""
+def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0, **shape: Any) -> None:
+    pq.write_table(usage_day(day, n, seed, **shape), path, row_group_size=256_000)
+
+
+def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, first_h: int = -2, last_h: int = 23, max_h: float | None = None) -> pa.Table:
+    """``n`` intervals that start in ``[day + first_h, day + last_h)`` (by default some from
+    the evening before), ``open_share`` of them still open, at most ``max_h`` hours long,
+    keyed the way a fleet is: each project belongs to one team, namespace and cost
+    center, so budget scopes have hundreds of key combinations, not millions."""
     rng = np.random.default_rng(seed + day.toordinal())
     day_us = int(np.datetime64(day.isoformat(), "us").astype(np.int64))
-    start = day_us - 2 * US_PER_H + rng.integers(0, 25 * US_PER_H, n)
-    end = start + rng.exponential(2 * US_PER_H, n).astype(np.int64) + 60_000_000
-    open_ = rng.random(n) < 0.01
+    start = day_us + first_h * US_PER_H + rng.integers(0, (last_h - first_h) * US_PER_H, n)
+    length = rng.exponential(2 * US_PER_H, n).astype(np.int64) + 60_000_000
+    end = start + (length if max_h is None else np.minimum(length, int(max_h * US_PER_H)))
+    open_ = rng.random(n) < open_share
     project = rng.integers(0, PROJECTS, n)
     team = project % TEAMS
     sharing = rng.choice(4, n, p=[0.85, 0.07, 0.04, 0.04])
@@ -91,7 +105,7 @@ def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0) -> None:
     def coded(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names))
 
-    table = pa.table(
+    return pa.table(
         {
             "start": pa.array(start, pa.timestamp("us", tz="UTC")),
             "end": pa.array(np.where(open_, 0, end), pa.timestamp("us", tz="UTC"), mask=open_),
@@ -109,7 +123,6 @@ def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0) -> None:
             "gpu_share": pa.array(share),
         }
     )
-    pq.write_table(table, path, row_group_size=256_000)
 
 
 def bench_config(tmp: Path, url: str, usage_glob: str, budgets: list[dict]) -> Path:
@@ -300,7 +313,177 @@ def section_daily_job(args: argparse.Namespace) -> None:
     print(f"\nattributed cost of the 2 days: {totals} ({'equal to the cent' if same else 'DIFFERENT'})")
 
 
+# ------------------------------------------------------------------ reads against history
+
+DAY = dt.date(2026, 11, 1)  # the day priced: the last day of a year of history (a past day)
+FILE_HISTORY = (3, 30, 365)  # days of daily files
+LEDGER_HISTORY = (1, 30, 365)  # days of ledger
+
+
+def history_days(n: int) -> list[dt.date]:
+    return [DAY - dt.timedelta(days=i) for i in range(n - 1, -1, -1)]
+
+
+def history_day(d: dt.date, n: int) -> pa.Table:
+    """A day of a billing export: intervals start that day (at most 24 h long); only the
+    last two days' files hold intervals still running."""
+    return usage_day(d, n, open_share=0.01 if d >= DAY - dt.timedelta(days=1) else 0.0, first_h=0, last_h=24, max_h=24)
+
+
+def link_history(pool: Path, root: Path, n: int) -> None:
+    """``root/flat/usage-<day>.parquet`` and ``root/exports/day=<day>/part-0.parquet`` for the last ``n`` days of ``pool``."""
+    for d in history_days(n):
+        for link in (root / "flat" / f"usage-{d}.parquet", root / "exports" / f"day={d}" / "part-0.parquet"):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(pool / f"{d}.parquet")
+
+
+def write_ledger(url: str, days: int, rows_per_day: int) -> None:
+    """The first day through TableStore (table, column kinds), the rest bulk-inserted in
+    the text layout SQLAlchemy writes to SQLite (a year through TableStore takes an hour)."""
+    import sqlite3
+
+    from gpu_ops.storage.tables import TableStore
+
+    def day_frame(d: dt.date) -> Any:
+        t = history_day(d, rows_per_day).to_pandas()
+        t = t.assign(**{c: t[c].astype(str) for c in t.columns if str(t[c].dtype) == "category"})
+        return t.assign(run_id=[f"run-{d}-{k % 500}" for k in range(len(t))], asset_key="train", attempt=1, outcome="completed", lost_seconds=0.0, last_checkpoint_at=t["end"])
+
+    first, *rest = history_days(days)
+    TableStore(url).write("gpu_usage_ledger", day_frame(first))
+    con = sqlite3.connect(url.removeprefix("sqlite:///"))
+    with con:
+        for d in rest:
+            t = day_frame(d)
+            for c in ("start", "end", "last_checkpoint_at"):
+                t[c] = t[c].dt.strftime("%Y-%m-%d %H:%M:%S.%f")
+            cols = ", ".join(f'"{c}"' for c in t.columns)
+            con.executemany(f"INSERT INTO gpu_usage_ledger ({cols}) VALUES ({', '.join('?' * len(t.columns))})", t.itertuples(index=False, name=None))
+    con.close()
+
+
+def history_config(root: Path, name: str, url: str, sources: list[dict]) -> Path:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"storage": {"url": url}, "prices": str(PRICES), "usage": {"sources": sources, "partitions_start": "2025-01-01"}}))
+    return path
+
+
+def read_and_price(config: Path) -> tuple[float, dict]:
+    """``usage_for_days`` for DAY (read, validate, split, price): (wall s, what it read)."""
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.pipeline import usage_for_days
+    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.cost.sources import SourceSet
+    from gpu_ops.storage.tables import TableStore
+
+    cfg = load_config(config)
+    t0 = time.perf_counter()
+    usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), DAY)
+    return time.perf_counter() - t0, {"rows": len(usage.table), "cost": round(float(usage.table["cost_usd"].sum()), 2), **usage.stats.metadata()}
+
+
+def usage_step(config: Path) -> tuple[float, dict]:
+    """A real Dagster materialization of gpu_usage for DAY (writes the day to SQLite)."""
+    import dagster as dg
+
+    from gpu_ops.config import load_config
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        t0 = time.perf_counter()
+        result = materialize(config, load_config(config).storage.resolved_url(), DAY, instance, selection=["gpu_usage", "gpu_usage_quarantine"])
+        wall = time.perf_counter() - t0
+    assert result.success
+    return wall, {}
+
+
+def interleaved(cases: dict[str, Path], fn: Callable[[Path], tuple[float, dict]], repeat: int) -> dict[str, tuple[float, dict]]:
+    """Median wall per case, the cases run in turn ``repeat`` times (load falls on all alike)."""
+    walls: dict[str, list[float]] = {k: [] for k in cases}
+    info: dict[str, dict] = {}
+    for _ in range(repeat):
+        for name, path in cases.items():
+            wall, info[name] = fn(path)
+            walls[name].append(wall)
+    return {k: (statistics.median(v), info[k]) for k, v in walls.items()}
+
+
+def report(title: str, results: dict[str, tuple[float, dict]], detail: Callable[[dict], str] = lambda i: "") -> None:
+    base = next(iter(results.values()))[0]
+    worst = max(w for w, _ in results.values()) / base
+    print(f"{title}  (max / first: {worst:.2f}x, goal <= 1.2x: {'met' if worst <= 1.2 else 'MISSED'})")
+    for name, (wall, info) in results.items():
+        print(f"  {name:<22} {wall:7.2f} s  {wall / base:5.2f}x   {detail(info)}")
+
+
+@contextlib.contextmanager
+def history_work(args: argparse.Namespace, name: str) -> Iterator[Path]:
+    """``--keep``/name (kept), else a temporary folder removed afterwards."""
+    if args.keep is not None:
+        (args.keep / name).mkdir(parents=True, exist_ok=True)
+        yield args.keep / name
+        return
+    with tempfile.TemporaryDirectory(prefix=f"gpu_ops_hist_{name}_") as tmp:
+        yield Path(tmp)
+
+
+def section_usage_files(args: argparse.Namespace) -> None:
+    """gpu_usage for DAY with 3, 30 and 365 daily Parquet files present, two layouts."""
+    with history_work(args, "files") as work:
+        _usage_files(work, args)
+
+
+def _usage_files(work: Path, args: argparse.Namespace) -> None:
+    pool = work / "pool"
+    pool.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    for d in history_days(max(FILE_HISTORY)):
+        if not (pool / f"{d}.parquet").exists():
+            pq.write_table(history_day(d, args.rows_per_day), pool / f"{d}.parquet", row_group_size=256_000)
+    print(f"a year of daily files, {args.rows_per_day:,} intervals each ({time.perf_counter() - t0:.0f} s to write, "
+          f"{sum(f.stat().st_size for f in pool.iterdir()) / 2**20:,.0f} MiB); median of {args.repeat}, interleaved; {load_note()}")
+    layouts = {"flat glob usage-*.parquet": "flat/usage-*.parquet", "exports/day={date}/*.parquet": "exports/day={date}/*.parquet"}
+    cases: dict[str, dict[str, Path]] = {layout: {} for layout in layouts}
+    for n in FILE_HISTORY:
+        root = work / f"history-{n}"
+        if not root.exists():
+            link_history(pool, root, n)
+        for i, (layout, pattern) in enumerate(layouts.items()):
+            cases[layout][f"{n} days of files"] = history_config(root, f"layout{i}", f"sqlite:///{root / 'costs.db'}", [{"type": "file", "path": pattern}])
+    for layout, by_n in cases.items():
+        report(f"\ngpu_usage read+price, {layout}", interleaved(by_n, read_and_price, args.repeat),
+               lambda i: f"files read {i['files_read']}, footer only {i['files_footer_only']}, row groups {i['row_groups_read']}, rows {i['rows']:,}, ${i['cost']:,.2f}")
+        report(f"gpu_usage step (Dagster, the day written to SQLite), {layout}", interleaved(by_n, usage_step, args.repeat))
+    print(load_note())
+
+
+def section_usage_ledger(args: argparse.Namespace) -> None:
+    """gpu_usage for DAY with a gpu_usage_ledger of 1, 30 and 365 days (SQLite)."""
+    with history_work(args, "ledger") as work:
+        _usage_ledger(work, args)
+
+
+def _usage_ledger(work: Path, args: argparse.Namespace) -> None:
+    by_n: dict[str, Path] = {}
+    for n in LEDGER_HISTORY:
+        root = work / f"ledger-{n}"
+        root.mkdir(exist_ok=True)
+        url = f"sqlite:///{root / 'costs.db'}"
+        if not (root / "costs.db").exists():
+            t0 = time.perf_counter()
+            write_ledger(url, n, args.ledger_rows_per_day)
+            print(f"ledger of {n} days x {args.ledger_rows_per_day:,} rows: {time.perf_counter() - t0:.0f} s to write")
+        by_n[f"ledger of {n} days"] = history_config(root, "ledger", url, [{"type": "ledger"}])
+    print(f"median of {args.repeat}, interleaved; {load_note()}")
+    report("gpu_usage read+price, ledger (indexed range query)", interleaved(by_n, read_and_price, args.repeat),
+           lambda i: f"ledger rows read {i.get('gpu_usage_ledger_rows_read', 0):,}, rows {i['rows']:,}, ${i['cost']:,.2f}")
+    report("gpu_usage step (Dagster, the day written to SQLite), ledger", interleaved(by_n, usage_step, args.repeat))
+    print(load_note())
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "usage_files": section_usage_files,
+    "usage_ledger": section_usage_ledger,
     "budget_status": section_budget_status,
     "daily_job": section_daily_job,
 }
@@ -311,6 +494,10 @@ def main() -> None:
     ap.add_argument("--section", action="append", choices=sorted(SECTIONS), help="run only these sections (repeatable); default: all")
     ap.add_argument("--intervals", type=int, default=1_000_000, help="daily_job: usage intervals a day")
     ap.add_argument("--budget-intervals", type=int, default=100_000, help="budget_status: intervals of the generated day")
+    ap.add_argument("--rows-per-day", type=int, default=100_000, help="usage_files: intervals in each daily file")
+    ap.add_argument("--ledger-rows-per-day", type=int, default=10_000, help="usage_ledger: ledger rows a day")
+    ap.add_argument("--repeat", type=int, default=3, help="usage_files, usage_ledger: timings per case (median)")
+    ap.add_argument("--keep", type=Path, help="usage_files, usage_ledger: keep (and reuse) generated data in this folder")
     ap.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a scratch database is created on it)")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # daily_job's child processes
     ap.add_argument("--day", help=argparse.SUPPRESS)

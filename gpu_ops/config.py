@@ -300,7 +300,10 @@ class LedgerSource(_Model):
 
 class FileSource(_Model):
     type: Literal["file"]
-    path: str  # a glob; CSV or Parquet by extension
+    path: str  # a glob; CSV or Parquet by extension; `{date}` = the partition's UTC day
+    # Day files (`{date}`, `day=YYYY-MM-DD/` folders) hold the intervals that start that day:
+    # a day also reads this many days before it (an interval crossing midnight).
+    lookback_days: int = Field(default=1, ge=0)
 
 
 class KubernetesSource(_Model):
@@ -334,6 +337,12 @@ class UsageConfig(_Model):
     batch_rows: int = Field(default=262_144, gt=0)
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
+    # Raw collector rows (gpu_usage_collected) that ended this many days ago are deleted;
+    # the daily gpu_usage partitions are the durable record. None (default) keeps them all.
+    collected_retention_days: int | None = Field(default=None, ge=1)
+    # A backfill runs gpu_usage and gpu_cost_attribution for up to this many days per run
+    # (each source read once per run); None: the whole range in one run.
+    backfill_days_per_run: int | None = Field(default=7, ge=1)
 
     @field_validator("group_by")
     @classmethod
@@ -823,7 +832,7 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
                     known = ", ".join(sorted(cfg.channels)) or "none defined"
                     problems.append(f"{label}: budgets[{i}].channels[{j}]: no channel named {ch!r} (channels: {known})")
         for i, src in enumerate(cfg.usage.sources):
-            if isinstance(src, FileSource) and not any(c in src.path for c in "*?[") and not (base / src.path).exists():
+            if isinstance(src, FileSource) and not any(c in src.path for c in "*?[{") and not (base / src.path).exists():
                 problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
 
     if problems:

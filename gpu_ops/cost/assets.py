@@ -57,6 +57,30 @@ def _top_teams(table: "pd.DataFrame") -> "pd.DataFrame":
     return table.groupby("team", as_index=False)[["gpu_hours", "cost_usd", "savings_usd"]].sum().sort_values("cost_usd", ascending=False)
 
 
+def _days(context: dg.AssetExecutionContext) -> tuple[dt.date, dt.date]:
+    """The first and last UTC day of the run's partition key or partition key range."""
+    window = context.partition_time_window
+    return window.start.date(), (window.end - dt.timedelta(days=1)).date()
+
+
+def _backfill_policy(config: GpuOpsConfig) -> dg.BackfillPolicy:
+    """Backfills run up to ``usage.backfill_days_per_run`` days per run (each source read once)."""
+    n = config.usage.backfill_days_per_run
+    return dg.BackfillPolicy.single_run() if n is None else dg.BackfillPolicy.multi_run(max_partitions_per_run=n)
+
+
+def _sum_totals(per_day: list[dict[str, Any]]) -> dict[str, Any]:
+    """Attribution totals of several days as one (fleet cost known only when every day knows it)."""
+    if len(per_day) == 1:
+        return per_day[0]
+    fleets = [t["fleet_cost_usd"] for t in per_day]
+    return {
+        **{k: sum(t[k] for t in per_day) for k in ("attributed_cost_usd", "gpu_hours", "idle_cost_usd", "off_fleet_cost_usd", "groups")},
+        "fleet_cost_usd": None if any(f is None for f in fleets) else sum(fleets),
+        "over_allocated_nodes": sorted({n for t in per_day for n in t["over_allocated_nodes"]}),
+    }
+
+
 def _budget_window() -> dg.TimeWindowPartitionMapping:
     # The first month's windows reach before the first partition; allowing that is a beta
     # parameter whose warning would print at every code-location load.
@@ -67,6 +91,7 @@ def _budget_window() -> dg.TimeWindowPartitionMapping:
 
 def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.PartitionsDefinition]:
     partitions = dg.DailyPartitionsDefinition(start_date=config.usage.partitions_start.isoformat(), timezone="UTC")
+    backfill = _backfill_policy(config)
 
     # Subsettable: `--select gpu_usage` (or the quarantine alone) materializes just that
     # table; both come from one read of the sources.
@@ -93,38 +118,35 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 description="Every usage file pattern matched a file and every file could be read (ERROR: the day's cost would be short).",
             ),
         ],
+        backfill_policy=backfill,
     )
     def gpu_usage_asset(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
-        from gpu_ops.cost.attribution import day_window, fleet_totals
-        from gpu_ops.cost.pipeline import default_as_of, load_raw, price_window, usage_table
+        from gpu_ops.cost.attribution import fleet_totals
+        from gpu_ops.cost.pipeline import usage_for_days
         from gpu_ops.cost.pricing import PriceMatrix
         from gpu_ops.cost.usage import file_problems
         from gpu_ops.storage.tables import TableStore
 
         cfg = gpu_ops.load()
-        day = dt.date.fromisoformat(context.partition_key)
-        start, end = day_window(day)
-        as_of = default_as_of(day)
-        sources = SourceSet.from_config(cfg)
-        store = TableStore.from_config(cfg)
-        raw, inventory = load_raw(sources, store)
-        priced = price_window(raw, inventory, PriceMatrix.from_table(cfg.prices), start, end, as_of, dedupe=sources.count > 1)
-        table = usage_table(priced.rows)
+        first, last = _days(context)
+        usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
+        table, q = usage.table, usage.quarantine
         totals = fleet_totals(table)
-        q = priced.quarantine
         selected = {k.to_user_string() for k in context.selected_asset_keys}
         if "gpu_usage" in selected:
             yield dg.Output(
                 table,
                 output_name="gpu_usage",
                 metadata={
-                    "as_of": as_of.isoformat(),
+                    **({"days": f"{first} .. {last}"} if last > first else {}),
+                    "as_of": usage.as_of.isoformat(),
                     "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
                     "gpu_hours": round(totals["gpu_hours"], 4),
                     "allocated_cost_usd": round(totals["allocated_cost_usd"], 2),
                     "idle_cost_usd": round(totals["idle_cost_usd"], 2),
                     "fleet_cost_usd": round(totals["fleet_cost_usd"], 2) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
                     "quarantined_rows": len(q),
+                    **usage.stats.metadata(),
                 },
             )
         if "gpu_usage_quarantine" in selected:
@@ -166,28 +188,36 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             ),
         },
         check_specs=[dg.AssetCheckSpec("conservation", asset="gpu_cost_attribution", description="Attributed cost equals fleet cost (plus usage on nodes outside the inventory); no node over-allocated.")],
+        backfill_policy=backfill,
     )
     def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+        import pandas as pd
+
         from gpu_ops.cost.attribution import attribute, conservation
         from gpu_ops.cost.budgets import daily_costs, scope_label_keys
+        from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
 
         cfg = gpu_ops.load()
-        day = dt.date.fromisoformat(context.partition_key)
-        result = attribute(gpu_usage, cfg.usage.group_by, cfg.usage.idle)
-        daily = daily_costs(gpu_usage, [day], scope_label_keys(cfg.budgets))
-        t = result.totals
-        ok, message = conservation(result.table, t)
+        keys = context.partition_keys
+        days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in usage_by_day(gpu_usage, keys)]
+        table = pd.concat([r.table.assign(**{PARTITION_KEY: key}) for key, r in days], ignore_index=True)
+        daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets))
+        daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
+        t = _sum_totals([r.totals for _, r in days])
+        verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]
+        ok = all(v[1] for v in verdicts)
+        message = verdicts[0][2] if len(verdicts) == 1 else "; ".join(f"{k}: {m}" for k, good, m in verdicts if not good) or f"all {len(verdicts)} days conserve"
         yield dg.Output(
-            result.table,
+            table,
             output_name="gpu_cost_attribution",
             metadata={
                 "total_cost_usd": round(t["attributed_cost_usd"], 2),
                 "gpu_hours": round(t["gpu_hours"], 4),
                 "idle_cost_usd": round(t["idle_cost_usd"], 2),
                 "fleet_cost_usd": round(t["fleet_cost_usd"], 2) if t["fleet_cost_usd"] is not None else "unknown (no inventory)",
-                "savings_usd": round(float(result.table["savings_usd"].sum()), 2),
+                "savings_usd": round(float(table["savings_usd"].sum()), 2),
                 "groups": t["groups"],
-                "top_teams": dg.MetadataValue.md(_md_table(_top_teams(result.table))),
+                "top_teams": dg.MetadataValue.md(_md_table(_top_teams(table))),
             },
         )
         yield dg.Output(daily, output_name="gpu_cost_daily", metadata={"cost_usd": round(float(daily["cost_usd"].sum()), 2), "scope_rows": len(daily)})

@@ -250,16 +250,37 @@ def merge_snapshot(previous: pd.DataFrame, snapshot: pd.DataFrame, key: list[str
     return merged
 
 
-def record_pods(store: Any, snapshot: pd.DataFrame, observed_at: dt.datetime) -> pd.DataFrame:
+def record_pods(store: Any, snapshot: pd.DataFrame, observed_at: dt.datetime, retention_days: int | None = None) -> pd.DataFrame:
     merged = merge_snapshot(store.read(COLLECTED_PODS_TABLE, missing_ok=True), snapshot, ["namespace", "pod", "start"], observed_at)
+    merged = drop_expired(merged, observed_at, retention_days)
     store.write(COLLECTED_PODS_TABLE, merged)
     return merged
 
 
-def record_nodes(store: Any, snapshot: pd.DataFrame, observed_at: dt.datetime) -> pd.DataFrame:
+def record_nodes(store: Any, snapshot: pd.DataFrame, observed_at: dt.datetime, retention_days: int | None = None) -> pd.DataFrame:
     merged = merge_snapshot(store.read(COLLECTED_NODES_TABLE, missing_ok=True), snapshot, ["node", "start"], observed_at)
+    merged = drop_expired(merged, observed_at, retention_days)
     store.write(COLLECTED_NODES_TABLE, merged)
     return merged
+
+
+def retention_horizon(observed_at: dt.datetime, retention_days: int | None) -> dt.datetime | None:
+    """Recorded rows that ended before this time are deleted (None: kept forever)."""
+    return None if retention_days is None else observed_at - dt.timedelta(days=retention_days)
+
+
+def drop_expired(recorded: pd.DataFrame, observed_at: dt.datetime, retention_days: int | None) -> pd.DataFrame:
+    """``recorded`` without the intervals that ended before the retention horizon.
+
+    Rows still running are always kept. The daily ``gpu_usage`` partitions are the durable
+    record: a day older than the horizon must not be re-materialized from the collector.
+    """
+    horizon = retention_horizon(observed_at, retention_days)
+    if horizon is None or recorded.empty:
+        return recorded
+    end = pd.to_datetime(recorded["end"], utc=True, errors="coerce", format="ISO8601")
+    expired = (end < pd.Timestamp(horizon)).to_numpy()
+    return recorded[~expired].reset_index(drop=True) if expired.any() else recorded
 
 
 def core_v1_api() -> Any:

@@ -18,11 +18,13 @@ from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_
 from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
+from gpu_ops.cost.window import ReadStats, Window
 from gpu_ops.cost.usage import (
     concat_raw,
     dedupe_intervals,
     empty_quarantine,
     quarantine_in_window,
+    read_intervals,
     read_inventory_files,
     read_ledger,
     read_usage_files,
@@ -30,6 +32,7 @@ from gpu_ops.cost.usage import (
     validate_usage,
 )
 
+PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
 # The stored `gpu_usage` table: one row per interval piece of the day (and per idle node).
 USAGE_TABLE_COLUMNS = (
     "day", "start", "end", "interval_start", "interval_end", "kind", "namespace", "pod", "node", "team", "project",
@@ -146,30 +149,37 @@ def load_raw(
     columns: Sequence[str] | None = None,
     core_api_factory: Callable[[], Any] | None = None,
     now: dt.datetime | None = None,
+    window: Window | None = None,
+    stats: ReadStats | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(raw usage, raw inventory or None) from every configured source.
 
     Kubernetes sources are collected now and recorded in ``store`` (see
     :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
+    With a ``window``, each source yields only the rows that can touch it (see
+    :mod:`gpu_ops.cost.window`; pricing the result over that window gives what reading
+    everything would) and ``stats`` records what was read.
     """
     frames = []
     if sources.usage_files:
         # Row numbers are only needed by bad rows when nothing else is read (the CLI's fast path).
-        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers=columns is None or sources.count > 1))
+        row_numbers = columns is None or sources.count > 1
+        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers, window, sources.lookback_days, stats))
     if sources.ledger:
         if store is None:
             raise ValueError("usage source 'ledger' needs the storage database (storage.url)")
-        frames.append(read_ledger(store))
+        frames.append(read_ledger(store, window, stats))
     collect(sources, store, core_api_factory, now)
     if sources.kubernetes:
         from gpu_ops.cost import kubernetes as k8s
 
-        frames.append(store.read(k8s.COLLECTED_PODS_TABLE, missing_ok=True))
-    return concat_raw(frames), load_inventory(sources, store)
+        frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
+    return concat_raw(frames), load_inventory(sources, store, window, stats)
 
 
-def load_inventory(sources: SourceSet, store: Any = None) -> pd.DataFrame | None:
-    """The raw node inventory (files, and the Karpenter nodes recorded in ``store``), or None."""
+def load_inventory(sources: SourceSet, store: Any = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame | None:
+    """The raw node inventory (files, and the Karpenter nodes recorded in ``store``; with a
+    ``window``, those that can touch it), or None."""
     if not sources.has_inventory:
         return None
     inv_frames = []
@@ -178,8 +188,52 @@ def load_inventory(sources: SourceSet, store: Any = None) -> pd.DataFrame | None
     if sources.inventory_karpenter:
         from gpu_ops.cost import kubernetes as k8s
 
-        inv_frames.append(store.read(k8s.COLLECTED_NODES_TABLE, missing_ok=True))
+        inv_frames.append(read_intervals(store, k8s.COLLECTED_NODES_TABLE, window, stats))
     return concat_raw(inv_frames)
+
+
+@dataclass
+class DaysUsage:
+    """``gpu_usage`` for a run of whole UTC days, ready to store one partition per day."""
+
+    table: pd.DataFrame  # :data:`USAGE_TABLE_COLUMNS` + ``partition_key`` (the row's day)
+    quarantine: pd.DataFrame  # + ``partition_key``: a bad row in every day it can touch
+    as_of: pd.Timestamp
+    stats: ReadStats
+
+
+def usage_for_days(
+    sources: SourceSet, store: Any, prices: PriceMatrix, first: dt.date, last: dt.date | None = None,
+    now: dt.datetime | None = None, core_api_factory: Callable[[], Any] | None = None,
+) -> DaysUsage:
+    """Read each source once for the days ``first..last`` (only what can touch them) and
+    price them; each day's rows equal what a run of that day alone gives."""
+    last = last or first
+    window, stats = Window.of_days(first, last), ReadStats()
+    raw, inventory = load_raw(sources, store, core_api_factory=core_api_factory, now=now, window=window, stats=stats)
+    as_of = default_as_of(last, now)
+    priced = price_window(raw, inventory, prices, window.start, window.end, as_of, dedupe=sources.count > 1)
+    table = usage_table(priced.rows)
+    table[PARTITION_KEY] = table["day"].dt.strftime("%Y-%m-%d") if len(table) else pd.Series([], dtype=object)
+    quarantine = pd.concat(
+        [quarantine_in_window(priced.quarantine, *day_window(d)).assign(**{PARTITION_KEY: d.isoformat()}) for d in window.days()],
+        ignore_index=True,
+    )
+    return DaysUsage(table, quarantine, as_of, stats)
+
+
+def usage_by_day(usage: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
+    """Stored ``gpu_usage`` rows of partitions ``keys``, one frame per day (empty when a day has none).
+
+    One loaded partition comes without ``partition_key`` (the IO manager drops it).
+    """
+    if PARTITION_KEY not in usage.columns:
+        if len(keys) != 1:
+            raise ValueError(f"gpu_usage rows of {len(keys)} days carry no {PARTITION_KEY!r} column")
+        return [(keys[0], usage)]
+    parts = {str(k): g.drop(columns=PARTITION_KEY) for k, g in usage.groupby(PARTITION_KEY, sort=False)}
+    empty = usage.iloc[0:0].drop(columns=PARTITION_KEY)
+    return [(k, parts.get(k, empty)) for k in keys]
 
 
 def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] | None = None, now: dt.datetime | None = None) -> dict[str, int]:
@@ -196,11 +250,11 @@ def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] 
     pods = nodes = 0
     for src in sources.kubernetes:
         snapshot = k8s.collect_pods(api, src.namespaces, src.label_keys, observed)
-        k8s.record_pods(store, snapshot, observed)
+        k8s.record_pods(store, snapshot, observed, sources.collected_retention_days)
         pods += len(snapshot)
     if sources.inventory_karpenter:
         snapshot = k8s.collect_nodes(api, observed)
-        k8s.record_nodes(store, snapshot, observed)
+        k8s.record_nodes(store, snapshot, observed, sources.collected_retention_days)
         nodes = len(snapshot)
     return {"pods": pods, "nodes": nodes}
 

@@ -17,18 +17,21 @@ class SourceSet:
     """What to read: files, the ledger table, Kubernetes, and the inventory."""
 
     usage_files: list[str] = field(default_factory=list)
+    lookback_days: dict[str, int] = field(default_factory=dict)  # per usage file pattern (default 1)
     ledger: bool = False
     kubernetes: list[KubernetesSource] = field(default_factory=list)
     inventory_files: list[str] = field(default_factory=list)
     inventory_karpenter: bool = False
     base_dir: Path | None = None
+    collected_retention_days: int | None = None
 
     @classmethod
     def from_config(cls, config: GpuOpsConfig) -> "SourceSet":
-        s = cls(base_dir=config.base_dir)
+        s = cls(base_dir=config.base_dir, collected_retention_days=config.usage.collected_retention_days)
         for src in config.usage.sources:
             if isinstance(src, FileSource):
                 s.usage_files.append(src.path)
+                s.lookback_days[src.path] = src.lookback_days
             elif isinstance(src, LedgerSource):
                 s.ledger = True
             elif isinstance(src, KubernetesSource):

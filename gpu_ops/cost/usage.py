@@ -17,10 +17,10 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ import pandas as pd
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
 from gpu_ops.errors import GpuOpsError
+
+if TYPE_CHECKING:
+    from gpu_ops.cost.window import ReadStats, Window
 
 USAGE_COLUMNS = (
     "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
@@ -241,31 +244,41 @@ def number_problem(value: Any) -> str:
 # --------------------------------------------------------------------------- sources
 
 
-def _expand(pattern: str, base_dir: Path | None) -> list[Path]:
+def _expand(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
+    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
+    file; matching nothing is an error, or no files with ``missing_ok``."""
     p = Path(pattern).expanduser()
     if not p.is_absolute() and base_dir is not None:
         p = base_dir / p
     if any(c in str(p) for c in "*?["):
         paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
-        if not paths:
+        if not paths and not missing_ok:
             raise UsageSourceError(p, f"no file matches {pattern!r}")
         return paths
     if p.is_dir():
         paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
-        if not paths:
+        if not paths and not missing_ok:
             raise UsageSourceError(p, "no .csv or .parquet file in this folder")
         return paths
     if not p.exists():
+        if missing_ok:
+            return []
         raise UsageSourceError(p, "no such file")
     return [p]
 
 
-def _distinct_files(patterns: Iterable[str], base_dir: Path | None) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
-    """Each file the patterns match, once (by real path); a pattern matching nothing is an error."""
+def _distinct_files(
+    patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
+) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
+    """Each file the patterns match, once (by real path); a pattern matching nothing is an
+    error. With a ``window``, only files of days that can hold its rows (see
+    :func:`gpu_ops.cost.window.list_files`; ``lookback_days`` per pattern)."""
+    from gpu_ops.cost import window as win
+
     seen: set[str] = set()
     for pattern in patterns:
         try:
-            paths = _expand(pattern, base_dir)
+            paths = win.list_files(pattern, base_dir, window, (lookback_days or {}).get(pattern, win.DEFAULT_LOOKBACK_DAYS), stats)
         except UsageSourceError as exc:
             yield None, exc
             continue
@@ -276,24 +289,35 @@ def _distinct_files(patterns: Iterable[str], base_dir: Path | None) -> Iterator[
                 yield path, None
 
 
-def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
+def read_table_file(path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
     """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals).
 
     Anything that stops the file from being read raises :class:`UsageSourceError`
-    naming the file and what is wrong, never a reader's own exception.
+    naming the file and what is wrong, never a reader's own exception. With a
+    ``window``, a Parquet file's row groups that cannot touch it are not read (the frame
+    then carries ``row``, the 1-based row number in the file; no rows at all when
+    nothing can touch it) and ``stats`` records what was read.
     """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from gpu_ops.cost import window as win
         from gpu_ops.cost.columns import parquet_columns
 
         try:
-            schema = pq.read_schema(path)
-            return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
+            if window is None:
+                schema = pq.read_schema(path)
+                return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
+            table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats())
+            if not len(rows):  # nothing of the window: the file's columns, no rows
+                return pd.DataFrame(np.empty((0, table.num_columns), dtype=object), columns=table.column_names)
+            df = arrow_to_frame(table)
         except (pa.ArrowException, OSError, ValueError) as exc:  # a corrupt or truncated file: name it
             raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+        df["row"] = rows
+        return df
     if suffix == ".csv":
         try:
             return _read_csv(path, columns)
@@ -416,7 +440,13 @@ def _concat(chunks: list[Any], dtype: Any, n: int, scale: int = 1) -> np.ndarray
 
 
 def read_usage_files(
-    patterns: Iterable[str], base_dir: Path | None = None, columns: Sequence[str] | None = None, row_numbers: bool = True
+    patterns: Iterable[str],
+    base_dir: Path | None = None,
+    columns: Sequence[str] | None = None,
+    row_numbers: bool = True,
+    window: Window | None = None,
+    lookback_days: Mapping[str, int] | None = None,
+    stats: ReadStats | None = None,
 ) -> pd.DataFrame:
     """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
 
@@ -425,28 +455,39 @@ def read_usage_files(
     that :func:`validate_usage` quarantines; the other files are still read.
     With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
     quarantine still names rows, working them out from positions (files are concatenated
-    in order).
+    in order). With a ``window``, only what can touch it is listed, read and kept (see
+    :mod:`gpu_ops.cost.window`; ``lookback_days`` per pattern); ``stats`` records it.
     """
-    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers)
+    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers, window, lookback_days, stats)
 
 
 def _read_files(
     patterns: Iterable[str], base_dir: Path | None, columns: Sequence[str] | None, source: str,
     required: Sequence[str], layout: Sequence[str], row_numbers: bool = True,
+    window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
 ) -> pd.DataFrame:
+    from gpu_ops.cost import window as win
+
     frames = []
-    for path, problem in _distinct_files(patterns, base_dir):
+    for path, problem in _distinct_files(patterns, base_dir, window, lookback_days, stats):
         try:
             if problem is not None:
                 raise problem
             assert path is not None
-            df = read_table_file(path, columns)
+            df = read_table_file(path, columns, window, stats)
             _require(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
             frames.append(source_problem(exc, source))
             continue
         bad_lines = df.attrs.pop("bad_lines", [])
-        frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
+        if window is None:
+            frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
+        elif len(df):  # numbered (rows of the window keep their file row numbers), then filtered
+            if source == "file" and path.suffix.lower() == ".csv" and stats is not None:
+                stats.files_read.append(str(path))
+            frame = win.keep_touching(usage_frame(df, path, None if "row" in df else 1, [r for r, _ in bad_lines], source), window, stats)
+            if len(frame):
+                frames.append(frame)
         if bad_lines:
             frames.append(line_problems(path, bad_lines, source))
     if any("row" in f for f in frames) and not all("row" in f for f in frames if FILE_ERROR not in f):
@@ -580,23 +621,40 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_ledger(store: Any) -> pd.DataFrame:
-    """The training ledger (``gpu_usage_ledger``); absent table -> no rows.
+def read_ledger(store: Any, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
+    """The training ledger (``gpu_usage_ledger``), or its rows that can touch ``window``
+    (a range query); absent table -> no rows.
 
     Attempts that held no GPU (``gpu_count`` 0: a launch that never started, a run on
     CPU) are the retry policy's memory, not GPU usage: their GPU-hours are zero by
     construction, so they are left out here rather than quarantined. Any other value,
     blank or malformed, still goes through validation.
     """
-    df = store.read(LEDGER_TABLE, missing_ok=True)
+    df = read_intervals(store, LEDGER_TABLE, window, stats)
     if not df.empty and "gpu_count" in df.columns:
         df = df[pd.to_numeric(df["gpu_count"], errors="coerce") != 0].reset_index(drop=True)
     if df.empty:
         return pd.DataFrame()
     df = df.drop(columns=[c for c in ("partition_key",) if c in df.columns])
     df["source"] = const_column(len(df), "ledger")
-    df["location"] = const_column(len(df), LEDGER_TABLE)
-    df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
+    # A table row has no number (what a query returns depends on its window): a ledger
+    # row is named by its run and attempt, as a collected pod is by its name.
+    if {"run_id", "attempt"} <= set(df.columns):
+        attempt = df["attempt"].astype(object).where(df["attempt"].notna(), "?")
+        df["location"] = LEDGER_TABLE + " run " + df["run_id"].astype(str) + " attempt " + attempt.astype(str)
+    else:
+        df["location"] = const_column(len(df), LEDGER_TABLE)
+    df["row"] = pd.array([None] * len(df), dtype="Int64")
+    return df
+
+
+def read_intervals(store: Any, table: str, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
+    """All rows of an interval table, or (with a window) those that can touch it."""
+    if window is None:
+        return store.read(table, missing_ok=True)
+    df = store.read_range(table, window.start, window.end, missing_ok=True)
+    if stats is not None:
+        stats.table_rows[table] = len(df)
     return df
 
 
@@ -1081,7 +1139,8 @@ def dedupe_intervals(rows: pd.DataFrame) -> pd.DataFrame:
     keyed = rows[named].copy()
     # A source that saw the pod end knows more than one that still has it running.
     keyed["_end_sort"] = keyed["end"].fillna(pd.Timestamp("1970-01-01", tz="UTC"))
-    keyed = keyed.sort_values("_end_sort").drop_duplicates(["namespace", "pod", "start"], keep="last").drop(columns="_end_sort")
+    # Stable: among equal ends the last source read wins, whatever else was read with it.
+    keyed = keyed.sort_values("_end_sort", kind="stable").drop_duplicates(["namespace", "pod", "start"], keep="last").drop(columns="_end_sort")
     return pd.concat([rows[~named], keyed], ignore_index=True) if (~named).any() else keyed.reset_index(drop=True)
 
 

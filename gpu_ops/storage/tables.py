@@ -506,9 +506,11 @@ class TableStore:
         where: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         missing_ok: bool = False,
+        clause: Callable[[sa.Table, Mapping[str, str]], Any] | None = None,
     ) -> pd.DataFrame:
-        """Rows of ``name`` (of ``partition_keys``, matching ``where``); with ``columns``,
-        only those of them that the table has. PostgreSQL reads go through COPY TO."""
+        """Rows of ``name``: of some partitions, equal to ``where`` values, and/or matching
+        ``clause(table, column kinds)`` (a SQLAlchemy condition); with ``columns``, only
+        those of them that the table has. PostgreSQL reads go through COPY TO."""
         _check_name(name)
         with self.engine.connect() as conn:
             if not sa.inspect(conn).has_table(name):
@@ -523,6 +525,8 @@ class TableStore:
             for col, value in (where or {}).items():
                 query = query.where(table.c[col].in_(value) if isinstance(value, (list, tuple, set)) else table.c[col] == value)
             kinds = self._kinds(conn, name)
+            if clause is not None:
+                query = query.where(clause(table, kinds))
             if self.dialect == "postgresql":
                 try:
                     return _copy_out(conn, query, kinds)
@@ -532,12 +536,71 @@ class TableStore:
             df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
         return _decode(df, kinds)
 
+    def read_range(
+        self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False
+    ) -> pd.DataFrame:
+        """Rows of interval table ``name`` that can touch ``[window_start, window_end)``.
+
+        Kept: ``start < window_end`` and (``end`` missing, i.e. still running, or
+        ``end >= window_start``); rows with a missing ``start``; inverted rows (``end <
+        start``) starting in or after the window (validation quarantines them; the
+        quarantine keeps those whose two times straddle the window). The ``start`` and ``end`` columns
+        are indexed on first use, so the query reads the window's rows, not the history.
+        Text time columns (ISO 8601 UTC, as the collector writes them) compare as text
+        in byte order (``COLLATE "C"`` on PostgreSQL).
+        """
+        if self.has_table(name):
+            self.ensure_indexes(name, [start, end])
+
+        def touches(table: sa.Table, kinds: Mapping[str, str]) -> Any:
+            s, e = (self._time_column(table, c, kinds) for c in (start, end))
+            lo, hi = (self._time_value(v, kinds.get(start)) for v in (window_start, window_end))
+            return sa.or_(
+                sa.and_(e >= lo, s < hi),  # closed intervals ending in or after the window (index on end)
+                sa.and_(e.is_(None), sa.or_(s < hi, s.is_(None))),  # still running (index on end)
+                s.is_(None),
+                # Inverted (quarantined in every day between its times); a superset, on the start index.
+                sa.and_(s >= lo, e < s),
+            )
+
+        return self.read(name, clause=touches, missing_ok=missing_ok)
+
+    def ensure_indexes(self, name: str, columns: Sequence[str], kinds: Mapping[str, str] | None = None) -> None:
+        """One index per column of ``name`` (text columns in byte order on PostgreSQL)."""
+        with self.engine.connect() as conn:
+            present = {tuple(ix["column_names"]) for ix in sa.inspect(conn).get_indexes(name)}
+            present |= {ix["name"] for ix in sa.inspect(conn).get_indexes(name)}  # type: ignore[arg-type]
+            kinds = kinds if kinds is not None else self._kinds(conn, name)
+        missing = [c for c in columns if (c,) not in present and _index_name(name, c) not in present]
+        if not missing:
+            return
+        with self.engine.begin() as conn:
+            self._lock(conn, name)
+            for c in missing:
+                _check_name(c)
+                expr = f'"{c}" COLLATE "C"' if self.dialect == "postgresql" and kinds.get(c, "str") != "datetime" else f'"{c}"'
+                conn.execute(sa.text(f'CREATE INDEX IF NOT EXISTS "{_index_name(name, c)}" ON "{name}" ({expr})'))
+
+    def _time_column(self, table: sa.Table, col: str, kinds: Mapping[str, str]) -> Any:
+        c = table.c[col]
+        return sa.collate(c, "C") if self.dialect == "postgresql" and kinds.get(col) != "datetime" else c
+
+    @staticmethod
+    def _time_value(value: Any, kind: str | None) -> Any:
+        ts = pd.Timestamp(value)
+        ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+        return ts.to_pydatetime() if kind == "datetime" else ts.isoformat()
+
     def partitions(self, name: str) -> list[str]:
         if not self.has_table(name):
             return []
         with self.engine.connect() as conn:
             rows = conn.execute(sa.text(f'SELECT DISTINCT "{PARTITION_COLUMN}" FROM "{name}" ORDER BY 1'))
             return [r[0] for r in rows]
+
+
+def _index_name(table: str, column: str) -> str:
+    return f"ix_{table}_{column}"[:63]
 
 
 def _check_name(name: str) -> None:

@@ -1,0 +1,266 @@
+"""Reads bounded by a time window: a daily partition reads what can touch its day.
+
+A usage row *can touch* ``[start, end)`` when the window's pieces or quarantine could
+contain it, which is exactly what :func:`gpu_ops.cost.usage.quarantine_in_window` keeps:
+
+- its start is missing or unreadable (it could belong to any day), or
+- its end is missing (still running) and it starts before the window's end, or
+- ``min(start, end) < window end`` and ``max(start, end) >= window start`` (an inverted
+  interval is quarantined in every day between its two times).
+
+Everything else is dropped as early as the source allows, so results with pruning equal
+results without it:
+
+- **Parquet**: the footer (not the data) of every file is read; a row group whose
+  ``start``/``end`` statistics show no row can touch the window is skipped, and a file
+  with no such row group is never read beyond its footer. Statistics prune typed
+  timestamp columns only: a group that starts after the window is skipped, one that
+  ended before it only when none of its rows is still running (a missing ``end`` runs
+  into every later day), and none with a missing ``start``.
+- **Date-partitioned layouts**: a ``{date}`` placeholder in a source ``path``
+  (``exports/day={date}/*.parquet``) or hive-style folders (``day=YYYY-MM-DD``,
+  ``date=...``, ``dt=...``) name the UTC day an interval *starts*. A window of days
+  ``[first, last]`` lists only the folders of ``first - lookback_days`` .. ``last``
+  (``lookback_days`` per file source, default 1: an interval crossing midnight lives in
+  the previous day's file). Files of other days are never listed or opened. An interval
+  longer than ``lookback_days`` days must be exported in the file of each day it runs
+  (or raise ``lookback_days``).
+- **CSV**: the ``{date}`` placeholder as above; otherwise one pass over the file (read
+  as text, times parsed once per distinct value) drops rows that cannot touch the window
+  before validation and pricing. Cost: reading and parsing the times of the whole file.
+- **Tables** (``gpu_usage_ledger``, ``gpu_usage_collected``): a range query on indexed
+  ``start``/``end`` columns (:meth:`gpu_ops.storage.tables.TableStore.read_range`).
+
+:class:`ReadStats` records what was listed, opened and read (``files_read`` metadata).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob as globmod
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DATE_PLACEHOLDER = "{date}"
+DEFAULT_LOOKBACK_DAYS = 1
+_HIVE_DAY = re.compile(r"^(?:day|date|dt)=(\d{4}-\d{2}-\d{2})$")
+_DAY = dt.timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Window:
+    """``[start, end)`` in UTC; ``first``/``last`` are the UTC days it covers."""
+
+    start: pd.Timestamp
+    end: pd.Timestamp
+
+    @classmethod
+    def of_days(cls, first: dt.date, last: dt.date | None = None) -> "Window":
+        last = last or first
+        return cls(pd.Timestamp(first.isoformat(), tz="UTC"), pd.Timestamp((last + _DAY).isoformat(), tz="UTC"))
+
+    @property
+    def first(self) -> dt.date:
+        return self.start.date()
+
+    @property
+    def last(self) -> dt.date:
+        return (self.end - pd.Timedelta(1, "ns")).date()
+
+    def days(self) -> list[dt.date]:
+        return [self.first + i * _DAY for i in range((self.last - self.first).days + 1)]
+
+    def file_days(self, lookback_days: int) -> tuple[dt.date, dt.date]:
+        """The days whose files can hold rows of this window (interval start days)."""
+        return self.first - lookback_days * _DAY, self.last
+
+
+@dataclass
+class ReadStats:
+    """What a bounded read listed, opened and read; reported as ``gpu_usage`` metadata."""
+
+    files_read: list[str] = field(default_factory=list)  # data read (all or some row groups)
+    files_footer_only: list[str] = field(default_factory=list)  # footer read, no row group can touch the window
+    files_skipped_by_date: int = 0  # hive day folders outside the window: never opened
+    days_without_files: list[str] = field(default_factory=list)  # `{date}` days with no file
+    row_groups_total: int = 0
+    row_groups_read: int = 0
+    rows_read: int = 0  # rows decoded from files
+    rows_kept: int = 0  # of those, rows that can touch the window
+    table_rows: dict[str, int] = field(default_factory=dict)  # rows a range query returned, per table
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "files_read": len(self.files_read),
+            "files_footer_only": len(self.files_footer_only),
+            "files_skipped_by_date": self.files_skipped_by_date,
+            "row_groups_read": f"{self.row_groups_read} of {self.row_groups_total}",
+            "file_rows_read": self.rows_read,
+            "file_rows_kept": self.rows_kept,
+            **{f"{t}_rows_read": n for t, n in sorted(self.table_rows.items())},
+            **({"days_without_files": ", ".join(self.days_without_files)} if self.days_without_files else {}),
+        }
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookback_days: int, stats: ReadStats | None = None) -> list[Path]:
+    """The files of ``pattern`` that can hold rows of ``window`` (all of them without one).
+
+    ``{date}`` is replaced by each day of :meth:`Window.file_days`; without a window it
+    matches every day (a glob ``*``). Hive day folders outside those days are dropped.
+    """
+    from gpu_ops.cost.usage import _expand as expand_pattern
+
+    if DATE_PLACEHOLDER not in pattern:
+        paths = expand_pattern(pattern, base_dir)
+    elif window is None:
+        paths = expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir)
+    else:
+        lo, hi = window.file_days(lookback_days)
+        paths = []
+        for i in range((hi - lo).days + 1):
+            day = (lo + i * _DAY).isoformat()
+            found = expand_pattern(pattern.replace(DATE_PLACEHOLDER, day), base_dir, missing_ok=True)
+            if not found and stats is not None:
+                stats.days_without_files.append(day)
+            paths.extend(found)
+    if window is None:
+        return paths
+    lo, hi = window.file_days(lookback_days)
+    kept = [p for p in paths if _in_days(hive_day(p), lo, hi)]
+    if stats is not None:
+        stats.files_skipped_by_date += len(paths) - len(kept)
+    return kept
+
+
+def hive_day(path: Path) -> dt.date | None:
+    """The day a ``day=YYYY-MM-DD`` folder (or ``date=``, ``dt=``) in ``path`` names."""
+    for part in reversed(path.parts[:-1]):
+        m = _HIVE_DAY.match(part)
+        if m:
+            try:
+                return dt.date.fromisoformat(m.group(1))
+            except ValueError:
+                return None
+    return None
+
+
+def _in_days(day: dt.date | None, lo: dt.date, hi: dt.date) -> bool:
+    return day is None or lo <= day <= hi
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def read_parquet(path: Path, columns: Sequence[str] | None, window: Window, stats: ReadStats) -> tuple[Any, np.ndarray]:
+    """(Arrow table, 1-based row numbers in the file) of the row groups of ``path`` that can
+    touch ``window``; the footer is read first.
+
+    A file none of whose row groups can touch the window gives an empty table with the
+    file's schema (its columns are still checked) and is counted as footer-only.
+    """
+    import pyarrow.parquet as pq
+
+    from gpu_ops.cost.columns import parquet_columns
+
+    pf = pq.ParquetFile(path)
+    schema, md = pf.schema_arrow, pf.metadata
+    columns = parquet_columns(schema.names, columns)
+    sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+    firsts = np.cumsum([0, *sizes])
+    bounds = _TimeStats(schema, md)
+    keep = [i for i in range(md.num_row_groups) if bounds.may_touch(i, window)]
+    stats.row_groups_total += len(sizes)
+    stats.row_groups_read += len(keep)
+    if not keep:
+        stats.files_footer_only.append(str(path))
+        return schema.empty_table().select(columns), np.empty(0, np.int64)
+    stats.files_read.append(str(path))
+    rows = np.concatenate([np.arange(firsts[i] + 1, firsts[i] + sizes[i] + 1, dtype=np.int64) for i in keep])
+    return pf.read_row_groups(keep, columns=columns), rows
+
+
+class _TimeStats:
+    """``start``/``end`` statistics of a Parquet file's row groups, from its footer."""
+
+    def __init__(self, schema: Any, md: Any):
+        import pyarrow as pa
+
+        self.md = md
+        self.cols: dict[str, tuple[int, int]] = {}  # name -> (column index in row groups, ns per unit)
+        leaves = [md.schema.column(j).path for j in range(md.num_columns)]
+        for name in ("start", "end"):
+            idx = schema.get_field_index(name)
+            if idx >= 0 and pa.types.is_timestamp(schema.field(idx).type) and name in leaves:
+                self.cols[name] = (leaves.index(name), {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[schema.field(idx).type.unit])
+
+    def may_touch(self, i: int, window: Window) -> bool:
+        """False only when the statistics prove no row of row group ``i`` can touch ``window``.
+
+        Every row starts (and, when closed, ends) at or after the smallest ``start``/``end``:
+        a group whose smallest time is at or after the window's end is skipped even with
+        running rows. A group that ends before the window's start is skipped only when it
+        has no running rows (a missing ``end`` runs into every later day).
+        """
+        s, e = self.bounds(i, "start"), self.bounds(i, "end")
+        if s is None or s[2] or s[0] is None:
+            return True  # no usable statistics for start, or a missing start (touches every day)
+        lo = min(s[0], e[0]) if e is not None and e[0] is not None else s[0]
+        if lo >= window.end.value:
+            return False
+        if e is None or e[2] or e[1] is None:
+            return True  # running rows, or no statistics for end
+        return max(s[1], e[1]) >= window.start.value  # type: ignore[type-var]
+
+    def bounds(self, i: int, name: str) -> tuple[int | None, int | None, bool] | None:
+        """(min, max, has nulls) of column ``name`` in row group ``i`` in UTC nanoseconds
+        (None when every value is null); None without a typed column or statistics."""
+        if name not in self.cols:
+            return None
+        j, scale = self.cols[name]
+        rg = self.md.row_group(i)
+        col = rg.column(j)
+        st = col.statistics
+        if st is None or not st.has_null_count or col.physical_type != "INT64":
+            return None
+        nulls = st.null_count > 0
+        if not st.has_min_max:
+            return (None, None, nulls) if st.null_count == rg.num_rows else None
+        return int(st.min_raw) * scale, int(st.max_raw) * scale, nulls
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
+    """Rows that can touch ``window`` (see the module docstring); any time column type."""
+    from gpu_ops.cost.usage import parse_times
+
+    s = parse_times(start)[0].array.asi8
+    e = parse_times(end)[0].array.asi8 if end is not None else np.full(len(s), np.iinfo(np.int64).min)
+    nat = np.iinfo(np.int64).min
+    s_nat, e_nat = s == nat, e == nat
+    lo = np.where(e_nat, s, np.minimum(s, e))
+    hi = np.where(e_nat, s, np.maximum(s, e))
+    return s_nat | ((lo < window.end.value) & (e_nat | (hi >= window.start.value)))
+
+
+def keep_touching(df: pd.DataFrame, window: Window, stats: ReadStats | None = None) -> pd.DataFrame:
+    """``df`` without the rows that cannot touch ``window`` (kept as is when it has no ``start``)."""
+    if stats is not None:
+        stats.rows_read += len(df)
+    if "start" in df and len(df):
+        mask = touch_mask(df["start"], df["end"] if "end" in df else None, window)  # type: ignore[arg-type]
+        if not mask.all():
+            df = df.loc[mask].reset_index(drop=True)
+    if stats is not None:
+        stats.rows_kept += len(df)
+    return df
