@@ -37,7 +37,6 @@ results without it:
 from __future__ import annotations
 
 import datetime as dt
-import glob as globmod
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field

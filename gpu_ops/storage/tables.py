@@ -568,10 +568,10 @@ class TableStore:
     def ensure_indexes(self, name: str, columns: Sequence[str], kinds: Mapping[str, str] | None = None) -> None:
         """One index per column of ``name`` (text columns in byte order on PostgreSQL)."""
         with self.engine.connect() as conn:
-            present = {tuple(ix["column_names"]) for ix in sa.inspect(conn).get_indexes(name)}
-            present |= {ix["name"] for ix in sa.inspect(conn).get_indexes(name)}  # type: ignore[arg-type]
+            indexes = sa.inspect(conn).get_indexes(name)
             kinds = kinds if kinds is not None else self._kinds(conn, name)
-        missing = [c for c in columns if (c,) not in present and _index_name(name, c) not in present]
+        present = {ix["name"] for ix in indexes} | {ix["column_names"][0] for ix in indexes if len(ix["column_names"]) == 1}
+        missing = [c for c in columns if c not in present and _index_name(name, c) not in present]
         if not missing:
             return
         with self.engine.begin() as conn:
