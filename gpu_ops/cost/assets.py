@@ -113,9 +113,11 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         },
         check_specs=[
             dg.AssetCheckSpec("quarantine_empty", asset="gpu_usage", description="No usage row of the day was set aside as invalid."),
+            # Blocking: a day priced without one of its files must not flow on into
+            # attribution and budgets as if it were complete (a quieter $0).
             dg.AssetCheckSpec(
-                "sources_complete", asset="gpu_usage",
-                description="Every usage file pattern matched a file and every file could be read (ERROR: the day's cost would be short).",
+                "sources_complete", asset="gpu_usage", blocking=True,
+                description="Every usage file pattern matched a file and every file could be read (ERROR, blocking: the day's cost would be short).",
             ),
         ],
         backfill_policy=backfill,

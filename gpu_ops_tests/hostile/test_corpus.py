@@ -140,7 +140,7 @@ def dagster_env(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     stand_in.write_text(yaml.safe_dump({"prices": str(corpus / "prices.yaml"), "usage": {"sources": [{"type": "file", "path": str(corpus / "csv" / "good.csv")}]}}))
     assets, _ = build_assets(load_config(stand_in))
     with dg.DagsterInstance.ephemeral() as instance:
-        yield assets[0], instance
+        yield assets, instance
 
 
 def _case_config(case: dict[str, Any], corpus: Path, folder: Path) -> Path:
@@ -163,7 +163,8 @@ def test_asset(case: dict[str, Any], corpus: Path, dagster_env: Any, tmp_path: P
     from gpu_ops.storage.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
-    usage_asset, instance = dagster_env
+    assets, instance = dagster_env
+    usage_asset = assets[0]
     expect = {**case, **case.get("asset", {})}
     url = f"sqlite:///{tmp_path / 'tables.db'}"
     resources = {"gpu_ops": GpuOpsSettings(config_path=str(_case_config(case, corpus, tmp_path / "cfg"))), "table_io_manager": TableIOManager(url=url)}
@@ -204,3 +205,20 @@ def test_validate_only_with_an_unknown_name_is_an_error_listing_the_names(corpus
     r = _validate(corpus, "--config", str(corpus / "configs" / "two_patterns_one_file.yaml"), "--only", "typo")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "no check named 'typo'" in r.stderr and "storage, kubeconfig" in r.stderr and "usage_sources" in r.stderr
+
+
+def test_a_missing_source_blocks_the_days_attribution(corpus: Path, dagster_env: Any, tmp_path: Path) -> None:
+    """sources_complete is a blocking check: a day priced without one of its files stops
+    before attribution and budgets (the run fails, visibly); gpu_usage keeps what was read."""
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+
+    assets, instance = dagster_env
+    case = next(c for c in CASES if c["id"] == "glob-matches-nothing")
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(_case_config(case, corpus, tmp_path / "cfg"))), "table_io_manager": TableIOManager(url=f"sqlite:///{tmp_path / 't.db'}")}
+    result = dg.materialize(assets[:2], partition_key=DAY, resources=resources, instance=instance, raise_on_error=False)
+    assert not result.success
+    done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert "gpu_usage" in done and "gpu_cost_attribution" not in done
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "sources_complete")
+    assert not check.passed and "exports/*.parquet" in (check.description or "")
