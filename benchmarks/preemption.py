@@ -152,7 +152,7 @@ def _demo_with_preemption(compute: str, training: str, preempt) -> tuple[list, f
         return logs, killed["t"], rows
 
 
-def measure_recovery(sig: int, standby: bool, steps: int = 1500) -> dict[str, float]:
+def measure_recovery(sig: int, standby: bool, steps: int = 500) -> dict[str, float]:
     """Kill the worker of a real materialization; time kill -> first resumed step, by phase.
 
     Returns seconds after the kill: ``retry_requested`` and ``worker_started`` (parent
@@ -181,7 +181,7 @@ def measure_recovery(sig: int, standby: bool, steps: int = 1500) -> dict[str, fl
     return out
 
 
-def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: float = 10.0, steps: int = 2500) -> tuple[float, int]:
+def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: float = 10.0, steps: int = 4000) -> tuple[float, int] | None:
     """The demo checkpoints every ``interval_s``; ``run_s`` after its first checkpoint its
     worker gets a notice ``notice_s`` before a SIGKILL (None: no notice). Returns the
     ledger's lost seconds of the killed attempt and the steps attempt 2 redid."""
@@ -193,6 +193,8 @@ def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: fl
         return time.time()
 
     logs, _, rows = _demo_with_preemption("standby: true", f"demo_steps: {steps}, demo_checkpoint_interval_s: {interval_s}", preempt)
+    if len(rows) < 2:
+        return None  # the run finished before the kill: no figure
     last_step_1 = max((int(m.split()[1].split("/")[0]) for m in (e.message or "" for e in logs) if m.startswith("step ") and "[attempt 1]" in m), default=0)
     resumed = next((int(m.split("(step ")[1].split(",")[0]) for m in (e.message or "" for e in logs) if m.startswith("attempt 2 resumes from checkpoint")), 0)
     return float(rows.iloc[0]["lost_seconds"]), max(0, last_step_1 - resumed)
@@ -297,6 +299,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--work-hours", type=float, default=24.0)
     parser.add_argument("--quick", action="store_true", help="skip the real recovery measurements")
+    parser.add_argument("--notices-only", action="store_true", help="of the real runs, only lost work with and without notices")
     args = parser.parse_args()
 
     device = device_label()
@@ -306,7 +309,7 @@ def main() -> None:
     print(f"demo step time ({device}; includes set-up): {step_s[0] * 1000:.2f} ms without checkpoints, {step_s[1] * 1000:.2f} ms checkpointing every 3 s")
 
     restart = 5.0
-    if not args.quick:
+    if not args.quick and not args.notices_only:
         print(f"recovery, kill -> first resumed step (local backend, backoff 0, {device}); phases as seconds after the kill:")
         for standby in (False, True):
             for name, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM)):
@@ -314,11 +317,16 @@ def main() -> None:
                 print_recovery(name, r)
                 if sig == signal.SIGKILL and standby:
                     restart = r["first_step"]
+    if not args.quick:
         print(f"lost work when the preemption comes 3 s after a checkpoint (checkpoint every 10 s, save {cost * 1000:.0f} ms, {device}):")
         for notice_s in (None, 0.2, 1.0, 5.0):
-            lost, redone = measure_lost_work(notice_s)
+            measured = measure_lost_work(notice_s)
             what = "no notice (SIGKILL only)" if notice_s is None else f"notice {notice_s:g} s before the SIGKILL"
-            print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds), >= {redone} logged step(s) redone by attempt 2")
+            if measured is None:
+                print(f"  {what}: the run finished before the kill; no figure")
+                continue
+            lost, redone = measured
+            print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds: attempt end - last checkpoint), >= {redone} logged step(s) redone by attempt 2")
     print(f"restart cost used in the simulation: R = {restart:.2f} s")
 
     work = args.work_hours * HOUR
