@@ -178,24 +178,21 @@ class AlertCursor:
         return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"))
 
 
-def _shared(items: Iterable[tuple[str, Any]], signature: Any, to_json: Any) -> tuple[list[Any], dict[str, int]]:
-    """(distinct values as JSON, name -> index): one entry per distinct signature; an
-    object seen before (shared since decoding) is not signed again."""
+def _shared(items: Iterable[tuple[str, Any]], signature: Any, to_json: Any) -> tuple[list[Any], dict[str, Any]]:
+    """(distinct values as JSON, name -> index): one entry per distinct signature; objects
+    shared since decoding are signed once."""
+    pairs = list(items)
+    objects = {id(obj): obj for _, obj in pairs}
     distinct: list[Any] = []
     index: dict[Any, int] = {}
     by_object: dict[int, int] = {}
-    names: dict[str, int] = {}
-    for name, obj in items:
-        i = by_object.get(id(obj))
-        if i is None:
-            sig = signature(obj)
-            i = index.get(sig)
-            if i is None:
-                i = index[sig] = len(distinct)
-                distinct.append(to_json(obj))
-            by_object[id(obj)] = i
-        names[name] = i
-    return distinct, names
+    for oid, obj in objects.items():
+        sig = signature(obj)
+        if sig not in index:
+            index[sig] = len(distinct)
+            distinct.append(to_json(obj))
+        by_object[oid] = index[sig]
+    return distinct, {name: by_object[id(obj)] for name, obj in pairs}
 
 
 @dataclass(frozen=True)
@@ -283,16 +280,16 @@ def evaluate(
         _advance_thresholds(out, budget, row, st)
         _advance_enforcement(out, budget, row, st, now)
 
-    for name, st in list(state.items()):
-        if name not in budgets:
-            _revert_enforcement(out, name, st.copy(), f"budget {name} was removed from the configuration")
-            del state[name]
-            continue
-        if name not in seen and st.enforcement and st.enforcement[0] == "active" and period_end_passed(st.period_end, now):
+    for name in [n for n in state if n not in budgets]:
+        _revert_enforcement(out, name, state[name].copy(), f"budget {name} was removed from the configuration")
+        del state[name]
+    for name in [n for n in state if n not in seen]:  # no row this evaluation
+        st = state[name]
+        if st.enforcement and st.enforcement[0] == "active" and period_end_passed(st.period_end, now):
             # The period ended before the first status row of the next one arrived.
             st = state[name] = st.copy()
             _revert_enforcement(out, name, st, f"period {st.period_start} ended at {st.period_end}")
-        if st.empty and name not in seen:
+        if st.empty:
             del state[name]
     return out
 
@@ -323,9 +320,11 @@ class ThresholdPlan:
         lines = np.full((n, width), np.nan)
         forecast = np.zeros((n, width), dtype=bool)
         enforce = np.full(n, np.inf)
-        keys = []
+        keys: list[tuple[str, ...]] = []
+        interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # shared, so budgets group by identity
         for i, b in enumerate(by_name.values()):
-            keys.append(tuple(th.key() for th in b.thresholds))
+            k = tuple(th.key() for th in b.thresholds)
+            keys.append(interned.setdefault(k, k))
             for j, th in enumerate(b.thresholds):
                 lines[i, j] = th.amount_usd(b.amount_usd)
                 forecast[i, j] = th.basis == "forecast"
@@ -358,7 +357,8 @@ class StatusTable:
         n = len(self.rows)
         if n == 0 or len(set(self.names)) != n:
             return np.zeros(n, dtype=bool)  # duplicate rows: the per-row path decides
-        idx = np.fromiter((plan.index.get(name, -1) for name in self.names), dtype=np.int64, count=n)
+        positions = [plan.index.get(name, -1) for name in self.names]
+        idx = np.array(positions, dtype=np.int64)
         known = idx >= 0
         idx = np.where(known, idx, 0)
         spend = np.array([r[4] for r in self.rows], dtype=float)
@@ -370,21 +370,32 @@ class StatusTable:
             under = values < lines * RESOLVE_MARGIN
         alarm = np.zeros_like(crossed)
         quiet = known & (spend < plan.enforce_line[idx])
-        position = {name: i for i, name in enumerate(self.names)}
+        # Budgets sharing a state object (decoded from one cursor entry) and a threshold
+        # list are checked once, as a group.
+        row_of = {name: i for i, name in enumerate(self.names)}
         start_of: dict[Any, str] = {}
+        groups: dict[tuple[int, int, str], list[int]] = {}
+        members: dict[tuple[int, int, str], tuple[BudgetState, tuple[str, ...]]] = {}
         for name, st in previous.items():
-            i = position.get(name)
-            if i is None or not quiet[i]:
+            i = row_of.get(name)
+            if i is None or positions[i] < 0:
                 continue
             raw_start = self.rows[i][1]
             start = start_of.get(raw_start) or start_of.setdefault(raw_start, _iso_date(raw_start))
-            keys = plan.keys[idx[i]]
-            if st.enforcement or start != st.period_start or not st.thresholds.keys() <= set(keys):
-                quiet[i] = False
+            keys = plan.keys[positions[i]]
+            group = (id(st), id(keys), start)
+            if group not in groups:
+                groups[group], members[group] = [], (st, keys)
+            groups[group].append(i)
+        for group, rows in groups.items():
+            st, keys = members[group]
+            at = np.array(rows, dtype=np.int64)
+            if st.enforcement or group[2] != st.period_start or not st.thresholds.keys() <= set(keys):
+                quiet[at] = False
                 continue
             for key, (state, _) in st.thresholds.items():
                 if state == "alarm":
-                    alarm[i, keys.index(key)] = True
+                    alarm[at, keys.index(key)] = True
         changes = (crossed & ~alarm) | (alarm & under)
         return quiet & ~changes.any(axis=1)
 
