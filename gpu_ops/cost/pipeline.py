@@ -28,6 +28,7 @@ from gpu_ops.cost.usage import (
     read_inventory_files,
     read_ledger,
     read_usage_files,
+    running_starts,
     validate_inventory,
     validate_usage,
 )
@@ -174,7 +175,29 @@ def load_raw(
         from gpu_ops.cost import kubernetes as k8s
 
         frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
-    return concat_raw(frames), load_inventory(sources, store, window, stats)
+    raw = concat_raw(frames)
+    if window is not None and sources.count > 1:
+        raw = _with_closed_twins(raw, sources, store, window)
+    return raw, load_inventory(sources, store, window, stats)
+
+
+def _with_closed_twins(raw: pd.DataFrame, sources: SourceSet, store: Any, window: Window) -> pd.DataFrame:
+    """``raw`` plus the table rows that ended before ``window`` but share (namespace, pod,
+    start) with a running row read for it: de-duplication keeps the row that saw the
+    interval end, so a bounded read must see it too. (File sources are not searched: a
+    billing export and a table seeing the same pod is rare; the tables are the pair.)"""
+    from gpu_ops.cost import kubernetes as k8s
+
+    starts = running_starts(raw, window.start)
+    if not starts:
+        return raw
+    twins = []
+    if sources.ledger:
+        twins.append(read_ledger(store, window, twins_of=starts))
+    if sources.kubernetes:
+        twins.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, twins_of=starts))
+    twins = [t for t in twins if len(t)]
+    return concat_raw([raw, *twins]) if twins else raw
 
 
 def load_inventory(sources: SourceSet, store: Any = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame | None:

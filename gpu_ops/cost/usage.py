@@ -621,16 +621,17 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_ledger(store: Any, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
+def read_ledger(store: Any, window: Window | None = None, stats: ReadStats | None = None, twins_of: Sequence[Any] = ()) -> pd.DataFrame:
     """The training ledger (``gpu_usage_ledger``), or its rows that can touch ``window``
-    (a range query); absent table -> no rows.
+    (a range query), or with ``twins_of`` its rows starting at those times that ended
+    before the window (see :func:`read_intervals`); absent table -> no rows.
 
     Attempts that held no GPU (``gpu_count`` 0: a launch that never started, a run on
     CPU) are the retry policy's memory, not GPU usage: their GPU-hours are zero by
     construction, so they are left out here rather than quarantined. Any other value,
     blank or malformed, still goes through validation.
     """
-    df = read_intervals(store, LEDGER_TABLE, window, stats)
+    df = read_intervals(store, LEDGER_TABLE, window, stats, twins_of)
     if not df.empty and "gpu_count" in df.columns:
         df = df[pd.to_numeric(df["gpu_count"], errors="coerce") != 0].reset_index(drop=True)
     if df.empty:
@@ -648,14 +649,27 @@ def read_ledger(store: Any, window: Window | None = None, stats: ReadStats | Non
     return df
 
 
-def read_intervals(store: Any, table: str, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
-    """All rows of an interval table, or (with a window) those that can touch it."""
+def read_intervals(store: Any, table: str, window: Window | None = None, stats: ReadStats | None = None, twins_of: Sequence[Any] = ()) -> pd.DataFrame:
+    """All rows of an interval table, or (with a window) those that can touch it, or (with
+    ``twins_of``, start times of running rows) those starting then that ended before it."""
     if window is None:
         return store.read(table, missing_ok=True)
+    if twins_of:
+        return store.read_closed_twins(table, twins_of, window.start)
     df = store.read_range(table, window.start, window.end, missing_ok=True)
     if stats is not None:
         stats.table_rows[table] = len(df)
     return df
+
+
+def running_starts(raw: pd.DataFrame, before: pd.Timestamp) -> list[pd.Timestamp]:
+    """Start times of named, still-running rows that started before ``before``: the rows
+    whose closed twin (same namespace, pod and start) may lie outside a window's read."""
+    if raw.empty or not {"start", "end", "pod"} <= set(raw.columns):
+        return []
+    start, end = parse_times(raw["start"])[0], parse_times(raw["end"])[0]
+    mask = end.isna().to_numpy() & (start < before).to_numpy() & (raw["pod"].astype(str) != "").to_numpy()
+    return sorted(set(start[mask]))
 
 
 def concat_raw(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:

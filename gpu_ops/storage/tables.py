@@ -565,6 +565,19 @@ class TableStore:
 
         return self.read(name, clause=touches, missing_ok=missing_ok)
 
+    def read_closed_twins(self, name: str, starts: Sequence[Any], before: Any, *, start: str = "start", end: str = "end") -> pd.DataFrame:
+        """Rows of interval table ``name`` that start at one of ``starts`` and ended before
+        ``before``: what a range read leaves out but de-duplicating a running row needs
+        (the row that saw the interval end wins). Uses the ``start`` index."""
+        if not starts or not self.has_table(name):
+            return pd.DataFrame()
+
+        def twins(table: sa.Table, kinds: Mapping[str, str]) -> Any:
+            s, e = (self._time_column(table, c, kinds) for c in (start, end))
+            return sa.and_(s.in_([self._time_value(v, kinds.get(start)) for v in starts]), e < self._time_value(before, kinds.get(end)))
+
+        return self.read(name, clause=twins)
+
     def ensure_indexes(self, name: str, columns: Sequence[str], kinds: Mapping[str, str] | None = None) -> None:
         """One index per column of ``name`` (text columns in byte order on PostgreSQL)."""
         with self.engine.connect() as conn:

@@ -243,6 +243,23 @@ def test_collected_table_with_text_times_range_query(store):
     assert (pd.to_datetime(extra["end"]) < pd.to_datetime(extra["start"])).all()
 
 
+def test_a_running_row_whose_twin_ended_before_the_day_is_de_duplicated_as_in_a_full_read(store, tmp_path):
+    """An export still has a pod running that the ledger saw end the day before: a full
+    read keeps the ledger's row (it knows the end) and prices nothing of it on the day."""
+    base = {"namespace": "ml", "node": "n1", "team": "nlp", "project": "p", "cost_center": "", "experiment_id": "",
+            "gpu_type": "h100", "gpu_count": 1.0, "capacity_type": "spot", "sharing": "none", "gpu_share": 1.0}
+    start = ts(DAY, -30)
+    export = pd.DataFrame([{**base, "pod": "twin", "start": start, "end": pd.NaT}, {**base, "pod": "alone", "start": start, "end": pd.NaT}])
+    export["end"] = pd.Series([pd.NaT, pd.NaT], dtype="datetime64[us, UTC]")
+    write_parquet(export.astype({"start": "datetime64[us, UTC]"}), tmp_path / "export.parquet")
+    ledger = pd.DataFrame([{**base, "pod": "twin", "start": start, "end": ts(DAY, -20)}, {**base, "pod": "other", "start": ts(DAY, 3), "end": ts(DAY, 5)}])
+    store.write(LEDGER_TABLE, ledger.assign(run_id="r", asset_key="a", attempt=1, outcome="completed", last_checkpoint_at=pd.NaT, lost_seconds=0.0))
+    sources = SourceSet(usage_files=["export.parquet"], ledger=True, base_dir=tmp_path)
+    got, full = usage_for_days(sources, store, MATRIX, DAY).table, usage_table(unpruned(sources, store, DAY).rows)
+    assert sorted(got["pod"]) == sorted(full["pod"]) == ["alone", "other"]
+    assert round(got["cost_usd"].sum(), 2) == round(full["cost_usd"].sum(), 2) > 0
+
+
 def test_collected_retention_keeps_open_and_recent_rows():
     now = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
     rec = pd.DataFrame({"pod": ["old", "recent", "open"], "start": ["2026-09-01T00:00:00+00:00", "2026-10-30T00:00:00+00:00", "2026-08-01T00:00:00+00:00"],
