@@ -58,7 +58,7 @@ def read_latest_status(store: TableStore) -> tuple[str | None, StatusTable]:
         # SQLAlchemy's per-value type processing (a third of the read at 100,000 rows).
         cols = ", ".join(f'"{c}"' if c in table.c else f'NULL AS "{c}"' for c in STATUS_COLUMNS)
         result = conn.execute(sa.text(f'SELECT {cols} FROM "{STATUS_TABLE}" WHERE "{PARTITION_COLUMN}" = :p'), {"p": partition})
-        rows = result.cursor.fetchall() if result.cursor is not None else []
+        rows = list(result.cursor.fetchall()) if result.cursor is not None else []
     return partition, StatusTable(rows)
 
 
