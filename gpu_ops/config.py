@@ -241,6 +241,9 @@ class PriceTable(_Model):
     # GPUs whose prices are outside the usual range on purpose (from `deliberate: true`
     # in their entry, the documented spelling; a dumped table lists them here).
     deliberate: frozenset[GpuTypeName] = frozenset()
+    # Attribute the billed effective cost (usage.billing) per GPU-hour of each node
+    # instead of these list prices; list prices still give the on-demand equivalent.
+    from_bill: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -326,9 +329,63 @@ class InventoryConfig(_Model):
         return self
 
 
+class BasicAuth(_Model):
+    username: str
+    password: SecretRef
+
+
+class PrometheusAuth(_Model):
+    """``{bearer: {env: NAME}}`` or ``{basic: {username: u, password: {env: NAME}}}``."""
+
+    bearer: SecretRef | None = None
+    basic: BasicAuth | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "PrometheusAuth":
+        if (self.bearer is None) == (self.basic is None):
+            raise ValueError("give exactly one of bearer or basic")
+        return self
+
+
+class UtilizationConfig(_Model):
+    """DCGM metrics (dcgm-exporter) read through the Prometheus HTTP API."""
+
+    type: Literal["prometheus"]
+    url: str
+    auth: PrometheusAuth | None = None
+    step: str = "60s"  # range-query step; each point averages the samples of its step
+    timeout_s: PositiveFloat = 30.0
+    # Extra label matchers for every query, e.g. '{cluster="prod"}' -> 'cluster="prod"'.
+    selector: str = ""
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, value: str) -> str:
+        if parse_duration(value).total_seconds() < 1:
+            raise ValueError("must be at least 1s")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, url: str) -> str:
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/]*@", url):
+            raise ValueError("holds credentials; use auth: {basic: ...} or {bearer: {env: NAME}}")
+        return url
+
+
+class BillingConfig(_Model):
+    """The cloud bill: AWS CUR 2.0 export (Parquet or CSV files, a glob)."""
+
+    type: Literal["aws_cur"]
+    path: str
+    tolerance_percent: Annotated[float, Field(ge=0)] = 2.0
+
+
 class UsageConfig(_Model):
     sources: list[UsageSource] = [LedgerSource(type="ledger")]
     inventory: InventoryConfig | None = None
+    utilization: UtilizationConfig | None = None
+    billing: BillingConfig | None = None
     # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
     idle: Literal["row", "share"] = "row"
     group_by: list[str] = ["team", "project"]
@@ -834,6 +891,9 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
         for i, src in enumerate(cfg.usage.sources):
             if isinstance(src, FileSource) and not any(c in src.path for c in "*?[{") and not (base / src.path).exists():
                 problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
+
+        if price_table is not None and price_table.from_bill and (cfg.usage.billing is None or cfg.usage.inventory is None):
+            problems.append(f"{prices_label}: {prices_prefix + '.' if prices_prefix else ''}from_bill: needs usage.billing (the bill) and usage.inventory (the nodes it pays for)")
 
     if problems:
         raise ConfigError(problems)

@@ -81,6 +81,17 @@ def _sum_totals(per_day: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _efficiency_metadata(cov: dict[str, Any], steps: int | None) -> dict[str, Any]:
+    """Coverage of the DCGM metrics (fraction of allocated GPU-hours with metrics) and efficiency."""
+    out: dict[str, Any] = {} if steps is None else {"utilization_pod_steps": steps}
+    if cov["coverage"] is None:
+        return {**out, "metrics_coverage": "none (no utilisation metrics)"} if steps is not None else out
+    out["metrics_coverage"] = round(cov["coverage"], 4)
+    if cov["efficiency"] is not None:
+        out.update(efficiency=round(cov["efficiency"], 4), active_gpu_hours=round(cov["active_gpu_hours"], 4), unused_cost_usd=round(cov["unused_cost_usd"], 2))
+    return out
+
+
 def _budget_window() -> dg.TimeWindowPartitionMapping:
     # The first month's windows reach before the first partition; allowing that is a beta
     # parameter whose warning would print at every code-location load.
@@ -123,16 +134,18 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         backfill_policy=backfill,
     )
     def gpu_usage_asset(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
-        from gpu_ops.cost.attribution import fleet_totals
+        from gpu_ops.cost.attribution import day_window, fleet_totals
         from gpu_ops.cost.pipeline import usage_for_days
         from gpu_ops.cost.pricing import PriceMatrix
         from gpu_ops.cost.usage import file_problems
+        from gpu_ops.cost.utilization import coverage, measured_rows
         from gpu_ops.storage.tables import TableStore
 
         cfg = gpu_ops.load()
         first, last = _days(context)
         usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
         table, q = usage.table, usage.quarantine
+        table, steps = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
         totals = fleet_totals(table)
         selected = {k.to_user_string() for k in context.selected_asset_keys}
         if "gpu_usage" in selected:
@@ -149,6 +162,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                     "fleet_cost_usd": round(totals["fleet_cost_usd"], 2) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
                     "quarantined_rows": len(q),
                     **usage.stats.metadata(),
+                    **_efficiency_metadata(coverage(table), steps if cfg.usage.utilization else None),
                 },
             )
         if "gpu_usage_quarantine" in selected:
@@ -198,11 +212,13 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         from gpu_ops.cost.attribution import attribute, conservation
         from gpu_ops.cost.budgets import daily_costs, scope_label_keys
         from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
+        from gpu_ops.cost.utilization import coverage, group_efficiency
 
         cfg = gpu_ops.load()
         keys = context.partition_keys
-        days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in usage_by_day(gpu_usage, keys)]
-        table = pd.concat([r.table.assign(**{PARTITION_KEY: key}) for key, r in days], ignore_index=True)
+        per_day = usage_by_day(gpu_usage, keys)
+        days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
+        table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
         daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets))
         daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
         t = _sum_totals([r.totals for _, r in days])
@@ -220,6 +236,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 "savings_usd": round(float(table["savings_usd"].sum()), 2),
                 "groups": t["groups"],
                 "top_teams": dg.MetadataValue.md(_md_table(_top_teams(table))),
+                **_efficiency_metadata(coverage(gpu_usage), None),
             },
         )
         yield dg.Output(daily, output_name="gpu_cost_daily", metadata={"cost_usd": round(float(daily["cost_usd"].sum()), 2), "scope_rows": len(daily)})

@@ -20,7 +20,8 @@ def attribution_input_columns(group_by: Sequence[str]) -> list[str]:
     """gpu_usage columns the attribution step reads: its grouping keys, the fleet figures
     of the conservation check, and what the daily table is built from."""
     keys = [k for k in group_by if not k.startswith("label:")]
-    return list(dict.fromkeys([*DAILY_INPUT_COLUMNS, *keys, "node", "fleet_gpu_hours", "fleet_cost_usd"]))
+    efficiency = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")  # gpu_ops.cost.utilization
+    return list(dict.fromkeys([*DAILY_INPUT_COLUMNS, *keys, "node", "fleet_gpu_hours", "fleet_cost_usd", *efficiency]))
 
 
 def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[str]:

@@ -41,10 +41,15 @@ USAGE_TABLE_COLUMNS = (
     "instance_type", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd",
     "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds", "lost_gpu_hours", "lost_cost_usd",
     "fleet_gpu_hours", "fleet_cost_usd", "source", "location", "row",
+    # From usage.utilization (DCGM through Prometheus); NaN without metrics (gpu_ops.cost.utilization).
+    "active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
 )
 _TEXT_DEFAULTS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "labels", "region", "instance_type", "run_id", "asset_key", "outcome", "source", "location")
 _TIME_COLUMNS = ("day", "start", "end", "interval_start", "interval_end", "last_checkpoint_at")
-_FLOAT_DEFAULTS = {"attempt": np.nan, "lost_seconds": 0.0, "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0, "fleet_gpu_hours": np.nan, "fleet_cost_usd": np.nan}
+_FLOAT_DEFAULTS = {
+    "attempt": np.nan, "lost_seconds": 0.0, "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0, "fleet_gpu_hours": np.nan, "fleet_cost_usd": np.nan,
+    **dict.fromkeys(("active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib"), np.nan),
+}
 
 
 _PRICING_COLUMNS = {"start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"}
