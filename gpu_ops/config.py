@@ -627,6 +627,9 @@ class KubetorchConfig(_Model):
     launch_timeout_s: PositiveInt = 900
     inactivity_ttl: str = "30m"
     image: str | None = None
+    # The training pods' ServiceAccount (the chart creates gpu-ops-training-worker: `get`
+    # on its node and pod, for preemption notices). None: Kubetorch's default.
+    service_account: str | None = None
 
 
 class QuotasConfig(_Model):

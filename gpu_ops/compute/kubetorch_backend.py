@@ -68,6 +68,9 @@ class KubetorchSettings:
     launch_timeout_s: int = 900
     inactivity_ttl: str = "30m"
     kubeconfig_path: str | None = None
+    # The training pods' ServiceAccount: the chart's gpu-ops-training-worker has `get` on
+    # its node and pod, what the preemption-notice watcher reads.
+    service_account: str | None = None
     team_pools: bool = True  # pods select their team's NodePool by the gpu-ops.io/team node label
     manage_nodepools: bool = True
     manage_ec2nodeclass: bool = False
@@ -92,6 +95,7 @@ class KubetorchSettings:
             launch_timeout_s=resource.launch_timeout_s,
             inactivity_ttl=resource.inactivity_ttl,
             kubeconfig_path=resource.kubeconfig_path,
+            service_account=resource.service_account,
             manage_nodepools=resource.manage_nodepools,
             manage_ec2nodeclass=resource.manage_ec2nodeclass,
             karpenter=karpenter,
@@ -129,6 +133,7 @@ def build_compute(
         inactivity_ttl=settings.inactivity_ttl,
         env_vars=dict(env or {}),
         kubeconfig_path=settings.kubeconfig_path,
+        service_account_name=settings.service_account,
         service_template={"spec": {"template": {"spec": {"affinity": affinity}}}} if affinity else None,
     )
     if mig:

@@ -83,6 +83,9 @@ class GpuCompute(dg.ConfigurableResource):
     launch_timeout_s: int = Field(default=900, gt=0, description="How long Kubetorch waits for pods to become ready.")
     inactivity_ttl: str = Field(default="30m", description="Kubetorch tears an idle service down after this long.")
     image: str | None = Field(default=None, description="Container image of Kubetorch workers (default: Kubetorch's).")
+    service_account: str | None = Field(
+        default=None, description="ServiceAccount of Kubetorch training pods (the chart's gpu-ops-training-worker may get its node and pod, for preemption notices)."
+    )
     manage_nodepools: bool = Field(default=True, description="Create/patch Karpenter NodePools for launches.")
     manage_ec2nodeclass: bool = Field(default=False, description="Also create the EC2NodeClass the NodePools reference.")
     node_class: str = Field(default="gpu-ops", description="EC2NodeClass the generated NodePools reference.")
@@ -119,6 +122,7 @@ class GpuCompute(dg.ConfigurableResource):
             launch_timeout_s=kt.launch_timeout_s,
             inactivity_ttl=kt.inactivity_ttl,
             image=kt.image,
+            service_account=kt.service_account,
             manage_nodepools=k.manage_nodepools,
             manage_ec2nodeclass=k.manage_ec2nodeclass,
             node_class=k.node_class,

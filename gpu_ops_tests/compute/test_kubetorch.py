@@ -265,3 +265,19 @@ def test_no_gpu_means_no_gpu_placement() -> None:
     assert "nodeSelector" not in spec or not spec["nodeSelector"]
     assert "affinity" not in spec
     assert "nvidia.com/gpu" not in json.dumps(spec["containers"][0]["resources"])
+
+
+def test_training_pods_run_as_the_configured_service_account() -> None:
+    """The preemption-notice watcher needs `get` on its node and pod: the chart's
+    gpu-ops-training-worker ServiceAccount, named in compute.kubetorch.service_account."""
+    import dataclasses
+
+    from gpu_ops.compute.resource import GpuCompute
+    from gpu_ops.config import ComputeConfig
+
+    request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
+    settings = dataclasses.replace(SETTINGS, service_account="gpu-ops-training-worker")
+    assert _pod_spec(build_compute(request, labels=_labels(request), settings=settings))["serviceAccountName"] == "gpu-ops-training-worker"
+    assert _pod_spec(build_compute(request, labels=_labels(request), settings=SETTINGS))["serviceAccountName"] == "kubetorch-service-account"  # Kubetorch's default
+    config = ComputeConfig.model_validate({"backend": "kubetorch", "kubetorch": {"service_account": "gpu-ops-training-worker"}})
+    assert KubetorchSettings.from_resource(GpuCompute.from_config(config)).service_account == "gpu-ops-training-worker"
