@@ -92,6 +92,16 @@ def _efficiency_metadata(cov: dict[str, Any], steps: int | None) -> dict[str, An
     return out
 
 
+def _billing_checks(config: GpuOpsConfig) -> list[dg.AssetCheckSpec]:
+    if config.usage.billing is None:
+        return []
+    tol = config.usage.billing.tolerance_percent
+    return [dg.AssetCheckSpec(
+        "billing_reconciled", asset="gpu_usage",
+        description=f"Fleet cost (inventory × prices) against the AWS CUR's billed effective cost of the GPU instances, per day: ERROR beyond {tol:g}%, naming the nodes that explain it.",
+    )]
+
+
 def _budget_window() -> dg.TimeWindowPartitionMapping:
     # The first month's windows reach before the first partition; allowing that is a beta
     # parameter whose warning would print at every code-location load.
@@ -130,6 +140,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 "sources_complete", asset="gpu_usage", blocking=True,
                 description="Every usage file pattern matched a file and every file could be read (ERROR, blocking: the day's cost would be short).",
             ),
+            *_billing_checks(config),
         ],
         backfill_policy=backfill,
     )
@@ -146,6 +157,14 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
         table, q = usage.table, usage.quarantine
         table, steps = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
+        settled = None
+        if cfg.usage.billing is not None:
+            import pandas as pd
+
+            from gpu_ops.cost.billing import settle
+
+            settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
+            table, q = settled.table, pd.concat([q, settled.quarantine], ignore_index=True)
         totals = fleet_totals(table)
         selected = {k.to_user_string() for k in context.selected_asset_keys}
         if "gpu_usage" in selected:
@@ -163,6 +182,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                     "quarantined_rows": len(q),
                     **usage.stats.metadata(),
                     **_efficiency_metadata(coverage(table), steps if cfg.usage.utilization else None),
+                    **({"priced_from_bill": f"{settled.from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(settled.from_bill['unbilled_nodes']) or 'none'}"} if settled and settled.from_bill else {}),
                 },
             )
         if "gpu_usage_quarantine" in selected:
@@ -176,6 +196,16 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 severity=dg.AssetCheckSeverity.WARN,
                 description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
                 metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
+            )
+        if "billing_reconciled" in checks and settled is not None:
+            md = settled.metadata()
+            yield dg.AssetCheckResult(
+                asset_key="gpu_usage",
+                check_name="billing_reconciled",
+                passed=settled.passed,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=settled.description(),
+                metadata={**{k: v for k, v in md.items() if k != "nodes"}, **({"nodes": dg.MetadataValue.md(_md_table(md["nodes"]))} if "nodes" in md else {})},
             )
         if "sources_complete" in checks:
             unread = file_problems(q)
