@@ -74,8 +74,8 @@ def redelivery_policy(alerts: AlertsConfig) -> Policy:
 # --------------------------------------------------------------------------- requests
 
 
-def alert_for(event: ThresholdEvent, budget: Budget, config: GpuOpsConfig) -> Alert:
-    th = next(t for t in budget.thresholds if t.key() == event.threshold)
+def alert_for(event: ThresholdEvent, budget: Budget, config: GpuOpsConfig, plan: ThresholdPlan | None = None) -> Alert:
+    th = plan.threshold(budget.name, event.threshold) if plan else next(t for t in budget.thresholds if t.key() == event.threshold)
     row = event.row
     return Alert(
         kind=event.kind,
@@ -90,7 +90,7 @@ def alert_for(event: ThresholdEvent, budget: Budget, config: GpuOpsConfig) -> Al
         spend_usd=row.spend_usd,
         percent_used=row.spend_usd / budget.amount_usd * 100.0,
         forecast_usd=row.forecast_usd,
-        scope=budget.scope.as_filters(),
+        scope=plan.filters(budget.name) if plan else budget.scope.as_filters(),
         channels=tuple(budget.channels),
         episode=event.episode,
         partition_key=row.partition_key,
@@ -174,7 +174,7 @@ def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: d
     for alert_ev in result.alerts:
         budget = budgets[alert_ev.budget]
         if budget.channels:  # no channels: the state still advances, nothing to send
-            alert = alert_for(alert_ev, budget, config)
+            alert = alert_for(alert_ev, budget, config, plan)
             first = pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
             requests.append(alert_run_request(alert, first, policy))
             if alert.kind == "resolve" and pending.pop(alert.trigger_run_key, None) is not None:

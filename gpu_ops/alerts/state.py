@@ -309,6 +309,7 @@ class ThresholdPlan:
     lines: Any  # float [budgets, thresholds]
     forecast: Any  # bool [budgets, thresholds]: basis forecast
     enforce_line: Any  # float [budgets]: spend that starts enforcement; inf for alert-only
+    _filters: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, budgets: Iterable[Budget]) -> "ThresholdPlan":
@@ -331,6 +332,17 @@ class ThresholdPlan:
             if b.enforcement.action != "alert":
                 enforce[i] = b.amount_usd * b.enforcement.threshold_percent / 100.0
         return cls(by_name, {name: i for i, name in enumerate(by_name)}, keys, lines, forecast, enforce)
+
+
+    def threshold(self, budget: str, key: str) -> Any:
+        """The budget's threshold with this key (no key formatting per alert)."""
+        return self.budgets[budget].thresholds[self.keys[self.index[budget]].index(key)]
+
+    def filters(self, budget: str) -> dict[str, str]:
+        """``scope.as_filters()``, computed once per budget and plan (a copy each call)."""
+        if budget not in self._filters:
+            self._filters[budget] = self.budgets[budget].scope.as_filters()
+        return dict(self._filters[budget])
 
 
 class StatusTable:
