@@ -332,12 +332,13 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: list(ROI_INPUT_COLUMNS)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
     )
-    def gpu_roi_report(context: dg.AssetExecutionContext, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
+    def gpu_roi_report(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
         import pandas as pd
 
+        from gpu_ops.cost.pricing import PriceMatrix
         from gpu_ops.cost.roi import TOTAL, roi_report
 
-        report = roi_report(gpu_usage)
+        report = roi_report(gpu_usage, PriceMatrix.from_table(gpu_ops.load().prices))
         total = report[report["team"] == TOTAL].iloc[0]
         recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
         return dg.Output(

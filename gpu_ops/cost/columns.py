@@ -13,6 +13,8 @@ DAILY_INPUT_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_
 ROI_INPUT_COLUMNS = (
     "kind", "team", "project", "node", "gpu_type", "gpu_count", "gpu_share", "sharing", "capacity_type", "hours", "gpu_hours",
     "price_per_gpu_hour", "cost_usd", "on_demand_usd", "outcome", "lost_gpu_hours", "lost_cost_usd", "fleet_gpu_hours",
+    # DCGM measurements (gpu_ops.cost.utilization) for the measured recommendations.
+    "namespace", "pod", "metered_gpu_hours", "active_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
 )
 
 

@@ -38,11 +38,12 @@ def _half_gpu_profile(gpu_type: str) -> tuple[str, float] | None:
     return best.name, float(best.share)
 
 
-def roi_report(rows: pd.DataFrame) -> pd.DataFrame:
+def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
     """One row per team plus ``__total__``; columns :data:`ROI_COLUMNS`.
 
-    ``recommendations`` is a list of ``{kind, target, detail, impact_usd}``, largest
-    impact first; idle-node ones are on the total row.
+    ``recommendations`` is a list of ``{kind, target, detail, impact_usd}`` (measured ones
+    add ``evidence``), largest impact first; idle-node ones are on the total row. ``prices``
+    (a PriceMatrix) lets a right-size recommendation name a cheaper GPU type.
     """
     if rows.empty:
         rows = pd.DataFrame({c: pd.Series([], dtype=float) for c in ("gpu_hours", "cost_usd", "on_demand_usd", "lost_gpu_hours", "lost_cost_usd", "gpu_count", "gpu_share", "hours", "price_per_gpu_hour", "fleet_gpu_hours")} | {c: pd.Series([], dtype=object) for c in ("team", "kind", "capacity_type", "outcome", "node", "gpu_type", "sharing", "project")})
@@ -93,7 +94,11 @@ def roi_report(rows: pd.DataFrame) -> pd.DataFrame:
             else:
                 recs[team].append(_rec("checkpointing", team, f"spot preemptions lost {r['preemption_lost_gpu_hours']:.1f} GPU-hours after the last checkpoint (${waste:,.2f}): checkpoint more often", waste))
     recs[TOTAL].extend(_idle_recommendations(idle))
-    for team, items in _sharing_candidates(alloc).items():
+    measured = alloc["metered_gpu_hours"].to_numpy(dtype=float) > 0 if "metered_gpu_hours" in alloc else np.zeros(len(alloc), bool)
+    # Workloads with DCGM measurements get measured recommendations, not the memory guess.
+    for team, items in _sharing_candidates(alloc[~measured]).items():
+        recs.setdefault(team, []).extend(items)
+    for team, items in efficiency_recommendations(alloc, prices).items():
         recs.setdefault(team, []).extend(items)
     table["recommendations"] = [sorted(recs.get(t, []), key=lambda x: -x["impact_usd"]) for t in table["team"]]
     for c in ROI_COLUMNS[1:-1]:
@@ -136,4 +141,113 @@ def _sharing_candidates(alloc: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
         name, frac = prof
         saving = r["cost"] * (1 - frac)
         out.setdefault(team, []).append(_rec("share", f"{team}/{project}", f"{r['hours']:.1f} single-GPU {gpu_type} hours (${r['cost']:,.2f}) ran on whole GPUs; on {name} MIG slices ({frac:.3g} GPU) they would cost ${r['cost'] * frac:,.2f} if their memory fits", saving))
+    return out
+
+
+# --------------------------------------------------------------------------- from DCGM measurements
+
+# A workload fits a smaller slot when its peak memory plus this headroom fits and its
+# activity (95th percentile of its pieces' peak step) fits the slot's compute.
+MEMORY_HEADROOM = 1.10
+IDLE_ACTIVITY = 0.05  # "near-zero": the busiest step of the piece under 5 %
+IDLE_MIN_HOURS = 1.0  # ... for at least this many measured hours
+MAX_TIMESLICE_REPLICAS = 4
+
+
+def _evidence(g: pd.DataFrame) -> dict[str, Any]:
+    """Percentiles over the workload's measured pieces: mean activity (efficiency), busiest
+    step (activity_peak) and peak memory."""
+    eff, peak, mem = (g[c].to_numpy(dtype=float) for c in ("efficiency", "activity_peak", "memory_peak_mib"))
+    pct = lambda v, q: round(float(np.nanpercentile(v, q)), 4) if np.isfinite(v).any() else None  # noqa: E731
+    return {
+        "pieces": len(g), "measured_gpu_hours": round(float(g["metered_gpu_hours"].sum()), 4),
+        "efficiency": round(float(g["active_gpu_hours"].sum() / g["metered_gpu_hours"].sum()), 4),
+        "activity_p50": pct(eff, 50), "activity_p95": pct(eff, 95), "activity_peak_p95": pct(peak, 95),
+        "memory_peak_mib_p50": pct(mem, 50), "memory_peak_mib_p95": pct(mem, 95), "memory_peak_mib_max": pct(mem, 100),
+    }
+
+
+def _evidence_text(e: dict[str, Any]) -> str:
+    return (
+        f"{e['pieces']} piece(s), {e['measured_gpu_hours']:.2f} measured GPU-hours: activity p50 {e['activity_p50']:.0%} / p95 {e['activity_p95']:.0%}, "
+        f"busiest step p95 {e['activity_peak_p95']:.0%}; peak memory p95 {e['memory_peak_mib_p95']:,.0f} MiB, max {e['memory_peak_mib_max']:,.0f} MiB"
+    )
+
+
+def _smallest_mig(gpu_type: str, mem_mib: float, activity: float) -> tuple[str, float] | None:
+    spec = CATALOG.get(gpu_type)
+    if not spec or not spec.mig_profiles:
+        return None
+    fits = []
+    for p in spec.mig_profiles:
+        mem_gb = float(p.name.split(".")[1].rstrip("gb"))
+        if mem_mib * MEMORY_HEADROOM <= mem_gb * 1024 and activity <= p.compute_slices / 7 and p.share < 1:
+            fits.append((float(p.share), p.name))
+    return (min(fits)[1], min(fits)[0]) if fits else None
+
+
+def _cheaper_gpu(gpu_type: str, capacity: str, mem_mib: float, prices: Any) -> tuple[str, float] | None:
+    """The cheapest priced GPU type with enough memory (same capacity type), if cheaper."""
+    if prices is None:
+        return None
+    here = prices.price(gpu_type, capacity)
+    best = None
+    for name in prices.gpu_types:
+        spec = CATALOG.get(name)
+        p = prices.price(name, capacity)
+        if spec and name != gpu_type and np.isfinite(p) and p < here and mem_mib * MEMORY_HEADROOM <= spec.memory_gib * 1024:
+            best = min(best or (name, p), (name, p), key=lambda x: x[1])
+    return best
+
+
+def efficiency_recommendations(alloc: pd.DataFrame, prices: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """Recommendations from measured activity and memory (rows with ``metered_gpu_hours``):
+
+    - ``right-size``: single whole-GPU workloads (team/project/gpu type) whose peak memory
+      and activity fit a MIG slice (the smallest that fits) or, failing that, a cheaper GPU type;
+    - ``time-slice``: whole-GPU workloads that fit no slice but whose busiest steps leave
+      room for R replicas on one GPU (R ≤ 4, memory permitting);
+    - ``idle-allocation``: pods allocated for hours with near-zero activity.
+    Each carries its dollar impact and the evidence (percentiles over the period).
+    """
+    if alloc.empty or "metered_gpu_hours" not in alloc:
+        return {}
+    m = alloc[alloc["metered_gpu_hours"].to_numpy(dtype=float) > 0]
+    out: dict[str, list[dict[str, Any]]] = {}
+    if m.empty:
+        return out
+    measured_cost = m["cost_usd"].to_numpy(dtype=float) * m["metered_gpu_hours"].to_numpy(dtype=float) / m["gpu_hours"].to_numpy(dtype=float)
+    m = m.assign(_measured_cost=measured_cost)
+    whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & (m["sharing"].astype(str).to_numpy() == "none")]
+    keys = [whole["team"].astype(str), whole["project"].astype(str), whole["gpu_type"].astype(str), whole["capacity_type"].astype(str)]
+    for (team, project, gpu_type, capacity), g in whole.groupby(keys, sort=True):
+        e = _evidence(g)
+        cost = float(g["_measured_cost"].sum())
+        mem, act = e["memory_peak_mib_max"], e["activity_peak_p95"]
+        if mem is None or act is None or cost <= 0:
+            continue
+        target = f"{team}/{project}"
+        mig = _smallest_mig(gpu_type, mem, act)
+        if mig:
+            name, share = mig
+            out.setdefault(team, []).append(_rec("right-size", target, f"{gpu_type} jobs fit a {name} MIG slice ({share:.3g} GPU): {_evidence_text(e)}; ${cost:,.2f} measured would cost ${cost * share:,.2f}", cost * (1 - share)) | {"evidence": e})
+            continue
+        cheaper = _cheaper_gpu(gpu_type, capacity, mem, prices) if e["activity_p95"] is not None and e["activity_p95"] < 0.5 else None
+        if cheaper:
+            name, price = cheaper
+            hours = float(g["metered_gpu_hours"].sum())
+            new = hours * price
+            out.setdefault(team, []).append(_rec("right-size", target, f"{gpu_type} jobs fit a {name} ({CATALOG[name].memory_gib} GiB) at ${price:.2f}/GPU-hour: {_evidence_text(e)}", cost - new) | {"evidence": e})
+            continue
+        total = float(np.nanmax(g["memory_total_mib"].to_numpy(dtype=float))) if np.isfinite(g["memory_total_mib"].to_numpy(dtype=float)).any() else np.nan
+        by_memory = int(total // (mem * MEMORY_HEADROOM)) if np.isfinite(total) and mem > 0 else 1
+        replicas = min(MAX_TIMESLICE_REPLICAS, int(1 // max(act, 1e-3)), by_memory)
+        if replicas >= 2:
+            out.setdefault(team, []).append(_rec("time-slice", target, f"{gpu_type} jobs could share a GPU {replicas} ways (time-slicing): {_evidence_text(e)}", cost * (1 - 1 / replicas)) | {"evidence": e})
+    pods = m.groupby([m["team"].astype(str), m["namespace"].astype(str), m["pod"].astype(str)], sort=True)
+    for (team, ns, pod), g in pods:
+        wall = float((g["metered_gpu_hours"] / (g["gpu_count"].astype(float) * g["gpu_share"].astype(float))).sum())
+        if wall >= IDLE_MIN_HOURS and float(np.nanmax(g["activity_peak"].to_numpy(dtype=float))) < IDLE_ACTIVITY:
+            e = _evidence(g)
+            out.setdefault(team, []).append(_rec("idle-allocation", f"{ns}/{pod}", f"{ns}/{pod} held its GPU(s) {wall:.1f} h with near-zero activity: {_evidence_text(e)}; release it or scale it to zero", float(g["_measured_cost"].sum())) | {"evidence": e})
     return out
