@@ -80,7 +80,7 @@ def test_measured_recommendations_with_dollar_impact_and_evidence():
 
 def test_recommendations_are_sorted_by_impact_and_on_their_team():
     report = roi_report(measured_day(), MATRIX).set_index("team")
-    for team, rs in report["recommendations"].items():
+    for rs in report["recommendations"]:
         assert [r["impact_usd"] for r in rs] == sorted((r["impact_usd"] for r in rs), reverse=True)
     assert {r["kind"] for r in report.loc["nlp", "recommendations"]} == {"right-size", "idle-allocation"}
     assert report.loc[TOTAL, "recommendations"] == []
