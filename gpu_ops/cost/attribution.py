@@ -361,12 +361,14 @@ def cell_pieces(cells: pd.DataFrame) -> pd.DataFrame:
     return price_dollars(cells.assign(kind=const_column(len(cells), "allocated")))
 
 
-def _sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """GPU-hours, cost and on-demand equivalent per group of priced rows; the equivalent
-    is NaN for a group with any row that has no on-demand price (never silently 0)."""
+def _sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """GPU-hours, cost and on-demand equivalent (and ``extra`` values) per group of priced
+    rows; the equivalent is NaN for a group with any row that has no on-demand price
+    (never silently 0)."""
     od = rows["on_demand_usd"].to_numpy(dtype=float)
     od_missing = np.isnan(od)
     values = {
+        **(extra or {}),
         "gpu_hours": rows["gpu_hours"].to_numpy(dtype=float),
         "cost_usd": rows["cost_usd"].to_numpy(dtype=float),
         "on_demand_equivalent_usd": np.nan_to_num(od) if od_missing.any() else od,

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
-from gpu_ops.cost.attribution import label_values, utc
+from gpu_ops.cost.attribution import _sum_dollars, label_values, utc
 from gpu_ops.cost.columns import DAILY_KEYS
 
 BUDGET_COLUMNS = (
@@ -86,29 +86,23 @@ def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequenc
     label_keys = sorted(label_keys)
     marker = json.dumps(label_keys)
     n = len(rows)
-    if n:
-        od = rows["on_demand_usd"].to_numpy(dtype=float)
-        frame = pd.DataFrame(
-            {
-                "day": pd.to_datetime(rows["day"], utc=True).dt.date.to_numpy(),
-                "kind": rows["kind"].astype(str).to_numpy(),
-                **{k: (rows[k].astype(object).where(rows[k].notna(), "").astype(str).to_numpy() if k in rows else np.full(n, "", dtype=object)) for k in DAILY_KEYS},
-                "labels": _scoped_labels(rows["labels"], label_keys).to_numpy() if "labels" in rows else np.full(n, "{}", dtype=object),
-                "intervals": np.ones(n),
-                "gpu_hours": rows["gpu_hours"].to_numpy(dtype=float),
-                "cost_usd": rows["cost_usd"].to_numpy(dtype=float),
-                "on_demand_usd": np.nan_to_num(od),
-                "_od_missing": np.isnan(od).astype(float),
-            }
-        )
-        keys = ["day", "kind", *DAILY_KEYS, "labels"]
-        table = frame.groupby(keys, sort=True, observed=True, dropna=False).sum().reset_index()
-        table.loc[table["_od_missing"] > 0, "on_demand_usd"] = np.nan
-        table = table.drop(columns="_od_missing")
-        table["intervals"] = table["intervals"].astype("int64")
-    else:
-        table = pd.DataFrame({c: pd.Series([], dtype=float if c in ("gpu_hours", "cost_usd", "on_demand_usd") else object) for c in DAILY_COLUMNS if c != "label_keys"})
-        table["intervals"] = table["intervals"].astype("int64")
+    # The columns as they are (no conversion to Python objects: tz-aware days would become
+    # a Timestamp per row), defaults where a column is absent.
+    def column(name: str, default: str) -> pd.Series:
+        return rows[name] if name in rows else pd.Series(np.full(n, default, dtype=object), index=rows.index)
+
+    keys = pd.DataFrame(
+        {
+            "day": column("day", ""),
+            "kind": column("kind", ""),
+            **{k: column(k, "") for k in DAILY_KEYS},
+            "labels": _scoped_labels(rows["labels"], label_keys) if "labels" in rows else column("labels", "{}"),
+        }
+    )
+    # Integer codes and bincount (attribution's grouping): a pandas groupby on these text keys is several times slower.
+    table = _sum_dollars(keys, rows, {"intervals": np.ones(n)}).rename(columns={"on_demand_equivalent_usd": "on_demand_usd"})
+    table["day"] = pd.to_datetime(table["day"], utc=True).dt.date if len(table) else pd.Series([], dtype=object)
+    table["intervals"] = table["intervals"].round().astype("int64")
     empty_days = sorted(set(days) - set(table["day"]))
     if empty_days:
         none = pd.DataFrame({"day": empty_days, "kind": NO_USAGE, **{k: "" for k in DAILY_KEYS}, "labels": "{}", "intervals": 0, "gpu_hours": 0.0, "cost_usd": 0.0, "on_demand_usd": 0.0})

@@ -140,13 +140,27 @@ def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
         if c in _TIME_COLUMNS:
             s = pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
         elif c in _TEXT_DEFAULTS or c in ("kind", "gpu_type", "capacity_type", "sharing"):
-            s = s.astype(object).where(s.notna(), "").astype(str).astype(object)
+            s = _text(s)
         elif c in _FLOAT_DEFAULTS or c in ("gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd"):
             s = s.astype(float)
         elif c == "row":
             s = s.astype("Int64")
         out[c] = s
     return pd.DataFrame(out)
+
+
+def _text(s: pd.Series) -> pd.Series:
+    """Text with "" for missing. A categorical stays one (text categories): its codes are
+    written to Parquet as a dictionary column and converted per category, not per row."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = s.cat.categories
+        if not pd.api.types.is_string_dtype(cats.dtype):
+            cats = cats.astype(str)
+            s = s.cat.rename_categories(cats) if cats.is_unique else s.astype(object).astype(str).astype("category")
+        if s.isna().any():
+            s = (s if "" in s.cat.categories else s.cat.add_categories("")).fillna("")
+        return s
+    return s.astype(object).where(s.notna(), "").astype(str).astype(object)
 
 
 def load_raw(

@@ -199,6 +199,8 @@ def _arrow_column(series: pd.Series, kind: str) -> Any:
         return pa.array(_to_utc(series), from_pandas=True).cast(pa.timestamp("us", tz="UTC"), safe=False).cast(pa.timestamp("us"))
     if kind == "json":
         return pa.array([None if v is None or (isinstance(v, float) and math.isnan(v)) else json.dumps(v, default=str) for v in series], pa.string())
+    if kind == "str" and isinstance(series.dtype, pd.CategoricalDtype) and all(isinstance(c, str) for c in series.cat.categories):
+        return pa.array(series, from_pandas=True).dictionary_decode()
     if kind == "str":
         values = series.astype(object) if isinstance(series.dtype, pd.CategoricalDtype) else series
         try:
