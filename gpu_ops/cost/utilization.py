@@ -196,12 +196,33 @@ def _ms(ts: pd.Series) -> np.ndarray:
     return np.where(nat, v, v // 1_000_000)
 
 
+def _codes_in(values: pd.Series, index: pd.Index) -> np.ndarray:
+    """Position of each value in ``index`` (-1 when absent); categoricals via their categories."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        lut = np.append(index.get_indexer(values.cat.categories.astype(str)), -1)
+        return lut[values.cat.codes.to_numpy()]  # code -1 (missing) lands on the trailing -1
+    if hasattr(values.array, "__arrow_array__"):  # Arrow-backed text (Parquet): looked up in Arrow
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        found = pc.index_in(pa.array(values.array), value_set=pa.array(index.to_numpy(dtype=object), pa.string()))
+        return np.asarray(found.fill_null(-1), dtype=np.int64)
+    return index.get_indexer(values.astype(object).where(values.notna(), "").astype(str))
+
+
 def _series_ids(rows: pd.DataFrame, samples: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(series id per sample, series id per row; -1 where the pod has no metrics)."""
-    index = pd.MultiIndex.from_arrays([samples["namespace"].astype(str), samples["pod"].astype(str)])
-    codes, uniques = index.factorize()
-    row_keys = pd.MultiIndex.from_arrays([rows["namespace"].astype(str).to_numpy(), rows["pod"].astype(str).to_numpy()])
-    return codes, uniques.get_indexer(row_keys)
+    """(series id per sample, series id per row; -1 where the pod has no metrics).
+
+    Integer codes, never tuples of strings: ten million rows are looked up in the (much
+    smaller) set of pods that have metrics.
+    """
+    ns_index, pod_index = (pd.Index(pd.unique(samples[c].astype(str))) for c in ("namespace", "pod"))
+    width = len(pod_index)
+    sample_key = _codes_in(samples["namespace"], ns_index).astype(np.int64) * width + _codes_in(samples["pod"], pod_index)
+    codes, uniques = pd.factorize(sample_key)
+    ns, pod = _codes_in(rows["namespace"], ns_index), _codes_in(rows["pod"], pod_index)
+    row_key = np.where((ns >= 0) & (pod >= 0), ns.astype(np.int64) * width + pod, -1)
+    return codes, pd.Index(uniques).get_indexer(row_key)
 
 
 @dataclass
