@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from gpu_ops.storage.errors import StorageError
+
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 FILE_NAME = "data.parquet"
 ROW_GROUP = 256_000
@@ -44,12 +46,12 @@ class PartitionFiles:
         if PARTITION_COLUMN in df.columns:
             stray = set(df[PARTITION_COLUMN].astype(str)) - set(keys)
             if stray:
-                raise ValueError(f"{name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
+                raise StorageError(f"{name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
             groups = {k: df[df[PARTITION_COLUMN].astype(str) == k].drop(columns=[PARTITION_COLUMN]) for k in keys}
         elif len(keys) == 1:
             groups = {keys[0]: df}
         else:
-            raise ValueError(f"{name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
+            raise StorageError(f"{name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
         for key, part in groups.items():
             target = self.path(name, key)
             target.parent.mkdir(parents=True, exist_ok=True)

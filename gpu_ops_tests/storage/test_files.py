@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from gpu_ops.storage.errors import StorageError
 from gpu_ops.storage.files import PartitionFiles
 
 
@@ -40,6 +41,6 @@ def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
     assert files.write("usage", df, ["2026-10-01", "2026-10-02", "2026-10-03"]) == 3
     assert files.partitions("usage") == ["2026-10-01", "2026-10-02", "2026-10-03"]  # the empty day has its (empty) file
     assert len(files.read("usage", ["2026-10-03"])) == 0
-    with pytest.raises(ValueError, match="outside the ones written"):
+    with pytest.raises(StorageError, match="outside the ones written"):
         files.write("usage", df, ["2026-10-01"])
     assert len(files.read("usage", ["2026-10-02"])) == 1  # the refused write changed nothing
