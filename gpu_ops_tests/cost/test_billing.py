@@ -232,3 +232,11 @@ def test_reconcile_names_an_inventory_node_the_bill_does_not_have():
     usage = pd.DataFrame({"kind": ["idle"], "node": ["n-x"], "fleet_cost_usd": [100.0], "day": [pd.Timestamp("2026-10-05", tz="UTC")]})
     out = reconcile(usage, gpu_bill(pd.DataFrame()).lines, {"n-x": "i-0123456789abcdef0"}, dt.date(2026, 10, 5))
     assert not out["passed"] and "n-x" in out["description"] and "no bill line" in out["description"]
+
+
+def test_from_bill_without_a_bill_is_a_config_error_naming_the_field(tmp_path):
+    from gpu_ops.config import ConfigError, load_config
+
+    (tmp_path / "gpu_ops.yaml").write_text(yaml.safe_dump({"prices": {**PRICES, "from_bill": True}}))
+    with pytest.raises(ConfigError, match=r"gpu_ops\.yaml: prices\.from_bill: needs usage\.billing"):
+        load_config(tmp_path / "gpu_ops.yaml")
