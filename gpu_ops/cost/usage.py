@@ -110,12 +110,28 @@ def _blank(s: pd.Series) -> np.ndarray:
     return _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
 
 
+_EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
+
+
+def _stripped_text(cats: pd.Index) -> bool:
+    """All categories are distinct ``str`` with nothing ``str.strip`` would remove.
+
+    One regular-expression pass over the values joined by NUL, not a Python loop per value:
+    a unique column such as ``pod`` has as many categories as rows. ``\\s`` in a ``str``
+    pattern is exactly ``str.isspace``, what ``strip()`` removes; a NUL inside a value can
+    only make this say no (then the caller takes its exact per-value path)."""
+    values = cats.to_numpy(dtype=object)
+    try:
+        joined = "\x00".join(values)
+    except TypeError:  # not all str
+        return False
+    return _EDGE_SPACE.search(joined) is None and cats.is_unique
+
+
 def _as_text(s: pd.Series) -> pd.Series:
     """Missing -> "" and everything else stripped text; categorical in, categorical out."""
     if isinstance(s.dtype, pd.CategoricalDtype):
-        cats = s.cat.categories
-        clean = all(isinstance(c, str) and c == c.strip() for c in cats) and len(set(cats)) == len(cats)
-        if clean and not (s.cat.codes.to_numpy() < 0).any():
+        if _stripped_text(s.cat.categories) and not (s.cat.codes.to_numpy() < 0).any():
             return s  # the common Parquet case: nothing to normalise, no pass over the rows
     codes, uniques = _factorized(s)
     cats = [str(u).strip() for u in uniques]
@@ -1046,7 +1062,11 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, see
     location = raw["location"] if "location" in raw else pd.Series([""] * len(raw), dtype=object)
 
     def loc(idx: Any) -> np.ndarray:  # location text of some rows (not a pass over all of them)
-        return location.iloc[np.atleast_1d(idx)].astype(str).to_numpy()
+        idx = np.atleast_1d(idx)
+        if isinstance(location.dtype, pd.CategoricalDtype):  # files: a few names, coded
+            names = np.array([str(c) for c in location.cat.categories] + [""], dtype=object)
+            return names[location.cat.codes.to_numpy()[idx]]
+        return np.array([str(v) for v in location.iloc[idx]], dtype=object)
 
     if dup.any():
         first_of = pd.Series(np.arange(len(hashes))).groupby(hashes).transform("first").to_numpy()
@@ -1088,35 +1108,77 @@ class SeenRows:
     """Good rows of the earlier batches of one read, by hash, for reads validated batch by
     batch (:mod:`gpu_ops.cost.stream`): a row identical to one of an earlier batch is
     counted once there too. 16 bytes a row (hash, and where its first copy is); rows are
-    matched by their 64-bit hash alone across batches (within a batch values are compared)."""
+    matched by their 64-bit hash alone across batches (within a batch values are compared).
+
+    Hashes are split by their top bits into partitions, each a sorted array plus a small
+    sorted buffer that is merged in when it reaches an eighth of the array: a batch costs
+    a look-up per partition and each row is copied a few times over the read, never the
+    whole set once per batch (which made a 100M-row read quadratic); the largest
+    temporary is one partition.
+    """
+
+    PARTITION_BITS = 6
 
     def __init__(self) -> None:
-        self.hashes = np.empty(0, np.uint64)
-        self.refs = np.empty(0, np.int64)  # location index << 40 | row
+        n = 1 << self.PARTITION_BITS
+        self.hashes = [np.empty(0, np.uint64) for _ in range(n)]
+        self.refs = [np.empty(0, np.int64) for _ in range(n)]  # location index << 40 | row
+        self.buf_hashes = [np.empty(0, np.uint64) for _ in range(n)]
+        self.buf_refs = [np.empty(0, np.int64) for _ in range(n)]
         self.locations: list[str] = []
+
+    def __len__(self) -> int:
+        return sum(len(h) + len(b) for h, b in zip(self.hashes, self.buf_hashes))
 
     def check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """-> (which rows were seen before, (location, row) of each one's first copy); the
         others are remembered."""
         hashes = np.asarray(hashes, np.uint64)
-        if len(self.hashes) and len(hashes):
-            pos = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-            again = self.hashes[pos] == hashes
-        else:
-            pos, again = np.zeros(len(hashes), np.int64), np.zeros(len(hashes), bool)
-        refs = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in self.refs[pos[again]]] if again.any() else []
-        new = ~again
-        if new.any():
-            inverse, names = pd.factorize(locations[new])
-            for name in names:
-                if name not in self.locations:
-                    self.locations.append(name)
-            codes = np.array([self.locations.index(name) for name in names], np.int64)[inverse]
-            order = np.argsort(hashes[new], kind="stable")
-            h, r = hashes[new][order], ((codes << 40) | np.asarray(rows, np.int64)[new])[order]
-            at = np.searchsorted(self.hashes, h)
-            self.hashes, self.refs = np.insert(self.hashes, at, h), np.insert(self.refs, at, r)
+        n = len(hashes)
+        again, found = np.zeros(n, bool), np.zeros(n, np.int64)
+        if not n:
+            return again, []
+        inverse, names = pd.factorize(np.asarray(locations, dtype=object))
+        for name in names:
+            if name not in self.locations:
+                self.locations.append(name)
+        codes = np.array([self.locations.index(name) for name in names], np.int64)[inverse]
+        refs_in = (codes << 40) | np.asarray(rows, np.int64)
+        order = np.argsort(hashes, kind="stable")
+        sh = hashes[order]
+        bounds = np.searchsorted(sh >> np.uint64(64 - self.PARTITION_BITS), np.arange((1 << self.PARTITION_BITS) + 1, dtype=np.uint64))
+        for part in range(1 << self.PARTITION_BITS):
+            lo, hi = int(bounds[part]), int(bounds[part + 1])
+            if lo == hi:
+                continue
+            q, at = sh[lo:hi], order[lo:hi]
+            seen_here = np.zeros(hi - lo, bool)
+            for arr, refs in ((self.hashes[part], self.refs[part]), (self.buf_hashes[part], self.buf_refs[part])):
+                if len(arr):
+                    pos = np.minimum(np.searchsorted(arr, q), len(arr) - 1)
+                    hit = (arr[pos] == q) & ~seen_here
+                    found[at[hit]] = refs[pos[hit]]
+                    seen_here |= hit
+            again[at] = seen_here
+            self._add(part, q[~seen_here], refs_in[at[~seen_here]])
+        refs = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in found[again]] if again.any() else []
         return again, refs
+
+    def _add(self, part: int, h: np.ndarray, r: np.ndarray) -> None:
+        """Sorted hashes ``h`` (refs ``r``) into the partition's buffer; the buffer into the
+        partition when it has grown to an eighth of it."""
+        if not len(h):
+            return
+        bh, br = np.concatenate([self.buf_hashes[part], h]), np.concatenate([self.buf_refs[part], r])
+        o = np.argsort(bh, kind="stable")
+        bh, br = bh[o], br[o]
+        main = self.hashes[part]
+        if len(bh) * 8 < len(main):
+            self.buf_hashes[part], self.buf_refs[part] = bh, br
+            return
+        at = np.searchsorted(main, bh)
+        self.hashes[part], self.refs[part] = np.insert(main, at, bh), np.insert(self.refs[part], at, br)
+        self.buf_hashes[part], self.buf_refs[part] = bh[:0], br[:0]
 
 
 def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:

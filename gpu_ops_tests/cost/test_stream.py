@@ -21,7 +21,7 @@ from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.pipeline import attribution_columns, load_inventory, load_raw, price_window
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.cost.stream import stream_priced
-from gpu_ops.cost.usage import quarantine_in_window, read_usage_files, validate_usage
+from gpu_ops.cost.usage import DUPLICATE_FIELD, quarantine_in_window, read_usage_files, validate_usage
 from gpu_ops_tests.conftest import REPO
 
 from .helpers import MATRIX, PRICES
@@ -63,6 +63,8 @@ def usage_rows(n: int, seed: int = 3) -> list[dict]:
         }
         if i % 17 == 5:
             row.update(BAD[(i // 17) % len(BAD)])
+        if i % 29 == 11 and i > 40:  # identical to a row further up (another batch): counted once
+            row = dict(rows[i - 37])
         rows.append(row)
     return rows
 
@@ -96,7 +98,7 @@ def streamed(sources: SourceSet, group_by: list[str], batch_rows: int, workers: 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("stream")
-    rows = usage_rows(200)
+    rows = usage_rows(300)
     inv = pd.DataFrame([{"node": f"n{i}", "instance_type": "p4de.24xlarge", "capacity_type": "on-demand", "region": "us-east-1", "start": "2026-09-01T00:00:00Z", "end": ""} for i in range(3)])
     inv.to_csv(d / "inventory.csv", index=False)
     return {"parquet": write_parquet(d / "usage.parquet", rows), "csv": write_csv(d / "usage.csv", rows), "inventory": d / "inventory.csv", "rows": rows}  # type: ignore[dict-item]
@@ -135,8 +137,9 @@ def test_quarantine_is_exactly_validate_usage_on_the_whole_file(files, fmt):
         pd.testing.assert_frame_equal(q.reset_index(drop=True), expected.reset_index(drop=True))
     # Every kind of bad row is there, named by file and its own row number.
     assert set(q["location"]) == {str(files[fmt])}
-    assert {"team", "gpu_type", "gpu_count", "capacity_type", "gpu_share", "price", "region", "start", "end"} <= set(q["field"])
-    assert len(q) >= 5 and set(q["row"]) <= {i + 1 for i in range(200) if i % 17 == 5}
+    assert {"team", "gpu_type", "gpu_count", "capacity_type", "gpu_share", "price", "region", "start", "end", DUPLICATE_FIELD} <= set(q["field"])
+    assert len(q) >= 5 and set(q["row"]) <= {i + 1 for i in range(300) if i % 17 == 5 or (i % 29 == 11 and i > 40)}
+    assert q[q["field"] == DUPLICATE_FIELD]["reason"].str.contains(r"duplicate of row \d+", regex=True).all()
 
 
 # --------------------------------------------------------------------------- reference
@@ -150,6 +153,7 @@ def reference(rows: list[dict]) -> dict[str, list[float]]:
     lo = dt.datetime(2026, 10, 2, tzinfo=dt.timezone.utc)
     hi = lo + dt.timedelta(days=1)
     out: dict[str, list[float]] = {}
+    counted: set[tuple] = set()
     for r in rows:
         try:
             gpu = canonical_gpu_type(r["gpu_type"])
@@ -163,6 +167,9 @@ def reference(rows: list[dict]) -> dict[str, list[float]]:
         mult = regions.get(r["region"]) if r["region"] else 1.0
         if not r["team"] or start is None or (end is not None and end < start) or not r["gpu_count"] > 0 or share is None or not 0 < share <= 1 or price is None or mult is None:
             continue
+        if tuple(r.values()) in counted:
+            continue
+        counted.add(tuple(r.values()))
         hours = max(0.0, (min(end or hi, hi) - max(start, lo)).total_seconds() / 3600)
         if hours > 0:
             gpu_hours = r["gpu_count"] * share * hours
