@@ -1,11 +1,13 @@
-"""`GpuOpsSettings`: the loaded `GPU_OPS_CONFIG` file as a Dagster resource."""
+"""`GpuOpsSettings`: the loaded `GPU_OPS_CONFIG` file as a Dagster resource; `shared_defs`:
+the resources every flow uses (the reference code location and the components)."""
 
 from __future__ import annotations
 
 import dagster as dg
 from pydantic import Field
 
-from gpu_ops.config import GpuOpsConfig, load_config
+from gpu_ops.config import GpuOpsConfig, SecretRef, load_config
+from gpu_ops.storage.io_manager import TableIOManager
 
 
 class GpuOpsSettings(dg.ConfigurableResource):
@@ -17,3 +19,27 @@ class GpuOpsSettings(dg.ConfigurableResource):
 
     def load(self) -> GpuOpsConfig:
         return load_config(self.config_path)
+
+
+def storage_io_manager(config: GpuOpsConfig) -> TableIOManager:
+    """The IO manager on ``storage``, holding no secret: a password stays ``{env: NAME}``
+    (or the whole URL a ``dg.EnvVar``) until a table is read or written, so Dagster's run
+    snapshots and event logs never see it."""
+    storage = config.storage
+    url = storage.url_template()
+    return TableIOManager(
+        url=dg.EnvVar(url.env) if isinstance(url, SecretRef) else url,
+        connect_timeout_s=storage.connect_timeout_s,
+        statement_timeout_s=storage.statement_timeout_s,
+        row_level_path=storage.row_level_path,
+    )
+
+
+def shared_defs(config: GpuOpsConfig) -> dg.Definitions:
+    """``gpu_ops`` (the configuration, reloaded by path in runs) and ``table_io_manager``."""
+    return dg.Definitions(
+        resources={
+            "gpu_ops": GpuOpsSettings(config_path=str(config.source_path) if config.source_path else None),
+            "table_io_manager": storage_io_manager(config),
+        }
+    )

@@ -1,0 +1,10 @@
+"""Everything under defs/: the components' YAML and defs/resources.py."""
+
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)

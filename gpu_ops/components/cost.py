@@ -1,0 +1,94 @@
+"""``GpuCostComponent``: the GPU cost flow declared in YAML.
+
+    type: gpu_ops.components.GpuCostComponent
+    attributes:
+      config_file: gpu_ops.yaml      # sources, prices, budgets, channels (the GPU_OPS_CONFIG format)
+
+It builds what the reference code location has for cost: the daily assets
+``gpu_usage`` (+ ``gpu_usage_quarantine``), ``gpu_cost_attribution``,
+``gpu_budget_status``, ``gpu_roi_report`` with their checks, ``daily_gpu_cost_schedule``,
+``budget_alert_sensor`` with its alert and enforcement jobs, and the resources they use
+(``gpu_ops``, ``table_io_manager``). Relative paths in the configuration file resolve
+against that file's folder, as everywhere in gpu_ops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+from dagster.components import Scaffolder, ScaffoldRequest
+
+from gpu_ops.config import BUNDLED_CONFIG
+
+
+class GpuCostScaffolder(Scaffolder):
+    """``dg scaffold defs gpu_ops.components.GpuCostComponent NAME``: ``defs.yaml`` and a
+    ``gpu_ops.yaml`` next to it (usage from the training ledger, the bundled price table,
+    one budget alerting to the log) that loads as it is."""
+
+    def scaffold(self, request: ScaffoldRequest) -> None:
+        if request.scaffold_format != "yaml":
+            from dagster.components.component_scaffolding import scaffold_component
+
+            scaffold_component(request, {"config_file": "gpu_ops.yaml"})
+            return
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(COST_TEMPLATE.format(type=request.type_name))
+        config = request.target_path / "gpu_ops.yaml"
+        if not config.exists():
+            prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
+            config.write_text(CONFIG_TEMPLATE + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
+
+
+COST_TEMPLATE = """\
+type: {type}
+attributes:
+  # The gpu_ops configuration: usage sources, prices, budgets, channels, storage.
+  config_file: gpu_ops.yaml
+"""
+
+CONFIG_TEMPLATE = """\
+# gpu_ops configuration (the GPU_OPS_CONFIG format; see the gpu_ops README).
+# Relative paths resolve against this file's folder.
+storage: {url: "sqlite:///.gpu_ops/costs.db"}     # or postgresql://user@host/db
+usage:
+  sources:
+    - {type: ledger}                       # GPU usage recorded by gpu_ops training runs
+    # - {type: file, path: "exports/*.parquet"}
+    # - {type: kubernetes, namespaces: [ml]}
+  partitions_start: "2026-10-01"
+budgets:
+  - name: ml-monthly
+    scope: {team: ml-platform}
+    period: monthly
+    amount_usd: 1000
+    thresholds: [{percent: 80}, {percent: 100, severity: critical}]
+    channels: [log]
+channels:
+  log: {type: log}
+training:
+  checkpoint_url: .gpu_ops/checkpoints   # a folder, s3://, gs:// or a PVC mount
+"""
+
+
+@dg.scaffold_with(GpuCostScaffolder)
+class GpuCostComponent(dg.Component, dg.Resolvable, dg.Model):
+    """Daily GPU cost assets (usage, attribution, budget status, ROI) with their checks,
+    the daily schedule and the budget alert sensor, from a gpu_ops configuration file."""
+
+    config_file: str = "gpu_ops.yaml"
+
+    def config_path(self, context: dg.ComponentLoadContext) -> Path:
+        p = Path(self.config_file).expanduser()
+        return p if p.is_absolute() else Path(context.path) / p
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        from gpu_ops.alerts.definitions import build_defs as alerts_defs
+        from gpu_ops.config import load_config
+        from gpu_ops.cost.definitions import build_defs as cost_defs
+        from gpu_ops.resources import shared_defs
+
+        path = self.config_path(context)
+        config = load_config(path)  # errors name the file and the field
+        return dg.Definitions.merge(shared_defs(config), cost_defs(config), alerts_defs(config))
