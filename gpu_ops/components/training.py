@@ -63,7 +63,7 @@ def resolve_function(dotted: str) -> Any:
     if not module or not name:
         raise ValueError(f"function: {dotted!r} is not a dotted path such as my_project.train.finetune")
     try:
-        obj = importlib.import_module(module)
+        obj: Any = importlib.import_module(module)
     except ImportError as exc:
         raise ValueError(f"function: cannot import module {module!r} ({exc})") from None
     for part in name.split("."):

@@ -12,18 +12,16 @@ by the table IO manager); budgets read the compact daily table, never row-level 
 # (No `from __future__ import annotations` here: Dagster rejects a `context` annotation it gets as a string.)
 import datetime as dt
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.cost.columns import ROI_INPUT_COLUMNS, attribution_input_columns
+from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
 from gpu_ops.storage.io_manager import COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 GROUP = "gpu_cost"
 IO = "table_io_manager"
@@ -31,31 +29,6 @@ COLLECT_JOB = "collect_gpu_usage_job"
 COLLECT_SCHEDULE = "gpu_usage_collect_schedule"
 # A monthly period is at most 31 days: the budget reads its day and the 30 before.
 BUDGET_WINDOW_DAYS = 31
-
-def _md_table(df: "pd.DataFrame", limit: int = 10) -> str:
-    if df.empty:
-        return "(none)"
-    df = df.head(limit)
-    head = "| " + " | ".join(map(str, df.columns)) + " |\n|" + "---|" * len(df.columns) + "\n"
-    body = "".join("| " + " | ".join(_cell(v) for v in row) + " |\n" for row in df.itertuples(index=False, name=None))
-    return head + body
-
-
-def _cell(v: Any) -> str:
-    import pandas as pd
-
-    if isinstance(v, float):
-        return "" if pd.isna(v) else f"{v:,.2f}"
-    if isinstance(v, (list, tuple)):
-        return ", ".join(map(str, v))
-    return str(v).replace("|", "\\|")
-
-
-def _top_teams(table: "pd.DataFrame") -> "pd.DataFrame":
-    if table.empty or "team" not in table:
-        return table
-    return table.groupby("team", as_index=False)[["gpu_hours", "cost_usd", "savings_usd"]].sum().sort_values("cost_usd", ascending=False)
-
 
 def _days(context: dg.AssetExecutionContext) -> tuple[dt.date, dt.date]:
     """The first and last UTC day of the run's partition key or partition key range."""
@@ -88,7 +61,7 @@ def _efficiency_metadata(cov: dict[str, Any], steps: int | None) -> dict[str, An
         return {**out, "metrics_coverage": "none (no utilisation metrics)"} if steps is not None else out
     out["metrics_coverage"] = round(cov["coverage"], 4)
     if cov["efficiency"] is not None:
-        out.update(efficiency=round(cov["efficiency"], 4), active_gpu_hours=round(cov["active_gpu_hours"], 4), unused_cost_usd=round(cov["unused_cost_usd"], 2))
+        out.update(efficiency=round(cov["efficiency"], 4), active_gpu_hours=hours(cov["active_gpu_hours"]), unused_cost_usd=money(cov["unused_cost_usd"]))
     return out
 
 
@@ -172,13 +145,14 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 table,
                 output_name="gpu_usage",
                 metadata={
+                    **table_metadata(table),
                     **({"days": f"{first} .. {last}"} if last > first else {}),
                     "as_of": usage.as_of.isoformat(),
                     "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
-                    "gpu_hours": round(totals["gpu_hours"], 4),
-                    "allocated_cost_usd": round(totals["allocated_cost_usd"], 2),
-                    "idle_cost_usd": round(totals["idle_cost_usd"], 2),
-                    "fleet_cost_usd": round(totals["fleet_cost_usd"], 2) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
+                    "gpu_hours": hours(totals["gpu_hours"]),
+                    "allocated_cost_usd": money(totals["allocated_cost_usd"]),
+                    "idle_cost_usd": money(totals["idle_cost_usd"]),
+                    "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
                     "quarantined_rows": len(q),
                     **usage.stats.metadata(),
                     **_efficiency_metadata(coverage(table), steps if cfg.usage.utilization else None),
@@ -186,7 +160,10 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 },
             )
         if "gpu_usage_quarantine" in selected:
-            yield dg.Output(q, output_name="gpu_usage_quarantine", metadata={"quarantined_rows": len(q), "preview": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))})
+            yield dg.Output(
+                q, output_name="gpu_usage_quarantine",
+                metadata={**table_metadata(q), "quarantined_rows": len(q), "quarantine": table_value(q[["location", "row", "field", "reason"]])},
+            )
         checks = {k.name for k in context.selected_asset_check_keys}
         if "quarantine_empty" in checks:
             yield dg.AssetCheckResult(
@@ -195,7 +172,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 passed=q.empty,
                 severity=dg.AssetCheckSeverity.WARN,
                 description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
-                metadata={"quarantined_rows": len(q), "reasons": dg.MetadataValue.md(_md_table(q[["location", "row", "reason"]]))},
+                metadata={"quarantined_rows": len(q), "reasons": table_value(q[["location", "row", "field", "reason"]])},
             )
         if "billing_reconciled" in checks and settled is not None:
             md = settled.metadata()
@@ -205,7 +182,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 passed=settled.passed,
                 severity=dg.AssetCheckSeverity.ERROR,
                 description=settled.description(),
-                metadata={**{k: v for k, v in md.items() if k != "nodes"}, **({"nodes": dg.MetadataValue.md(_md_table(md["nodes"]))} if "nodes" in md else {})},
+                metadata={**{k: v for k, v in md.items() if k != "nodes"}, **({"nodes": table_value(md["nodes"])} if "nodes" in md else {})},
             )
         if "sources_complete" in checks:
             unread = file_problems(q)
@@ -215,20 +192,21 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 passed=unread.empty,
                 severity=dg.AssetCheckSeverity.ERROR,
                 description=None if unread.empty else "; ".join(f"{r.location}: {r.reason}" for r in unread.itertuples(index=False)),
-                metadata={"unread_sources": len(unread), "problems": dg.MetadataValue.md(_md_table(unread[["location", "reason"]] if len(unread) else unread))},
+                metadata={"unread_sources": len(unread), "problems": table_value(unread.reindex(columns=["location", "reason"]))},
             )
 
     @dg.multi_asset(
         name="gpu_cost_attribution",
         partitions_def=partitions,
+        can_subset=True,  # each table can be materialized alone
         ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: attribution_input_columns(config.usage.group_by)})},
         outs={
             "gpu_cost_attribution": dg.AssetOut(
-                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE,
+                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
                 description="Cost per grouping key (usage.group_by) for the UTC day; idle fleet cost as __idle__ or shared.",
             ),
             "gpu_cost_daily": dg.AssetOut(
-                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE,
+                io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
                 description="Cost per UTC day, kind and budget scope keys (team, project, namespace, cost_center, scoped labels): "
                 "what budget periods are summed from. A day without usage keeps one row of kind 'none'.",
             ),
@@ -255,21 +233,32 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]
         ok = all(v[1] for v in verdicts)
         message = verdicts[0][2] if len(verdicts) == 1 else "; ".join(f"{k}: {m}" for k, good, m in verdicts if not good) or f"all {len(verdicts)} days conserve"
-        yield dg.Output(
-            table,
-            output_name="gpu_cost_attribution",
-            metadata={
-                "total_cost_usd": round(t["attributed_cost_usd"], 2),
-                "gpu_hours": round(t["gpu_hours"], 4),
-                "idle_cost_usd": round(t["idle_cost_usd"], 2),
-                "fleet_cost_usd": round(t["fleet_cost_usd"], 2) if t["fleet_cost_usd"] is not None else "unknown (no inventory)",
-                "savings_usd": round(float(table["savings_usd"].sum()), 2),
-                "groups": t["groups"],
-                "top_teams": dg.MetadataValue.md(_md_table(_top_teams(table))),
-                **_efficiency_metadata(coverage(gpu_usage), None),
-            },
-        )
-        yield dg.Output(daily, output_name="gpu_cost_daily", metadata={"cost_usd": round(float(daily["cost_usd"].sum()), 2), "scope_rows": len(daily)})
+        selected = {k.to_user_string() for k in context.selected_asset_keys}
+        teams = top_teams(table)
+        if "gpu_cost_attribution" in selected:
+            yield dg.Output(
+                table,
+                output_name="gpu_cost_attribution",
+                metadata={
+                    **table_metadata(table),
+                    "total_cost_usd": money(t["attributed_cost_usd"]),
+                    "gpu_hours": hours(t["gpu_hours"]),
+                    "idle_cost_usd": money(t["idle_cost_usd"]),
+                    "fleet_cost_usd": money(t["fleet_cost_usd"]) if t["fleet_cost_usd"] is not None else "unknown (no inventory)",
+                    "savings_usd": money(table["savings_usd"].sum()),
+                    "groups": t["groups"],
+                    "top_teams": table_value(teams),
+                    **per_key("team", teams.to_dict("records"), "team", ["cost_usd", "gpu_hours"]),
+                    **_efficiency_metadata(coverage(gpu_usage), None),
+                },
+            )
+        if "gpu_cost_daily" in selected:
+            yield dg.Output(
+                daily, output_name="gpu_cost_daily",
+                metadata={**table_metadata(daily), "cost_usd": money(daily["cost_usd"].sum()), "scope_rows": len(daily)},
+            )
+        if not context.selected_asset_check_keys:
+            return
         yield dg.AssetCheckResult(
             asset_key="gpu_cost_attribution",
             check_name="conservation",
@@ -277,9 +266,9 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             severity=dg.AssetCheckSeverity.ERROR,
             description=message,
             metadata={
-                "attributed_cost_usd": round(t["attributed_cost_usd"], 2),
-                "off_fleet_cost_usd": round(t["off_fleet_cost_usd"], 2),
-                **({"fleet_cost_usd": round(t["fleet_cost_usd"], 2)} if t["fleet_cost_usd"] is not None else {}),
+                "attributed_cost_usd": money(t["attributed_cost_usd"]),
+                "off_fleet_cost_usd": money(t["off_fleet_cost_usd"]),
+                **({"fleet_cost_usd": money(t["fleet_cost_usd"])} if t["fleet_cost_usd"] is not None else {}),
                 "over_allocated_nodes": ", ".join(t["over_allocated_nodes"]) or "none",
             },
         )
@@ -307,7 +296,15 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         counts = {"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())}
         yield dg.Output(
             status if len(status) else None,
-            metadata={"budgets": len(status), **counts, "days_missing": int(status["days_missing"].max()) if len(status) else 0, "status": dg.MetadataValue.md(_md_table(view, 50))},
+            metadata={
+                **table_metadata(status if len(status) else None, like=status),
+                "budgets": len(status),
+                **counts,
+                "days_missing": int(status["days_missing"].max()) if len(status) else 0,
+                "status": table_value(view),
+                # One line per budget in the Plots tab: its burn over the period.
+                **per_key("budget", status.to_dict("records"), "budget", ["spend_usd", "amount_usd", "percent_used", "forecast_usd"]),
+            },
         )
         passed, severity, description = check_outcome(status)
         yield dg.AssetCheckResult(
@@ -341,16 +338,14 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         report = roi_report(gpu_usage, PriceMatrix.from_table(gpu_ops.load().prices))
         total = report[report["team"] == TOTAL].iloc[0]
         recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
+        recommendations = pd.DataFrame([{"impact_usd": r["impact_usd"], "kind": r["kind"], "detail": r["detail"]} for r in recs], columns=["impact_usd", "kind", "detail"])
+        totals = ["cost_usd", "spot_savings_usd", "sharing_savings_usd", "preemption_waste_usd", "net_spot_savings_usd", "idle_waste_usd"]
         return dg.Output(
             report,
             metadata={
-                "cost_usd": round(float(total["cost_usd"]), 2),
-                "spot_savings_usd": round(float(total["spot_savings_usd"]), 2),
-                "sharing_savings_usd": round(float(total["sharing_savings_usd"]), 2),
-                "preemption_waste_usd": round(float(total["preemption_waste_usd"]), 2),
-                "net_spot_savings_usd": round(float(total["net_spot_savings_usd"]), 2),
-                "idle_waste_usd": round(float(total["idle_waste_usd"]), 2),
-                "recommendations": dg.MetadataValue.md(_md_table(pd.DataFrame([{"impact_usd": r["impact_usd"], "kind": r["kind"], "detail": r["detail"]} for r in recs]))),
+                **table_metadata(report),
+                **{name: money(total[name]) for name in totals},
+                "recommendations": table_value(recommendations),
             },
         )
 

@@ -110,6 +110,9 @@ class Inputs:
         from gpu_ops.cost.pipeline import SourceSet
         from gpu_ops.cost.pricing import PriceMatrix
 
+        # Paths given on the command line resolve against the working directory (paths in
+        # the configuration file against its folder).
+        inventory = str(Path(inventory).expanduser().resolve()) if inventory else None
         cfg = _config(config_path) if (config_path or not usage or not prices) else None
         table = load_prices(prices) if prices else cfg.prices  # type: ignore[union-attr]
         self.prices = PriceMatrix.from_table(table)
@@ -127,6 +130,23 @@ class Inputs:
         for key in self.group_by:
             if key not in GROUPING_KEYS and not key.startswith("label:"):
                 raise click.BadParameter(f"unknown grouping key {key!r}: use {', '.join(GROUPING_KEYS)} or label:<name>", param_hint="--by")
+
+    def data_range(self) -> tuple[Any, Any] | None:
+        """(first start, last end) of the usage in the file and ledger sources, or None."""
+        import pandas as pd
+
+        from gpu_ops.cost.usage import read_ledger, read_usage_files
+
+        frames = []
+        if self.sources.usage_files:
+            frames.append(read_usage_files(self.sources.usage_files, self.sources.base_dir, row_numbers=False))
+        if self.sources.ledger and self.store() is not None:
+            frames.append(read_ledger(self.store()))
+        starts = [pd.to_datetime(f["start"], utc=True, errors="coerce") for f in frames if "start" in f]
+        ends = [pd.to_datetime(f["end"], utc=True, errors="coerce") for f in frames if "end" in f]
+        first = min((s.min() for s in starts if s.notna().any()), default=None)
+        last = max((e.max() for e in ends if e.notna().any()), default=first)
+        return (first, last) if first is not None else None
 
     def store(self) -> Any:
         if not (self.sources.ledger or self.sources.kubernetes or self.sources.inventory_karpenter):
@@ -250,6 +270,18 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""
     _emit(result.table, fmt, f"GPU cost {day} (as of {priced.as_of.isoformat()}): ${result.table['cost_usd'].sum():,.2f}, {t['gpu_hours']:,.2f} GPU-hours{fleet}")
     _report_quarantine(priced.quarantine, quarantine_path)
+    if not date_ and not t["gpu_hours"]:
+        _say_where_data_is(inputs, day)
+
+
+def _say_where_data_is(inputs: Inputs, day: dt.date) -> None:
+    """An empty default day (yesterday) usually means the data is elsewhere: say where."""
+    found = inputs.data_range()
+    if found is None:
+        click.echo(f"no usage on {day} (the default --date is yesterday, UTC), and none in any usage source", err=True)
+        return
+    first, last = (ts.date().isoformat() for ts in found)
+    click.echo(f"no usage on {day} (the default --date is yesterday, UTC); usage found from {first} to {last}: try --date {last}", err=True)
 
 
 @cost.command()

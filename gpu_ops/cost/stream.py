@@ -182,7 +182,7 @@ class _Window:
             raw = usage_frame(arrow_to_frame(pa.Table.from_batches([batch])), path, first, [r for r, _ in skipped])
             if skipped:
                 raw = concat_raw([raw, line_problems(path, skipped)])
-            v = validate_usage(raw, self.prices, seen=turn)
+            v = validate_usage(raw, self.prices, seen=turn)  # type: ignore[arg-type]  # a _Turn stands in for SeenRows
         finally:
             turn.done()
         rows = v.rows[[c for c in v.rows.columns if c in set(self.keys) | set(_PRICING)]]

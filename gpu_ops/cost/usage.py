@@ -629,7 +629,7 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
     if "labels" in df.columns:
         base = [v if isinstance(v, str) and v.strip() else "{}" for v in df["labels"].astype(object)]
         # A labels cell that is not a JSON object is kept as written: validation quarantines it.
-        merged = [{**b, **e} if isinstance(b := _json_object(v), dict) else v for v, e in zip(base, extra)]
+        merged: list[Any] = [{**b, **e} if isinstance(b := _json_object(v), dict) else v for v, e in zip(base, extra)]
     else:
         merged = extra
     df = df.drop(columns=label_cols)
@@ -1046,7 +1046,7 @@ def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
     for field in fields:
         mask = np.zeros(len(raw), bool)
         mask[[i for i in rows if field in errors[i]]] = True
-        problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])
+        problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])  # type: ignore[misc]
 
 
 def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, seen: "SeenRows | None" = None) -> None:
@@ -1074,8 +1074,8 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, see
         same = _same_values(sub, later, first)  # a hash collision is not a duplicate
         dup[later[~same]] = False
         later, first = good[later[same]], good[first[same]]
-        numbers = _row_numbers(raw, first) if len(first) else []
-        for i, j, n, li, lj in zip(later.tolist(), first.tolist(), numbers, loc(later), loc(first)):
+        numbers: Any = _row_numbers(raw, first) if len(first) else []
+        for i, _j, n, li, lj in zip(later.tolist(), first.tolist(), numbers, loc(later), loc(first)):
             earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
     if seen is not None:
         rest = good[~dup]

@@ -22,6 +22,7 @@ from __future__ import annotations
 # The ledger and TableStore (pandas, SQLAlchemy) are imported when an attempt runs, not when the code location loads.
 import datetime as dt
 import json
+import os
 import random
 import socket
 import traceback
@@ -41,7 +42,7 @@ from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkp
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.context import WorkerSpec, parse_event
 from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, plan_attempt
-from gpu_ops.training.worker import register, run_training
+from gpu_ops.training.worker import import_root, register, run_training
 
 if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
@@ -271,6 +272,10 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         + f" in {ckpt_url}"
     )
 
+    env = dict(spec.env)
+    root = import_root(spec.fn_module)
+    if root and getattr(compute, "backend", "local") == "local":  # local workers import the function from where it was loaded
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     name = launch_name(run_id, launch_key, int(context.retry_number))  # as GpuCompute names it
     sink = _EventSink(context.log, attempt)
     start = _utcnow()
@@ -278,7 +283,7 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     launch_error: Exception | None = None
     try:
         report = compute.launch(
-            context, request, run_training, args=(asdict(worker_spec),), env=dict(spec.env), log=sink, on_start=sink.on_start,
+            context, request, run_training, args=(asdict(worker_spec),), env=env, log=sink, on_start=sink.on_start,
             warm=(*spec.warm_imports, spec.fn_module),
         )
     except dg.Failure:

@@ -51,6 +51,22 @@ def register(fn: Callable[..., Any]) -> tuple[str, str]:
     return module, qualname
 
 
+def import_root(module: str) -> str | None:
+    """The sys.path entry ``module`` was imported from (the folder holding its top-level
+    package), or None. Dagster puts a code location's working directory on sys.path only
+    while it loads the code, so a local worker started later is told it explicitly."""
+    mod = sys.modules.get(module)
+    file = getattr(mod, "__file__", None)
+    if not file:
+        return None
+    root = os.path.dirname(os.path.abspath(file))
+    if os.path.basename(file).startswith("__init__."):
+        root = os.path.dirname(root)
+    for _ in range(module.count(".")):
+        root = os.path.dirname(root)
+    return root
+
+
 def resolve(module: str, qualname: str) -> Callable[..., Any]:
     fn = _REGISTRY.get((module, qualname))
     if fn is not None:

@@ -113,6 +113,50 @@ def test_each_usage_table_can_be_materialized_alone(tmp_path, selected, other):
     assert ("quarantine_empty" in checks(result)) == (selected == "gpu_usage")
 
 
+def test_attribution_and_the_daily_table_can_be_materialized_alone(tmp_path):
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    with dg.instance_for_test() as instance:
+        dg.materialize(env.assets, selection=["gpu_usage"], partition_key="2026-10-14", resources=env.resources, instance=instance)
+        for selected, other in (("gpu_cost_attribution", "gpu_cost_daily"), ("gpu_cost_daily", None)):
+            result = dg.materialize(env.assets, selection=[selected], partition_key="2026-10-14", resources=env.resources, instance=instance)
+            assert result.success
+            assert [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()] == [selected]
+            if other:
+                assert instance.get_latest_materialization_event(dg.AssetKey(other)) is None
+
+
+def test_table_metadata_is_typed_rounded_and_plottable(tmp_path):
+    """Column schema and row count on every table; tables as TableMetadataValue; money in
+    cents, hours to 3 decimals; one numeric entry per budget and per top team."""
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    with dg.instance_for_test() as instance:
+        result = env.materialize("2026-10-14", instance)
+    mats = {e.materialization.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
+    tables = env.tables()
+    for name, md in mats.items():
+        schema = md["dagster/column_schema"].schema
+        assert [c.name for c in schema.columns] == [c for c in tables[name].columns if c != "partition_key"], name
+        assert md["dagster/row_count"].value == len(tables[name]), name
+    usage = mats["gpu_usage"]
+    assert usage["gpu_hours"].value == round(usage["gpu_hours"].value, 3)
+    attribution = mats["gpu_cost_attribution"]
+    teams = attribution["top_teams"]
+    assert isinstance(teams, dg.TableMetadataValue) and [c.name for c in teams.schema.columns] == ["team", "gpu_hours", "cost_usd", "savings_usd"]
+    first = teams.records[0].data
+    assert first["cost_usd"] == round(first["cost_usd"], 2) and first["gpu_hours"] == round(first["gpu_hours"], 3)
+    assert attribution[f"team/{first['team']}/cost_usd"].value == first["cost_usd"]
+    status = mats["gpu_budget_status"]
+    assert isinstance(status["status"], dg.TableMetadataValue) and len(status["status"].records) == 2
+    for budget in ("nlp-monthly", "vision-monthly"):
+        spend, amount, percent = (status[f"budget/{budget}/{k}"].value for k in ("spend_usd", "amount_usd", "percent_used"))
+        assert spend == round(spend, 2) and amount > 0 and percent == pytest.approx(100 * spend / amount, abs=0.06)
+    quarantine = mats["gpu_usage_quarantine"]["quarantine"]
+    assert isinstance(quarantine, dg.TableMetadataValue) and {r.data["field"] for r in quarantine.records} == {"gpu_type", "team"}
+    assert isinstance(mats["gpu_roi_report"]["recommendations"], dg.TableMetadataValue)
+    for md in mats.values():
+        assert not any(isinstance(v, dg.MarkdownMetadataValue) for v in md.values())
+
+
 def test_budget_status_accumulates_the_period_and_its_check_escalates(tmp_path):
     daily = [
         {"name": "nlp-daily", "scope": {"team": "nlp"}, "period": "daily", "amount_usd": 100, "thresholds": [{"percent": 80}, {"percent": 100}]},

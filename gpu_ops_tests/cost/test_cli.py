@@ -137,3 +137,25 @@ def test_default_config_is_the_bundled_demo():
     assert r.returncode == 0, r.stderr
     teams = {x["team"] for x in json.loads(r.stdout)}
     assert {"nlp", "vision", "research", "__idle__"} <= teams
+
+
+def test_inventory_resolves_against_the_working_directory(tmp_path):
+    """`--inventory nodes.csv` is the file in the working directory, as `--usage` is, even
+    when the usage comes from the (bundled) configuration."""
+    (tmp_path / "nodes.csv").write_text((REPO / "gpu_ops" / "demo" / "inventory.csv").read_text())
+    r = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--inventory", "nodes.csv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "fleet $" in r.stdout and "__idle__" in r.stdout
+    missing = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--inventory", "absent.csv", cwd=tmp_path)
+    assert missing.returncode != 0 and str(tmp_path / "absent.csv") in missing.stdout + missing.stderr
+
+
+def test_an_empty_default_day_says_where_the_data_is(files):
+    closed = [line for line in USAGE if ",p3," not in line]  # the open interval runs up to now
+    (files / "usage.csv").write_text("\n".join(closed) + "\n")
+    r = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--prices", "prices.yaml", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert "usage found from 2026-10-01 to 2026-10-02: try --date 2026-10-02" in r.stderr
+    assert "(the default --date is yesterday, UTC)" in r.stderr
+    explicit = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--prices", "prices.yaml", "--date", "2026-09-01", cwd=files)
+    assert explicit.returncode == 0 and "usage found" not in explicit.stderr  # a day asked for is answered as asked

@@ -133,7 +133,7 @@ def test_author_code_location_loads_and_materializes_its_training_asset(tmp_path
     cfg.write_text(f'storage: {{url: "sqlite:///costs.db"}}\nprices: {PRICES}\ntraining: {{checkpoint_url: ckpts}}\n')
     env = _env(tmp_path, GPU_OPS_CONFIG=str(cfg))
     location = EXAMPLES / "author_location"
-    out = _run([str(BIN / "dagster"), "definitions", "validate", "-w", str(location / "workspace.yaml")], cwd=tmp_path, env=env)
+    out = _run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"], cwd=location, env=env)
     assert "All code locations passed validation" in out.stdout + out.stderr
     params = json.dumps({"ops": {"finetuned_model": {"config": {"params": {"steps": 300}}}}})
     _run([str(BIN / "dagster"), "asset", "materialize", "-m", "my_training.definitions", "-d", str(location),

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,15 @@ query($key: AssetKeyInput!) {
     ... on Asset {
       assetMaterializations(limit: 1) {
         runId
+        partition
         metadataEntries {
+          __typename
           label
           ... on IntMetadataEntry { intValue }
           ... on FloatMetadataEntry { floatValue }
           ... on TextMetadataEntry { text }
+          ... on TableSchemaMetadataEntry { schema { columns { name type } } }
+          ... on TableMetadataEntry { table { schema { columns { name type } } records } }
         }
       }
     }
@@ -60,8 +65,11 @@ query($key: AssetKeyInput!) {
 """
 
 
-@pytest.fixture
-def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+@contextmanager
+def dagster_ui_processes(tmp_path: Path, config: Path, *, daemon: bool = True) -> Iterator[tuple[str, Path]]:
+    """dagster-webserver (and dagster-daemon) on 127.0.0.1 with the repository's
+    workspace.yaml, ``config`` as GPU_OPS_CONFIG and a fresh DAGSTER_HOME; yields the
+    GraphQL URL and that home. Other tests reuse it."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(
@@ -71,7 +79,6 @@ def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         "  config: {dequeue_interval_seconds: 1}\n"
         "telemetry: {enabled: false}\n"
     )
-    config = write_config(tmp_path, steps=DEMO_STEPS, simulate_gpu_pricing=True)  # dollar figures even on CPU, labelled
     port = free_port()
     env = {
         **os.environ,
@@ -81,21 +88,15 @@ def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         "PYTHONUNBUFFERED": "1",
     }
     workspace = str(REPO / "workspace.yaml")
-    logs = [open(tmp_path / name, "wb") for name in ("webserver.log", "daemon.log")]
-    procs = [
-        subprocess.Popen(
-            [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", workspace],
-            cwd=REPO, env=env, stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True,
-        ),
-        subprocess.Popen(
-            [str(BIN / "dagster-daemon"), "run", "-w", workspace],
-            cwd=REPO, env=env, stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True,
-        ),
-    ]
+    commands = [[str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", workspace]]
+    if daemon:
+        commands.append([str(BIN / "dagster-daemon"), "run", "-w", workspace])
+    logs = [open(tmp_path / name, "wb") for name in ("webserver.log", "daemon.log")[: len(commands)]]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True) for cmd, log in zip(commands, logs)]
     try:
-        yield f"http://127.0.0.1:{port}/graphql", tmp_path, home
+        yield f"http://127.0.0.1:{port}/graphql", home
     finally:
-        for p in procs:  # the sessions these two started: their code servers and run workers
+        for p in procs:  # the sessions these started: their code servers and run workers
             try:
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -107,6 +108,13 @@ def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
                 os.killpg(p.pid, signal.SIGKILL)
         for f in logs:
             f.close()
+
+
+@pytest.fixture
+def dagster_ui(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    config = write_config(tmp_path, steps=DEMO_STEPS, simulate_gpu_pricing=True)  # dollar figures even on CPU, labelled
+    with dagster_ui_processes(tmp_path, config) as (url, home):
+        yield url, tmp_path, home
 
 
 def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
