@@ -53,6 +53,7 @@ PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
     ("gpu_ops.storage.errors", "StorageError"),
     ("gpu_ops.storage.errors", "StorageUnavailable"),
     ("gpu_ops.cost.usage", "UsageSourceError"),
+    ("gpu_ops.validate", "UnknownCheck"),
 )
 
 _FAILURES = {"GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed"}

@@ -13,6 +13,7 @@ from typing import Callable
 import click
 
 from gpu_ops.config import ConfigError, GpuOpsConfig, load_config
+from gpu_ops.errors import GpuOpsError
 
 
 @dataclass
@@ -85,8 +86,8 @@ def run_checks(config: GpuOpsConfig, only: str | None = None) -> list[CheckResul
     return results
 
 
-class UnknownCheck(ValueError):
-    pass
+class UnknownCheck(GpuOpsError, ValueError):
+    """`gpu-ops validate --only` named a check that does not exist."""
 
 
 _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}

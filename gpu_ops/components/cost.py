@@ -69,6 +69,7 @@ channels:
   log: {type: log}
 training:
   checkpoint_url: .gpu_ops/checkpoints   # a folder, s3://, gs:// or a PVC mount
+  # simulate_gpu_pricing: true           # on a CPU-only machine: price attempts as the declared GPUs (metadata only)
 """
 
 

@@ -134,6 +134,7 @@ class TableIOManager(dg.ConfigurableIOManager):
         keys = list(context.asset_partition_keys) if context.has_asset_partitions else None
         files = self._files(context.definition_metadata) if keys else None
         if files is not None:
+            assert keys  # row-level files are per partition
             t0 = time.perf_counter()
             rows = files.write(name, obj, partition_keys=keys)
             where = files.path(name, keys[0]) if len(keys) == 1 else files.root / name

@@ -103,7 +103,8 @@ def test_dg_project_trains_through_a_killed_worker_then_materializes_the_cost_da
     training_yaml.write_text(yaml.safe_dump(doc))
     config_path = project / DG_DEFS / "gpu_costs" / "gpu_ops.yaml"
     config = yaml.safe_load(config_path.read_text())
-    config["training"] = {"checkpoint_url": str(tmp_path / "ckpts")}  # where the Killer watches
+    # Checkpoints where the Killer watches; CPU attempts priced as the declared T4 (in the metadata only).
+    config["training"] = {**config.get("training", {}), "checkpoint_url": str(tmp_path / "ckpts"), "simulate_gpu_pricing": True}
     config_path.write_text(yaml.safe_dump(config))
 
     killer = Killer(tmp_path, signal.SIGKILL, delay=(0.2, 1.0), seed=3)
@@ -130,7 +131,7 @@ def test_author_code_location_loads_and_materializes_its_training_asset(tmp_path
     """examples/author_location: the README's snippets, run through the `dagster` CLI with
     its own Definitions(resources={"gpu_compute": GpuCompute()})."""
     cfg = tmp_path / "gpu_ops.yaml"
-    cfg.write_text(f'storage: {{url: "sqlite:///costs.db"}}\nprices: {PRICES}\ntraining: {{checkpoint_url: ckpts}}\n')
+    cfg.write_text(f'storage: {{url: "sqlite:///costs.db"}}\nprices: {PRICES}\ntraining: {{checkpoint_url: ckpts, simulate_gpu_pricing: true}}\n')
     env = _env(tmp_path, GPU_OPS_CONFIG=str(cfg))
     location = EXAMPLES / "author_location"
     out = _run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"], cwd=location, env=env)
