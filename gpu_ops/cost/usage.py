@@ -1161,8 +1161,8 @@ class SeenRows:
                     seen_here |= hit
             again[at] = seen_here
             self._add(part, q[~seen_here], refs_in[at[~seen_here]])
-        refs = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in found[again]] if again.any() else []
-        return again, refs
+        earlier = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in found[again]] if again.any() else []
+        return again, earlier
 
     def _add(self, part: int, h: np.ndarray, r: np.ndarray) -> None:
         """Sorted hashes ``h`` (refs ``r``) into the partition's buffer; the buffer into the
