@@ -79,7 +79,8 @@ def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int)
         present = parquet_columns(schema.names, columns)
         require_usage_columns(path, present)
         # Text columns arrive as dictionaries: validation then works once per distinct value.
-        text = [c for c in present if pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)]
+        # pod is as distinct as the rows: read plainly, not as a dictionary as large as the batch.
+        text = [c for c in present if c != "pod" and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
         # Column chunks are read through a small buffer, not whole: memory follows batch_rows.
         pf = pq.ParquetFile(path, read_dictionary=text, pre_buffer=False, buffer_size=1 << 20)
     except UsageSourceError:

@@ -133,6 +133,12 @@ def _as_text(s: pd.Series) -> pd.Series:
     if isinstance(s.dtype, pd.CategoricalDtype):
         if _stripped_text(s.cat.categories) and not (s.cat.codes.to_numpy() < 0).any():
             return s  # the common Parquet case: nothing to normalise, no pass over the rows
+    if isinstance(s.dtype, pd.StringDtype) and s.dtype.storage == "pyarrow":
+        # Arrow-backed text (a high-cardinality column read plainly): strip and factorize
+        # in C rather than once per distinct value in Python.
+        codes, uniques = pd.factorize(s.str.strip().fillna(""), use_na_sentinel=True)
+        cats = pd.Index(uniques) if "" in uniques else pd.Index([*uniques, ""])  # "" always a category, as below
+        return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=s.index)
     codes, uniques = _factorized(s)
     cats = [str(u).strip() for u in uniques]
     if "" not in cats:
