@@ -270,7 +270,9 @@ def evaluate_budgets(budgets: Sequence[Budget], daily: pd.DataFrame, day: dt.dat
     day from the earliest period start to ``day`` (they are aggregated first). The
     frame's ``attrs["missing_days"]`` maps each budget with missing days to them.
     """
-    if "label_keys" not in daily:
+    if daily.empty and "label_keys" not in daily:
+        daily = pd.DataFrame(columns=list(DAILY_COLUMNS))  # no day materialized: every day is missing, none is zero
+    elif "label_keys" not in daily:
         daily = daily_costs(daily, _days(earliest_period_start(budgets, day), day), scope_label_keys(budgets))
     book = SpendBook(daily, idle)
     records = [evaluate_budget(b, book, day, as_of, expected_from) for b in budgets]

@@ -268,3 +268,10 @@ def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(id
             ref = _row_level_spend(b, rows, d, idle)
             assert round(table.loc[b.name, "spend_usd"], 2) == round(ref, 2) and ref > 0
             assert table.loc[b.name, "days_missing"] == 0
+
+
+def test_no_daily_partition_at_all_is_every_day_missing_not_zero_spend():
+    # What the IO manager hands over when gpu_cost_daily was never materialized: no columns.
+    table = evaluate_budgets([BUDGET], pd.DataFrame(), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
+    assert table["days_missing"].tolist() == [5]
+    assert table["spend_usd"].tolist() == [0.0] and table["forecast_usd"].isna().all()

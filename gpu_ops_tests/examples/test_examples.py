@@ -120,7 +120,7 @@ def test_dg_project_trains_through_a_killed_worker_then_materializes_the_cost_da
     assert md["weights_sha256"] == uninterrupted_sha(tmp_path / "ref")
 
     day = (dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)).isoformat()
-    _run([str(BIN / "dg"), "launch", "--assets", "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_budget_status,gpu_roi_report", "--partition", day],
+    _run([str(BIN / "dg"), "launch", "--assets", "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_budget_status,gpu_roi_report", "--partition", day],
          cwd=project, env=env, timeout=300)
     budget = _metadata(tmp_path / "home", "gpu_budget_status")
     assert budget["budgets"] == 1
