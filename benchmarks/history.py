@@ -32,7 +32,6 @@ import tempfile
 import statistics
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,24 +57,10 @@ def load_note() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} cores"
 
 
-@contextlib.contextmanager
-def scratch_database(admin_url: str) -> Iterator[str]:
-    import sqlalchemy as sa
+def scratch_database(admin_url: str) -> contextlib.AbstractContextManager[str]:
+    from gpu_ops.storage.scratch import scratch_database as scratch
 
-    from gpu_ops.storage.tables import TableStore
-
-    name = f"gpu_ops_bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(admin_url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        TableStore.dispose_all()
-        with admin.connect() as conn:
-            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    return scratch(admin_url, prefix="gpu_ops_bench")
 
 
 def month_days(n: int) -> list[dt.date]:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,23 +60,10 @@ def pg_server() -> str:
 @pytest.fixture
 def pg_url(pg_server: str) -> Iterator[str]:
     """A fresh database, dropped (connections terminated) after the test."""
-    import sqlalchemy as sa
+    from gpu_ops.storage.scratch import scratch_database
 
-    name = f"gpu_ops_test_{uuid.uuid4().hex[:10]}"
-    admin = _pg_admin_engine()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = pg_server.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    with scratch_database(pg_server, prefix="gpu_ops_test") as url:
         yield url
-    finally:
-        from gpu_ops.storage.tables import TableStore
-
-        TableStore.dispose_all()
-        with admin.connect() as conn:
-            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"), {"d": name})
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")
