@@ -604,6 +604,10 @@ class AlertsConfig(_Model):
     # request; then it is dead-lettered (never silently dropped).
     redelivery_interval_s: PositiveInt = 300
     max_pending_s: PositiveInt = 259_200
+    # At most this many alert runs (first requests and redeliveries) per sensor tick; the
+    # rest wait in the sensor's cursor, oldest first, and go out on the next ticks (30 s
+    # apart). Enforcement runs are never held back.
+    max_runs_per_tick: PositiveInt = 500
     top_spenders: int = Field(default=5, ge=0)
 
 

@@ -96,10 +96,11 @@ class Step:
         return bool(self.redeliver or self.dead or self.delivered or self.seen)
 
 
-def advance(pending: Mapping[str, Pending], outcomes: Mapping[str, RunOutcome], now: float, policy: Policy) -> Step:
+def advance(pending: Mapping[str, Pending], outcomes: Mapping[str, RunOutcome], now: float, policy: Policy, *, limit: int | None = None) -> Step:
     """Each pending alert, given what was seen of its latest run since the last step (by
     run key; absent when nothing new): delivered, still waiting, requested again, or
-    dead-lettered."""
+    dead-lettered. At most ``limit`` are requested again; the others due stay as they
+    are (their failure seen) and are due again at the next step."""
     news: dict[str, dict[int, RunOutcome]] = {}
     for run_key, run_outcome in outcomes.items():
         base, _, n = run_key.partition(REDELIVERY_MARK)
@@ -120,7 +121,7 @@ def advance(pending: Mapping[str, Pending], outcomes: Mapping[str, RunOutcome], 
             step.delivered.append(key)
         elif outcome == "failure" and (past or policy.is_final(p)):
             step.dead.append(DeadLetter(key, p, f"{_requests(p.n)} failed between {_iso(p.first)} and {_iso(now)}; alerts.max_pending_s is {policy.max_pending_s:g}"))
-        elif outcome == "failure" and now - p.last >= policy.interval_s:
+        elif outcome == "failure" and now - p.last >= policy.interval_s and (limit is None or len(step.redeliver) < limit):
             again = Pending(p.first, now, p.n + 1)
             step.redeliver.append((key, again))
             step.pending[key] = again

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from gpu_ops.alerts.model import Alert
+from gpu_ops.alerts.queue import AlertQueue
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
-from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdEvent, ThresholdPlan, evaluate
+from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
 
 if TYPE_CHECKING:
@@ -72,32 +73,6 @@ def redelivery_policy(alerts: AlertsConfig) -> Policy:
 
 
 # --------------------------------------------------------------------------- requests
-
-
-def alert_for(event: ThresholdEvent, budget: Budget, config: GpuOpsConfig, plan: ThresholdPlan | None = None) -> Alert:
-    th = plan.threshold(budget.name, event.threshold) if plan else next(t for t in budget.thresholds if t.key() == event.threshold)
-    row = event.row
-    return Alert(
-        kind=event.kind,
-        budget=budget.name,
-        period_start=row.period_start,
-        period_end=row.period_end,
-        threshold=event.threshold,
-        basis=th.basis,
-        threshold_usd=th.amount_usd(budget.amount_usd),
-        severity=th.effective_severity(budget.amount_usd),  # type: ignore[arg-type]
-        amount_usd=budget.amount_usd,
-        spend_usd=row.spend_usd,
-        percent_used=row.spend_usd / budget.amount_usd * 100.0,
-        forecast_usd=row.forecast_usd,
-        scope=plan.filters(budget.name) if plan else budget.scope.as_filters(),
-        channels=tuple(budget.channels),
-        episode=event.episode,
-        partition_key=row.partition_key,
-        as_of=row.as_of,
-        enforcement=budget.enforcement.action,
-        dagster_url=config.alerts.dagster_url,
-    )
 
 
 def order_for(event: EnforcementEvent, budget: Budget | None, config: GpuOpsConfig) -> EnforcementOrder:
@@ -157,39 +132,62 @@ def threshold_plan(config: GpuOpsConfig) -> ThresholdPlan:
     return _PLAN[1]
 
 
-def tick(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, *, now: dt.datetime) -> tuple[AlertCursor, list[dg.RunRequest], str]:
-    """One full evaluation: newest status rows + previous state -> new state + run requests."""
+def tick(config: GpuOpsConfig, store: TableStore | None, cursor: AlertCursor, *, now: dt.datetime, evaluate: bool = True) -> tuple[AlertCursor, list[dg.RunRequest], str]:
+    """One tick's own work: with ``evaluate``, a full evaluation (newest status rows +
+    previous state -> new state; its alerts join the queue, its enforcement changes are
+    requested at once); then up to ``alerts.max_runs_per_tick`` alert runs from the
+    queue, oldest first. ``cursor`` is left as it was."""
+    new_cursor = AlertCursor(
+        cursor.last_storage_id, cursor.evaluated_at, cursor.budgets, dict(cursor.pending), cursor.runs_seen_at,
+        AlertQueue(list(cursor.queue.entries), list(cursor.queue.contexts)),
+    )
+    enforcement: list[dg.RunRequest] = []
+    summary: list[str] = []
+    if evaluate:
+        assert store is not None, "a full evaluation reads the status table"
+        enforcement, summary = _evaluate(config, store, new_cursor, now)
+    requests: list[dg.RunRequest] = []
+    if evaluate or cursor.queue:
+        requests, superseded = request_queued(config, new_cursor, now)
+        summary.append(f"{len(requests)} alert run(s) requested, {len(new_cursor.queue)} waiting for the next ticks (alerts.max_runs_per_tick {config.alerts.max_runs_per_tick})")
+        if superseded:
+            summary.append(f"undelivered trigger(s) superseded by their resolve, not redelivered: {', '.join(superseded)}")
+    return new_cursor, requests + enforcement, "; ".join(summary)
+
+
+def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
+    """The newest status rows against ``cursor``'s state: the state advances in place,
+    the alerts join its queue; returns the enforcement runs (never held back: they gate
+    launches, and there is at most one per budget) and a summary."""
     from gpu_ops.alerts.records import read_latest_status
 
     partition, table = read_latest_status(store)
     plan = threshold_plan(config)
-    budgets = plan.budgets
     quiet = table.quiet_rows(plan, cursor.budgets)  # rows that change nothing, found in numpy
     rows = [table.row(i) for i in range(len(table)) if not quiet[i]]
-    result = evaluate(budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q])
-    requests: list[dg.RunRequest] = []
-    policy = redelivery_policy(config.alerts)
-    pending = dict(cursor.pending)
-    superseded = []
-    for alert_ev in result.alerts:
-        budget = budgets[alert_ev.budget]
-        if budget.channels:  # no channels: the state still advances, nothing to send
-            alert = alert_for(alert_ev, budget, config, plan)
-            first = pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
-            requests.append(alert_run_request(alert, first, policy))
-            if alert.kind == "resolve" and pending.pop(alert.trigger_run_key, None) is not None:
-                superseded.append(alert.trigger_run_key)  # never page after the resolve
-    for ev in result.enforcement:
-        requests.append(enforcement_run_request(order_for(ev, budgets.get(ev.budget), config)))
-    new_cursor = AlertCursor(cursor.last_storage_id, now.timestamp(), result.state, pending, cursor.runs_seen_at)
-    summary = (
+    result = evaluate(plan.budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q])
+    cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
+    cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
+    enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
+    return enforcement, [
         f"evaluated {len(table)} budget rows ({len(rows)} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
-    )
-    if superseded:
-        summary += f"; undelivered trigger(s) superseded by their resolve, not redelivered: {', '.join(superseded)}"
-    return new_cursor, requests, summary
+    ]
+
+
+def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
+    """Up to ``alerts.max_runs_per_tick`` waiting alerts become runs (and pending, until
+    delivered). A resolve supersedes its trigger's redelivery (never page after the
+    resolve); returns the runs and the triggers superseded."""
+    policy = redelivery_policy(config.alerts)
+    requests, superseded = [], []
+    for alert in cursor.queue.pop(config.alerts.max_runs_per_tick):
+        first = cursor.pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
+        requests.append(alert_run_request(alert, first, policy))
+        if alert.kind == "resolve" and cursor.pending.pop(alert.trigger_run_key, None) is not None:
+            superseded.append(alert.trigger_run_key)
+    return requests, superseded
 
 
 @contextlib.contextmanager
@@ -258,10 +256,11 @@ def _alert_of_run(run: Any) -> Alert:
     return Alert.from_dict(run.run_config["ops"][ALERT_OP]["config"]["alert"])
 
 
-def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.DagsterInstance | None, now: dt.datetime, log: Any) -> FollowUp:
+def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.DagsterInstance | None, now: dt.datetime, log: Any, *, limit: int | None = None) -> FollowUp:
     """Every tick: what became of the runs of pending alerts; request the failed ones again
-    (each ``redelivery_interval_s``) or dead-letter them (after ``max_pending_s``).
-    Updates ``cursor.pending`` and ``cursor.runs_seen_at``."""
+    (each ``redelivery_interval_s``; at most ``limit``, the others at a later tick) or
+    dead-letter them (after ``max_pending_s``). Updates ``cursor.pending`` and
+    ``cursor.runs_seen_at``."""
     out = FollowUp()
     if instance is None:
         return out  # a test context without an instance: nothing to follow
@@ -270,7 +269,7 @@ def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.Dagst
         cursor.runs_seen_at = seen_at
         return out
     policy = redelivery_policy(config.alerts)
-    step = advance(cursor.pending, _alert_run_outcomes(instance, cursor), now.timestamp(), policy)
+    step = advance(cursor.pending, _alert_run_outcomes(instance, cursor), now.timestamp(), policy, limit=limit)
     cursor.pending, cursor.runs_seen_at = step.pending, seen_at
     for key, again in step.redeliver:
         runs = _runs_of_alert(instance, key)
@@ -343,31 +342,29 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
             cursor = AlertCursor.decode(context.cursor)
         instance = _instance_or_none(context)
         now = clock()
-        had_pending = bool(cursor.pending)
-        follow = follow_pending(cfg, cursor, instance, now, context.log)
-        if follow.summary:
-            context.log.info(follow.summary)
         latest = _latest_storage_id(instance)
         new_data = latest is not None and latest != cursor.last_storage_id
-        due = cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
-        if not (new_data or due):
-            skip = f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s"
-            if not had_pending:
-                return dg.SkipReason(skip)
-            with _collection_deferred():
-                encoded = cursor.encode()
-            return dg.SensorResult(run_requests=follow.requests, skip_reason=None if follow.requests else skip, cursor=encoded, asset_events=follow.events)
+        due = new_data or cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
+        skip = f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s"
+        if not (due or cursor.pending or cursor.queue):
+            return dg.SkipReason(skip)
         from gpu_ops.storage.tables import TableStore
 
-        store = TableStore.from_config(cfg)
         with _collection_deferred():
-            new_cursor, requests, summary = tick(cfg, store, cursor, now=now)
-            new_cursor.last_storage_id = latest if latest is not None else cursor.last_storage_id
+            new_cursor, requests, summary = tick(cfg, TableStore.from_config(cfg) if due else None, cursor, now=now, evaluate=due)
+        if due and latest is not None:
+            new_cursor.last_storage_id = latest
+        if summary:
+            context.log.info(summary)
+        # Redeliveries share the tick's cap with the queue's alerts, which go first.
+        room = max(0, cfg.alerts.max_runs_per_tick - sum(r.job_name == ALERT_JOB for r in requests))
+        follow = follow_pending(cfg, new_cursor, instance, now, context.log, limit=room)
+        if follow.summary:
+            context.log.info(follow.summary)
+        with _collection_deferred():
             encoded = new_cursor.encode()
-        context.log.info(summary)
-        # A trigger superseded by its resolve in this tick is not redelivered either.
-        redeliveries = [r for r in follow.requests if r.tags[ALERT_TAG] in new_cursor.pending]
-        return dg.SensorResult(run_requests=redeliveries + requests, cursor=encoded, asset_events=follow.events)
+        run_requests = follow.requests + requests
+        return dg.SensorResult(run_requests=run_requests, skip_reason=None if run_requests or due else skip, cursor=encoded, asset_events=follow.events)
 
     return budget_alert_sensor
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_ops.alerts.model import money
+from gpu_ops.alerts.queue import AlertQueue
 from gpu_ops.alerts.redelivery import Pending
 from gpu_ops.config import Budget
 
@@ -140,6 +141,8 @@ class AlertCursor:
     # alert run key -> its redelivery state, until a run of it succeeds (redelivery.py)
     pending: dict[str, Pending] = field(default_factory=dict)
     runs_seen_at: float | None = None  # wall-clock epoch s of the last look at alert runs
+    # alerts evaluated but not requested yet (alerts.max_runs_per_tick), oldest first
+    queue: AlertQueue = field(default_factory=AlertQueue)
 
     def encode(self) -> str:
         """JSON, zlib+base64 above 32 KB. Budgets in the same state (most of a fleet) share
@@ -151,6 +154,8 @@ class AlertCursor:
             body["P"], body["r"] = _shared(self.pending.items(), lambda p: p, Pending.to_json)
         if self.runs_seen_at is not None:
             body["w"] = self.runs_seen_at
+        if self.queue:
+            body["q"] = self.queue.to_json()
         text = json.dumps(body, separators=(",", ":"))
         if len(text) > _COMPRESS_OVER:
             return "z:" + base64.b64encode(zlib.compress(text.encode(), 1)).decode()
@@ -175,7 +180,7 @@ class AlertCursor:
             pending = {k: entries[i] for k, i in (data.get("r") or {}).items()}
         else:
             raise ValueError(f"alert sensor cursor has version {version}, this code reads 1 and {CURSOR_VERSION}")
-        return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"))
+        return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"), AlertQueue.from_json(data.get("q")))
 
 
 def _shared(items: Iterable[tuple[str, Any]], signature: Any, to_json: Any) -> tuple[list[Any], dict[str, Any]]:

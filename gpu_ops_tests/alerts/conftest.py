@@ -9,6 +9,8 @@ import datetime as dt
 import http.server
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -265,6 +267,41 @@ class SensorHarness:
         self.skipped += out.skipped
         self.cursor = out.cursor
         return out.requests, out.results
+
+
+def evaluate_in_new_process(h: SensorHarness, tmp_path: Path) -> list[str]:
+    """The run keys a fresh process (a restarted daemon) requests from the harness's
+    stored cursor, with a full evaluation due."""
+    from dagster._serdes import serialize_value
+
+    from gpu_ops.alerts.state import AlertCursor
+
+    cursor = AlertCursor.decode(h.cursor)
+    cursor.evaluated_at = None  # make the full evaluation due
+    (tmp_path / "cursor.txt").write_text(cursor.encode())
+    (tmp_path / "instance_ref.json").write_text(serialize_value(h.instance.get_ref()))
+    script = """
+import json, sys
+import dagster as dg
+from dagster._serdes import deserialize_value
+from gpu_ops.alerts.definitions import build_defs
+from gpu_ops.config import load_config
+from gpu_ops.resources import GpuOpsSettings
+ref, cursor, config = sys.argv[1:4]
+instance = dg.DagsterInstance.from_ref(deserialize_value(open(ref).read()))
+settings = {"gpu_ops": GpuOpsSettings(config_path=config)}
+defs = dg.Definitions.merge(build_defs(load_config(config)), dg.Definitions(resources=settings))
+sensor = defs.resolve_sensor_def("budget_alert_sensor")
+ctx = dg.build_sensor_context(instance=instance, cursor=open(cursor).read(), resources=settings)
+data = sensor.evaluate_tick(ctx)
+print(json.dumps([r.run_key for r in data.run_requests or []]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "instance_ref.json"), str(tmp_path / "cursor.txt"), str(h.config_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +20,7 @@ from gpu_ops.compute.local import free_port
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import GpuOpsConfig
 
-from .conftest import SensorHarness, status_row, write_config, write_status
+from .conftest import SensorHarness, evaluate_in_new_process, status_row, write_config, write_status
 from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 UTC = dt.timezone.utc
@@ -141,7 +139,7 @@ def test_thresholds_notify_once_and_restarts_send_nothing_new(setup, tmp_path):
     assert requests == []
 
     # A new process with the stored cursor: silent.
-    assert _evaluate_in_new_process(h, tmp_path) == []
+    assert evaluate_in_new_process(h, tmp_path) == []
 
     # The daemon died after launching the runs but before saving the cursor: the next
     # tick re-evaluates from the old cursor, yields the same run keys, and Dagster skips them.
@@ -163,39 +161,6 @@ def _tick_with_cursor(h: SensorHarness, cursor: str | None):
     data = h.evaluate(cursor=cursor or "")
     requests = list(data.run_requests or [])
     return requests, h.launch(requests)
-
-
-def _evaluate_in_new_process(h: SensorHarness, tmp_path: Path) -> list[str]:
-    from dagster._serdes import serialize_value
-
-    from gpu_ops.alerts.state import AlertCursor
-
-    cursor = AlertCursor.decode(h.cursor)
-    cursor.evaluated_at = None  # make the full evaluation due
-    (tmp_path / "cursor.txt").write_text(cursor.encode())
-    (tmp_path / "instance_ref.json").write_text(serialize_value(h.instance.get_ref()))
-    script = """
-import json, sys
-import dagster as dg
-from dagster._serdes import deserialize_value
-from gpu_ops.alerts.definitions import build_defs
-from gpu_ops.config import load_config
-from gpu_ops.resources import GpuOpsSettings
-ref, cursor, config = sys.argv[1:4]
-instance = dg.DagsterInstance.from_ref(deserialize_value(open(ref).read()))
-settings = {"gpu_ops": GpuOpsSettings(config_path=config)}
-defs = dg.Definitions.merge(build_defs(load_config(config)), dg.Definitions(resources=settings))
-sensor = defs.resolve_sensor_def("budget_alert_sensor")
-ctx = dg.build_sensor_context(instance=instance, cursor=open(cursor).read(), resources=settings)
-data = sensor.evaluate_tick(ctx)
-print(json.dumps([r.run_key for r in data.run_requests or []]))
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "instance_ref.json"), str(tmp_path / "cursor.txt"), str(h.config_path)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_enforcement_raise_resolves_and_reverts_rollover_rearms(setup):
