@@ -178,13 +178,14 @@ def load_raw(
     :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
     With a ``window``, each source yields only the rows that can touch it (see
     :mod:`gpu_ops.cost.window`; pricing the result over that window gives what reading
-    everything would) and ``stats`` records what was read.
+    everything would) and ``stats`` records what was read; Parquet footer summaries are
+    then cached in ``store`` (:mod:`gpu_ops.cost.footers`).
     """
     frames = []
     if sources.usage_files:
         # Row numbers are only needed by bad rows when nothing else is read (the CLI's fast path).
         row_numbers = columns is None or sources.count > 1
-        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers, window, sources.lookback_days, stats))
+        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers, window, sources.lookback_days, stats, _footers(store, window)))
     if sources.ledger:
         if store is None:
             raise ValueError("usage source 'ledger' needs the storage database (storage.url)")
@@ -198,6 +199,15 @@ def load_raw(
     if window is not None and sources.count > 1:
         raw = _with_closed_twins(raw, sources, store, window)
     return raw, load_inventory(sources, store, window, stats)
+
+
+def _footers(store: Any, window: Window | None) -> Any:
+    """The footer summary cache of a bounded read with a database (SQLAlchemy imported only then)."""
+    if store is None or window is None:
+        return None
+    from gpu_ops.cost.footers import FooterCache
+
+    return FooterCache(store)
 
 
 def _with_closed_twins(raw: pd.DataFrame, sources: SourceSet, store: Any, window: Window) -> pd.DataFrame:

@@ -30,6 +30,7 @@ from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
 from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:
+    from gpu_ops.cost.footers import FooterCache
     from gpu_ops.cost.window import ReadStats, Window
 
 USAGE_COLUMNS = (
@@ -311,14 +312,17 @@ def _distinct_files(
                 yield path, None
 
 
-def read_table_file(path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame:
+def read_table_file(
+    path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None,
+) -> pd.DataFrame:
     """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals).
 
     Anything that stops the file from being read raises :class:`UsageSourceError`
     naming the file and what is wrong, never a reader's own exception. With a
     ``window``, a Parquet file's row groups that cannot touch it are not read (the frame
     then carries ``row``, the 1-based row number in the file; no rows at all when
-    nothing can touch it) and ``stats`` records what was read.
+    nothing can touch it) and ``stats`` records what was read; ``footers`` (with a
+    window) lets a file whose cached footer summary rules it out go unopened.
     """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
@@ -332,7 +336,7 @@ def read_table_file(path: Path, columns: Sequence[str] | None = None, window: Wi
             if window is None:
                 schema = pq.read_schema(path)
                 return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
-            table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats())
+            table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats(), footers)
             if not len(rows):  # nothing of the window: the file's columns, no rows
                 return pd.DataFrame(np.empty((0, table.num_columns), dtype=object), columns=table.column_names)
             df = arrow_to_frame(table)
@@ -469,6 +473,7 @@ def read_usage_files(
     window: Window | None = None,
     lookback_days: Mapping[str, int] | None = None,
     stats: ReadStats | None = None,
+    footers: FooterCache | None = None,
 ) -> pd.DataFrame:
     """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
 
@@ -478,25 +483,32 @@ def read_usage_files(
     With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
     quarantine still names rows, working them out from positions (files are concatenated
     in order). With a ``window``, only what can touch it is listed, read and kept (see
-    :mod:`gpu_ops.cost.window`; ``lookback_days`` per pattern); ``stats`` records it.
+    :mod:`gpu_ops.cost.window`; ``lookback_days`` per pattern); ``stats`` records it, and
+    ``footers`` spares opening Parquet files whose cached footer rules them out
+    (:mod:`gpu_ops.cost.footers`).
     """
-    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers, window, lookback_days, stats)
+    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers, window, lookback_days, stats, footers)
 
 
 def _read_files(
     patterns: Iterable[str], base_dir: Path | None, columns: Sequence[str] | None, source: str,
     required: Sequence[str], layout: Sequence[str], row_numbers: bool = True,
     window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
+    footers: FooterCache | None = None,
 ) -> pd.DataFrame:
     from gpu_ops.cost import window as win
 
     frames = []
-    for path, problem in _distinct_files(patterns, base_dir, window, lookback_days, stats):
+    files = list(_distinct_files(patterns, base_dir, window, lookback_days, stats))
+    footers = footers if window is not None else None
+    if footers is not None:
+        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
+    for path, problem in files:
         try:
             if problem is not None:
                 raise problem
             assert path is not None
-            df = read_table_file(path, columns, window, stats)
+            df = read_table_file(path, columns, window, stats, footers)
             _require(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
             frames.append(source_problem(exc, source))
@@ -516,6 +528,8 @@ def _read_files(
         for f in frames:  # numbered files next to unnumbered ones: number them all
             if "row" not in f and FILE_ERROR not in f:
                 f["row"] = np.arange(1, len(f) + 1, dtype=np.int64)
+    if footers is not None:
+        footers.save()
     return concat_raw(frames)
 
 

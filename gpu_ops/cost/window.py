@@ -13,7 +13,10 @@ results without it:
 
 - **Parquet**: the footer (not the data) of every file is read; a row group whose
   ``start``/``end`` statistics show no row can touch the window is skipped, and a file
-  with no such row group is never read beyond its footer. Statistics prune typed
+  with no such row group is never read beyond its footer. With the gpu_ops database at
+  hand, each footer's summary is cached there (:mod:`gpu_ops.cost.footers`, keyed by the
+  file's real path, size, mtime and ctime), so a later day only stats a file the cached
+  summary rules out and never opens it. Statistics prune typed
   timestamp columns only: a group that starts after the window is skipped, one that
   ended before it only when none of its rows is still running (a missing ``end`` runs
   into every later day), and none with a missing ``start``.
@@ -41,10 +44,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from gpu_ops.cost.footers import FooterCache
 
 DATE_PLACEHOLDER = "{date}"
 DEFAULT_LOOKBACK_DAYS = 1
@@ -86,6 +92,7 @@ class ReadStats:
 
     files_read: list[str] = field(default_factory=list)  # data read (all or some row groups)
     files_footer_only: list[str] = field(default_factory=list)  # footer read, no row group can touch the window
+    files_skipped_by_summary: list[str] = field(default_factory=list)  # cached footer summary rules it out: stat'ed, never opened
     files_skipped_by_date: int = 0  # hive day folders outside the window: never opened
     days_without_files: list[str] = field(default_factory=list)  # `{date}` days with no file
     row_groups_total: int = 0
@@ -98,6 +105,7 @@ class ReadStats:
         return {
             "files_read": len(self.files_read),
             "files_footer_only": len(self.files_footer_only),
+            "files_skipped_by_summary": len(self.files_skipped_by_summary),
             "files_skipped_by_date": self.files_skipped_by_date,
             "row_groups_read": f"{self.row_groups_read} of {self.row_groups_total}",
             "file_rows_read": self.rows_read,
@@ -159,19 +167,30 @@ def _in_days(day: dt.date | None, lo: dt.date, hi: dt.date) -> bool:
 # --------------------------------------------------------------------------- Parquet
 
 
-def read_parquet(path: Path, columns: Sequence[str] | None, window: Window, stats: ReadStats) -> tuple[Any, np.ndarray]:
+def read_parquet(path: Path, columns: Sequence[str] | None, window: Window, stats: ReadStats, footers: "FooterCache | None" = None) -> tuple[Any, np.ndarray]:
     """(Arrow table, 1-based row numbers in the file) of the row groups of ``path`` that can
     touch ``window``; the footer is read first.
 
     A file none of whose row groups can touch the window gives an empty table with the
-    file's schema (its columns are still checked) and is counted as footer-only.
+    file's columns (they are still checked) and is counted as footer-only. With
+    ``footers``, a file whose cached :class:`FooterSummary` rules it out is not opened at
+    all (``files_skipped_by_summary``), and a footer read is remembered there.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from gpu_ops.cost.columns import parquet_columns
 
+    cached = footers.summary(path) if footers is not None else None
+    if cached is not None and not cached.may_touch(window):
+        stats.files_skipped_by_summary.append(str(path))
+        stats.row_groups_total += cached.row_groups
+        names = parquet_columns(cached.columns, columns)
+        return pa.schema([(n, pa.null()) for n in names]).empty_table(), np.empty(0, np.int64)
     pf = pq.ParquetFile(path)
     schema, md = pf.schema_arrow, pf.metadata
+    if footers is not None:
+        footers.remember(path, FooterSummary.of(schema, md))
     columns = parquet_columns(schema.names, columns)
     sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     firsts = np.cumsum([0, *sizes])
@@ -219,6 +238,21 @@ class _TimeStats:
             return True  # running rows, or no statistics for end
         return max(s[1], e[1]) >= window.start.value  # type: ignore[type-var]
 
+    def file_bounds(self) -> tuple[int | None, int | None, bool]:
+        """(lo, hi, open intervals) of the whole file (see :class:`FooterSummary`)."""
+        lows, highs, running = [], [], False
+        for i in range(self.md.num_row_groups):
+            s, e = self.bounds(i, "start"), self.bounds(i, "end")
+            if s is None or s[2] or s[0] is None:
+                return None, None, False
+            lows.append(min(s[0], e[0]) if e is not None and e[0] is not None else s[0])
+            running = running or (e is not None and e[2])
+            closed = e is not None and not e[2] and e[1] is not None
+            highs.append(max(s[1], e[1]) if closed else None)  # type: ignore[type-var, index]
+        if not lows:
+            return None, None, False
+        return min(lows), None if None in highs else max(highs), running  # type: ignore[type-var]
+
     def bounds(self, i: int, name: str) -> tuple[int | None, int | None, bool] | None:
         """(min, max, has nulls) of column ``name`` in row group ``i`` in UTC nanoseconds
         (None when every value is null); None without a typed column or statistics."""
@@ -234,6 +268,36 @@ class _TimeStats:
         if not st.has_min_max:
             return (None, None, nulls) if st.null_count == rg.num_rows else None
         return int(st.min_raw) * scale, int(st.max_raw) * scale, nulls
+
+
+@dataclass(frozen=True)
+class FooterSummary:
+    """What a Parquet file's footer says, all a read needs to rule the file out without
+    opening it: its column names, row group count and times in UTC nanoseconds. ``lo``
+    is the smallest ``start``/``end``; ``hi`` the largest, None when some ``end`` is
+    missing (still running) or has no statistics; ``lo`` is None when the statistics
+    cannot bound the file (untyped times, a missing ``start``, no statistics, no row
+    groups), which is then always read."""
+
+    lo: int | None
+    hi: int | None
+    open_intervals: bool
+    columns: tuple[str, ...]
+    row_groups: int
+
+    @classmethod
+    def of(cls, schema: Any, md: Any) -> "FooterSummary":
+        return cls(*_TimeStats(schema, md).file_bounds(), tuple(schema.names), md.num_row_groups)
+
+    def may_touch(self, window: Window) -> bool:
+        """False only when no row of the file can touch ``window``: the file-wide form of
+        :meth:`_TimeStats.may_touch` (it may keep a file no single row group can touch;
+        reading the footer then skips it)."""
+        if self.lo is None:
+            return True
+        if self.lo >= window.end.value:
+            return False
+        return self.hi is None or self.hi >= window.start.value
 
 
 # --------------------------------------------------------------------------- rows

@@ -1,0 +1,135 @@
+"""Parquet footer summaries cached in the gpu_ops database, so a flat folder of daily files
+costs a ``stat`` per file, not a footer read.
+
+A bounded read (:mod:`gpu_ops.cost.window`) opens every Parquet file a pattern matches to
+learn from its footer whether any row can touch the day. With a year of daily files in
+one folder that is hundreds of opens for the two files that matter. The footer's
+:class:`~gpu_ops.cost.window.FooterSummary` (times, columns, row groups) is kept in table
+``gpu_usage_file_footers``, one row per file (its real path), with the file's size,
+``mtime_ns`` and ``ctime_ns`` when it was read:
+
+- A row is used only while the file's ``os.stat`` still gives the same size, ``mtime_ns``
+  and ``ctime_ns``: a file rewritten in place (same name, new content) is read again, even
+  when the writer restores its size and mtime (``cp -p``, ``rsync -t``), because the kernel
+  sets ``ctime`` on every write and nothing can set it back.
+- A file is remembered only when it was last changed at least :data:`SETTLE_NS` before
+  the read and did not change during it: a file rewritten within one timestamp tick of
+  being summarised would otherwise keep its old stat key (Git's "racily clean" problem).
+- A row of a deleted file is never looked at (only listed files are looked up). A
+  summary written by another version of this logic (:data:`VERSION`) is ignored.
+
+Why the database and not a file under ``GPU_OPS_HOME``: steps run in separate processes
+and, with the Kubernetes executor, on separate pods with their own disks; the database is
+the one store they all share, it already serialises writers (``TableStore._lock``) and is
+where an operator looks. A summary is a few hundred bytes; one query reads them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from gpu_ops.cost.window import FooterSummary
+
+FOOTERS_TABLE = "gpu_usage_file_footers"
+VERSION = 1  # raise when FooterSummary's meaning changes: older rows are then ignored
+SETTLE_NS = 2 * 10**9  # coarser than any file system's timestamp tick (FAT: 2 s)
+_CHUNK = 500  # paths per lookup query (SQLite's bound-parameter limit)
+
+_META = sa.MetaData()
+_TABLE = sa.Table(
+    FOOTERS_TABLE, _META,
+    sa.Column("path", sa.Text, primary_key=True),  # real path (symlinks resolved)
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("mtime_ns", sa.BigInteger, nullable=False),
+    sa.Column("ctime_ns", sa.BigInteger, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("lo_ns", sa.BigInteger),  # NULL: no usable statistics, always read
+    sa.Column("hi_ns", sa.BigInteger),  # NULL: rows still running, or no statistics for end
+    sa.Column("open_intervals", sa.Boolean, nullable=False),
+    sa.Column("row_groups", sa.Integer, nullable=False),
+    sa.Column("columns", sa.Text, nullable=False),  # JSON list of the file's column names
+    sa.Column("summarized_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+_StatKey = tuple[int, int, int]
+
+
+def _stat_key(st: os.stat_result) -> _StatKey:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class FooterCache:
+    """Footer summaries of the files one read lists: :meth:`load` them in one query, ask
+    :meth:`summary` per file, :meth:`remember` footers read, then :meth:`save`."""
+
+    def __init__(self, store: Any, settle_ns: int = SETTLE_NS):
+        self.store, self.settle_ns = store, settle_ns
+        self._stats: dict[str, _StatKey | None] = {}  # real path -> stat key at load (None: stat failed)
+        self._known: dict[str, FooterSummary] = {}  # real path -> summary whose stat key still matches
+        self._new: dict[str, tuple[_StatKey, FooterSummary]] = {}
+
+    def load(self, paths: Iterable[Path]) -> None:
+        """Stat ``paths`` and read the stored summaries that still match them."""
+        for p in paths:
+            real = os.path.realpath(p)
+            try:
+                self._stats[real] = _stat_key(os.stat(real))
+            except OSError:
+                self._stats[real] = None  # the read reports it
+        wanted = [r for r, k in self._stats.items() if k is not None]
+        if not wanted or not self.store.has_table(FOOTERS_TABLE):
+            return
+        t = _TABLE
+        with self.store.engine.connect() as conn:
+            for i in range(0, len(wanted), _CHUNK):
+                for row in conn.execute(sa.select(t).where(t.c.path.in_(wanted[i : i + _CHUNK]), t.c.version == VERSION)):
+                    if (row.size, row.mtime_ns, row.ctime_ns) == self._stats[row.path]:
+                        self._known[row.path] = FooterSummary(row.lo_ns, row.hi_ns, bool(row.open_intervals), tuple(json.loads(row.columns)), row.row_groups)
+
+    def summary(self, path: Path) -> FooterSummary | None:
+        """The stored summary of ``path``, when the file is unchanged since it was made."""
+        return self._known.get(os.path.realpath(path))
+
+    def remember(self, path: Path, summary: FooterSummary) -> None:
+        """Keep the summary of a footer just read, if the file was settled and unchanged
+        since :meth:`load` stat'ed it (the stat before the read is the one stored)."""
+        real = os.path.realpath(path)
+        before = self._stats.get(real)
+        try:
+            now = _stat_key(os.stat(real))
+        except OSError:
+            return
+        if before is None or now != before or time.time_ns() - max(now[1], now[2]) < self.settle_ns:
+            return
+        if self._known.get(real) != summary:
+            self._new[real] = (now, summary)
+
+    def save(self) -> int:
+        """Store the summaries remembered (replacing older rows of the same files); how many."""
+        if not self._new:
+            return 0
+        import datetime as dt
+
+        at = dt.datetime.now(dt.timezone.utc)
+        rows = [
+            {"path": real, "size": k[0], "mtime_ns": k[1], "ctime_ns": k[2], "version": VERSION, "lo_ns": s.lo, "hi_ns": s.hi,
+             "open_intervals": s.open_intervals, "row_groups": s.row_groups, "columns": json.dumps(list(s.columns)), "summarized_at": at}
+            for real, (k, s) in self._new.items()
+        ]
+        with self.store.engine.begin() as conn:
+            self.store._lock(conn, FOOTERS_TABLE)  # also makes concurrent first writers create the table once
+            _TABLE.create(conn, checkfirst=True)
+            paths = list(self._new)
+            for i in range(0, len(paths), _CHUNK):
+                conn.execute(_TABLE.delete().where(_TABLE.c.path.in_(paths[i : i + _CHUNK])))
+            conn.execute(_TABLE.insert(), rows)
+        self._known.update({real: s for real, (_, s) in self._new.items()})
+        self._new.clear()
+        return len(rows)
