@@ -71,6 +71,7 @@ class FooterCache:
 
     def __init__(self, store: Any, settle_ns: int = SETTLE_NS):
         self.store, self.settle_ns = store, settle_ns
+        self._real: dict[str, str] = {}  # path as listed -> real path
         self._stats: dict[str, _StatKey | None] = {}  # real path -> stat key at load (None: stat failed)
         self._known: dict[str, FooterSummary] = {}  # real path -> summary whose stat key still matches
         self._new: dict[str, tuple[_StatKey, FooterSummary]] = {}
@@ -78,7 +79,7 @@ class FooterCache:
     def load(self, paths: Iterable[Path]) -> None:
         """Stat ``paths`` and read the stored summaries that still match them."""
         for p in paths:
-            real = os.path.realpath(p)
+            real = self._real[str(p)] = os.path.realpath(p)
             try:
                 self._stats[real] = _stat_key(os.stat(real))
             except OSError:
@@ -95,12 +96,12 @@ class FooterCache:
 
     def summary(self, path: Path) -> FooterSummary | None:
         """The stored summary of ``path``, when the file is unchanged since it was made."""
-        return self._known.get(os.path.realpath(path))
+        return self._known.get(self._realpath(path))
 
     def remember(self, path: Path, summary: FooterSummary) -> None:
         """Keep the summary of a footer just read, if the file was settled and unchanged
         since :meth:`load` stat'ed it (the stat before the read is the one stored)."""
-        real = os.path.realpath(path)
+        real = self._realpath(path)
         before = self._stats.get(real)
         try:
             now = _stat_key(os.stat(real))
@@ -110,6 +111,10 @@ class FooterCache:
             return
         if self._known.get(real) != summary:
             self._new[real] = (now, summary)
+
+    def _realpath(self, path: Path) -> str:
+        real = self._real.get(str(path))
+        return real if real is not None else os.path.realpath(path)
 
     def save(self) -> int:
         """Store the summaries remembered (replacing older rows of the same files); how many."""

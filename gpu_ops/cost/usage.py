@@ -321,8 +321,8 @@ def read_table_file(
     naming the file and what is wrong, never a reader's own exception. With a
     ``window``, a Parquet file's row groups that cannot touch it are not read (the frame
     then carries ``row``, the 1-based row number in the file; no rows at all when
-    nothing can touch it) and ``stats`` records what was read; ``footers`` (with a
-    window) lets a file whose cached footer summary rules it out go unopened.
+    nothing can touch it) and ``stats`` records what was read; ``footers`` remembers
+    the footer's summary (:mod:`gpu_ops.cost.footers`).
     """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
@@ -497,6 +497,7 @@ def _read_files(
     footers: FooterCache | None = None,
 ) -> pd.DataFrame:
     from gpu_ops.cost import window as win
+    from gpu_ops.cost.columns import parquet_columns
 
     frames = []
     files = list(_distinct_files(patterns, base_dir, window, lookback_days, stats))
@@ -508,6 +509,10 @@ def _read_files(
             if problem is not None:
                 raise problem
             assert path is not None
+            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
+            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
+                _require(path, parquet_columns(cached, columns), required, "usage" if source == "file" else source, layout)
+                continue
             df = read_table_file(path, columns, window, stats, footers)
             _require(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
@@ -597,7 +602,8 @@ def require_usage_columns(path: Path, names: Iterable[str]) -> None:
 
 
 def _require(path: Path, names: Iterable[str], required: Sequence[str], kind: str, layout: Sequence[str]) -> None:
-    missing = [c for c in required if c not in set(names)]
+    present = set(names)
+    missing = [c for c in required if c not in present]
     if missing:
         raise UsageSourceError(path, f"missing column(s) {', '.join(missing)} (the {kind} format is: {', '.join(layout)})")
 

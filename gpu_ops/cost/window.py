@@ -167,26 +167,30 @@ def _in_days(day: dt.date | None, lo: dt.date, hi: dt.date) -> bool:
 # --------------------------------------------------------------------------- Parquet
 
 
+def ruled_out(path: Path, window: Window, footers: "FooterCache", stats: ReadStats | None) -> tuple[str, ...] | None:
+    """The column names of Parquet file ``path`` when its cached :class:`FooterSummary`
+    shows no row can touch ``window`` (counted in ``files_skipped_by_summary``: the file
+    is stat'ed, never opened); None when it must be read."""
+    cached = footers.summary(path)
+    if cached is None or cached.may_touch(window):
+        return None
+    if stats is not None:
+        stats.files_skipped_by_summary.append(str(path))
+        stats.row_groups_total += cached.row_groups
+    return cached.columns
+
+
 def read_parquet(path: Path, columns: Sequence[str] | None, window: Window, stats: ReadStats, footers: "FooterCache | None" = None) -> tuple[Any, np.ndarray]:
     """(Arrow table, 1-based row numbers in the file) of the row groups of ``path`` that can
-    touch ``window``; the footer is read first.
+    touch ``window``; the footer is read first (and its summary remembered in ``footers``).
 
     A file none of whose row groups can touch the window gives an empty table with the
-    file's columns (they are still checked) and is counted as footer-only. With
-    ``footers``, a file whose cached :class:`FooterSummary` rules it out is not opened at
-    all (``files_skipped_by_summary``), and a footer read is remembered there.
+    file's schema (its columns are still checked) and is counted as footer-only.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from gpu_ops.cost.columns import parquet_columns
 
-    cached = footers.summary(path) if footers is not None else None
-    if cached is not None and not cached.may_touch(window):
-        stats.files_skipped_by_summary.append(str(path))
-        stats.row_groups_total += cached.row_groups
-        names = parquet_columns(cached.columns, columns)
-        return pa.schema([(n, pa.null()) for n in names]).empty_table(), np.empty(0, np.int64)
     pf = pq.ParquetFile(path)
     schema, md = pf.schema_arrow, pf.metadata
     if footers is not None:
