@@ -83,6 +83,14 @@ def _budget_window() -> dg.TimeWindowPartitionMapping:
         return dg.TimeWindowPartitionMapping(start_offset=-(BUDGET_WINDOW_DAYS - 1), end_offset=0, allow_nonexistent_upstream_partitions=True)
 
 
+def _asset(**kwargs: Any) -> Any:
+    """``dg.asset(**kwargs)``; its ``backfill_policy`` parameter is beta in Dagster, whose
+    warning would otherwise print at every code-location load (``multi_asset``'s is not)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.asset(**kwargs)
+
+
 def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.PartitionsDefinition]:
     partitions = dg.DailyPartitionsDefinition(start_date=config.usage.partitions_start.isoformat(), timezone="UTC")
     backfill = _backfill_policy(config)
@@ -273,7 +281,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             },
         )
 
-    @dg.asset(
+    @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor); "
         "days_missing counts days of the period without gpu_cost_daily.",
@@ -282,22 +290,29 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded."),
             dg.AssetCheckSpec("period_days_present", asset="gpu_budget_status", description="WARN when days of a budget period have no gpu_cost_daily partition (their spend is unknown, not zero)."),
         ],
+        backfill_policy=backfill,
     )
     def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_cost_daily) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-        from gpu_ops.cost.budgets import check_outcome, evaluate_budgets, missing_days_outcome
-        from gpu_ops.cost.pipeline import default_as_of
+        import pandas as pd
+
+        from gpu_ops.cost.budgets import check_outcome, evaluate_budget_days, missing_days_outcome
+        from gpu_ops.cost.pipeline import PARTITION_KEY, default_as_of
 
         cfg = gpu_ops.load()
-        day = dt.date.fromisoformat(context.partition_key)
-        as_of = default_as_of(day)
-        daily = gpu_cost_daily.drop(columns=["partition_key"], errors="ignore")
-        status = evaluate_budgets(cfg.budgets, daily, day, as_of, cfg.usage.idle, expected_from=cfg.usage.partitions_start)
+        keys = context.partition_keys
+        days = [(day, default_as_of(day)) for day in map(dt.date.fromisoformat, keys)]
+        daily = gpu_cost_daily.drop(columns=[PARTITION_KEY], errors="ignore")
+        per_day = evaluate_budget_days(cfg.budgets, daily, days, cfg.usage.idle, expected_from=cfg.usage.partitions_start)
+        # A range run writes each day's rows to its partition; metadata and checks are the last day's (as day-by-day runs leave them).
+        status = per_day[-1]
+        table = status if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in zip(keys, per_day)], ignore_index=True)
         view = status[["budget", "spend_usd", "amount_usd", "percent_used", "forecast_usd", "status", "thresholds_crossed", "days_missing"]]
         counts = {"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())}
         yield dg.Output(
-            status if len(status) else None,
+            table if len(table) else None,
             metadata={
                 **table_metadata(status if len(status) else None, like=status),
+                **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
                 "budgets": len(status),
                 **counts,
                 "days_missing": int(status["days_missing"].max()) if len(status) else 0,
@@ -323,27 +338,35 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
             metadata={"missing_days": ", ".join(missing) or "none", "budgets_affected": len(status.attrs.get("missing_days", {}))},
         )
 
-    @dg.asset(
+    @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
         ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: list(ROI_INPUT_COLUMNS)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
+        backfill_policy=backfill,
     )
     def gpu_roi_report(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
         import pandas as pd
 
+        from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
         from gpu_ops.cost.pricing import PriceMatrix
         from gpu_ops.cost.roi import TOTAL, roi_report
 
-        report = roi_report(gpu_usage, PriceMatrix.from_table(gpu_ops.load().prices))
+        prices = PriceMatrix.from_table(gpu_ops.load().prices)
+        keys = context.partition_keys
+        per_day = [(key, roi_report(rows, prices)) for key, rows in usage_by_day(gpu_usage, keys)]
+        # A range run writes each day's report to its partition; metadata is the last day's (as day-by-day runs leave it).
+        report = per_day[-1][1]
+        table = report if len(keys) == 1 else pd.concat([r.assign(**{PARTITION_KEY: k}) for k, r in per_day], ignore_index=True)
         total = report[report["team"] == TOTAL].iloc[0]
         recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
         recommendations = pd.DataFrame([{"impact_usd": r["impact_usd"], "kind": r["kind"], "detail": r["detail"]} for r in recs], columns=["impact_usd", "kind", "detail"])
         totals = ["cost_usd", "spot_savings_usd", "sharing_savings_usd", "preemption_waste_usd", "net_spot_savings_usd", "idle_waste_usd"]
         return dg.Output(
-            report,
+            table,
             metadata={
                 **table_metadata(report),
+                **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
                 **{name: money(total[name]) for name in totals},
                 "recommendations": table_value(recommendations),
             },

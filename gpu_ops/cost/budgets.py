@@ -125,6 +125,10 @@ class SpendBook:
 
     def __init__(self, daily: pd.DataFrame, idle: str = "row"):
         self.idle = idle
+        # One row order whatever the table's read order (a day's sums then add up alike
+        # whether it was read alone or in a range).
+        order = [c for c in ("day", "kind", *DAILY_KEYS, "labels") if c in daily]
+        daily = daily.sort_values(order, kind="stable").reset_index(drop=True) if len(daily) and order else daily
         days = pd.to_datetime(daily["day"]).dt.date if len(daily) else pd.Series([], dtype=object)
         self.days: list[dt.date] = sorted(set(days))
         self._index = {d: i for i, d in enumerate(self.days)}
@@ -270,11 +274,25 @@ def evaluate_budgets(budgets: Sequence[Budget], daily: pd.DataFrame, day: dt.dat
     day from the earliest period start to ``day`` (they are aggregated first). The
     frame's ``attrs["missing_days"]`` maps each budget with missing days to them.
     """
+    return evaluate_budget_days(budgets, daily, [(day, as_of)], idle, expected_from)[0]
+
+
+def evaluate_budget_days(
+    budgets: Sequence[Budget], daily: pd.DataFrame, days: Sequence[tuple[dt.date, Any]], idle: str = "row", expected_from: dt.date | None = None,
+) -> list[pd.DataFrame]:
+    """:func:`evaluate_budgets` for each ``(day, as_of)`` of a range, from one daily table
+    covering all their periods (a range backfill's one read). Each day sees only the days
+    of its period up to itself, so it equals that day evaluated alone."""
+    first, last = min(d for d, _ in days), max(d for d, _ in days)
     if daily.empty and "label_keys" not in daily:
         daily = pd.DataFrame(columns=list(DAILY_COLUMNS))  # no day materialized: every day is missing, none is zero
     elif "label_keys" not in daily:
-        daily = daily_costs(daily, _days(earliest_period_start(budgets, day), day), scope_label_keys(budgets))
+        daily = daily_costs(daily, _days(earliest_period_start(budgets, first), last), scope_label_keys(budgets))
     book = SpendBook(daily, idle)
+    return [_status_table(budgets, book, day, as_of, expected_from) for day, as_of in days]
+
+
+def _status_table(budgets: Sequence[Budget], book: SpendBook, day: dt.date, as_of: Any, expected_from: dt.date | None) -> pd.DataFrame:
     records = [evaluate_budget(b, book, day, as_of, expected_from) for b in budgets]
     missing = {r["budget"]: [d.isoformat() for d in r.pop("_missing")] for r in records}
     df = pd.DataFrame(records, columns=list(BUDGET_COLUMNS))
