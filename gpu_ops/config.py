@@ -435,7 +435,8 @@ class BudgetScope(_Model):
 
     def as_filters(self) -> dict[str, str]:
         """Grouping-key filters, labels as ``label:<name>``; empty means everything."""
-        out = {k: v for k in GROUPING_KEYS if (v := getattr(self, k, None)) is not None}
+        fields = self.__dict__  # not getattr: a key that is no field (experiment_id) would raise and be caught
+        out = {k: v for k in GROUPING_KEYS if (v := fields.get(k)) is not None}
         out.update({f"label:{k}": v for k, v in self.labels.items()})
         return out
 

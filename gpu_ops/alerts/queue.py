@@ -27,26 +27,41 @@ if TYPE_CHECKING:
 
 # A context: what the alerts of one budget row share.
 _CONTEXT = ("budget", "period_start", "period_end", "amount_usd", "spend_usd", "forecast_usd", "partition_key", "as_of", "scope", "channels", "enforcement", "dagster_url")
-# An entry: one alert; its last element is the index of its context.
-_ENTRY = ("kind", "threshold", "episode", "basis", "threshold_usd", "severity")
+# An entry: one alert, and the index of its context ("ctx").
+_ENTRY = ("kind", "threshold", "episode", "basis", "threshold_usd", "severity", "ctx")
 
 
 @dataclass
 class AlertQueue:
-    entries: list[list[Any]] = field(default_factory=list)  # _ENTRY values + context index
-    contexts: list[list[Any]] = field(default_factory=list)  # _CONTEXT values
+    """Columns: ``entries[field][i]`` is a field of the i-th waiting alert (oldest first),
+    ``contexts[field][c]`` one of the c-th context."""
+
+    entries: dict[str, list[Any]] = field(default_factory=lambda: {f: [] for f in _ENTRY})
+    contexts: dict[str, list[Any]] = field(default_factory=lambda: {f: [] for f in _CONTEXT})
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries["ctx"])
+
+    def copy(self) -> "AlertQueue":
+        return AlertQueue({f: list(v) for f, v in self.entries.items()}, {f: list(v) for f, v in self.contexts.items()})
 
     def add(self, alert: Alert) -> None:
         """One alert, with a context of its own."""
-        self.contexts.append([getattr(alert, f) for f in _CONTEXT[:-4]] + [dict(alert.scope), list(alert.channels), alert.enforcement, alert.dagster_url])
-        self.entries.append([getattr(alert, f) for f in _ENTRY] + [len(self.contexts) - 1])
+        ctx = len(self.contexts["budget"])
+        for f in _CONTEXT:
+            self.contexts[f].append(getattr(alert, f))
+        self.contexts["scope"][-1] = dict(alert.scope)
+        self.contexts["channels"][-1] = list(alert.channels)
+        for f in _ENTRY[:-1]:
+            self.entries[f].append(getattr(alert, f))
+        self.entries["ctx"].append(ctx)
 
     def add_events(self, events: Iterable[ThresholdEvent], plan: ThresholdPlan, dagster_url: str) -> None:
         """The alerts of one evaluation (events of budgets without channels are left out:
         their state advances, there is nothing to send). One context per budget row."""
+        entries: list[tuple[Any, ...]] = []
+        contexts: list[tuple[Any, ...]] = []
+        first = len(self.contexts["budget"])
         context_of: dict[int, int] = {}
         for ev in events:
             budget = plan.budgets[ev.budget]
@@ -55,31 +70,31 @@ class AlertQueue:
             row = ev.row
             ctx = context_of.get(id(row))
             if ctx is None:
-                ctx = context_of[id(row)] = len(self.contexts)
-                self.contexts.append([
+                ctx = context_of[id(row)] = first + len(contexts)
+                contexts.append((
                     budget.name, row.period_start, row.period_end, budget.amount_usd, row.spend_usd, row.forecast_usd,
                     row.partition_key, row.as_of, plan.filters(budget.name), list(budget.channels), budget.enforcement.action, dagster_url,
-                ])
+                ))
             th = plan.threshold(budget.name, ev.threshold)
             amount = budget.amount_usd
-            self.entries.append([ev.kind, ev.threshold, ev.episode, th.basis, th.amount_usd(amount), th.effective_severity(amount), ctx])
+            entries.append((ev.kind, ev.threshold, ev.episode, th.basis, th.amount_usd(amount), th.effective_severity(amount), ctx))
+        _extend(self.entries, _ENTRY, entries)
+        _extend(self.contexts, _CONTEXT, contexts)
 
     def pop(self, n: int) -> list[Alert]:
         """The ``n`` oldest alerts, removed from the queue."""
-        taken, self.entries = self.entries[:n], self.entries[n:]
-        alerts = [self._alert(e) for e in taken]
-        if self.entries:  # drop the contexts no waiting entry refers to any more
-            drop = min(e[-1] for e in self.entries)
-            if drop:
-                self.contexts = self.contexts[drop:]
-                self.entries = [e[:-1] + [e[-1] - drop] for e in self.entries]
-        else:
-            self.contexts = []
+        taken = {f: v[:n] for f, v in self.entries.items()}
+        self.entries = {f: v[n:] for f, v in self.entries.items()}
+        alerts = [self._alert(*entry) for entry in zip(*(taken[f] for f in _ENTRY))]
+        rest = self.entries["ctx"]
+        drop = min(rest) if rest else len(self.contexts["budget"])  # contexts no waiting alert refers to
+        if drop:
+            self.contexts = {f: v[drop:] for f, v in self.contexts.items()}
+            self.entries["ctx"] = [i - drop for i in rest]
         return alerts
 
-    def _alert(self, entry: list[Any]) -> Alert:
-        kind, threshold, episode, basis, threshold_usd, severity, ctx = entry
-        budget, start, end, amount, spend, forecast, partition, as_of, scope, channels, enforcement, url = self.contexts[ctx]
+    def _alert(self, kind: Any, threshold: str, episode: int, basis: Any, threshold_usd: float, severity: Any, ctx: int) -> Alert:
+        budget, start, end, amount, spend, forecast, partition, as_of, scope, channels, enforcement, url = (self.contexts[f][ctx] for f in _CONTEXT)
         return Alert(
             kind=kind, budget=budget, period_start=start, period_end=end, threshold=threshold, basis=basis,
             threshold_usd=threshold_usd, severity=severity, amount_usd=amount, spend_usd=spend,
@@ -87,9 +102,34 @@ class AlertQueue:
             episode=episode, partition_key=partition, as_of=as_of, enforcement=enforcement, dagster_url=url,
         )
 
-    def to_json(self) -> list[Any]:
-        return [self.entries, self.contexts]
+    def to_json(self) -> dict[str, Any]:
+        """Columns; one whose values are all equal (the dashboard URL, the period, often
+        the channels) is stored once, as ``{"all": value}``."""
+        return {"e": {f: _pack(v) for f, v in self.entries.items()}, "c": {f: _pack(v) for f, v in self.contexts.items()}}
 
     @classmethod
-    def from_json(cls, data: list[Any] | None) -> "AlertQueue":
-        return cls(*data) if data else cls()
+    def from_json(cls, data: dict[str, Any] | None) -> "AlertQueue":
+        if not data:
+            return cls()
+        n, m = _size(data["e"]), _size(data["c"])
+        return cls({f: _unpack(data["e"][f], n) for f in _ENTRY}, {f: _unpack(data["c"][f], m) for f in _CONTEXT})
+
+
+def _extend(columns: dict[str, list[Any]], fields: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    for f, values in zip(fields, zip(*rows)):
+        columns[f].extend(values)
+
+
+def _pack(values: list[Any]) -> Any:
+    if values and values.count(values[0]) == len(values):
+        return {"all": values[0], "n": len(values)}
+    return values
+
+
+def _unpack(column: Any, n: int) -> list[Any]:
+    return [column["all"]] * n if isinstance(column, dict) else column
+
+
+def _size(columns: dict[str, Any]) -> int:
+    first = next(iter(columns.values()))
+    return first["n"] if isinstance(first, dict) else len(first)

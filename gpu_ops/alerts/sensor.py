@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from gpu_ops.alerts.model import Alert
-from gpu_ops.alerts.queue import AlertQueue
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
 from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
@@ -139,7 +138,7 @@ def tick(config: GpuOpsConfig, store: TableStore | None, cursor: AlertCursor, *,
     queue, oldest first. ``cursor`` is left as it was."""
     new_cursor = AlertCursor(
         cursor.last_storage_id, cursor.evaluated_at, cursor.budgets, dict(cursor.pending), cursor.runs_seen_at,
-        AlertQueue(list(cursor.queue.entries), list(cursor.queue.contexts)),
+        cursor.queue.copy(),
     )
     enforcement: list[dg.RunRequest] = []
     summary: list[str] = []
@@ -165,7 +164,7 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     plan = threshold_plan(config)
     quiet = table.quiet_rows(plan, cursor.budgets)  # rows that change nothing, found in numpy
     rows = [table.row(i) for i in range(len(table)) if not quiet[i]]
-    result = evaluate(plan.budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q])
+    result = evaluate(plan.budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q], plan=plan)
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
     cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
     enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import math
 import zlib
@@ -51,6 +52,11 @@ def _iso_date(v: Any) -> str:
     if isinstance(v, str):
         return v[:10]
     return v.isoformat()[:10] if hasattr(v, "isoformat") else str(v)[:10]
+
+
+@functools.lru_cache(maxsize=1024)  # a partition's rows share a handful of period ends
+def _day_after(v: Any) -> str:
+    return (dt.date.fromisoformat(_iso_date(v)) + dt.timedelta(days=1)).isoformat()
 
 
 def _opt_float(v: Any) -> float | None:
@@ -86,9 +92,8 @@ class StatusRow:
         writes it); here it becomes the exclusive end, the day the next period starts.
         """
         budget, start, end, amount, spend, pct, forecast, partition, as_of = r
-        end_exclusive = (dt.date.fromisoformat(_iso_date(end)) + dt.timedelta(days=1)).isoformat()
         return cls(
-            str(budget), _iso_date(start), end_exclusive, float(amount), float(spend), float(pct), _opt_float(forecast),
+            str(budget), _iso_date(start), _day_after(end), float(amount), float(spend), float(pct), _opt_float(forecast),
             None if partition is None else str(partition),
             None if as_of is None or (isinstance(as_of, float) and math.isnan(as_of)) else str(as_of),
         )
@@ -252,14 +257,17 @@ def evaluate(
     now: dt.datetime,
     *,
     unchanged: Iterable[str] = (),
+    plan: ThresholdPlan | None = None,
 ) -> Evaluation:
     """Advance every budget's state with its newest status row; collect what to send and do.
 
     ``budgets`` is the current configuration: a raised ``amount_usd`` takes effect at the
     next evaluation, without waiting for the cost asset to run again. ``unchanged`` names
     budgets that have a row this evaluation which :func:`quiet_rows` showed changes
-    nothing: they are not passed as rows, but count as seen.
+    nothing: they are not passed as rows, but count as seen. ``plan``, the plan of
+    ``budgets`` where the caller has one, saves working out threshold keys per row.
     """
+    keys_of = plan.keys_of if plan is not None else (lambda name: tuple(th.key() for th in budgets[name].thresholds))
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware (UTC)")
     # Copy on write: a state is copied when it changes, so the caller's stays as it was.
@@ -282,7 +290,7 @@ def evaluate(
             st = state[row.budget] = BudgetState(row.period_start, row.period_end)
         else:
             st = state[row.budget] = st.copy()
-        _advance_thresholds(out, budget, row, st)
+        _advance_thresholds(out, budget, keys_of(budget.name), row, st)
         _advance_enforcement(out, budget, row, st, now)
 
     for name in [n for n in state if n not in budgets]:
@@ -318,26 +326,44 @@ class ThresholdPlan:
 
     @classmethod
     def build(cls, budgets: Iterable[Budget]) -> "ThresholdPlan":
+        """Budgets with the same threshold objects (a fleet's repeated thresholds are
+        validated once and shared) are filled as one group: each threshold's key and
+        kind are worked out once per group, not once per budget."""
         import numpy as np
 
         by_name = {b.name: b for b in budgets}
         width = max((len(b.thresholds) for b in by_name.values()), default=0)
         n = len(by_name)
-        lines = np.full((n, width), np.nan)
-        forecast = np.zeros((n, width), dtype=bool)
+        amount = np.array([b.amount_usd for b in by_name.values()], dtype=float)
         enforce = np.full(n, np.inf)
-        keys: list[tuple[str, ...]] = []
-        interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # shared, so budgets group by identity
+        groups: dict[tuple[int, ...], list[int]] = {}
+        members: dict[tuple[int, ...], list[Any]] = {}
         for i, b in enumerate(by_name.values()):
-            k = tuple(th.key() for th in b.thresholds)
-            keys.append(interned.setdefault(k, k))
-            for j, th in enumerate(b.thresholds):
-                lines[i, j] = th.amount_usd(b.amount_usd)
-                forecast[i, j] = th.basis == "forecast"
+            ids = tuple(map(id, b.thresholds))
+            if ids not in groups:
+                groups[ids], members[ids] = [], b.thresholds
+            groups[ids].append(i)
             if b.enforcement.action != "alert":
                 enforce[i] = b.amount_usd * b.enforcement.threshold_percent / 100.0
+        lines = np.full((n, width), np.nan)
+        forecast = np.zeros((n, width), dtype=bool)
+        keys: list[tuple[str, ...]] = [()] * n
+        interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        for ids, rows in groups.items():
+            thresholds = members[ids]
+            at = np.array(rows, dtype=np.int64)
+            k = tuple(th.key() for th in thresholds)
+            k = interned.setdefault(k, k)
+            for i in rows:
+                keys[i] = k  # one tuple per group, so budgets group by identity
+            for j, th in enumerate(thresholds):
+                lines[at, j] = th.absolute_usd if th.absolute_usd is not None else amount[at] * th.percent / 100.0
+                forecast[at, j] = th.basis == "forecast"
         return cls(by_name, {name: i for i, name in enumerate(by_name)}, keys, lines, forecast, enforce)
 
+    def keys_of(self, budget: str) -> tuple[str, ...]:
+        """The keys of the budget's thresholds, in order."""
+        return self.keys[self.index[budget]]
 
     def threshold(self, budget: str, key: str) -> Any:
         """The budget's threshold with this key (no key formatting per alert)."""
@@ -417,9 +443,8 @@ class StatusTable:
         return quiet & ~changes.any(axis=1)
 
 
-def _advance_thresholds(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState) -> None:
+def _advance_thresholds(out: Evaluation, budget: Budget, keys: tuple[str, ...], row: StatusRow, st: BudgetState) -> None:
     amount = budget.amount_usd
-    keys = [th.key() for th in budget.thresholds]
     for th, key in zip(budget.thresholds, keys):
         value = row.spend_usd if th.basis == "actual" else row.forecast_usd
         if value is None:
