@@ -415,6 +415,7 @@ class UsageConfig(_Model):
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 
 
+@lru_cache(maxsize=256)  # every budget's forecast_min_history, mostly the same few values
 def parse_duration(value: str | int | float) -> dt.timedelta:
     """``90s``, ``60m``, ``2h``, ``1d``; a bare number is seconds."""
     if isinstance(value, (int, float)):
@@ -828,21 +829,20 @@ def _share_repeated_parts(budgets: Any) -> Any:
 
 
 def _validated_once(model: type[_Model], raw: Any, cache: dict[Any, Any]) -> Any:
+    """Parts are the same when their keys and value *objects* are: the YAML loader builds
+    each distinct scalar once, so a fleet's repeated ``{percent: 80}`` share their values,
+    while ``1``, ``1.0`` and ``true`` (or any two objects) never meet. The cache keeps the
+    first part of each key alive, so the ids stay theirs while it is used."""
     if not isinstance(raw, dict):
         return raw
-    key = (model, *[(k, v, v.__class__) for k, v in raw.items()])  # 1, 1.0 and True differ
-    try:
-        hit = cache.get(key)
-    except TypeError:
-        return raw  # a nested value: validated in place
-    if hit is not None:
-        return hit
-    if key not in cache:
+    key = (model, tuple(raw), tuple(map(id, raw.values())))
+    hit = cache.get(key)
+    if hit is None:
         try:
-            cache[key] = model.model_validate(raw)
+            hit = cache[key] = (model.model_validate(raw), raw)
         except ValidationError:
-            cache[key] = raw
-    return cache[key]
+            hit = cache[key] = (raw, raw)  # left for the full validation to report in place
+    return hit[0]
 
 
 def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:

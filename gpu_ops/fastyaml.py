@@ -48,45 +48,56 @@ def load_yaml(text: str) -> Any:
 
 def _from_events(loader: Any) -> Any:
     get = loader.get_event
+    scalar, mapping_start, sequence_start = ev.ScalarEvent, ev.MappingStartEvent, ev.SequenceStartEvent
+    mapping_end, sequence_end, document_end = ev.MappingEndEvent, ev.SequenceEndEvent, ev.DocumentEndEvent
+    plain: dict[str, Any] = {}  # the text of a plain untagged scalar -> its object
     tags: dict[tuple[str, bool], str] = {}
     scalars: dict[tuple[str, str], Any] = {}
-    # Open containers: [object, is_mapping, key waiting for its value (or _NO_KEY)].
-    stack: list[list[Any]] = [[None, False, _NO_KEY]]
+    # The open container (the document's root is a list of one), whether it is a mapping,
+    # the key waiting for its value (or _NO_KEY); `stack` holds the enclosing ones.
+    cur: Any = []
+    is_map = False
+    key: Any = _NO_KEY
+    stack: list[tuple[Any, bool, Any]] = []
     get()  # StreamStart
-    first = get()
-    if isinstance(first, ev.StreamEndEvent):
+    if isinstance(get(), ev.StreamEndEvent):
         return None
     while True:
         event = get()
         kind = type(event)
-        if kind is ev.ScalarEvent:
-            obj = _scalar(loader, event, tags, scalars)
-            top = stack[-1]
-            if top[1] and top[2] is _NO_KEY:
-                top[2] = obj
+        if kind is scalar:
+            if event.tag is None and event.implicit[0]:  # plain and untagged: most of a file
+                obj = plain.get(event.value, _NO_KEY)
+                if obj is _NO_KEY:
+                    obj = plain[event.value] = _scalar(loader, event, tags, scalars)
+            elif event.tag is None:
+                obj = event.value  # quoted and untagged: a string
+            else:
+                obj = _scalar(loader, event, tags, scalars)
+            if is_map and key is _NO_KEY:
+                key = obj
                 continue
-        elif kind is ev.MappingStartEvent or kind is ev.SequenceStartEvent:
-            top = stack[-1]
-            if event.tag not in _PLAIN_COLLECTION_TAGS or (top[1] and top[2] is _NO_KEY):
+        elif kind is mapping_start or kind is sequence_start:
+            if event.tag not in _PLAIN_COLLECTION_TAGS or (is_map and key is _NO_KEY):
                 raise _Fallback  # !!set, !!omap, ...; a collection as a key
-            stack.append([{} if kind is ev.MappingStartEvent else [], kind is ev.MappingStartEvent, _NO_KEY])
+            stack.append((cur, is_map, key))
+            is_map = kind is mapping_start
+            cur, key = ({} if is_map else []), _NO_KEY
             continue
-        elif kind is ev.MappingEndEvent or kind is ev.SequenceEndEvent:
-            obj = stack.pop()[0]
-        elif kind is ev.DocumentEndEvent:
+        elif kind is mapping_end or kind is sequence_end:
+            obj = cur
+            cur, is_map, key = stack.pop()
+        elif kind is document_end:
             if not isinstance(get(), ev.StreamEndEvent):
                 raise _Fallback  # a second document: PyYAML's error
-            return stack[0][0]
+            return cur[0] if cur else None
         else:
             raise _Fallback  # an alias
-        top = stack[-1]
-        if top[1]:
-            top[0][top[2]] = obj
-            top[2] = _NO_KEY
-        elif top[0] is None:
-            top[0] = obj
+        if is_map:
+            cur[key] = obj
+            key = _NO_KEY
         else:
-            top[0].append(obj)
+            cur.append(obj)
 
 
 _NO_KEY = object()
