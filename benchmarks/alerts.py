@@ -6,18 +6,20 @@ Builds a configuration of N budgets (benchmarks/fleet.py: 5 thresholds each, eve
 throttles) and one `gpu_budget_status` partition of N rows in SQLite, then times, with
 the real sensor through Dagster's `evaluate_tick` on a real instance:
 
-  1. the first tick (empty cursor: about a third of the budgets cross thresholds, one run
-     request per crossing; Dagster's own RunRequest handling is a large part of it);
-  2. a steady-state tick (same data, the stored cursor: nothing to send; every alert of
+  1. the first tick (empty cursor: about a third of the budgets cross thresholds; at most
+     alerts.max_runs_per_tick (500) run requests, the rest queued in the cursor);
+  2. a queue tick (the stored cursor, no new data: the next 500 queued alerts requested);
+  3. a steady-state tick (same data, the queue drained: nothing to send; every alert of
      tick 1 is still pending, its run not launched, so the redelivery pass runs too);
-  3. a next-day tick (10% of the budgets cross one more threshold);
+  4. a next-day tick (10% of the budgets cross one more threshold) after the steady one;
 
 next to, in the same process, the old path on the same steady state (every row turned
 into a StatusRow and evaluated in Python, every state copied, the version-1 cursor with
 one JSON object per budget) and two floors: fetching the N status rows as raw tuples,
 and a stateless Python loop over every threshold of every budget. Goal: each tick
-under 2 s (Dagster's sensor timeout is 60 s). Prints the median of --repeat runs and the
-load average (the machine is shared).
+under 2 s (Dagster's sensor timeout is 60 s). Prints the median of --repeat runs, wall
+and CPU seconds of this process (on a shared machine the CPU time says more), and the
+load average.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def run(n: int, repeat: int) -> None:
 
     from gpu_ops.alerts.definitions import build_defs
     from gpu_ops.alerts.records import STATUS_TABLE
+    from gpu_ops.alerts.redelivery import Pending
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.resources import GpuOpsSettings
     from gpu_ops.storage.tables import TableStore
@@ -117,33 +120,40 @@ def run(n: int, repeat: int) -> None:
         defs = dg.Definitions.merge(build_defs(config), dg.Definitions(resources=resources))
         sensor = defs.resolve_sensor_def("budget_alert_sensor")
 
-        def tick(cursor: str | None):
+        def tick(cursor: str | None, timings: list[tuple[float, float]]):
             ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             data = sensor.evaluate_tick(ctx)
-            return time.perf_counter() - t, data
+            timings.append((time.perf_counter() - t, time.process_time() - c))
+            return data
 
-        def forced(cursor: str) -> str:
+        def forced(cursor: str, drained: bool = False) -> str:
             c = AlertCursor.decode(cursor)
             c.evaluated_at = None
+            if drained:  # as if every queued alert had been requested already (their runs not launched)
+                for alert in c.queue.pop(len(c.queue)):
+                    c.pending[alert.run_key] = Pending(time.time(), time.time())
             return c.encode()
 
-        first, steady, nextday, old = [], [], [], []
-        read_floor, loop_floor = [], []
+        first: list[tuple[float, float]] = []
+        queued: list[tuple[float, float]] = []
+        steady: list[tuple[float, float]] = []
+        nextday: list[tuple[float, float]] = []
+        old, read_floor, loop_floor = [], [], []
         for _ in range(repeat):
             store.write(STATUS_TABLE, status(n, "2026-11-19", day1), partition_keys=["2026-11-19"])
-            s1, d1 = tick(None)
-            first.append(s1)
-            s2, d2 = tick(forced(d1.cursor))
-            steady.append(s2)
+            d1 = tick(None, first)
+            dq = tick(d1.cursor, queued)
+            assert len(dq.run_requests) == min(len(AlertCursor.decode(d1.cursor).queue), config.alerts.max_runs_per_tick), "a queue tick requests the next alerts"
+            drained = forced(d1.cursor, drained=True)
+            d2 = tick(drained, steady)
             assert not d2.run_requests, "a steady tick must request nothing"
-            old.append(old_steady(store, config, d1.cursor, dt.datetime.now(dt.timezone.utc)))
+            old.append(old_steady(store, config, drained, dt.datetime.now(dt.timezone.utc)))
             bump = day1.copy()
             idx = rng.choice(n, n // 10, replace=False)
             bump[idx] += 3_500
             store.write(STATUS_TABLE, status(n, "2026-11-20", bump), partition_keys=["2026-11-20"])
-            s3, d3 = tick(forced(d1.cursor))
-            nextday.append(s3)
+            d3 = tick(forced(drained), nextday)
             store.delete(STATUS_TABLE, {"partition_key": "2026-11-20"})
 
             # Floors: fetch the same columns as raw tuples; compare every threshold with no state.
@@ -163,15 +173,21 @@ def run(n: int, repeat: int) -> None:
 
         med = statistics.median
         load = os.getloadavg()
+
+        def wall_cpu(t: list[tuple[float, float]]) -> str:
+            return f"{med(w for w, _ in t):6.3f} s wall {med(c for _, c in t):6.3f} s CPU"
+
+        waiting = len(AlertCursor.decode(d1.cursor).queue)
         print(f"budget_alert_sensor: {n:,} budgets x 5 thresholds (config parse {config_s:.1f} s, not in the tick); load average {load[0]:.2f} {load[1]:.2f} on {os.cpu_count()} CPUs")
-        print(f"  first tick   (empty cursor)        {med(first):6.3f} s   {len(d1.run_requests):>6,} run requests, cursor {len(d1.cursor):,} chars")
-        print(f"  steady tick  (stored cursor)       {med(steady):6.3f} s   {len(d2.run_requests):>6,} run requests, {len(AlertCursor.decode(d2.cursor).pending):,} alerts pending")
-        print(f"  next-day tick (10% cross more)     {med(nextday):6.3f} s   {len(d3.run_requests):>6,} run requests")
+        print(f"  first tick   (empty cursor)        {wall_cpu(first)}   {len(d1.run_requests):>6,} run requests, {waiting:,} queued, cursor {len(d1.cursor):,} chars")
+        print(f"  queue tick   (no new data)         {wall_cpu(queued)}   {len(dq.run_requests):>6,} run requests, {len(AlertCursor.decode(dq.cursor).queue):,} still queued")
+        print(f"  steady tick  (queue drained)       {wall_cpu(steady)}   {len(d2.run_requests):>6,} run requests, {len(AlertCursor.decode(d2.cursor).pending):,} alerts pending")
+        print(f"  next-day tick (10% cross more)     {wall_cpu(nextday)}   {len(d3.run_requests):>6,} run requests, {len(AlertCursor.decode(d3.cursor).queue):,} queued")
         print(f"  old path, steady (per-row, v1 cursor) {med(old):6.3f} s   (the same state, in this process)")
         print(f"  floor: SELECT {n:,} status rows    {med(read_floor):6.3f} s")
         print(f"  floor: stateless threshold loop    {med(loop_floor):6.3f} s   ({crossed:,} crossings)")
-        worst = max(med(steady), med(nextday))
-        print(f"  goal: steady and next-day ticks < 2 s -> {'met' if worst < 2 else 'NOT met'} (worst {worst:.3f} s); first tick {med(first):.3f} s")
+        worst = max(med(w for w, _ in t) for t in (first, queued, steady, nextday))
+        print(f"  goal: every tick < 2 s -> {'met' if worst < 2 else 'NOT met'} in wall time (worst {worst:.3f} s)")
 
 
 def main() -> None:
