@@ -661,6 +661,8 @@ class ComputeConfig(_Model):
     cleanup: Literal["always", "on_exception", "never"] = "always"
     # Local backend: a standby worker (interpreter, warm imports, CUDA ready) takes over a retry.
     standby: bool = True
+    # ... and exits when no attempt claimed it this long after its own attempt ended (or with the run).
+    standby_idle_s: PositiveFloat = 600.0
     karpenter: KarpenterConfig = KarpenterConfig()
     kubetorch: KubetorchConfig = KubetorchConfig()
     orphan_grace: str = "1h"

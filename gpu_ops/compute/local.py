@@ -21,7 +21,6 @@ before it propagates.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import queue
@@ -38,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from gpu_ops.compute import standby as standby_mod
 from gpu_ops.compute.backend import NOTICE_SIGNAL, LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope
 from gpu_ops.errors import GpuOpsError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
@@ -109,7 +110,7 @@ class _Route:
 @dataclass
 class _Worker:
     rank: int
-    proc: subprocess.Popen
+    proc: "subprocess.Popen[bytes] | AdoptedProcess"
     result_path: Path
     pidfile: Path | None
     readers: list[threading.Thread] = field(default_factory=list)
@@ -123,40 +124,8 @@ class _Worker:
 _PER_ATTEMPT_ENV = ("MASTER_PORT",)
 
 
-@dataclass
-class Standby:
-    """A worker process started ahead of need: past interpreter start, warm imports and
-    CUDA init, waiting on stdin for the next attempt's payload (see compute.worker)."""
-
-    worker: _Worker
-    env_key: tuple[tuple[str, str], ...]  # its environment, less the per-attempt variables, and its warm-up
-
-    @property
-    def alive(self) -> bool:
-        return self.worker.proc.poll() is None
-
-    def stop(self) -> None:
-        """End it (EOF on stdin, then SIGKILL of its process group) and reap it."""
-        proc = self.worker.proc
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for stream in (proc.stdin,):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _env_key(env: dict[str, str], warm_args: list[str]) -> tuple[tuple[str, str], ...]:
-    return (*sorted((k, v) for k, v in env.items() if k not in _PER_ATTEMPT_ENV), ("warm", " ".join(warm_args)))
+def _env_digest(env: dict[str, str], warm_args: list[str]) -> str:
+    return standby_mod.env_digest({k: v for k, v in env.items() if k not in _PER_ATTEMPT_ENV}, warm_args)
 
 
 class LocalBackend:
@@ -173,8 +142,7 @@ class LocalBackend:
         workdir: str | os.PathLike[str] | None = None,
         pidfile_dir: str | os.PathLike[str] | None = None,
         warm: tuple[str, ...] | list[str] = (),
-        standby: bool = False,
-        adopt: list[Standby] | None = None,
+        standby: StandbyScope | None = None,
     ):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -190,10 +158,11 @@ class LocalBackend:
         self._workers: list[_Worker] = []
         # Modules every worker imports before the payload (and CUDA init when it has GPUs).
         self.warm = [m for m in warm if m]
-        # standby: while the launch runs, start one standby per rank for the next attempt
-        # (taken from `spares` by the caller); adopt: standbys of the previous attempt.
+        # standby: claim this scope's standbys (left by the previous attempt, in this
+        # process or another) instead of starting cold workers, and while the launch runs
+        # start one per rank for the next attempt (see gpu_ops.compute.standby); after the
+        # launch the caller parks them (park_spares: a retry may come) or stops them.
         self.standby = standby
-        self._adopt = list(adopt or [])
         self.spares: list[Standby] = []
         self.adopted = 0
 
@@ -227,7 +196,7 @@ class LocalBackend:
         args = ["--warm", ",".join(self.warm)] if self.warm else []
         return args + (["--cuda"] if self.gpus and "torch" in self.warm else [])
 
-    def _popen(self, cmd: list[str], env: dict[str, str], stdin: Any) -> subprocess.Popen:
+    def _popen(self, cmd: list[str], env: dict[str, str], stdin: Any, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE) -> subprocess.Popen:
         # The child starts with the notice signal blocked (the mask is inherited through
         # fork and exec) and unblocks it once its handler is in place: a notice during
         # start-up is delivered then, instead of killing the worker (SIGUSR1's default).
@@ -237,8 +206,8 @@ class LocalBackend:
                 cmd,
                 env=env,
                 stdin=stdin,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
                 start_new_session=True,  # its own process group: kill the whole tree
             )
         except OSError as exc:
@@ -247,8 +216,13 @@ class LocalBackend:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _start_readers(self, worker: _Worker) -> None:
-        for stream in (worker.proc.stdout, worker.proc.stderr):
-            t = threading.Thread(target=_pump, args=(stream, worker.route), daemon=True)
+        proc = worker.proc
+        if isinstance(proc, AdoptedProcess):  # its keeper relays its lines and exit status
+            targets: list[tuple[Callable[..., None], tuple]] = [(proc.pump, (worker.route.put,))]
+        else:
+            targets = [(_pump, (stream, worker.route)) for stream in (proc.stdout, proc.stderr)]
+        for target, args in targets:
+            t = threading.Thread(target=target, args=args, daemon=True)
             t.start()
             worker.readers.append(t)
 
@@ -266,46 +240,25 @@ class LocalBackend:
     def _spawn(self, rank: int, port: int, payload: Path, env: dict[str, str], lines: "queue.Queue[str]") -> _Worker:
         assert self.workdir is not None
         result = self.workdir / f"result-{rank}.pkl"
-        standby = self._take_standby(rank, port, env)
-        if standby is not None:
-            worker = standby.worker
-            worker.result_path, worker.route.prefix, worker.route.lines = result, self._prefix(rank), lines
-            order = {"payload": str(payload), "result": str(result), "env": {k: self._env(rank, port, env)[k] for k in _PER_ATTEMPT_ENV}}
-            try:
-                assert worker.proc.stdin is not None
-                worker.proc.stdin.write((json.dumps(order) + "\n").encode())
-                worker.proc.stdin.close()
-            except OSError:  # it died a moment ago: start a fresh one
-                standby.stop()
-            else:
-                self.adopted += 1
-                self._write_pidfile(worker)
-                return worker
-        cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result), *self._warm_args()]
-        proc = self._popen(cmd, self._env(rank, port, env), subprocess.DEVNULL)
+        full = self._env(rank, port, env)
+        proc: subprocess.Popen | AdoptedProcess | None = None
+        if self.standby is not None:
+            order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV}}
+            proc = standby_mod.claim(self.standby, rank, _env_digest(full, self._warm_args()), order)
+            self.adopted += proc is not None
+        if proc is None:
+            cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result), *self._warm_args()]
+            proc = self._popen(cmd, full, subprocess.DEVNULL)
         worker = _Worker(rank, proc, result, None, route=_Route(lines, self._prefix(rank)))
         self._start_readers(worker)
         self._write_pidfile(worker)
         return worker
 
-    def _take_standby(self, rank: int, port: int, env: dict[str, str]) -> Standby | None:
-        """The previous attempt's standby for ``rank`` if it is alive and was started
-        with this launch's environment; any other is stopped."""
-        want = _env_key(self._env(rank, port, env), self._warm_args())
-        while self._adopt:
-            s = self._adopt.pop(0)
-            if s.worker.rank == rank and s.alive and s.env_key == want:
-                return s
-            s.stop()
-        return None
-
     def _spawn_standby(self, rank: int, port: int, env: dict[str, str]) -> Standby:
+        assert self.standby is not None
         full = self._env(rank, port, env)
         cmd = [self.python, "-m", "gpu_ops.compute.worker", "--standby", *self._warm_args()]
-        proc = self._popen(cmd, full, subprocess.PIPE)
-        worker = _Worker(rank, proc, Path(os.devnull), None)
-        self._start_readers(worker)
-        return Standby(worker, _env_key(full, self._warm_args()))
+        return standby_mod.start(self.standby, rank, full, _env_digest(full, self._warm_args()), cmd, self._popen, self.python)
 
     def run(
         self,
@@ -331,21 +284,19 @@ class LocalBackend:
         try:
             for rank in range(self.workers):
                 self._workers.append(self._spawn(rank, port, payload, env or {}, lines))
-            for _ in self._adopt:  # more standbys than ranks
-                self._adopt.pop().stop()
-            warm = " (standby, already warm)" if self.adopted else ""
             for w in self._workers:
+                warm = " (standby, already warm)" if isinstance(w.proc, AdoptedProcess) else ""
                 log(f"worker started pid={w.proc.pid} rank={w.rank}{warm}")
             if on_start is not None:
                 on_start([w.proc.pid for w in self._workers])
-            if self.standby:
+            if self.standby is not None:
                 self.spares = [self._spawn_standby(rank, port, env or {}) for rank in range(self.workers)]
             self._supervise(lines, log)
         except BaseException:
             # An interrupt (Dagster run termination, Ctrl-C) or a failing callback: stop
             # every worker before the exception propagates, so nothing outlives the step.
             self._stop_all(lines, log)
-            self.release_spares()
+            self.stop_spares()
             raise
         finally:
             self._join_readers()
@@ -483,24 +434,24 @@ class LocalBackend:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
 
-    def take_spares(self) -> list[Standby]:
-        """Hand this launch's standbys to the caller (for the next attempt)."""
-        spares, self.spares = [s for s in self.spares if s.alive], []
+    def park_spares(self) -> list[Standby]:
+        """The launch failed and a retry may follow: leave its standbys running (their
+        idle countdown starts) and hand them to the caller."""
+        spares, self.spares = self.spares, []
+        for s in spares:
+            s.park()
         return spares
 
-    def release_spares(self) -> None:
+    def stop_spares(self) -> None:
         for s in self.spares:
             s.stop()
         self.spares = []
 
     def teardown(self) -> None:
-        """Stop any live worker and standby not handed on, and remove the launch's folder."""
+        """Stop any live worker and standby not parked, and remove the launch's folder."""
         if any(w.proc.poll() is None for w in self._workers):
             self._stop_all(queue.Queue(), lambda _line: None)
-        self.release_spares()
-        for s in self._adopt:
-            s.stop()
-        self._adopt = []
+        self.stop_spares()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -27,6 +27,7 @@ a launch uses it).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any, Callable, Literal
 
@@ -100,13 +101,15 @@ class GpuCompute(dg.ConfigurableResource):
     config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the bundled demo).")
     standby: bool = Field(
         default=True,
-        description="Local backend: while an attempt runs, keep a standby worker (interpreter started, warm imports and CUDA done) that takes over the retry.",
+        description="Local backend: while an attempt runs, keep a standby worker (interpreter started, warm imports and CUDA done) that takes over the retry, "
+        "also when the retry is a new step process (multiprocess executor).",
     )
+    standby_idle_s: float = Field(default=600.0, gt=0, description="A standby worker no attempt claims for this long after its own attempt ended exits.")
 
     _run_id: str | None = PrivateAttr(default=None)
     _pending: list[Backend] = PrivateAttr(default_factory=list)
-    # Local standby workers waiting for the next attempt of a launch, by run and asset.
-    _standbys: dict[str, list[Any]] = PrivateAttr(default_factory=dict)
+    # Local standby workers this process parked for a retry (see release_standbys).
+    _parked: list[Any] = PrivateAttr(default_factory=list)
     _last_admission: Any = PrivateAttr(default=None)
 
     @classmethod
@@ -118,6 +121,7 @@ class GpuCompute(dg.ConfigurableResource):
             namespace=config.namespace,
             cleanup=config.cleanup,
             standby=config.standby,
+            standby_idle_s=config.standby_idle_s,
             priority_class=config.priority_class,
             launch_timeout_s=kt.launch_timeout_s,
             inactivity_ttl=kt.inactivity_ttl,
@@ -148,11 +152,31 @@ class GpuCompute(dg.ConfigurableResource):
             self.release_standbys()
 
     def release_standbys(self) -> None:
-        """Stop every standby worker still waiting (the run is over, or will not retry here)."""
-        standbys, self._standbys = self._standbys, {}
-        for spares in standbys.values():
-            for spare in spares:
+        """The step is over. Standbys parked for a retry stay only where the retry runs in
+        another process of the same run (multiprocess executor: the run's process owns
+        them, and they end with it or after ``standby_idle_s``); where this process is the
+        run's (in-process executor), the run is over: they are stopped."""
+        parked, self._parked = self._parked, []
+        for spare in parked:
+            if spare.scope.owner_pid == os.getpid() or not spare.alive:
                 spare.stop()
+
+    def discard_standbys(self, context: Any) -> None:
+        """No retry will follow this launch: stop its standbys, whichever process started them."""
+        scope = self._standby_scope(_run_id_of(context) or self._run_id, _asset_key_of(context))
+        if scope is not None:
+            from gpu_ops.compute import standby
+
+            standby.discard(scope)
+
+    def _standby_scope(self, run_id: str | None, asset_key: list[str] | None) -> Any:
+        if self.backend != "local" or not self.standby:
+            return None
+        from gpu_ops.compute.standby import StandbyScope
+        from gpu_ops.config import gpu_ops_home
+
+        launch = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
+        return StandbyScope(run_id=run_id or launch, launch="/".join(asset_key or []) or launch, folder=gpu_ops_home() / "standby", idle_s=self.standby_idle_s)
 
     def _settle_pending(self, log: LogSink) -> None:
         pending, self._pending = self._pending, []
@@ -164,9 +188,7 @@ class GpuCompute(dg.ConfigurableResource):
 
     # ------------------------------------------------------------------ launch
 
-    def make_backend(
-        self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), adopt: list[Any] | None = None
-    ) -> Backend:
+    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
         if self.backend == "local":
             from gpu_ops.compute.local import LocalBackend
 
@@ -177,8 +199,7 @@ class GpuCompute(dg.ConfigurableResource):
                 grace_period_s=self.grace_period_s,
                 workdir=self.local_workdir,
                 warm=warm,
-                standby=self.standby,
-                adopt=adopt,
+                standby=standby,
             )
         from gpu_ops.compute.kubetorch_backend import KubetorchBackend
 
@@ -298,8 +319,7 @@ class GpuCompute(dg.ConfigurableResource):
         name: str,
         labels: dict[str, str],
     ) -> WorkerReport:
-        standby_key = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
-        backend = self.make_backend(request, name, labels, tuple(warm), self._standbys.pop(standby_key, None))
+        backend = self.make_backend(request, name, labels, tuple(warm), self._standby_scope(run_id, asset_key))
         self._pending.append(backend)
         failed = True
         try:
@@ -307,12 +327,15 @@ class GpuCompute(dg.ConfigurableResource):
             failed = not report.ok
             return report
         finally:
-            take = getattr(backend, "take_spares", None)
-            spares = take() if take is not None else []
-            if failed and spares:  # a retry is likely: its workers are already warm
-                self._standbys[standby_key] = spares
-            for spare in spares if not failed else []:
-                spare.stop()
+            if failed and hasattr(backend, "park_spares"):  # a retry is likely: its workers are already warm
+                for spare in backend.park_spares():
+                    log(
+                        f"standby worker pid={spare.worker_pid} rank={spare.rank} left running for the next attempt (keeper pid={spare.proc.pid}; "
+                        f"it exits after {self.standby_idle_s:g} s unclaimed, or when the run ends)"
+                    )
+                    self._parked.append(spare)
+            elif hasattr(backend, "stop_spares"):
+                backend.stop_spares()
             if should_clean_up(self.cleanup, failed):
                 self._pending.remove(backend)
                 _safe_teardown(backend, log)

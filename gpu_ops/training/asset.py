@@ -112,6 +112,13 @@ class _EventSink:
     def actual_hardware(self) -> hardware.Hardware | None:
         return hardware.combine([self.hardware[r] for r in sorted(self.hardware)])
 
+    def worker_metadata(self) -> dict[str, Any]:
+        """Which worker served this attempt: a standby left warm by the attempt before it, or a new one."""
+        md: dict[str, Any] = {"worker_start": "standby" if self.startup.get("standby") else "new worker"}
+        if self.pids:
+            md["worker_pid"] = dg.MetadataValue.int(self.pids[0])
+        return md
+
     def on_start(self, pids: list[int]) -> None:
         self.pids = list(pids)
         self.started_at = _utcnow()
@@ -321,6 +328,8 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
     decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
     _log_decision(context, attempt, classification, decision)
+    if decision.action is not Action.RETRY and hasattr(compute, "discard_standbys"):
+        compute.discard_standbys(context)  # no attempt will claim them
 
     if decision.action is Action.RETRY:
         raise dg.RetryRequested(max_retries=int(context.retry_number) + 1, seconds_to_wait=decision.wait_s)
@@ -348,6 +357,7 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     summary = returned.get("summary") or {}
     metadata = _materialization_metadata(store, config, run_id, asset_key, decision, summary, value, ckpt_url, request, sink)
     metadata.update(_hardware_metadata(request, actual, warning))
+    metadata.update(sink.worker_metadata())
     admission = getattr(compute, "last_admission", None)
     if admission is not None:
         from gpu_ops.compute.quota import Quotas, holders_markdown

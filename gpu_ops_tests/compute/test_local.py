@@ -177,44 +177,7 @@ def _phase_line(lines: list[str]) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
-def test_a_standby_worker_takes_over_the_next_attempt(tmp_path: Path) -> None:
-    """Attempt 1 is SIGKILLed; its standby (started while it ran) runs attempt 2 with the
-    new attempt's environment; nothing outlives the teardowns."""
-    first = LocalBackend(name="job-s", workdir=tmp_path, standby=True, warm=("json",))
-    log1 = Recorder("sleeping", lambda r: os.kill(r.pids()[0], signal.SIGKILL))
-    report1 = first.run(worker_fns.sleep_forever, env={"GPU_OPS_TEST_VALUE": "v"}, log=log1)
-    assert report1.exit is WorkerExit.SIGKILL
-    spares = first.take_spares()
-    first.teardown()
-    assert len(spares) == 1 and spares[0].alive  # handed on, not torn down
-    standby_pid = spares[0].worker.proc.pid
-
-    second = LocalBackend(name="job-s", workdir=tmp_path, standby=True, warm=("json",), adopt=spares)
-    log2 = Recorder()
-    report2 = second.run(worker_fns.add, (2, 3), {"scale": 2}, env={"GPU_OPS_TEST_VALUE": "v"}, log=log2)
-    assert report2.ok and report2.value["sum"] == 10 and report2.ranks[0].pid == standby_pid
-    assert second.adopted == 1 and any(l.endswith("(standby, already warm)") for l in log2.lines)
-    phases = _phase_line(log2.lines)
-    assert phases["standby"] is True
-    p = phases["phases"]
-    assert p["process"] <= p["interpreter"] <= p["imports"] <= p["activated"] <= p["payload"]
-    assert "adding 2 3" in log2.lines  # its output reaches the new launch's log
-    next_spare = second.spares[0].worker.proc.pid
-    second.teardown()
-    assert not _alive(standby_pid) and not _alive(next_spare)
-
-
-def test_a_standby_with_another_environment_is_not_adopted(tmp_path: Path) -> None:
-    first = LocalBackend(workdir=tmp_path, standby=True)
-    first.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "a"}, log=Recorder())
-    spares = first.take_spares()
-    first.teardown()
-    old = spares[0].worker.proc.pid
-    second = LocalBackend(workdir=tmp_path, adopt=spares)
-    report = second.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "b"}, log=Recorder())
-    assert report.ok and report.value["env"] == "b" and report.ranks[0].pid != old and second.adopted == 0
-    assert not _alive(old)
-    second.teardown()
+# Standby workers (in this process or another): gpu_ops_tests/compute/test_standby.py
 
 
 def test_a_cold_worker_reports_its_start_up_phases(tmp_path: Path) -> None:
