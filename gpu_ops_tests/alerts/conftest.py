@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from gpu_ops.compute.local import free_port
+from gpu_ops_tests.http_receiver import QuietHandler, reply
 
 PRICES = {"currency": "USD", "source": "test", "as_of": "2026-11-01", "gpus": {"a100-80gb": {"on-demand": 5.12, "spot": 1.79}}}
 
@@ -62,7 +63,7 @@ class Receiver:
     def start(self, port: int = 0) -> "Receiver":
         receiver = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 step = receiver.script.pop(0) if receiver.script else 200
@@ -72,15 +73,7 @@ class Receiver:
                     time.sleep(receiver.hang_s)
                     return  # the client has given up; answer nothing
                 rec.status = int(step)
-                payload = b'{"status":"success"}' if rec.status < 300 else b'{"error":"try again"}'
-                self.send_response(rec.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                reply(self, rec.status, b'{"status":"success"}' if rec.status < 300 else b'{"error":"try again"}', "application/json")
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True

@@ -11,12 +11,10 @@ Prometheus actually stored.
 from __future__ import annotations
 
 import datetime as dt
-import http.server
 import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import pytest
 from gpu_ops.config import UtilizationConfig
 from gpu_ops.cost.utilization import EFFICIENCY_COLUMNS, PrometheusClient, UtilizationError, coverage, fetch_samples, join_efficiency, measured_rows
 from gpu_ops_tests.conftest import skip_or_fail
+from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
 
 TEMPLATE = (Path(__file__).parent / "data" / "dcgm_exporter.prom").read_text()
 RUN_S = 9.0  # how long the schedule below is served after Prometheus is ready
@@ -68,22 +67,14 @@ def exporter_text(elapsed: float) -> str:
     return "\n".join(out) + "\n"
 
 
-class _Exporter(http.server.BaseHTTPRequestHandler):
+class _Exporter(QuietHandler):
     t0: float | None = None
 
     def do_GET(self) -> None:  # noqa: N802
         if type(self).t0 is None:  # the schedule starts at Prometheus's first scrape
             type(self).t0 = time.time()
         elapsed = time.time() - type(self).t0  # type: ignore[operator]
-        body = exporter_text(elapsed).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        reply(self, 200, exporter_text(elapsed).encode(), "text/plain; version=0.0.4")
 
 
 def _free_port() -> int:
@@ -98,13 +89,15 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     if binary is None:
         skip_or_fail("the prometheus binary is not installed (apt-get install -y prometheus)")
     handler = type("Exporter", (_Exporter,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    folder = tmp_path_factory.mktemp("prometheus")
+    with serving(handler) as exporter:
+        yield from _prometheus_scraping(binary, exporter, handler, tmp_path_factory.mktemp("prometheus"))
+
+
+def _prometheus_scraping(binary: str, exporter: str, handler: type[_Exporter], folder: Path):
     (folder / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
-        f"  - {{job_name: dcgm, honor_labels: true, static_configs: [{{targets: ['127.0.0.1:{server.server_address[1]}']}}]}}\n"
+        f"  - {{job_name: dcgm, honor_labels: true, static_configs: [{{targets: ['{exporter.removeprefix('http://')}']}}]}}\n"
     )
     port = _free_port()
     log = open(folder / "prometheus.log", "wb")
@@ -135,7 +128,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-        server.shutdown()
 
 
 def ts(t: float) -> pd.Timestamp:
@@ -240,27 +232,15 @@ def test_bearer_and_basic_auth_reach_the_server(monkeypatch):
     """The Authorization header a server sees (a loopback receiver standing in for an authenticating proxy)."""
     seen: list[str] = []
 
-    class Receiver(http.server.BaseHTTPRequestHandler):
+    class Receiver(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802
             seen.append(self.headers.get("Authorization", ""))
-            body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}')
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(Receiver) as url:
         monkeypatch.setenv("PROM_TOKEN", "abc")
-        url = f"http://127.0.0.1:{server.server_address[1]}"
         for auth in ({"bearer": {"env": "PROM_TOKEN"}}, {"basic": {"username": "grafana", "password": {"env": "PROM_TOKEN"}}}):
             PrometheusClient(UtilizationConfig.model_validate({"type": "prometheus", "url": url, "auth": auth})).query_range("up", 0, 60)
-    finally:
-        server.shutdown()
     assert seen == ["Bearer abc", "Basic Z3JhZmFuYTphYmM="]
 
 

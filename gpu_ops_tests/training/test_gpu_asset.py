@@ -3,7 +3,6 @@ processes, killed by real signals at random points; retries verified in the even
 
 from __future__ import annotations
 
-import http.server
 import os
 import random
 import signal
@@ -25,6 +24,7 @@ from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import ledger
 from gpu_ops.training.asset import gpu_asset, gpu_op
 from gpu_ops.training.context import TrainingContext, WorkerSpec
+from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
 from gpu_ops_tests.training import workloads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -283,7 +283,7 @@ def test_max_preemptions_exhausted_fails_without_retry(config_path: Path) -> Non
     assert "max_preemptions=1" in failure.error.message
 
 
-class _Notice(http.server.BaseHTTPRequestHandler):
+class _Notice(QuietHandler):
     """EC2's spot/instance-action: one notice (for the first node), then 404 (a new node)."""
 
     served = 0
@@ -293,26 +293,15 @@ class _Notice(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
             return
         type(self).served += 1
-        body = b'{"action": "terminate", "time": "2026-11-20T12:02:00Z"}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        reply(self, 200, b'{"action": "terminate", "time": "2026-11-20T12:02:00Z"}')
 
 
 def test_spot_notice_preempts_and_the_next_attempt_resumes(config_path: Path) -> None:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Notice)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/latest/meta-data/spot/instance-action"
+    with serving(_Notice) as base:
+        url = f"{base}/latest/meta-data/spot/instance-action"
         instance = dg.DagsterInstance.ephemeral()
         asset = counting_asset(config_path, "noticed", {"wait_for_notice": True, "steps": 10}, spot_notice=url, spot_notice_poll_s=0.1)
         result = run(asset, instance)
-    finally:
-        server.shutdown()
     assert result.success
     assert metadata(result, "noticed")["preemptions"] == 1
     assert any("spot interruption notice" in m for m in messages(instance, result.run_id))
