@@ -3,7 +3,11 @@
 - resource ``gpu_compute``: :class:`GpuCompute` configured from the ``compute`` section;
 - sensor ``gpu_orphan_cleanup_sensor``: deletes Kubetorch services and run-scoped
   NodePools whose run ended more than ``compute.orphan_grace`` ago. It runs by default
-  with the kubetorch backend and is stopped (and skips) with the local one.
+  with the kubetorch backend and is stopped (and skips) with the local one;
+- asset ``gpu_leases`` and schedule ``gpu_leases_schedule`` (every 5 minutes, running by
+  default when ``compute.quotas`` is set): who holds which GPUs under the quotas, from
+  the leases table (:mod:`gpu_ops.compute.quota`), as a UI table and as the SQL table
+  ``gpu_leases`` of the gpu_ops database.
 
 Nothing here imports torch or kubetorch; the sensor imports the Kubernetes client when
 it ticks.
@@ -65,8 +69,60 @@ def build_orphan_sensor(
     return gpu_orphan_cleanup_sensor
 
 
+LEASES_ASSET = "gpu_leases"
+
+
+@dg.asset(
+    name=LEASES_ASSET,
+    group_name="compute",
+    io_manager_key="table_io_manager",
+    required_resource_keys={"gpu_ops"},
+    kinds={"gpu"},
+    description="Who holds which GPUs under compute.quotas: one row per lease (team, pools, run, asset, GPUs, since, "
+    "last heartbeat, expiry, on the database's clock), also readable as the SQL table gpu_leases.",
+)
+def gpu_leases(context) -> Any:  # type: ignore[no-untyped-def]  # (an annotation is a string here, which dg.asset refuses)
+    import pandas as pd
+
+    from gpu_ops.compute.quota import LEASE_COLUMNS, LeaseBook, Quotas, lease_rows, scope_usage
+    from gpu_ops.cost.metadata import table_metadata, table_value
+    from gpu_ops.storage.tables import TableStore
+
+    config: GpuOpsConfig = context.resources.gpu_ops.load()
+    quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
+    now, leases = LeaseBook(TableStore.from_config(config), config.compute.admission.lease_ttl_s).snapshot()
+    df = pd.DataFrame(lease_rows(leases, now), columns=list(LEASE_COLUMNS))
+    for column in ("since", "last_heartbeat", "expires"):
+        df[column] = pd.to_datetime(df[column], utc=True)
+    usage = pd.DataFrame(scope_usage([le for le in leases if le.expires_at >= now], quotas), columns=["scope", "name", "held", "quota"])
+    live = df[df["state"] == "live"]
+    context.add_output_metadata(
+        {
+            **table_metadata(df),
+            "leases": table_value(df),
+            "quota_usage": table_value(usage),
+            "gpus_held": dg.MetadataValue.int(int(live["gpus"].sum())),
+            "runs_holding": dg.MetadataValue.int(int(live["run_id"].nunique())),
+        }
+    )
+    return df
+
+
+def build_leases_schedule(config: ComputeConfig) -> dg.ScheduleDefinition:
+    quotas = bool(config.quotas.team or config.quotas.pool)
+    return dg.ScheduleDefinition(
+        name="gpu_leases_schedule",
+        target=dg.AssetSelection.assets(LEASES_ASSET),
+        cron_schedule="*/5 * * * *",
+        default_status=dg.DefaultScheduleStatus.RUNNING if quotas else dg.DefaultScheduleStatus.STOPPED,
+        description="Refreshes gpu_leases (who holds which GPUs) every 5 minutes.",
+    )
+
+
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
     return dg.Definitions(
+        assets=[gpu_leases],
         resources={"gpu_compute": GpuCompute.from_config(config.compute, str(config.source_path) if config.source_path else None)},
         sensors=[build_orphan_sensor(config.compute)],
+        schedules=[build_leases_schedule(config.compute)],
     )

@@ -8,6 +8,11 @@ room. The holder renews the lease (a heartbeat) while its workers run and delete
 when they end; a holder that dies (SIGKILL, node loss) stops renewing, and once the
 lease's TTL has passed the next admission deletes it: its GPUs come back.
 
+Every time here is the **database's clock** (PostgreSQL ``clock_timestamp()``, SQLite
+``julianday('now')``, as seconds since the epoch), never a holder's: acquisition,
+heartbeats and expiry are computed in SQL, so hosts whose clocks disagree still agree on
+which leases are live. (SQLite is a file on one host: its clock is that host's.)
+
 Admission is one transaction under a lock (PostgreSQL advisory lock, SQLite ``BEGIN
 IMMEDIATE``): expired leases are removed, the held GPUs are summed per scope, the new
 lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
@@ -22,7 +27,6 @@ import json
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,8 +50,9 @@ class Lease:
     run_id: str
     asset_key: str
     holder: str
-    acquired_at: float
+    acquired_at: float  # database clock, seconds since the epoch
     expires_at: float
+    renewed_at: float | None = None  # the last heartbeat (database clock); None before the first
 
     def scopes(self) -> list[tuple[str, str]]:
         return [("team", self.team), *(("pool", p) for p in self.pools)]
@@ -94,7 +99,7 @@ def _row(lease: Lease) -> dict[str, Any]:
     return {
         "lease_id": lease.lease_id, "team": lease.team, "pools": json.dumps(list(lease.pools)), "gpus": lease.gpus,
         "run_id": lease.run_id, "asset_key": lease.asset_key, "holder": lease.holder,
-        "acquired_at": lease.acquired_at, "expires_at": lease.expires_at,
+        "acquired_at": lease.acquired_at, "expires_at": lease.expires_at, "renewed_at": lease.renewed_at,
     }
 
 
@@ -102,17 +107,28 @@ def _lease(row: Mapping[str, Any]) -> Lease:
     return Lease(
         str(row["lease_id"]), str(row["team"]), tuple(json.loads(row["pools"])), int(row["gpus"]), str(row["run_id"]),
         str(row["asset_key"]), str(row["holder"]), float(row["acquired_at"]), float(row["expires_at"]),
+        float(row["renewed_at"]) if row.get("renewed_at") is not None else None,
     )
+
+
+# The database's clock as seconds since the epoch, per dialect. PostgreSQL's
+# clock_timestamp() moves during a transaction (now() is the transaction's start).
+_DB_NOW = {
+    "postgresql": "extract(epoch from clock_timestamp())",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
 
 
 class LeaseBook:
     """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
-    def __init__(self, store: Any, ttl_s: float = 60.0, clock: Any = time.time):
+    def __init__(self, store: Any, ttl_s: float = 60.0):
         import sqlalchemy as sa
 
-        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+        self.store, self.ttl_s = store, ttl_s
         self._sa = sa
+        self.db_now = sa.literal_column(_DB_NOW[store.dialect], sa.Float)
+        self._migrated = False
         meta = sa.MetaData()
         self.table = sa.Table(
             LEASE_TABLE, meta,
@@ -125,13 +141,20 @@ class LeaseBook:
             sa.Column("holder", sa.Text, nullable=False),
             sa.Column("acquired_at", sa.Float, nullable=False),
             sa.Column("expires_at", sa.Float, nullable=False),
+            sa.Column("renewed_at", sa.Float, nullable=True),
         )
 
-    def _locked(self, conn: Any) -> None:
+    def _locked(self, conn: Any) -> float:
+        """Take the admission lock; the database's time, once it is held."""
         # One admission at a time; the table is created under the same lock, so two first
         # admissions on a fresh database do not race on CREATE TABLE.
         self.store._lock(conn, LEASE_TABLE)
         self.table.create(conn, checkfirst=True)
+        if not self._migrated:  # a table from before heartbeats were recorded
+            if "renewed_at" not in {c["name"] for c in self._sa.inspect(conn).get_columns(LEASE_TABLE)}:
+                conn.execute(self._sa.text(f"ALTER TABLE {LEASE_TABLE} ADD COLUMN renewed_at FLOAT"))
+            self._migrated = True
+        return float(conn.execute(self._sa.select(self.db_now)).scalar_one())
 
     def _live(self, conn: Any, now: float) -> tuple[list[Lease], list[Lease]]:
         rows = [_lease(r._mapping) for r in conn.execute(self.table.select())]
@@ -141,10 +164,9 @@ class LeaseBook:
         return [r for r in rows if r.expires_at >= now], expired
 
     def try_acquire(self, quotas: Quotas, *, team: str, pools: Iterable[str], gpus: int, run_id: str, asset_key: str) -> Admission:
-        now = self.clock()
-        want = Lease(uuid.uuid4().hex, team, tuple(pools), gpus, run_id, asset_key, f"{socket.gethostname()}:{os.getpid()}", now, now + self.ttl_s)
         with self.store.engine.begin() as conn:
-            self._locked(conn)
+            now = self._locked(conn)
+            want = Lease(uuid.uuid4().hex, team, tuple(pools), gpus, run_id, asset_key, f"{socket.gethostname()}:{os.getpid()}", now, now + self.ttl_s)
             live, expired = self._live(conn, now)
             granted, reason = decide(quotas, want, live)
             if granted:
@@ -153,22 +175,27 @@ class LeaseBook:
         return Admission(granted, reason, want if granted else None, tuple(live), tuple(expired))
 
     def renew(self, lease: Lease) -> bool:
-        """Push the lease's expiry ``ttl_s`` ahead; False when it is gone (expired and reclaimed)."""
+        """A heartbeat: the lease expires ``ttl_s`` after now on the database's clock;
+        False when it is gone (expired and reclaimed)."""
         with self.store.engine.begin() as conn:
             t = self.table
-            done = conn.execute(t.update().where(t.c.lease_id == lease.lease_id).values(expires_at=self.clock() + self.ttl_s))
+            done = conn.execute(t.update().where(t.c.lease_id == lease.lease_id).values(expires_at=self.db_now + self.ttl_s, renewed_at=self.db_now))
             return bool(done.rowcount)
 
     def release(self, lease: Lease) -> None:
         with self.store.engine.begin() as conn:
             conn.execute(self.table.delete().where(self.table.c.lease_id == lease.lease_id))
 
+    def snapshot(self) -> tuple[float, list[Lease]]:
+        """The database's time and every lease row, expired ones not yet reclaimed included."""
+        with self.store.engine.begin() as conn:
+            now = self._locked(conn)
+            return now, [_lease(r._mapping) for r in conn.execute(self.table.select())]
+
     def holders(self) -> list[Lease]:
         """Live leases (expired ones are left for the next admission to reclaim)."""
-        with self.store.engine.begin() as conn:
-            self._locked(conn)
-            now = self.clock()
-            return [le for le in (_lease(r._mapping) for r in conn.execute(self.table.select())) if le.expires_at >= now]
+        now, leases = self.snapshot()
+        return [le for le in leases if le.expires_at >= now]
 
 
 class Heartbeat(threading.Thread):
@@ -197,14 +224,43 @@ class Heartbeat(threading.Thread):
             self.on_error(f"could not release GPU lease {self.lease.lease_id[:8]} (it expires after {self.book.ttl_s:g} s): {type(exc).__name__}: {exc}")
 
 
+def scope_usage(leases: Iterable[Lease], quotas: Quotas) -> list[dict[str, Any]]:
+    """GPUs held against each quota: ``{scope, name, held, quota}`` per team and pool."""
+    leases = list(leases)
+    return [
+        {"scope": kind, "name": name, "held": sum(le.gpus for le in leases if (kind, name) in le.scopes()), "quota": limit}
+        for kind, limits in (("team", quotas.team), ("pool", quotas.pool))
+        for name, limit in sorted(limits.items())
+    ]
+
+
+LEASE_COLUMNS = ("team", "pools", "run_id", "asset_key", "gpus", "holder", "since", "last_heartbeat", "expires", "expires_in_s", "state")
+
+
+def lease_rows(leases: Iterable[Lease], now: float) -> list[dict[str, Any]]:
+    """Who holds what, one row per lease (:data:`LEASE_COLUMNS`), oldest first. Times are
+    UTC datetimes on the database's clock; ``state`` is ``live``, or ``expired`` for a
+    lease whose holder stopped renewing it and that the next admission reclaims."""
+    import datetime as dt
+
+    def at(t: float | None) -> dt.datetime | None:
+        return None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc)
+
+    return [
+        {
+            "team": le.team, "pools": ", ".join(le.pools), "run_id": le.run_id, "asset_key": le.asset_key, "gpus": le.gpus,
+            "holder": le.holder, "since": at(le.acquired_at), "last_heartbeat": at(le.renewed_at), "expires": at(le.expires_at),
+            "expires_in_s": round(le.expires_at - now, 1), "state": "live" if le.expires_at >= now else "expired",
+        }
+        for le in sorted(leases, key=lambda le: le.acquired_at)
+    ]
+
+
 def holders_markdown(leases: Iterable[Lease], quotas: Quotas) -> str:
     """Who holds what: one row per scope with a quota, then the leases."""
     leases = list(leases)
     lines = ["| scope | held | quota |", "|---|---|---|"]
-    for kind, limits in (("team", quotas.team), ("pool", quotas.pool)):
-        for name, limit in sorted(limits.items()):
-            held = sum(le.gpus for le in leases if (kind, name) in le.scopes())
-            lines.append(f"| {kind} {name} | {held} | {limit} |")
+    lines += [f"| {u['scope']} {u['name']} | {u['held']} | {u['quota']} |" for u in scope_usage(leases, quotas)]
     lines += ["", "| run | asset | team | GPUs | holder |", "|---|---|---|---|---|"]
     lines += [f"| {le.run_id[:8]} | {le.asset_key} | {le.team} | {le.gpus} | {le.holder} |" for le in leases]
     return "\n".join(lines)

@@ -115,25 +115,41 @@ def test_a_launch_over_quota_waits_then_runs_when_the_first_ends(tmp_path: Path,
 HOLDER = textwrap.dedent(
     """
     import sys, time
+    # This host's clock is off by argv[2] seconds (a skewed node): leases must not care.
+    _real, _skew = time.time, float(sys.argv[2])
+    time.time = lambda: _real() + _skew
     from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore
     book = LeaseBook(TableStore(sys.argv[1]), ttl_s=1.0)
-    adm = book.try_acquire(Quotas(team={"nlp": 4}), team="nlp", pools=["gpu-ops-nlp-t4-spot"], gpus=4, run_id="killed-run", asset_key="a")
-    assert adm.granted, adm.reason
-    Heartbeat(book, adm.lease, 0.2).start()
-    print("held", flush=True)
-    time.sleep(600)
+    adm = book.try_acquire(Quotas(team={"nlp": 4}), team="nlp", pools=["gpu-ops-nlp-t4-spot"], gpus=int(sys.argv[3]), run_id=sys.argv[4], asset_key="a")
+    print("held" if adm.granted else "refused: " + adm.reason, "reclaimed", len(adm.reclaimed), flush=True)
+    if adm.granted:
+        Heartbeat(book, adm.lease, 0.2).start()
+        time.sleep(600)
     """
 )
 
 
-def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, db_url: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, db_url], stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+def holder(db_url: str, skew_s: float, gpus: int = 4, run_id: str = "killed-run") -> tuple[subprocess.Popen, str]:
+    """A lease holder in its own process whose clock is ``skew_s`` off; returns it and its first line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, db_url, str(skew_s), str(gpus), run_id], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+@pytest.mark.parametrize("skew_s", [0.0, 3600.0, -3600.0], ids=["same-clock", "holder-1h-ahead", "holder-1h-behind"])
+def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, db_url: str, skew_s: float) -> None:
+    proc, said = holder(db_url, skew_s)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"held"
+        assert said == "held reclaimed 0"
         time.sleep(1.5)  # longer than the TTL: only the heartbeat keeps it
         book = LeaseBook(TableStore(db_url), ttl_s=1.0)
-        assert [(le.run_id, le.gpus) for le in book.holders()] == [("killed-run", 4)]
+        (held,) = book.holders()
+        assert (held.run_id, held.gpus) == ("killed-run", 4)
+        # since, last heartbeat and expiry are on the database's clock, whatever the holder's says
+        assert held.renewed_at is not None and held.acquired_at < held.renewed_at < held.expires_at <= held.renewed_at + 1.0 + 1e-6
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -147,6 +163,21 @@ def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, d
     logs = [m for _, m in _messages(instance, result.run_id)]
     assert any("reclaimed an expired GPU lease: 4 GPU(s) of nlp, run killed-r" in m for m in logs)
     assert book.holders() == []
+
+
+def test_a_host_whose_clock_runs_ahead_does_not_take_live_leases(db_url: str) -> None:
+    """A live holder on a correct clock; an admission from a host an hour ahead sees its
+    lease as live (the database decides), so it waits instead of reclaiming it."""
+    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run")
+    try:
+        assert said == "held reclaimed 0"
+        ahead, said = holder(db_url, 3600.0, gpus=2, run_id="ahead-run")
+        ahead.kill()
+        assert said == "refused: nlp holds 3 of 4 GPUs; waiting for 2 reclaimed 0"
+        assert [le.run_id for le in LeaseBook(TableStore(db_url)).holders()] == ["live-run"]
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_a_launch_larger_than_the_quota_fails_at_once(tmp_path: Path) -> None:
@@ -173,3 +204,41 @@ def test_a_training_asset_shows_who_holds_what(tmp_path: Path) -> None:
     assert md["gpu_quota"].value == "admitted: nlp 2 of 4 GPUs"
     table = md["gpu_quota_holders"].value
     assert "| team nlp | 2 | 4 |" in table and "| quota_visible | nlp | 2 |" in table
+
+
+def test_the_gpu_leases_asset_shows_who_holds_what_in_the_ui_and_in_sql(tmp_path: Path, db_url: str) -> None:
+    """A live holder (its own process, heartbeating) and a SIGKILLed one whose lease has
+    expired but is not reclaimed yet; `gpu_leases` materialized from the code location's
+    definitions on a real instance: a typed table with one row per lease, the quota usage,
+    the row count, and the same rows in the gpu_ops database's table gpu_leases."""
+    from gpu_ops.definitions import build_defs
+
+    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run")
+    dead, said_dead = holder(db_url, 0.0, gpus=1, run_id="dead-run")
+    try:
+        assert said == said_dead == "held reclaimed 0"
+        dead.kill()
+        dead.wait()
+        time.sleep(1.5)  # longer than the TTL: the dead holder's lease has expired
+        cfg = write_config(tmp_path, db_url, ttl_s=1.0)
+        defs = build_defs(str(cfg))
+        assert "gpu_leases_schedule" in {s.name for s in defs.schedules or []}
+        with dg.DagsterInstance.ephemeral() as instance:
+            result = dg.materialize([defs.resolve_assets_def("gpu_leases")], instance=instance)
+            assert result.success
+            (mat,) = instance.fetch_materializations(dg.AssetKey("gpu_leases"), limit=1).records
+            md = mat.asset_materialization.metadata
+    finally:
+        live.kill()
+        live.wait()
+    assert md["dagster/row_count"].value == 2 and md["gpus_held"].value == 3 and md["runs_holding"].value == 1
+    rows = {r.data["run_id"]: r.data for r in md["leases"].value.records}
+    assert set(rows) == {"live-run", "dead-run"}
+    assert rows["live-run"]["state"] == "live" and rows["live-run"]["gpus"] == 3 and rows["live-run"]["team"] == "nlp"
+    assert rows["live-run"]["pools"] == "gpu-ops-nlp-t4-spot" and rows["live-run"]["last_heartbeat"] is not None
+    assert rows["dead-run"]["state"] == "expired" and rows["dead-run"]["expires_in_s"] < 0
+    assert {c.name for c in md["leases"].value.schema.columns} >= {"team", "pools", "run_id", "asset_key", "gpus", "since", "last_heartbeat", "expires"}
+    usage = {(r.data["scope"], r.data["name"]): (r.data["held"], r.data["quota"]) for r in md["quota_usage"].value.records}
+    assert usage[("team", "nlp")] == (3, 4)
+    stored = TableStore(db_url).read("gpu_leases")  # the same rows, from SQL
+    assert sorted(stored["run_id"]) == ["dead-run", "live-run"] and stored.set_index("run_id").loc["live-run", "gpus"] == 3
