@@ -32,6 +32,7 @@ from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.cost.usage import (
+    ATTRIBUTE_COLUMNS,
     UsageSourceError,
     _distinct_files,
     arrow_to_frame,
@@ -47,6 +48,7 @@ from gpu_ops.cost.usage import (
 )
 
 DEFAULT_BATCH_ROWS = 262_144
+_IDENTITY_ONLY = frozenset(ATTRIBUTE_COLUMNS) - {"team"}  # team must not be blank: validated as text
 _PRICING = ["start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"]
 
 
@@ -169,7 +171,10 @@ class _Window:
         # One day: rows outside it keep zero hours instead of being copied out (see split_by_day).
         self.one_day = (hi - 1) // DAY_NS == self.ws.value // DAY_NS
         self.cell_keys = self.keys if self.one_day else [*self.keys, "day"]
-        self.turns = _Turns()
+        self.turns = _Turns((self.ws.value, self.we.value))
+        # Columns that only tell rows apart travel as hashes: a column as distinct as its
+        # rows (pod) is never made into categories.
+        self.identity = _IDENTITY_ONLY.difference(self.keys)
 
     def cells(self, seq: int, batch: Any, path: Any, first: int, skipped: list[tuple[int, str]]) -> tuple[pd.DataFrame | None, pd.DataFrame]:
         """One batch -> (its priced cells, its quarantined rows inside the window); a file
@@ -183,7 +188,7 @@ class _Window:
             raw = usage_frame(arrow_to_frame(pa.Table.from_batches([batch])), path, first, [r for r, _ in skipped])
             if skipped:
                 raw = concat_raw([raw, line_problems(path, skipped)])
-            v = validate_usage(raw, self.prices, seen=turn)  # type: ignore[arg-type]  # a _Turn stands in for SeenRows
+            v = validate_usage(raw, self.prices, seen=turn, identity=self.identity)  # type: ignore[arg-type]  # a _Turn stands in for SeenRows
         finally:
             turn.done()
         rows = v.rows[[c for c in v.rows.columns if c in set(self.keys) | set(_PRICING)]]
@@ -203,8 +208,8 @@ class _Turns:
     """Batches take their turn at the identical-row check in reading order, so that the
     first copy of a row is the one counted whichever worker thread finishes first."""
 
-    def __init__(self) -> None:
-        self.seen = SeenRows()
+    def __init__(self, window: tuple[int, int]) -> None:
+        self.seen = SeenRows(window)
         self.cond = threading.Condition()
         self.next = 0
 
@@ -219,11 +224,15 @@ class _Turn:
     def __init__(self, turns: _Turns, seq: int):
         self.turns, self.seq, self.finished = turns, seq, False
 
-    def check_and_add(self, hashes: Any, locations: Any, rows: Any) -> Any:
+    @property
+    def window(self) -> tuple[int, int] | None:
+        return self.turns.seen.window
+
+    def check_and_add(self, hashes: Any, locations: Any, rows: Any, times: Any = None) -> Any:
         with self.turns.cond:
             self.turns.cond.wait_for(lambda: self.turns.next == self.seq)
             try:
-                return self.turns.seen.check_and_add(hashes, locations, rows)
+                return self.turns.seen.check_and_add(hashes, locations, rows, times)
             finally:
                 self._advance()
 

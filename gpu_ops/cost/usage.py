@@ -17,7 +17,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,6 +149,22 @@ def _as_text(s: pd.Series) -> pd.Series:
     labels, remap = np.unique(np.array(cats, dtype=object), return_inverse=True)
     lut = np.append(remap, remap[empty]).astype(np.int32)
     return pd.Series(pd.Categorical.from_codes(lut[codes], categories=list(labels)), index=s.index)
+
+
+def text_identity(s: pd.Series) -> np.ndarray:
+    """A 64-bit hash per value of the text :func:`_as_text` makes of it (stripped, missing
+    as ""), from Arrow's buffers where the column is Arrow text (see
+    :mod:`gpu_ops.cost.texthash`); categories are hashed once each."""
+    import pyarrow as pa
+
+    from gpu_ops.cost.texthash import text_hashes
+
+    arrow = getattr(s.array, "_pa_array", None)  # Arrow-backed text: hashed in place
+    if arrow is not None and (pa.types.is_string(arrow.type) or pa.types.is_large_string(arrow.type)):
+        return text_hashes(arrow)
+    text = _as_text(s)  # categories, stripped, missing as ""
+    per_value = text_hashes(pa.array([str(c) for c in text.cat.categories], pa.large_string()))
+    return per_value[text.cat.codes.to_numpy()]
 
 
 def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
@@ -911,7 +927,7 @@ _REQUIRED_TEXT = {
 }
 
 
-def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",), seen: "SeenRows | None" = None) -> Validated:
+def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",), seen: "SeenRows | None" = None, identity: Collection[str] = ()) -> Validated:
     """Check every row; return typed, priced rows and the quarantined ones with reasons.
 
     Rules: ``start`` required and ``end`` optional, both parseable and within what
@@ -923,8 +939,10 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     a price for gpu type × capacity and, when the table lists regions, for the row's
     region. Rows identical to an earlier good row are counted once (the copy is
     quarantined as a duplicate); ``seen`` carries the rows of earlier batches when a
-    read is validated batch by batch. File-level rows from the readers become quarantine
-    rows with field ``<file>`` and no row number.
+    read is validated batch by batch. ``identity``: text columns that are only needed to
+    tell rows apart; the typed rows carry a 64-bit hash of their stripped text
+    (:func:`text_identity`) instead of categories, the quarantine record the text. File-level rows from the readers become quarantine rows with field
+    ``<file>`` and no row number.
     """
     file_q = empty_quarantine()
     if FILE_ERROR in raw:
@@ -948,7 +966,10 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     out["start"], out["end"] = start, end
 
     for col in ATTRIBUTE_COLUMNS:
-        out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
+        if col in identity:
+            out[col] = pd.Series(text_identity(raw[col]) if col in raw else np.full(n, text_identity(pd.Series([""]))[0]), index=raw.index, copy=False)
+        else:
+            out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
     for col in required:
         problems.add(_blank(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
 
@@ -1105,7 +1126,8 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, see
             earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
     if seen is not None:
         rest = good[~dup]
-        again, refs = seen.check_and_add(hashes[~dup], loc(rest), _row_numbers(raw, rest) if len(rest) else np.empty(0, np.int64))
+        times = (typed["start"].array.asi8[rest], typed["end"].array.asi8[rest]) if seen.window else None
+        again, refs = seen.check_and_add(hashes[~dup], loc(rest), _row_numbers(raw, rest) if len(rest) else np.empty(0, np.int64), times)
         for i, (where, n), li in zip(rest[again].tolist(), refs, loc(rest[again])):
             earlier[i] = f"row {n}" if where == li else f"{where} row {n}"
     if not earlier:
@@ -1141,11 +1163,17 @@ class SeenRows:
     a look-up per partition and each row is copied a few times over the read, never the
     whole set once per batch (which made a 100M-row read quadratic); the largest
     temporary is one partition.
+
+    With a ``window`` (UTC nanoseconds ``[start, end)``) only rows that touch it are
+    remembered and looked up: an identical copy has the same times, so a row outside the
+    window and its copies are all outside it, priced at zero hours and not reported
+    (:func:`quarantine_in_window`). A month-long file then costs one day's rows.
     """
 
     PARTITION_BITS = 6
 
-    def __init__(self) -> None:
+    def __init__(self, window: tuple[int, int] | None = None) -> None:
+        self.window = window
         n = 1 << self.PARTITION_BITS
         self.hashes = [np.empty(0, np.uint64) for _ in range(n)]
         self.refs = [np.empty(0, np.int64) for _ in range(n)]  # location index << 40 | row
@@ -1156,9 +1184,21 @@ class SeenRows:
     def __len__(self) -> int:
         return sum(len(h) + len(b) for h, b in zip(self.hashes, self.buf_hashes))
 
-    def check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    def check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """-> (which rows were seen before, (location, row) of each one's first copy); the
-        others are remembered."""
+        others are remembered. ``times``: the rows' (start, end) in ns (NaT: open), needed
+        with a window."""
+        if self.window is not None and times is not None:
+            lo, hi = self.window
+            start, end = times
+            touching = (start < hi) & ((end == _NAT) | (end >= lo))  # as quarantine_in_window keeps them
+            if not touching.all():
+                again = np.zeros(len(touching), bool)
+                again[touching], earlier = self._check_and_add(np.asarray(hashes)[touching], np.asarray(locations)[touching], np.asarray(rows)[touching])
+                return again, earlier
+        return self._check_and_add(hashes, locations, rows)
+
+    def _check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str, int]]]:
         hashes = np.asarray(hashes, np.uint64)
         n = len(hashes)
         again, found = np.zeros(n, bool), np.zeros(n, np.int64)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +28,7 @@ from gpu_ops_tests.conftest import REPO
 from .helpers import MATRIX, PRICES
 
 DAY = "2026-10-02"
+NAT = np.iinfo(np.int64).min
 WS, WE = pd.Timestamp(DAY, tz="UTC"), pd.Timestamp("2026-10-03", tz="UTC")
 COLUMNS = ["start", "end", "namespace", "pod", "node", "team", "project", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region", "labels"]
 GPU_NAMES = ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "l4", "NVIDIA-L4"]
@@ -217,3 +219,37 @@ def test_unreadable_files_and_lines_are_quarantined_and_the_rest_is_priced(tmp_p
     assert q.loc[str(bad), "field"] == "<file>" and "not a readable Parquet file" in q.loc[str(bad), "reason"]
     assert q.loc[str(short), "field"] == "<line>" and q.loc[str(short), "row"] == 4 and "line 5" in q.loc[str(short), "reason"]
     assert p.rows["gpu_hours"].sum() > 0  # the three good rows are priced
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_pods_differing_only_by_edge_whitespace_are_one_row_streamed_as_whole(files, fmt, tmp_path):
+    """pod is hashed from Arrow's buffers when streamed, not made into categories: the same
+    rows are still identical (after strip, with Unicode spaces) and the rest distinct."""
+    rows = [dict(r) for r in files["rows"][:120]]
+    rows += [{**rows[i], "pod": f"\u3000{rows[i]['pod']} "} for i in range(0, 120, 3)]  # copies, padded
+    rows += [{**rows[i], "pod": rows[i]["pod"] + "x"} for i in range(1, 120, 3)]  # not copies
+    path = (write_parquet if fmt == "parquet" else write_csv)(tmp_path / f"pods.{fmt}", rows)
+    sources = SourceSet(usage_files=[str(path)])
+    v = validate_usage(read_usage_files(sources.usage_files), MATRIX)
+    expected_table, _ = whole_file(sources, ["team"])
+    for batch_rows in (9, 1000):
+        table, q = streamed(sources, ["team"], batch_rows)
+        pd.testing.assert_frame_equal(table, expected_table, rtol=1e-12)
+        pd.testing.assert_frame_equal(q.reset_index(drop=True), quarantine_in_window(v.quarantine, WS, WE).reset_index(drop=True))
+    assert (q["field"] == DUPLICATE_FIELD).sum() >= 30
+
+
+def test_rows_outside_the_window_are_not_remembered_for_duplicates():
+    """Identical copies share their times: rows that cannot touch the window need no place
+    in the duplicate set (a month-long file costs one day's rows)."""
+    from gpu_ops.cost.usage import SeenRows
+
+    ns = lambda s: pd.Timestamp(s, tz="UTC").value  # noqa: E731
+    seen = SeenRows((ns("2026-10-02"), ns("2026-10-03")))
+    starts = np.array([ns("2026-09-30"), ns("2026-10-01T23:00"), ns("2026-10-02T05:00"), ns("2026-10-03T00:00"), ns("2026-10-01")])
+    ends = np.array([ns("2026-10-01"), ns("2026-10-02T01:00"), NAT, ns("2026-10-03T02:00"), NAT])
+    hashes = np.arange(1, 6, dtype=np.uint64)
+    again, _ = seen.check_and_add(hashes, np.array(["f"] * 5, dtype=object), np.arange(1, 6), (starts, ends))
+    assert not again.any() and len(seen) == 3  # rows 2, 3 and 5 touch the day
+    again, earlier = seen.check_and_add(hashes, np.array(["g"] * 5, dtype=object), np.arange(1, 6), (starts, ends))
+    assert again.tolist() == [False, True, True, False, True] and earlier == [("f", 2), ("f", 3), ("f", 5)]
