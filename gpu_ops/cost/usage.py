@@ -1204,7 +1204,11 @@ class SeenRows:
         again, found = np.zeros(n, bool), np.zeros(n, np.int64)
         if not n:
             return again, []
-        inverse, names = pd.factorize(np.asarray(locations, dtype=object))
+        locations = np.asarray(locations, dtype=object)
+        if locations[0] is locations[-1] and (locations == locations[0]).all():  # one file: the usual batch
+            inverse, names = np.zeros(n, np.int64), [locations[0]]
+        else:
+            inverse, names = pd.factorize(locations)
         for name in names:
             if name not in self.locations:
                 self.locations.append(name)

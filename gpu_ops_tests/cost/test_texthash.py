@@ -10,8 +10,13 @@ import pyarrow as pa
 import pytest
 
 from gpu_ops.cost.texthash import MAX_FAST_BYTES, text_hashes
+from gpu_ops.cost.texthash import SPACES as STRIPPED
 
-SPACES = [c for c in map(chr, range(0x3001)) if c.isspace()]
+SPACES = [c for c in map(chr, range(0x110000)) if c.isspace()]
+
+
+def test_the_stripped_characters_are_exactly_str_isspace() -> None:
+    assert list(STRIPPED) == SPACES
 
 
 def _values(seed: int, n: int = 3000) -> list[str | None]:
