@@ -17,11 +17,11 @@ from typing import Any, Iterator
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.cost.columns import ROI_INPUT_COLUMNS, attribution_input_columns
+from gpu_ops.cost.columns import DAILY_SCHEMA, ROI_INPUT_COLUMNS, attribution_input_columns
 from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
+from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
 
 GROUP = "gpu_cost"
 IO = "table_io_manager"
@@ -217,6 +217,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                 io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
                 description="Cost per UTC day, kind and budget scope keys (team, project, namespace, cost_center, scoped labels): "
                 "what budget periods are summed from. A day without usage keeps one row of kind 'none'.",
+                metadata={COLUMN_SCHEMA: dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in DAILY_SCHEMA])},
             ),
         },
         check_specs=[dg.AssetCheckSpec("conservation", asset="gpu_cost_attribution", description="Attributed cost equals fleet cost (plus usage on nodes outside the inventory); no node over-allocated.")],

@@ -25,7 +25,7 @@ import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
 from gpu_ops.cost.attribution import _sum_dollars, label_values, utc
-from gpu_ops.cost.columns import DAILY_KEYS
+from gpu_ops.cost.columns import DAILY_KEYS, DAILY_SCHEMA
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
@@ -54,7 +54,7 @@ def period_bounds(budget: Budget, day: dt.date) -> tuple[dt.date, dt.date]:
 
 DAILY_TABLE = "gpu_cost_daily"
 # One row per day, kind and combination of DAILY_KEYS and the scoped labels (see scope_label_keys).
-DAILY_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "label_keys", "intervals", "gpu_hours", "cost_usd", "on_demand_usd")
+DAILY_COLUMNS = tuple(name for name, _ in DAILY_SCHEMA)
 # A day that was computed and had no usage at all keeps one row of this kind (zero cost),
 # so that it can be told apart from a day that was never computed.
 NO_USAGE = "none"
@@ -284,9 +284,10 @@ def evaluate_budget_days(
     covering all their periods (a range backfill's one read). Each day sees only the days
     of its period up to itself, so it equals that day evaluated alone."""
     first, last = min(d for d, _ in days), max(d for d, _ in days)
-    if daily.empty and "label_keys" not in daily:
-        daily = pd.DataFrame(columns=list(DAILY_COLUMNS))  # no day materialized: every day is missing, none is zero
-    elif "label_keys" not in daily:
+    if "label_keys" not in daily:
+        if "day" not in daily:
+            # An empty frame without columns could only be read as "no usage": every day present at zero.
+            raise ValueError("budgets are evaluated from the daily table (gpu_cost_daily, columns DAILY_COLUMNS) or priced usage pieces (with a 'day' column)")
         daily = daily_costs(daily, _days(earliest_period_start(budgets, first), last), scope_label_keys(budgets))
     book = SpendBook(daily, idle)
     return [_status_table(budgets, book, day, as_of, expected_from) for day, as_of in days]

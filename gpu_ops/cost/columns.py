@@ -7,6 +7,13 @@ from collections.abc import Iterable, Sequence
 
 # The grain budgets scope on (plus the labels some budget's scope names).
 DAILY_KEYS = ("team", "project", "namespace", "cost_center")
+# gpu_cost_daily's columns and their types (dagster/column_schema names): declared on the
+# asset, so the UI shows them before the first run and the IO manager hands a reader the
+# empty typed table while no partition exists.
+DAILY_SCHEMA = (
+    ("day", "date"), ("kind", "string"), *((k, "string") for k in DAILY_KEYS), ("labels", "string"), ("label_keys", "string"),
+    ("intervals", "int"), ("gpu_hours", "float"), ("cost_usd", "float"), ("on_demand_usd", "float"),
+)
 # gpu_usage columns the daily table (gpu_cost_daily) is built from.
 DAILY_INPUT_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_usd", "on_demand_usd")
 # gpu_usage columns the ROI report reads.

@@ -24,6 +24,11 @@ COLUMNS = "columns"
 # `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
 # `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
 ROW_LEVEL = "gpu_ops/row_level"
+# `dg.AssetOut(metadata={COLUMN_SCHEMA: dg.TableSchema(...)})`: the table's columns; a read of it
+# before any partition was written gives them, typed, with no rows (instead of a frame without columns).
+COLUMN_SCHEMA = "dagster/column_schema"
+# Pandas dtypes of dagster/column_schema types (others: object, as text and dates are read back).
+_DTYPES = {"int": "int64", "float": "float64", "bool": "bool", "datetime": "datetime64[ns, UTC]"}
 # What Dagster names a type inferred from `pd.DataFrame` (its __module__ became "pandas" in pandas 3).
 _DATAFRAME_QUALNAME = "pandas.DataFrame" if int(version("pandas").split(".")[0]) >= 3 else "pandas.core.frame.DataFrame"
 
@@ -155,6 +160,13 @@ class TableIOManager(dg.ConfigurableIOManager):
             return self._load(context)
 
     def _load(self, context: dg.InputContext) -> Any:
+        df = self._read(context)
+        if len(df.columns):
+            return df
+        # No table yet: the upstream's declared columns, typed, without rows.
+        return _empty_table(context.upstream_output.definition_metadata if context.upstream_output else None, df, context)
+
+    def _read(self, context: dg.InputContext) -> Any:
         name = table_name(context.asset_key)
         columns = (context.definition_metadata or {}).get(COLUMNS)
         columns = list(columns) if columns is not None else None
@@ -170,3 +182,20 @@ class TableIOManager(dg.ConfigurableIOManager):
                 df = df.drop(columns=[PARTITION_COLUMN])
             return df
         return self._store().read(name, columns=columns, missing_ok=True)
+
+
+def _empty_table(metadata: Any, df: Any, context: dg.InputContext) -> Any:
+    """The empty typed table that ``metadata``'s column schema declares (only the columns
+    the input asks for, plus ``partition_key`` when it reads several partitions), or ``df``
+    as it is without a schema."""
+    import pandas as pd
+
+    declared = (metadata or {}).get(COLUMN_SCHEMA)
+    schema = getattr(declared, "schema", declared)  # a TableSchemaMetadataValue or the TableSchema itself
+    if not isinstance(schema, dg.TableSchema):
+        return df
+    wanted = (context.definition_metadata or {}).get(COLUMNS)
+    cols = {c.name: _DTYPES.get(c.type, "object") for c in schema.columns if wanted is None or c.name in wanted}
+    if context.has_asset_partitions and len(context.asset_partition_keys) > 1:
+        cols[PARTITION_COLUMN] = "object"
+    return pd.DataFrame({name: pd.Series([], dtype=dtype) for name, dtype in cols.items()})

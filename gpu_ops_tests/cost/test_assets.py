@@ -211,6 +211,22 @@ def test_a_day_missing_from_a_budget_period_is_reported_and_budgets_read_only_th
     assert round(status.loc["nlp-monthly", "spend_usd"], 2) == round(attribution.loc[attribution["team"] == "nlp", "cost_usd"].sum(), 2)
 
 
+def test_budget_status_before_any_daily_partition_reports_every_day_missing(tmp_path):
+    """gpu_cost_daily never materialized (no table at all): the IO manager hands over the
+    asset's empty typed table (its declared column schema), so every day is missing, none zero."""
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", start="2026-10-14")
+    daily_out = next(a for a in env.assets if dg.AssetKey("gpu_cost_daily") in a.keys)
+    schema = daily_out.specs_by_key[dg.AssetKey("gpu_cost_daily")].metadata["dagster/column_schema"]
+    assert [c.name for c in schema.columns][:2] == ["day", "kind"]  # visible in the UI before the first run
+    with dg.instance_for_test() as instance:
+        result = env.materialize("2026-10-16", instance, selection=["gpu_budget_status"])
+    assert not TableStore(env.url).has_table("gpu_cost_daily")
+    status = TableStore(env.url).read("gpu_budget_status").set_index("budget")
+    assert status["days_missing"].tolist() == [3, 3]
+    assert (status["spend_usd"] == 0).all() and status["forecast_usd"].isna().all()
+    assert not checks(result)["period_days_present"].passed
+
+
 def test_row_level_usage_as_parquet_files_gives_the_same_tables(tmp_path):
     from gpu_ops.storage.files import PartitionFiles
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from gpu_ops.config import BUNDLED_CONFIG, Budget
-from gpu_ops.cost.budgets import SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
+from gpu_ops.cost.budgets import DAILY_COLUMNS, SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
 from gpu_ops.cost.pipeline import price_window
 
 from .helpers import MATRIX, raw, row
@@ -271,7 +271,14 @@ def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(id
 
 
 def test_no_daily_partition_at_all_is_every_day_missing_not_zero_spend():
-    # What the IO manager hands over when gpu_cost_daily was never materialized: no columns.
-    table = evaluate_budgets([BUDGET], pd.DataFrame(), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
+    # What the IO manager hands over when gpu_cost_daily was never materialized: its empty typed table.
+    empty = pd.DataFrame({c: pd.Series([], dtype=object) for c in DAILY_COLUMNS})
+    table = evaluate_budgets([BUDGET], empty, dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
     assert table["days_missing"].tolist() == [5]
     assert table["spend_usd"].tolist() == [0.0] and table["forecast_usd"].isna().all()
+
+
+def test_a_frame_that_is_neither_the_daily_table_nor_priced_usage_is_refused():
+    # Guessing would read "no usage" into it: every day present at zero cost.
+    with pytest.raises(ValueError, match="gpu_cost_daily"):
+        evaluate_budgets([BUDGET], pd.DataFrame(), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
