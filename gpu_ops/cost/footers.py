@@ -78,6 +78,7 @@ class FooterCache:
         self._stats: dict[str, _StatKey | None] = {}  # real path -> stat key at load (None: stat failed)
         self._known: dict[str, FooterSummary] = {}  # real path -> summary whose stat key still matches
         self._new: dict[str, tuple[_StatKey, FooterSummary]] = {}
+        self.problem: str | None = None  # why summaries could not be read or stored, when so
 
     def load(self, paths: Iterable[Path]) -> None:
         """Stat ``paths`` and read the stored summaries that still match them."""
@@ -91,11 +92,23 @@ class FooterCache:
         if not wanted or not self.store.has_table(FOOTERS_TABLE):
             return
         t = _TABLE
-        with self.store.engine.connect() as conn:
-            for i in range(0, len(wanted), _CHUNK):
-                for row in conn.execute(sa.select(t).where(t.c.path.in_(wanted[i : i + _CHUNK]), t.c.version == VERSION)):
-                    if (row.size, row.mtime_ns, row.ctime_ns) == self._stats[row.path]:
-                        self._known[row.path] = FooterSummary(row.lo_ns, row.hi_ns, bool(row.open_intervals), tuple(json.loads(row.columns)), row.row_groups)
+        try:
+            with self.store.engine.connect() as conn:
+                for i in range(0, len(wanted), _CHUNK):
+                    for row in conn.execute(sa.select(t).where(t.c.path.in_(wanted[i : i + _CHUNK]), t.c.version == VERSION)):
+                        if (row.size, row.mtime_ns, row.ctime_ns) == self._stats[row.path]:
+                            self._known[row.path] = FooterSummary(row.lo_ns, row.hi_ns, bool(row.open_intervals), tuple(json.loads(row.columns)), row.row_groups)
+        except sa.exc.SQLAlchemyError as exc:
+            self._known.clear()
+            self._failed(exc, "not read from")
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        """A database error that is not the database being out of reach: the day's figures do
+        not depend on the cache, so the read goes on without it and says why (metadata)."""
+        unavailable = self.store.unavailable(exc)
+        if unavailable is not None:
+            raise unavailable from exc
+        self.problem = f"footer summaries {what} {FOOTERS_TABLE}: {str(getattr(exc, 'orig', exc)).strip().splitlines()[0]}"
 
     def summary(self, path: Path) -> FooterSummary | None:
         """The stored summary of ``path``, when the file is unchanged since it was made."""
@@ -133,13 +146,17 @@ class FooterCache:
              "open_intervals": s.open_intervals, "row_groups": s.row_groups, "columns": json.dumps(list(s.columns)), "summarized_at": at}
             for real, (k, s) in self._new.items()
         ]
-        with self.store.engine.begin() as conn:
-            self.store._lock(conn, FOOTERS_TABLE)  # also makes concurrent first writers create the table once
-            _TABLE.create(conn, checkfirst=True)
-            paths = list(self._new)
-            for i in range(0, len(paths), _CHUNK):
-                conn.execute(_TABLE.delete().where(_TABLE.c.path.in_(paths[i : i + _CHUNK])))
-            conn.execute(_TABLE.insert(), rows)
+        try:
+            with self.store.engine.begin() as conn:
+                self.store._lock(conn, FOOTERS_TABLE)  # also makes concurrent first writers create the table once
+                _TABLE.create(conn, checkfirst=True)
+                paths = list(self._new)
+                for i in range(0, len(paths), _CHUNK):
+                    conn.execute(_TABLE.delete().where(_TABLE.c.path.in_(paths[i : i + _CHUNK])))
+                conn.execute(_TABLE.insert(), rows)
+        except sa.exc.SQLAlchemyError as exc:
+            self._failed(exc, "not stored in")
+            return 0
         self._known.update({real: s for real, (_, s) in self._new.items()})
         self._new.clear()
         return len(rows)

@@ -551,6 +551,8 @@ def _read_files(
                 f["row"] = np.arange(1, len(f) + 1, dtype=np.int64)
     if footers is not None:
         footers.save()
+        if footers.problem and stats is not None:
+            stats.footer_cache_problem = footers.problem
     return concat_raw(frames)
 
 

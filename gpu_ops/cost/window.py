@@ -56,6 +56,7 @@ DATE_PLACEHOLDER = "{date}"
 DEFAULT_LOOKBACK_DAYS = 1
 _HIVE_DAY = re.compile(r"^(?:day|date|dt)=(\d{4}-\d{2}-\d{2})$")
 _DAY = dt.timedelta(days=1)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class ReadStats:
     rows_read: int = 0  # rows decoded from files
     rows_kept: int = 0  # of those, rows that can touch the window
     table_rows: dict[str, int] = field(default_factory=dict)  # rows a range query returned, per table
+    footer_cache_problem: str | None = None  # footer summaries could not be stored (figures unaffected)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -112,6 +114,7 @@ class ReadStats:
             "file_rows_kept": self.rows_kept,
             **{f"{t}_rows_read": n for t, n in sorted(self.table_rows.items())},
             **({"days_without_files": ", ".join(self.days_without_files)} if self.days_without_files else {}),
+            **({"footer_cache_problem": self.footer_cache_problem} if self.footer_cache_problem else {}),
         }
 
 
@@ -291,7 +294,10 @@ class FooterSummary:
 
     @classmethod
     def of(cls, schema: Any, md: Any) -> "FooterSummary":
-        return cls(*_TimeStats(schema, md).file_bounds(), tuple(schema.names), md.num_row_groups)
+        lo, hi, running = _TimeStats(schema, md).file_bounds()
+        # A time past what int64 nanoseconds hold (year 9999 in seconds) bounds nothing storable: unbounded.
+        lo, hi = (None if v is None or not _INT64_MIN <= v <= _INT64_MAX else v for v in (lo, hi))
+        return cls(lo, hi, running, tuple(schema.names), md.num_row_groups)
 
     def may_touch(self, window: Window) -> bool:
         """False only when no row of the file can touch ``window``: the file-wide form of

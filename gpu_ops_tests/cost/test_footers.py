@@ -127,6 +127,38 @@ def test_a_range_read_with_the_cache_equals_each_day_without_it(store, tmp_path)
         same_day(ranged, unpruned(sources, None, d), d)
 
 
+def test_times_beyond_nanoseconds_are_remembered_as_unbounded(store, tmp_path):
+    """An end in year 9999 (seconds unit) is past what int64 nanoseconds hold: the summary
+    keeps the file unbounded (always read) rather than failing to store it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = intervals(DAY).query("pod.str.startswith('p-')").reset_index(drop=True)
+    table = pa.Table.from_pandas(rows, preserve_index=False)
+    far = pa.array([dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)] * len(rows), pa.timestamp("s", tz="UTC"))
+    pq.write_table(table.set_column(table.schema.get_field_index("end"), "end", far), tmp_path / "far.parquet")
+    settle()
+    sources = SourceSet(usage_files=["far.parquet"], base_dir=tmp_path)
+    first = usage_for_days(sources, store, MATRIX, DAY + dt.timedelta(days=3))
+    assert len(store.read(FOOTERS_TABLE)) == 1
+    again = usage_for_days(sources, store, MATRIX, DAY + dt.timedelta(days=3))
+    assert again.stats.files_skipped_by_summary == [] and names(again.stats.files_read) == {"far.parquet"}
+    same_cost(again, first)
+    same_cost(again, usage_for_days(sources, None, MATRIX, DAY + dt.timedelta(days=3)))
+
+
+def test_a_footer_table_the_database_rejects_leaves_the_figures_alone_and_says_so(store, tmp_path):
+    import sqlalchemy as sa
+
+    with store.engine.begin() as conn:  # someone else's table under our name
+        conn.execute(sa.text(f"CREATE TABLE {FOOTERS_TABLE} (path TEXT)"))
+    sources = flat_folder(tmp_path)
+    for _ in range(2):
+        got = usage_for_days(sources, store, MATRIX, DAY)
+        assert "footer_cache_problem" in got.stats.metadata() and got.stats.files_skipped_by_summary == []
+        same_cost(got, usage_for_days(sources, None, MATRIX, DAY))
+
+
 # --------------------------------------------------------------------------- the cache itself
 
 
