@@ -61,9 +61,6 @@ _TABLE = sa.Table(
 _StatKey = tuple[int, int, int]
 
 
-_INT64 = (-(2**63), 2**63 - 1)
-
-
 def _stat_key(st: os.stat_result) -> _StatKey:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
@@ -125,8 +122,6 @@ class FooterCache:
             return
         if before is None or now != before or time.time_ns() - max(now[1], now[2]) < self.settle_ns:
             return
-        if not all(v is None or _INT64[0] <= v <= _INT64[1] for v in (summary.lo, summary.hi)):
-            return  # times beyond what a BIGINT holds (a 9999-12-31 sentinel in ns): read each time
         if self._known.get(real) != summary:
             self._new[real] = (now, summary)
 
