@@ -63,6 +63,7 @@ class AlertQueue:
         contexts: list[tuple[Any, ...]] = []
         first = len(self.contexts["budget"])
         context_of: dict[int, int] = {}
+        lines: dict[tuple[int, float], tuple[Any, float, Any]] = {}  # (threshold, amount) -> basis, USD, severity
         for ev in events:
             budget = plan.budgets[ev.budget]
             if not budget.channels:
@@ -75,9 +76,12 @@ class AlertQueue:
                     budget.name, row.period_start, row.period_end, budget.amount_usd, row.spend_usd, row.forecast_usd,
                     row.partition_key, row.as_of, plan.filters(budget.name), list(budget.channels), budget.enforcement.action, dagster_url,
                 ))
-            th = plan.threshold(budget.name, ev.threshold)
             amount = budget.amount_usd
-            entries.append((ev.kind, ev.threshold, ev.episode, th.basis, th.amount_usd(amount), th.effective_severity(amount), ctx))
+            th = plan.threshold(budget.name, ev.threshold)
+            line = lines.get((id(th), amount))  # thresholds are shared objects of the configuration
+            if line is None:
+                line = lines[(id(th), amount)] = (th.basis, th.amount_usd(amount), th.effective_severity(amount))
+            entries.append((ev.kind, ev.threshold, ev.episode, *line, ctx))
         _extend(self.entries, _ENTRY, entries)
         _extend(self.contexts, _CONTEXT, contexts)
 
