@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 
+from gpu_ops._gc import collection_deferred
 from gpu_ops.fastyaml import load_yaml
 from pydantic import (
     AfterValidator,
@@ -934,7 +935,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:
 @lru_cache(maxsize=16)
 def _load_cached(path: Path, _stamp: int, _home: str) -> GpuOpsConfig:
     problems: list[str] = []
-    data = _read_yaml(path, problems)
-    if problems:
-        raise ConfigError(problems)
-    return parse_config(data if data is not None else {}, path)
+    with collection_deferred():  # ~10 acyclic objects per budget: no collection midway
+        data = _read_yaml(path, problems)
+        if problems:
+            raise ConfigError(problems)
+        return parse_config(data if data is not None else {}, path)

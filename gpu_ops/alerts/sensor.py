@@ -28,16 +28,15 @@ period ends and config changes such as a raised budget need no new materializati
 from __future__ import annotations
 
 # httpx, pandas and SQLAlchemy (channels, enforcement, records, TableStore) are imported when the sensor evaluates or an op runs, not when the code location loads.
-import contextlib
 import datetime as dt
-import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from gpu_ops._gc import collection_deferred, freeze_long_lived
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
 from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate
@@ -131,17 +130,14 @@ def threshold_plan(config: GpuOpsConfig) -> ThresholdPlan:
     the object until the file changes).
 
     With a fleet configuration (``FREEZE_AT_BUDGETS`` or more) the objects alive now (the
-    configuration, the plan, the loaded definitions) are moved to the garbage collector's
-    permanent generation (``gc.freeze``) once per configuration: they live as long as the
-    code server, and every full collection would walk all of them again (about a million
-    objects and 0.5 s of CPU at 100,000 budgets, once or twice per tick). Young
-    generations are collected first; frozen objects are still freed when no longer
-    referenced, only reference cycles among them would wait."""
+    configuration, the plan, the loaded definitions) are frozen out of garbage collection
+    once per configuration (``freeze_long_lived``): they live as long as the code server,
+    and every full collection would walk all of them again (about a million objects and
+    0.5 s of CPU at 100,000 budgets, once or twice per tick)."""
     if _PLAN[0] is not config:
         _PLAN[:] = [config, ThresholdPlan.build(config.budgets)]
         if len(config.budgets) >= FREEZE_AT_BUDGETS:
-            gc.collect(1)
-            gc.freeze()
+            freeze_long_lived()
     return _PLAN[1]
 
 
@@ -201,20 +197,6 @@ def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) 
         if alert.kind == "resolve" and cursor.pending.pop(alert.trigger_run_key, None) is not None:
             superseded.append(alert.trigger_run_key)
     return requests, superseded
-
-
-@contextlib.contextmanager
-def _collection_deferred() -> Iterator[None]:
-    """A tick allocates ~10 objects per budget; with a large configuration in memory each
-    full garbage collection walks all of it, several times per tick (most of a 10,000-
-    budget tick). Nothing a tick builds is cyclic, so collection waits until it is done."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _latest_storage_id(instance: dg.DagsterInstance | None) -> int | None:
@@ -351,7 +333,7 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
     )
     def budget_alert_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         cfg: GpuOpsConfig = context.resources.gpu_ops.load()
-        with _collection_deferred():
+        with collection_deferred():
             cursor = AlertCursor.decode(context.cursor)
         instance = _instance_or_none(context)
         now = clock()
@@ -363,7 +345,7 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
             return dg.SkipReason(skip)
         from gpu_ops.storage.tables import TableStore
 
-        with _collection_deferred():
+        with collection_deferred():
             new_cursor, requests, summary = tick(cfg, TableStore.from_config(cfg) if due else None, cursor, now=now, evaluate=due)
         if due and latest is not None:
             new_cursor.last_storage_id = latest
@@ -374,7 +356,7 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
         follow = follow_pending(cfg, new_cursor, instance, now, context.log, limit=room)
         if follow.summary:
             context.log.info(follow.summary)
-        with _collection_deferred():
+        with collection_deferred():
             encoded = new_cursor.encode()
         run_requests = follow.requests + requests
         return dg.SensorResult(run_requests=run_requests, skip_reason=None if run_requests or due else skip, cursor=encoded, asset_events=follow.events)
