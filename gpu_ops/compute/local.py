@@ -244,7 +244,7 @@ class LocalBackend:
         proc: subprocess.Popen | AdoptedProcess | None = None
         if self.standby is not None:
             order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV}}
-            proc = standby_mod.claim(self.standby, rank, _env_digest(full, self._warm_args()), order)
+            proc = standby_mod.claim(self.standby, rank, _env_digest(full, self._warm_args()), order, self.grace_period_s)
             self.adopted += proc is not None
         if proc is None:
             cmd = [self.python, "-m", "gpu_ops.compute.worker", "--payload", str(payload), "--result", str(result), *self._warm_args()]

@@ -31,7 +31,8 @@ Nothing leaks. A keeper exits, killing its worker, when:
   SIGTERM then SIGKILL after the grace period, as for a launched worker).
 
 The worker watches the keeper as its parent, so a SIGKILLed keeper takes its worker
-with it. No Dagster, no third-party import here: the keeper must start fast.
+with it (SIGTERM, so it can write its outcome; SIGKILL after the grace period); a
+claimant whose keeper vanished reports the attempt only once that worker is gone. No Dagster, no third-party import here: the keeper must start fast.
 """
 
 from __future__ import annotations
@@ -234,8 +235,9 @@ class AdoptedProcess:
     stdout = None
     stderr = None
 
-    def __init__(self, pid: int, keeper_pid: int, conn: socket.socket, reader: IO[bytes]):
-        self.pid, self.keeper_pid = pid, keeper_pid
+    def __init__(self, pid: int, keeper_pid: int, conn: socket.socket, reader: IO[bytes], grace_s: float = 30.0):
+        self.pid, self.keeper_pid, self.grace_s = pid, keeper_pid, grace_s
+        self.start = process_start(pid)  # it runs now: its identity, should the keeper vanish
         self.returncode: int | None = None
         self._conn, self._reader = conn, reader
         self._done = threading.Event()
@@ -268,13 +270,26 @@ class AdoptedProcess:
                     closable.close()
                 except OSError:
                     pass
+            if code == KEEPER_LOST:
+                self._outlive_worker()
             self.returncode = code
             self._done.set()
 
+    def _outlive_worker(self) -> None:
+        """The keeper vanished without an exit status: the worker stops itself (it watches
+        its parent, then SIGTERM, then SIGKILL after its grace); report only once it is gone,
+        so its own outcome (the result file) is complete and no new attempt overlaps it."""
+        deadline = time.monotonic() + self.grace_s + 5.0
+        while is_alive(self.pid, self.start) and time.monotonic() < deadline:
+            time.sleep(_TICK_S)
+        if is_alive(self.pid, self.start):
+            _kill_group(self.pid, signal.SIGKILL)
 
-def claim(scope: StandbyScope, rank: int, digest: str, order: dict[str, Any]) -> AdoptedProcess | None:
+
+def claim(scope: StandbyScope, rank: int, digest: str, order: dict[str, Any], grace_s: float = 30.0) -> AdoptedProcess | None:
     """Take over this scope's standby for ``rank`` with ``order`` (payload, result, env);
-    None when there is none alive with the same environment."""
+    None when there is none alive with the same environment. ``grace_s``: the worker's
+    SIGTERM-to-SIGKILL grace."""
     for path in scope.records(rank):
         rec = _read(path)
         if rec is None:
@@ -287,13 +302,13 @@ def claim(scope: StandbyScope, rank: int, digest: str, order: dict[str, Any]) ->
         if rec.get("env_digest") != digest:
             os.kill(int(rec["keeper_pid"]), signal.SIGTERM)  # started for another environment: no attempt of this launch can use it
             continue
-        adopted = _connect(rec, {**order, "run_id": scope.run_id, "launch": scope.launch, "rank": rank, "env_digest": digest, "token": rec["token"]})
+        adopted = _connect(rec, {**order, "run_id": scope.run_id, "launch": scope.launch, "rank": rank, "env_digest": digest, "token": rec["token"]}, grace_s)
         if adopted is not None:
             return adopted
     return None
 
 
-def _connect(rec: dict[str, Any], order: dict[str, Any]) -> AdoptedProcess | None:
+def _connect(rec: dict[str, Any], order: dict[str, Any], grace_s: float) -> AdoptedProcess | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(_CLAIM_TIMEOUT_S)
@@ -308,7 +323,7 @@ def _connect(rec: dict[str, Any], order: dict[str, Any]) -> AdoptedProcess | Non
         conn.close()
         return None
     conn.settimeout(None)
-    return AdoptedProcess(int(reply["pid"]), int(rec["keeper_pid"]), conn, reader)
+    return AdoptedProcess(int(reply["pid"]), int(rec["keeper_pid"]), conn, reader, grace_s)
 
 
 # --------------------------------------------------------------------------- the keeper

@@ -174,3 +174,18 @@ def test_a_claimant_that_dies_takes_its_adopted_worker_with_it(tmp_path: Path) -
     assert wait_until(lambda: not _alive(keeper) and not _alive(worker))
     # the second attempt's own standby (parked by its death) would follow its idle timeout: discard it
     assert wait_until(lambda: discard(scope(tmp_path)) == 0 and rendezvous_files(tmp_path / "standby") == [])
+
+
+def test_a_keeper_killed_under_its_adopted_worker_is_reported_once_the_worker_has_ended(tmp_path: Path) -> None:
+    """The keeper is SIGKILLed while the worker it handed over runs: the worker stops itself
+    (it watches its parent) and writes its outcome; the launch reports that outcome only
+    once the worker is gone, never while it may still be writing a checkpoint."""
+    s = scope(tmp_path)
+    keeper, worker = parked_attempt(tmp_path, s)
+    second = LocalBackend(name="a2", workdir=tmp_path / "work", standby=s, warm=("json",))
+    log = Recorder("sleeping", lambda r: os.kill(keeper, signal.SIGKILL))
+    report = second.run(worker_fns.sleep_forever, env={"GPU_OPS_TEST_VALUE": "v"}, log=log)
+    assert report.ranks[0].pid == worker and not _alive(worker)
+    assert report.exit is WorkerExit.SIGTERM  # what the worker itself wrote on its way out
+    second.stop_spares()
+    second.teardown()
