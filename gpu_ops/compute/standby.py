@@ -144,6 +144,14 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _remove_stale(path: Path, rec: dict[str, Any]) -> None:
+    """A record whose keeper died without cleaning up (SIGKILL): remove it and its socket."""
+    path.unlink(missing_ok=True)
+    sock = Path(str(rec.get("socket", "")))
+    if sock.suffix == ".sock" and sock.parent.name.startswith("gpu-ops-standby-"):
+        sock.unlink(missing_ok=True)
+
+
 def _socket_dir() -> Path:
     """Unix socket paths are limited to ~100 bytes: a private folder under the temp dir."""
     folder = Path(tempfile.gettempdir()) / f"gpu-ops-standby-{os.getuid()}"
@@ -202,12 +210,24 @@ Popen = Callable[[list[str], dict[str, str], Any, Any, Any], subprocess.Popen]
 def start(scope: StandbyScope, rank: int, env: dict[str, str], digest: str, worker_cmd: list[str], popen: Popen, python: str = sys.executable) -> Standby:
     """Start a keeper (and through it a warm worker) for ``rank`` of the next attempt."""
     scope.folder.mkdir(parents=True, exist_ok=True)
+    sweep(scope.folder)
     spec = {
         "run_id": scope.run_id, "launch": scope.launch, "rank": rank, "env_digest": digest, "folder": str(scope.folder),
         "digest": scope.digest(rank), "idle_s": scope.idle_s, "owner_pid": scope.owner_pid, "owner_start": process_start(scope.owner_pid),
     }
     cmd = [python, "-m", "gpu_ops.compute.standby", "--spec", json.dumps(spec), "--", *worker_cmd]
     return Standby(popen(cmd, env, subprocess.PIPE, subprocess.DEVNULL, subprocess.DEVNULL), scope, rank)
+
+
+def sweep(folder: Path) -> int:
+    """Remove the records (and sockets) of keepers that died without cleaning up, any run's."""
+    n = 0
+    for path in rendezvous_files(folder):
+        rec = _read(path)
+        if rec is not None and not is_alive(int(rec.get("keeper_pid", 0)), str(rec.get("keeper_start", ""))):
+            _remove_stale(path, rec)
+            n += 1
+    return n
 
 
 def discard(scope: StandbyScope) -> int:
@@ -219,7 +239,7 @@ def discard(scope: StandbyScope) -> int:
             os.kill(int(rec["keeper_pid"]), signal.SIGTERM)
             n += 1
         else:
-            path.unlink(missing_ok=True)
+            _remove_stale(path, rec)
     return n
 
 
@@ -295,7 +315,7 @@ def claim(scope: StandbyScope, rank: int, digest: str, order: dict[str, Any], gr
         if rec is None:
             continue
         if not is_alive(int(rec.get("keeper_pid", 0)), str(rec.get("keeper_start", ""))):
-            path.unlink(missing_ok=True)  # stale: its keeper is gone
+            _remove_stale(path, rec)  # its keeper is gone
             continue
         if (rec.get("run_id"), rec.get("launch"), rec.get("rank")) != (scope.run_id, scope.launch, rank):
             continue  # never another run's or launch's

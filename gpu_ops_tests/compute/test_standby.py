@@ -136,10 +136,12 @@ def test_a_stale_rendezvous_is_ignored_and_removed(tmp_path: Path) -> None:
     os.kill(keeper, signal.SIGKILL)  # the keeper dies without cleaning up; its worker follows it
     assert wait_until(lambda: not _alive(keeper) and not _alive(worker))
     (stale,) = rendezvous_files(s.folder)
+    sock = Path(json.loads(stale.read_text())["socket"])
+    assert sock.exists()  # a SIGKILLed keeper could not remove its socket either
     b = LocalBackend(name="a2", workdir=tmp_path / "work", standby=s, warm=("json",))
     report = b.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "v"}, log=Recorder())
     assert report.ok and b.adopted == 0 and report.ranks[0].pid != worker
-    assert not stale.exists()
+    assert not stale.exists() and not sock.exists()
     b.stop_spares()
     b.teardown()
     assert wait_until(lambda: rendezvous_files(s.folder) == [])
@@ -158,6 +160,7 @@ def test_a_claimant_that_dies_takes_its_adopted_worker_with_it(tmp_path: Path) -
     first = attempt_process(tmp_path, "add")
     out, _ = first.communicate()
     assert first.returncode == 0 and "exit completed" in out
+    assert wait_until(lambda: len(rendezvous_files(tmp_path / "standby")) == 1)  # its keeper may still be starting
     (record,) = rendezvous_files(tmp_path / "standby")
     rec = json.loads(record.read_text())
     keeper, worker = rec["keeper_pid"], rec["worker_pid"]
@@ -189,3 +192,18 @@ def test_a_keeper_killed_under_its_adopted_worker_is_reported_once_the_worker_ha
     assert report.exit is WorkerExit.SIGTERM  # what the worker itself wrote on its way out
     second.stop_spares()
     second.teardown()
+
+
+def test_starting_a_standby_sweeps_the_records_of_dead_keepers_of_any_run(tmp_path: Path) -> None:
+    other_run = scope(tmp_path, run_id="run-0")
+    keeper, worker = parked_attempt(tmp_path, other_run)
+    os.kill(keeper, signal.SIGKILL)
+    assert wait_until(lambda: not _alive(keeper) and not _alive(worker))
+    (stale,) = rendezvous_files(other_run.folder)
+    sock = Path(json.loads(stale.read_text())["socket"])
+    b = LocalBackend(name="b", workdir=tmp_path / "work", standby=scope(tmp_path), warm=("json",))
+    assert b.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "v"}, log=Recorder()).ok
+    assert not stale.exists() and not sock.exists()
+    b.stop_spares()
+    b.teardown()
+    assert wait_until(lambda: rendezvous_files(other_run.folder) == [])
