@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpu_ops.compute.backend import WorkerExit
@@ -20,20 +19,11 @@ from gpu_ops.compute.local import LocalBackend
 from gpu_ops.compute.standby import StandbyScope, discard, rendezvous_files
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.compute.test_local import Recorder, _alive, _phase_line
+from gpu_ops_tests.waiting import wait_until
 
 
 def scope(home: Path, run_id: str = "run-1", launch: str = "train", idle_s: float = 600.0, owner_pid: int | None = None) -> StandbyScope:
     return StandbyScope(run_id=run_id, launch=launch, folder=home / "standby", idle_s=idle_s, owner_pid=owner_pid or os.getpid())
-
-
-def wait_until(probe, timeout: float = 60.0) -> bool:
-    """Polls ``probe`` until it is true; the bound only keeps a broken build from hanging."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def parked_attempt(tmp_path: Path, s: StandbyScope, name: str = "a1") -> tuple[int, int]:

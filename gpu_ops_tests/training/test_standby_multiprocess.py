@@ -17,6 +17,7 @@ import pytest
 from gpu_ops.compute.standby import is_alive, rendezvous_files
 from gpu_ops.config import gpu_ops_home
 from gpu_ops_tests.training.test_gpu_asset import Killer, messages, uninterrupted_sha, write_config
+from gpu_ops_tests.waiting import wait_until
 
 
 def demo_job() -> dg.JobDefinition:
@@ -48,17 +49,6 @@ def describe(pid: int) -> str:
         return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return f"{pid}: gone"
-
-
-def wait_until(probe, timeout: float = 60.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture(scope="module")
