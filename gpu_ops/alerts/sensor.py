@@ -39,7 +39,7 @@ import dagster as dg
 from gpu_ops._gc import collection_deferred, freeze_long_lived
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
-from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate
+from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate_table
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
 
 if TYPE_CHECKING:
@@ -172,14 +172,12 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
 
     partition, table = read_latest_status(store)
     plan = threshold_plan(config)
-    quiet = table.quiet_rows(plan, cursor.budgets)  # rows that change nothing, found in numpy
-    rows = [table.row(i) for i in range(len(table)) if not quiet[i]]
-    result = evaluate(plan.budgets, rows, cursor.budgets, now, unchanged=[n for n, q in zip(table.names, quiet) if q], plan=plan)
+    result, in_detail = evaluate_table(plan, table, cursor.budgets, now)
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
     cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
     enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
     return enforcement, [
-        f"evaluated {len(table)} budget rows ({len(rows)} in detail) of partition {partition or '(none yet)'}: "
+        f"evaluated {len(table)} budget rows ({in_detail} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
     ]

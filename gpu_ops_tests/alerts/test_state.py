@@ -240,5 +240,46 @@ def test_the_vectorised_pass_changes_nothing_that_the_per_row_evaluation_would()
     assert sorted(quiet_counts)[20] > n // 3  # the point: on most days most rows need no detail
 
 
+def test_the_fleet_evaluation_gives_the_per_row_events_in_order_and_states():
+    """`evaluate_table` (quiet rows skipped, fresh starts in numpy, the rest row by row)
+    against `evaluate` of every row, over random days: a first evaluation, crossings and
+    resolves, missing forecasts, new periods (with and without enforcement in force),
+    changed thresholds, unknown and removed budgets, shared threshold objects."""
+    import random
+
+    from gpu_ops.alerts.state import StatusTable, ThresholdPlan, evaluate_table
+    from gpu_ops.config import Threshold
+
+    rng = random.Random(5)
+    n = 300
+    shared = [Threshold(percent=50), Threshold(percent=80), Threshold(percent=120, basis="forecast"), Threshold(absolute_usd=900, severity="info")]
+
+    def config(version: int) -> dict[str, Budget]:
+        out = {}
+        for i in range(n - version * 5):
+            ths = shared if i % 2 else [{"percent": 50}, {"percent": 80 + version * 5}, {"percent": 120, "basis": "forecast"}]
+            kw = {"enforcement": {"action": "throttle", "max_gpus": 2, "grace_period": "0s" if i % 3 else "1h"}} if i % 7 == 0 else {}
+            out[f"b{i}"] = budget(name=f"b{i}", thresholds=ths, amount_usd=1_000 + 10 * (i % 3), **kw)
+        return out
+
+    full, fast = {}, {}
+    starts = [("2026-11-01", "2026-11-30")] * 12 + [("2026-12-01", "2026-12-31")] * 12 + [("2027-01-01", "2027-01-31")] * 12
+    for day, (start, end) in enumerate(starts):
+        budgets = config(day // 15)
+        now = NOW + dt.timedelta(hours=6 * day)
+        raw = [
+            (f"b{i}", start, end, 1_000.0, spend, spend / 10, None if rng.random() < 0.2 else spend * rng.uniform(0.8, 1.6), f"d{day}", None)
+            for i in range(n + 3)
+            for spend in [rng.choice([100.0, 490.0, 500.0, 760.0, 800.0, 850.0, 950.0, 1_200.0]) if rng.random() < 0.4 else 300.0 + (i % 5) * 150]
+        ]
+        table = StatusTable(raw)
+        want = evaluate(budgets, [table.row(i) for i in range(len(table))], full, now)
+        got, _ = evaluate_table(ThresholdPlan.build(budgets.values()), table, fast, now)
+        assert got.alerts == want.alerts, day
+        assert got.enforcement == want.enforcement, day
+        assert _states(got.state) == _states(want.state), day
+        full, fast = want.state, AlertCursor.decode(AlertCursor(budgets=got.state).encode()).budgets
+
+
 def _states(state) -> dict:
     return {name: s.to_json() for name, s in state.items() if not s.empty}
