@@ -19,6 +19,9 @@ Delivery design (why run requests, not sends from the sensor):
   e-mail ``Message-ID``, so receivers that honour them see one notification.
 - Every alert and enforcement change is a run: the history is the run list in the UI
   (filter by tag ``gpu-ops/budget``), with the outcome per channel in its metadata.
+- A tick requests at most ``alerts.max_runs_per_tick`` alert runs; the rest wait in the
+  cursor's queue (queue.py), oldest first, as evaluated, and go out on the next ticks.
+  Taking from the queue is deterministic, so a replayed tick yields the same run keys.
 
 The sensor ticks every 30 s but evaluates fully only when ``gpu_budget_status`` has a new
 materialization or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock
