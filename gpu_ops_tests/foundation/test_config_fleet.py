@@ -4,37 +4,33 @@ field, and the fast validation builds the same configuration as the plain one.""
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpu_ops.config import Budget, ConfigError, GpuOpsConfig, load_config, parse_config
+from gpu_ops_tests.conftest import REPO
+
+
+def _bench_fleet() -> Any:
+    """benchmarks/fleet.py (a script folder, not a package), loaded by path."""
+    spec = importlib.util.spec_from_file_location("gpu_ops_bench_fleet", REPO / "benchmarks" / "fleet.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def fleet(n: int, folder: Path) -> dict[str, Any]:
-    """benchmarks/fleet.py's shape, with a little variety (every 7th budget differs)."""
-    budgets = []
-    for i in range(n):
-        b: dict[str, Any] = {
-            "name": f"team-{i:06d}-monthly",
-            "scope": {"team": f"team-{i:06d}"},
-            "amount_usd": 10_000,
-            "thresholds": [{"percent": 50}, {"percent": 80}, {"percent": 100, "severity": "critical"}, {"percent": 120, "basis": "forecast"}, {"absolute_usd": 12_000}],
-            "channels": ["log"],
-        }
-        if i % 10 == 0:
-            b["enforcement"] = {"action": "throttle", "grace_period": "0s", "max_gpus": 8}
-        if i % 7 == 0:
-            b.update(period="weekly", reset_day=3, amount_usd=2_500.5, scope={"project": f"p{i}", "labels": {"env": "prod"}}, notify_resolve=False)
-            b["thresholds"] = [{"percent": 90.5, "severity": "warning"}]
-        budgets.append(b)
-    return {
-        "storage": {"url": f"sqlite:///{folder / 'costs.db'}"},
-        "prices": {"source": "test", "as_of": "2026-11-01", "gpus": {"h100": {"on-demand": 12.29}}},
-        "budgets": budgets,
-        "channels": {"log": {"type": "log"}},
-    }
+    """benchmarks/fleet.py's configuration, with a little variety (every 7th budget differs)."""
+    data = _bench_fleet().fleet_data(n, folder)
+    for i in range(0, n, 7):
+        b = data["budgets"][i]
+        b.update(period="weekly", reset_day=3, amount_usd=2_500.5, scope={"project": f"p{i}", "labels": {"env": "prod"}}, notify_resolve=False)
+        b["thresholds"] = [{"percent": 90.5, "severity": "warning"}]
+    return data
 
 
 def problems(data: dict[str, Any], source: Path) -> list[str]:
