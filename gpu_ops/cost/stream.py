@@ -224,10 +224,6 @@ class _Turn:
     def __init__(self, turns: _Turns, seq: int):
         self.turns, self.seq, self.finished = turns, seq, False
 
-    @property
-    def window(self) -> tuple[int, int] | None:
-        return self.turns.seen.window
-
     def check_and_add(self, hashes: Any, locations: Any, rows: Any, times: Any = None) -> Any:
         with self.turns.cond:
             self.turns.cond.wait_for(lambda: self.turns.next == self.seq)

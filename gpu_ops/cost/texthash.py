@@ -45,6 +45,9 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+EMPTY_TEXT_HASH = splitmix64(np.zeros(1, np.uint64))[0]  # "" (and a missing value): no bytes, length 0
+
+
 def text_hashes(array: Any) -> np.ndarray:
     """uint64 per value of an Arrow string array (chunked or not, dictionary or plain);
     missing values hash as the empty string, as text columns read them."""
@@ -59,7 +62,7 @@ def text_hashes(array: Any) -> np.ndarray:
         codes = np.asarray(array.indices.fill_null(0) if array.null_count else array.indices)
         out = per_value[codes] if len(per_value) else np.zeros(len(array), np.uint64)
         if array.null_count:
-            out[array.is_null().to_numpy(zero_copy_only=False)] = text_hashes(pa.array([""]))[0]
+            out[array.is_null().to_numpy(zero_copy_only=False)] = EMPTY_TEXT_HASH
         return out
     array = array if pa.types.is_large_string(array.type) else array.cast(pa.large_string())
     if array.null_count:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
+from gpu_ops.cost.texthash import EMPTY_TEXT_HASH, text_hashes
 from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:
@@ -156,8 +157,6 @@ def text_identity(s: pd.Series) -> np.ndarray:
     as ""), from Arrow's buffers where the column is Arrow text (see
     :mod:`gpu_ops.cost.texthash`); categories are hashed once each."""
     import pyarrow as pa
-
-    from gpu_ops.cost.texthash import text_hashes
 
     arrow = getattr(s.array, "_pa_array", None)  # Arrow-backed text: hashed in place
     if arrow is not None and (pa.types.is_string(arrow.type) or pa.types.is_large_string(arrow.type)):
@@ -969,7 +968,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
 
     for col in ATTRIBUTE_COLUMNS:
         if col in identity:
-            out[col] = pd.Series(text_identity(raw[col]) if col in raw else np.full(n, text_identity(pd.Series([""]))[0]), index=raw.index, copy=False)
+            out[col] = pd.Series(text_identity(raw[col]) if col in raw else np.full(n, EMPTY_TEXT_HASH), index=raw.index, copy=False)
         else:
             out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
     for col in required:
@@ -1128,7 +1127,7 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, see
             earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
     if seen is not None:
         rest = good[~dup]
-        times = (typed["start"].array.asi8[rest], typed["end"].array.asi8[rest]) if seen.window else None
+        times = (typed["start"].array.asi8[rest], typed["end"].array.asi8[rest])
         again, refs = seen.check_and_add(hashes[~dup], loc(rest), _row_numbers(raw, rest) if len(rest) else np.empty(0, np.int64), times)
         for i, (where, n), li in zip(rest[again].tolist(), refs, loc(rest[again])):
             earlier[i] = f"row {n}" if where == li else f"{where} row {n}"

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpu_ops.cost.texthash import MAX_FAST_BYTES, text_hashes
+from gpu_ops.cost.texthash import EMPTY_TEXT_HASH, MAX_FAST_BYTES, text_hashes
 from gpu_ops.cost.texthash import SPACES as STRIPPED
 
 SPACES = [c for c in map(chr, range(0x110000)) if c.isspace()]
@@ -59,3 +59,4 @@ def test_layout_does_not_change_a_hash() -> None:
 def test_position_and_length_matter() -> None:
     h = text_hashes(pa.array(["ab", "ba", "a", "a\x00", "\x00a", "", "aa", "a" * 300, "a" * 301]))
     assert len(set(h.tolist())) == len(h)
+    assert h[5] == EMPTY_TEXT_HASH == text_hashes(pa.array([None, " "], pa.string()))[0] == text_hashes(pa.array([" "]).dictionary_encode())[0]
