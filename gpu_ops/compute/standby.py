@@ -103,14 +103,21 @@ def env_digest(env: dict[str, str], extra: Iterable[str] = ()) -> str:
 # --------------------------------------------------------------------------- processes
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name (field 3 on: state first, start time at
+    index 19); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_start(pid: int) -> str:
     """The kernel's start time of ``pid`` (ticks since boot), '' where /proc is unreadable.
     A pid with another start time is another process (the pid was reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else ""
 
 
 def is_alive(pid: int, start: str = "") -> bool:
@@ -121,10 +128,8 @@ def is_alive(pid: int, start: str = "") -> bool:
         return False
     except PermissionError:
         pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return not start
     return fields[0] != "Z" and (not start or fields[19] == start)
 
