@@ -195,7 +195,7 @@ class _Window:
         pieces = price_pieces(split_by_day(rows, self.ws, self.we, self.as_of, drop_empty=not self.one_day), per_row=False)
         return priced_cells(pieces, self.cell_keys), quarantine_in_window(v.quarantine, self.ws, self.we)
 
-    def priced(self, parts: list[tuple[pd.DataFrame, pd.DataFrame]]) -> PricedUsage:
+    def priced(self, parts: list[tuple[pd.DataFrame | None, pd.DataFrame]]) -> PricedUsage:
         cells = cell_pieces(combine_cells([c for c, _ in parts if c is not None], self.cell_keys))
         cells = cells[cells["gpu_hours"].to_numpy() != 0].reset_index(drop=True)
         cells["day"] = pd.to_datetime(cells["day"], utc=True) if not self.one_day else pd.Series([self.ws] * len(cells), dtype="datetime64[ns, UTC]")
@@ -255,16 +255,39 @@ def stream_priced(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     store: Any = None,
     workers: int = 2,
+    engine: str = "auto",
 ) -> PricedUsage:
     """Priced usage of the file sources for ``[window_start, window_end)``, as cells keyed
     by ``keys`` (plus ``node`` with an inventory, for its idle rows), with idle rows and
-    the quarantine. ``columns``: what to read from the files (None: everything)."""
+    the quarantine. ``columns``: what to read from the files (None: everything).
+    ``engine``: ``duckdb`` (:mod:`gpu_ops.cost.engine`; an error where it does not apply),
+    ``arrow`` (the batches below) or ``auto`` (DuckDB where it applies and is installed)."""
     if not streamable(sources):
         raise ValueError("stream_priced reads file sources only (no ledger or Kubernetes source)")
     keys = list(dict.fromkeys([*keys, *(["node"] if sources.has_inventory else [])]))
     window = _Window(prices, window_start, window_end, as_of, keys)
+    parts = _engine_parts(engine, window, sources, columns, batch_rows)
+    if parts is None:
+        parts = _batch_parts(window, sources, columns, batch_rows, workers)
+    return with_idle(window.priced(parts), load_inventory(sources, store), prices)
+
+
+def _engine_parts(engine: str, window: _Window, sources: SourceSet, columns: Sequence[str] | None, batch_rows: int) -> list[tuple[pd.DataFrame, pd.DataFrame]] | None:
+    if engine == "arrow":
+        return None
+    from gpu_ops.cost.engine import NotApplicable, day_parts
+
+    try:
+        return day_parts(sources, window.prices, window.ws, window.we, window.as_of, window.keys, columns, max(1, int(batch_rows)), window.identity)  # type: ignore[return-value]
+    except NotApplicable as exc:
+        if engine == "duckdb":
+            raise ValueError(f"the DuckDB engine does not apply to this read: {exc} (use engine auto or arrow)") from None
+        return None
+
+
+def _batch_parts(window: _Window, sources: SourceSet, columns: Sequence[str] | None, batch_rows: int, workers: int) -> list[tuple[pd.DataFrame | None, pd.DataFrame]]:
     _no_huge_pages()
-    parts: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+    parts: list[tuple[pd.DataFrame | None, pd.DataFrame]] = []
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="gpu_ops-batch") as pool:
         pending: list[Future] = []
         for seq, (batch, path, first, skipped) in enumerate(raw_batches(sources, columns, max(1, int(batch_rows)))):
@@ -273,7 +296,7 @@ def stream_priced(
             while len(pending) > workers:
                 parts.append(pending.pop(0).result())
         parts.extend(f.result() for f in pending)
-    return with_idle(window.priced(parts), load_inventory(sources, store), prices)
+    return parts
 
 
 def _no_huge_pages() -> None:
