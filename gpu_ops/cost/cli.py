@@ -155,7 +155,7 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
-    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True, batch_rows: int | None = None) -> Any:
+    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True, batch_rows: int | None = None, engine: str | None = None) -> Any:
         """Priced usage of the window. With ``keep`` (only sums by those columns are
         needed) file sources are streamed in batches: memory bounded by ``batch_rows``."""
         from gpu_ops.cost.pipeline import load_raw, price_window
@@ -165,7 +165,8 @@ class Inputs:
         try:
             if keep is not None and streamable(self.sources):
                 rows = batch_rows or (self.config.usage.batch_rows if self.config else DEFAULT_BATCH_ROWS)
-                return stream_priced(self.sources, self.prices, window_start, window_end, as_of, keep, columns, rows, self.store())
+                engine = engine or (self.config.usage.engine if self.config else "auto")
+                return stream_priced(self.sources, self.prices, window_start, window_end, as_of, keep, columns, rows, self.store(), engine=engine)
             raw, inventory = load_raw(self.sources, self.store(), columns)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
@@ -252,7 +253,8 @@ def cost() -> None:
 @click.option("--by", help="Grouping keys, e.g. team,project or team,label:tier (default: the config's usage.group_by).")
 @click.option("--idle", type=click.Choice(["row", "share"]), help="Idle fleet cost as an __idle__ row or shared by weight.")
 @click.option("--batch-rows", type=click.IntRange(min=1), help="Rows per batch when usage files are streamed (default: the config's usage.batch_rows, else 262144); peak memory follows it.")
-def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None) -> None:
+@click.option("--engine", type=click.Choice(["auto", "duckdb", "arrow"]), help="What sums Parquet usage files: DuckDB, the batch reader (arrow), or DuckDB where it applies (auto; default: the config's usage.engine).")
+def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None, engine: str | None) -> None:
     """Cost per group for one UTC day."""
     from gpu_ops.cost.columns import needed_columns
     from gpu_ops.cost.attribution import attribute, day_window
@@ -264,7 +266,7 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     cols = needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
     # Only sums are printed, so out-of-day rows may stay in with zero hours (no copy).
-    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False, batch_rows=batch_rows)
+    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False, batch_rows=batch_rows, engine=engine)
     result = attribute(priced.rows, inputs.group_by, inputs.idle)
     t = result.totals
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""

@@ -54,7 +54,7 @@ from gpu_ops.cost.usage import (
     validate_usage,
 )
 
-_TEXT_CHECKED = ("team", "gpu_type", "capacity_type", "sharing", "region")  # validated or priced per value
+_TEXT_CHECKED = ("team", "gpu_type", "capacity_type", "sharing", "region", "labels")  # validated or priced per value
 _NUMBERS = ("gpu_count", "gpu_share")
 _TIMES = ("start", "end")
 _SUPPORTED = frozenset((*_TIMES, *_NUMBERS, *_TEXT_CHECKED, *ATTRIBUTE_COLUMNS))
@@ -117,9 +117,16 @@ class _Layout:
         self.combo = list(dict.fromkeys(self.combo))
         self.identity = [c for c in ATTRIBUTE_COLUMNS if c in present and c not in self.combo]
 
-        both_ns = all(self.types[c].unit == "ns" for c in _TIMES)
-        self.unit = "ns" if both_ns else "us"  # times are compared and summed in this unit
-        self.per_hour = 3_600 * (10**9 if both_ns else 10**6)
+        self.unit = "ns" if any(self.types[c].unit == "ns" for c in _TIMES) else "us"  # times are compared and summed in this unit
+        self.per_hour = 3_600 * (10**9 if self.unit == "ns" else 10**6)
+
+    def time(self, col: str) -> str:
+        """A time column as an integer in ``unit``; NULL where a coarser value is outside
+        what ns can hold (its check is then on the raw column: see ``ok``)."""
+        c = _quote(col)
+        if self.unit == "us" or self.types[col].unit == "ns":
+            return f"epoch_{self.unit}({c})"
+        return f"CASE WHEN epoch_us({c}) BETWEEN {_NS_MIN // 1000 + 1} AND {_NS_MAX // 1000} THEN epoch_us({c}) * 1000 END"
 
     def source(self, path: Path) -> str:
         """The rows of one file with their times (integers in ``unit``), whether the share
@@ -132,14 +139,15 @@ class _Layout:
             [
                 f"s BETWEEN {lo} AND {hi}",
                 f'("end" IS NULL OR (e BETWEEN {lo} AND {hi} AND e >= s))',
-                f"gpu_count > 0 AND gpu_count <= {_MAX_GPUS}" + (" AND gpu_count = floor(gpu_count)" if _is_float(self.types["gpu_count"]) else ""),
-                "(share_null OR (gpu_share > 0 AND gpu_share <= 1))" if share else "true",
+                # isfinite first: DuckDB orders NaN above every number, and a range test can be rewritten.
+                ("isfinite(gpu_count) AND gpu_count = floor(gpu_count) AND " if _is_float(self.types["gpu_count"]) else "") + f"gpu_count > 0 AND gpu_count <= {_MAX_GPUS}",
+                ("(share_null OR (isfinite(gpu_share) AND gpu_share > 0 AND gpu_share <= 1))" if _is_float(self.types["gpu_share"]) else "(share_null OR (gpu_share > 0 AND gpu_share <= 1))") if share else "true",
             ]
         )
         cols = ", ".join(_quote(c) for c in self.present)
         return (
-            f"(SELECT *, coalesce({ok}, false) AS ok FROM (SELECT {cols}, file_row_number AS rn, epoch_{self.unit}(start) AS s, "
-            f'epoch_{self.unit}("end") AS e, ({share_null}) AS share_null FROM read_parquet({_literal(str(path))}, file_row_number = true)))'
+            f"(SELECT *, coalesce({ok}, false) AS ok FROM (SELECT {cols}, file_row_number AS rn, {self.time('start')} AS s, "
+            f"{self.time('end')} AS e, ({share_null}) AS share_null FROM read_parquet({_literal(str(path))}, file_row_number = true)))"
         )
 
     def share_lt1(self) -> str:
@@ -157,12 +165,12 @@ def _is_float(t: Any) -> bool:
 
 class _Day:
     def __init__(self, window_start: pd.Timestamp, window_end: pd.Timestamp, as_of: pd.Timestamp):
-        self.lo = window_start.value
-        self.hi = min(window_end.value, as_of.value)
+        self.lo, self.end = window_start.value, window_end.value
+        self.hi = min(window_end.value, as_of.value)  # priced up to here
 
-    def bounds(self, lay: _Layout) -> tuple[int, int]:
+    def bounds(self, lay: _Layout, hi: int | None = None) -> tuple[int, int]:
         scale = 1 if lay.unit == "ns" else 1000
-        return self.lo // scale, -(-self.hi // scale)
+        return self.lo // scale, -(-(self.hi if hi is None else hi) // scale)
 
     def hours(self, lay: _Layout) -> str:
         """GPU-hours of a row inside the day, as split_by_day and price_pieces count them."""
@@ -171,8 +179,8 @@ class _Day:
         return f"gpu_count::DOUBLE * {lay.share_value()} * (greatest({pe}, {ps}) - {ps}) / {lay.per_hour:.1f}"
 
     def touching(self, lay: _Layout) -> str:
-        """As SeenRows and quarantine_in_window keep them."""
-        lo, hi = self.bounds(lay)
+        """As SeenRows and quarantine_in_window keep them (to the window's end, not as_of)."""
+        lo, hi = self.bounds(lay, self.end)
         return f"(s < {hi} AND (e IS NULL OR e >= {lo}))"
 
 
@@ -355,7 +363,8 @@ class _Read:
         for i, (path, dups) in enumerate(zip(self.lay.paths, self.duplicates())):
             if len(dups):
                 cells[i] = self.cells(path, without=dups["row"].to_numpy(np.int64) - 1)
-                quarantine[i] = pd.concat([quarantine[i], dups], ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True)
+                both = [q for q in (quarantine[i], dups) if len(q)]
+                quarantine[i] = pd.concat(both, ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True) if len(both) > 1 else both[0]
         return [(self.priced(c), quarantine_in_window(q, self.day_start, self.day_end)) for c, q in zip(cells, quarantine)]
 
     @property
@@ -364,7 +373,7 @@ class _Read:
 
     @property
     def day_end(self) -> pd.Timestamp:
-        return pd.Timestamp(self.day.lo + DAY_NS, tz="UTC")
+        return pd.Timestamp(self.day.end, tz="UTC")
 
     def register(self, name: str, column: str, values: np.ndarray) -> None:
         import pyarrow as pa
@@ -380,9 +389,14 @@ class _Read:
             where = "WHERE rn NOT IN (SELECT rn FROM without_rows)"
         q = (
             f"SELECT *, {self.combo_hash} AS ch FROM (SELECT {combo}{', ' if combo else ''}share_null, {self.lay.share_lt1()} AS share_lt1, ok, "
-            f"sum({self.day.hours(self.lay)}) AS gpu_hours, count(*) AS n FROM {self.lay.source(path)} {where} GROUP BY ALL)"
+            f"sum({self.day.hours(self.lay)}) AS gpu_hours, count(*) AS n{self.decoded()} FROM {self.lay.source(path)} {where} GROUP BY ALL)"
         )
         return self.con.execute(q).df()
+
+    def decoded(self) -> str:
+        """Aggregates that make DuckDB decode the columns the sums do not need: a corrupt
+        page anywhere fails the read here, as it fails the batch reader (never priced)."""
+        return "".join(f", max(length({_quote(c)})) AS {_quote('decoded ' + c)}" for c in self.lay.identity)
 
     def priced(self, cells: pd.DataFrame) -> pd.DataFrame:
         """Cells of good rows as (keys, price, on-demand price, GPU-hours)."""
@@ -391,6 +405,8 @@ class _Read:
         valid = self.combos.valid[combo]
         p = self.combos.priced.loc[combo[valid]].reset_index(drop=True)
         p["gpu_hours"] = ok["gpu_hours"].to_numpy(float)[valid]
+        if not np.isfinite(p["gpu_hours"].to_numpy()).all():  # a value the row check let through
+            raise NotApplicable("GPU-hours that are not a finite number")
         return p
 
     def bad_rows_sql(self, path: Path) -> str:
@@ -440,7 +456,7 @@ class _Read:
         for path in self.lay.paths:
             rows = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {self.dedupe_hash()} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
             raw.extend(_raw(path, t, at) for t, at in read_rows(path, self.lay.present, rows, len(rows) or 1))
-            if sum(len(r) for r in raw) > 4 * self.batch_rows:
+            if sum(len(r) for r in raw) > max(4 * self.batch_rows, 1 << 16):
                 raise NotApplicable("too many rows alike to compare in memory")
         q = validate_usage(concat_raw(raw), self.prices, identity=self.identity).quarantine
         if len(q) and (q["field"] != DUPLICATE_FIELD).any():
