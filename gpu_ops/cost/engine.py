@@ -328,14 +328,15 @@ def day_parts(
     day = _Day(window_start, window_end, as_of)
     if (day.hi - 1) // DAY_NS != day.lo // DAY_NS:
         raise NotApplicable("a window of more than one day")
-    paths = []
+    paths: list[Path] = []
     for path, problem in _distinct_files(sources.usage_files, sources.base_dir):
-        if problem is not None:
+        if path is None:
             raise NotApplicable(str(problem))
         paths.append(path)
     lay = _Layout(paths, columns, keys)
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
+    con.execute("SET preserve_insertion_order = false")  # results are sums and sorted row numbers: no order to keep
     try:
         return _Read(con, lay, day, prices, list(keys), batch_rows, identity).parts()
     except duckdb.Error as exc:  # a file DuckDB reads differently: the batch reader decides
@@ -452,11 +453,11 @@ class _Read:
         if not len(repeated):
             return none
         self.register("repeated", "h", repeated)
-        raw = []
+        raw: list[pd.DataFrame] = []
         for path in self.lay.paths:
             rows = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {self.dedupe_hash()} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
             raw.extend(_raw(path, t, at) for t, at in read_rows(path, self.lay.present, rows, len(rows) or 1))
-            if sum(len(r) for r in raw) > max(4 * self.batch_rows, 1 << 16):
+            if sum(map(len, raw)) > max(4 * self.batch_rows, 1 << 16):
                 raise NotApplicable("too many rows alike to compare in memory")
         q = validate_usage(concat_raw(raw), self.prices, identity=self.identity).quarantine
         if len(q) and (q["field"] != DUPLICATE_FIELD).any():

@@ -164,7 +164,7 @@ def test_csv_or_mixed_schemas_are_not_modelled_auto_falls_back(tmp_path):
 
 
 def test_cli_engines_print_the_same_figures(tmp_path):
-    paths = split_files(tmp_path, usage_rows(200, seed=9), 2)
+    split_files(tmp_path, usage_rows(200, seed=9), 2)
     prices = tmp_path / "prices.yaml"
     prices.write_text(json.dumps(PRICES.model_dump(mode="json")))
     out = {}
