@@ -18,6 +18,7 @@ and numpy's large-array loops run without the GIL, so two cores are both used.
 from __future__ import annotations
 
 import csv
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -282,6 +283,11 @@ def _engine_parts(engine: str, window: _Window, sources: SourceSet, columns: Seq
     except NotApplicable as exc:
         if engine == "duckdb":
             raise ValueError(f"the DuckDB engine does not apply to this read: {exc} (use engine auto or arrow)") from None
+        return None
+    except Exception as exc:  # a defect of the engine must not cost the answer: the batch reader gives it
+        if engine == "duckdb":
+            raise
+        logging.getLogger(__name__).warning("the DuckDB engine failed (%s: %s); summing with the batch reader instead", type(exc).__name__, exc)
         return None
 
 
