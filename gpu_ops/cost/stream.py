@@ -267,6 +267,7 @@ def stream_priced(
         raise ValueError("stream_priced reads file sources only (no ledger or Kubernetes source)")
     keys = list(dict.fromkeys([*keys, *(["node"] if sources.has_inventory else [])]))
     window = _Window(prices, window_start, window_end, as_of, keys)
+    _no_huge_pages()
     parts = _engine_parts(engine, window, sources, columns, batch_rows)
     if parts is None:
         parts = _batch_parts(window, sources, columns, batch_rows, workers)
@@ -292,7 +293,6 @@ def _engine_parts(engine: str, window: _Window, sources: SourceSet, columns: Seq
 
 
 def _batch_parts(window: _Window, sources: SourceSet, columns: Sequence[str] | None, batch_rows: int, workers: int) -> list[tuple[pd.DataFrame | None, pd.DataFrame]]:
-    _no_huge_pages()
     parts: list[tuple[pd.DataFrame | None, pd.DataFrame]] = []
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="gpu_ops-batch") as pool:
         pending: list[Future] = []

@@ -16,8 +16,8 @@ def run(args: list[str], env: dict[str, str] | None = None, timeout: int = 120) 
     return subprocess.run(args, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
-def test_loading_the_code_location_imports_neither_torch_nor_kubetorch():
-    code = "import sys, gpu_ops.definitions as d; assert d.defs; print(sorted(m for m in ('torch', 'kubetorch') if m in sys.modules))"
+def test_loading_the_code_location_imports_neither_torch_nor_kubetorch_nor_duckdb():
+    code = "import sys, gpu_ops.definitions as d; assert d.defs; print(sorted(m for m in ('torch', 'kubetorch', 'duckdb') if m in sys.modules))"
     out = run([sys.executable, "-c", code])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

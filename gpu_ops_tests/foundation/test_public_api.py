@@ -17,7 +17,7 @@ import gpu_ops
 import gpu_ops.errors as errors
 from gpu_ops_tests.conftest import REPO
 
-HEAVY = ("dagster", "torch", "kubetorch", "pandas", "numpy", "sqlalchemy", "httpx", "kubernetes", "fsspec")
+HEAVY = ("dagster", "torch", "kubetorch", "pandas", "numpy", "sqlalchemy", "httpx", "kubernetes", "fsspec", "duckdb")
 
 
 def _type_checking_imports() -> dict[str, str]:
