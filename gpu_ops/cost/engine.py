@@ -42,6 +42,7 @@ from gpu_ops.cost.attribution import DAY_NS
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet
+from gpu_ops.errors import GpuOpsError
 from gpu_ops.cost.usage import (
     ATTRIBUTE_COLUMNS,
     DUPLICATE_FIELD,
@@ -63,7 +64,7 @@ _NS_MIN, _NS_MAX = pd.Timestamp.min.value, pd.Timestamp.max.value
 _MAX_GPUS = 100_000  # usage.MAX_GPUS_PER_ROW
 
 
-class NotApplicable(Exception):
+class NotApplicable(GpuOpsError):
     """This read is not one the engine models; use the batch reader."""
 
 
