@@ -46,6 +46,7 @@ from gpu_ops.errors import GpuOpsError
 from gpu_ops.cost.usage import (
     ATTRIBUTE_COLUMNS,
     DUPLICATE_FIELD,
+    MAX_GPUS_PER_ROW,
     _distinct_files,
     arrow_to_frame,
     concat_raw,
@@ -61,19 +62,10 @@ _TIMES = ("start", "end")
 _SUPPORTED = frozenset((*_TIMES, *_NUMBERS, *_TEXT_CHECKED, *ATTRIBUTE_COLUMNS))
 # What pandas' datetime64[ns] holds (validate_usage quarantines the rest), in ns.
 _NS_MIN, _NS_MAX = pd.Timestamp.min.value, pd.Timestamp.max.value
-_MAX_GPUS = 100_000  # usage.MAX_GPUS_PER_ROW
 
 
 class NotApplicable(GpuOpsError):
     """This read is not one the engine models; use the batch reader."""
-
-
-def available() -> bool:
-    try:
-        import duckdb  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _quote(name: str) -> str:
@@ -141,7 +133,7 @@ class _Layout:
                 f"s BETWEEN {lo} AND {hi}",
                 f'("end" IS NULL OR (e BETWEEN {lo} AND {hi} AND e >= s))',
                 # isfinite first: DuckDB orders NaN above every number, and a range test can be rewritten.
-                ("isfinite(gpu_count) AND gpu_count = floor(gpu_count) AND " if _is_float(self.types["gpu_count"]) else "") + f"gpu_count > 0 AND gpu_count <= {_MAX_GPUS}",
+                ("isfinite(gpu_count) AND gpu_count = floor(gpu_count) AND " if _is_float(self.types["gpu_count"]) else "") + f"gpu_count > 0 AND gpu_count <= {MAX_GPUS_PER_ROW}",
                 ("(share_null OR (isfinite(gpu_share) AND gpu_share > 0 AND gpu_share <= 1))" if _is_float(self.types["gpu_share"]) else "(share_null OR (gpu_share > 0 AND gpu_share <= 1))") if share else "true",
             ]
         )
@@ -238,7 +230,7 @@ class HashSpill:
 
     def __init__(self, expected: int, memory_rows: int):
         self.bits = 0
-        while (expected >> self.bits) > memory_rows and self.bits < 12:
+        while (expected >> self.bits) > memory_rows and self.bits < 8:  # at most 256 files open
             self.bits += 1
         self.tmp = tempfile.TemporaryDirectory(prefix="gpu_ops-hashes-") if self.bits else None
         self.parts: list[list[np.ndarray]] = [[] for _ in range(1 << self.bits)]
@@ -443,7 +435,7 @@ class _Read:
 
     def duplicates(self) -> list[pd.DataFrame]:
         """Per file, its rows identical to an earlier good row (quarantine rows)."""
-        spill = HashSpill(self.lay.rows, 32 * self.batch_rows)
+        spill = HashSpill(self.lay.rows, max(32 * self.batch_rows, 1 << 20))
         for path in self.lay.paths:
             rel = self.con.sql(f"SELECT {self.dedupe_hash()} AS h FROM {self.lay.source(path)} WHERE {self.good_touching()}")
             reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader  # DuckDB 2 / 1.x

@@ -177,3 +177,15 @@ def test_cli_engines_print_the_same_figures(tmp_path):
     for a, b in zip(out["duckdb"], out["arrow"]):
         assert a["cost_usd"] == pytest.approx(b["cost_usd"], rel=1e-9) and a["gpu_hours"] == pytest.approx(b["gpu_hours"], rel=1e-9)
     assert (tmp_path / "q-duckdb.csv").read_text() == (tmp_path / "q-arrow.csv").read_text()
+
+
+def test_an_empty_file_and_a_file_of_bad_rows(tmp_path):
+    rows = usage_rows(40, seed=4)
+    empty = write_parquet(tmp_path / "empty.parquet", rows[:0] or [rows[0]])
+    pq.write_table(pq.read_table(empty).slice(0, 0), empty)
+    bad = write_parquet(tmp_path / "bad.parquet", [r | {"gpu_count": 0} for r in rows])
+    for paths in ([empty], [bad], [empty, bad]):
+        assert applies(paths, "2026-10-02")
+        table, q = assert_alike(paths, ["team"], "2026-10-02")
+        assert table.empty
+    assert len(q) and q["reason"].str.contains("gpu_count: must be > 0").all()
