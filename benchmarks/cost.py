@@ -10,8 +10,10 @@ Per size, each contender is a whole process (interpreter start and imports inclu
 interleaved ``--repeat`` times; the best wall time and the highest peak RSS (max RSS of the
 process) are reported, and every answer (per-team GPU-hours and cost) must agree with the
 floor's to 1e-6:
-  1. `gpu-ops cost attribution --by team` (the real CLI: validation, quarantine, day split,
-     pricing, grouping; usage streamed in batches of ``usage.batch_rows``),
+  1. `gpu-ops cost attribution --by team` (the real CLI: validation, quarantine, the
+     identical-row rule, day split, pricing, grouping; its default engine, DuckDB:
+     gpu_ops/cost/engine.py),
+  1b. (10M only) the same with ``--engine arrow``, the batch reader (gpu_ops/cost/stream.py),
   2. DuckDB: one SQL query over the file (join with a price table, GROUP BY team),
   2b. DuckDB with the CLI's duplicate rule: the same query over SELECT DISTINCT of the
      columns the CLI compares (identical rows counted once), i.e. the CLI's work,
@@ -202,6 +204,7 @@ PANDAS = textwrap.dedent(
 )
 
 CLI = "gpu-ops cost attribution"
+BATCHES = "CLI --engine arrow"
 DISTINCT = "DuckDB, duplicates once"
 
 
@@ -238,6 +241,7 @@ def contenders(path: Path, rows: int, batch_rows: int | None) -> list[tuple[str,
         ("Polars (streaming)", [py, "-c", POLARS, *peer_args]),
     ]
     if rows <= 10_000_000:
+        out.append((BATCHES, [*cli, "--engine", "arrow"]))
         out.append(("pandas merge+groupby", [py, "-c", PANDAS, str(path), str(PRICES), DAY, AS_OF]))
     return out
 
@@ -247,7 +251,7 @@ def totals(name: str, stdout: str) -> dict[str, list[float]]:
         data = json.loads(stdout)
     except json.JSONDecodeError:
         raise SystemExit(f"{name} printed no JSON answer: {stdout[:500]!r}") from None
-    if name == CLI:
+    if name in (CLI, BATCHES):
         return {r["team"]: [r["gpu_hours"], r["cost_usd"]] for r in data}
     return data
 
