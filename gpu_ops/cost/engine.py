@@ -330,6 +330,9 @@ def day_parts(
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     con.execute("SET preserve_insertion_order = false")  # results are sums and sorted row numbers: no order to keep
+    # Memory follows the setting, not the files: 1 KiB per batch row (256 MiB by default).
+    con.execute(f"SET memory_limit = '{max(128 << 20, batch_rows << 10)}B'")
+    con.execute(f"SET temp_directory = {_literal(str(Path(tempfile.gettempdir()) / 'gpu_ops-duckdb'))}")
     try:
         return _Read(con, lay, day, prices, list(keys), batch_rows, identity).parts()
     except duckdb.Error as exc:  # a file DuckDB reads differently: the batch reader decides
