@@ -386,7 +386,7 @@ class _Read:
             where = "WHERE rn NOT IN (SELECT rn FROM without_rows)"
         q = (
             f"SELECT *, {self.combo_hash} AS ch FROM (SELECT {combo}{', ' if combo else ''}share_null, {self.lay.share_lt1()} AS share_lt1, ok, "
-            f"sum({self.day.hours(self.lay)}) AS gpu_hours, count(*) AS n{self.decoded()} FROM {self.lay.source(path)} {where} GROUP BY ALL)"
+            f"sum({self.day.hours(self.lay)}) AS gpu_hours{self.decoded()} FROM {self.lay.source(path)} {where} GROUP BY ALL)"
         )
         return self.con.execute(q).df()
 
