@@ -131,7 +131,7 @@ class _Layout:
         ok = " AND ".join(
             [
                 f"s BETWEEN {lo} AND {hi}",
-                f'("end" IS NULL OR (e BETWEEN {lo} AND {hi} AND e >= s))',
+                f'coalesce(e BETWEEN s AND {hi}, "end" IS NULL)',  # e is NULL when end is, or is out of range (ns unit)
                 # isfinite first: DuckDB orders NaN above every number, and a range test can be rewritten.
                 ("isfinite(gpu_count) AND gpu_count = floor(gpu_count) AND " if _is_float(self.types["gpu_count"]) else "") + f"gpu_count > 0 AND gpu_count <= {MAX_GPUS_PER_ROW}",
                 ("(share_null OR (isfinite(gpu_share) AND gpu_share > 0 AND gpu_share <= 1))" if _is_float(self.types["gpu_share"]) else "(share_null OR (gpu_share > 0 AND gpu_share <= 1))") if share else "true",
