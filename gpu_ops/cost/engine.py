@@ -243,6 +243,10 @@ class HashSpill:
             self.parts[0].append(h)
             return
         part = (h >> np.uint64(64 - self.bits)).astype(np.uint16)
+        if self.bits <= 2:  # a few masks cost less than a sort
+            for i, f in enumerate(self.files):
+                h[part == i].tofile(f)
+            return
         order = np.argsort(part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange((1 << self.bits) + 1))
         h = h[order]
