@@ -13,6 +13,10 @@ the same figures as the pieces they stand for.
 
 Batches are validated on worker threads while the next ones are decoded: Arrow decoding
 and numpy's large-array loops run without the GIL, so two cores are both used.
+
+One day of Parquet files is first offered to the DuckDB engine (:mod:`gpu_ops.cost.engine`),
+which gives the same cells and quarantine several times faster; the batches here answer
+whatever it does not model.
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ class _Window:
         pieces = price_pieces(split_by_day(rows, self.ws, self.we, self.as_of, drop_empty=not self.one_day), per_row=False)
         return priced_cells(pieces, self.cell_keys), quarantine_in_window(v.quarantine, self.ws, self.we)
 
-    def priced(self, parts: list[tuple[pd.DataFrame | None, pd.DataFrame]]) -> PricedUsage:
+    def priced(self, parts: Sequence[tuple[pd.DataFrame | None, pd.DataFrame]]) -> PricedUsage:
         cells = cell_pieces(combine_cells([c for c, _ in parts if c is not None], self.cell_keys))
         cells = cells[cells["gpu_hours"].to_numpy() != 0].reset_index(drop=True)
         cells["day"] = pd.to_datetime(cells["day"], utc=True) if not self.one_day else pd.Series([self.ws] * len(cells), dtype="datetime64[ns, UTC]")
@@ -269,9 +273,8 @@ def stream_priced(
     window = _Window(prices, window_start, window_end, as_of, keys)
     _no_huge_pages()
     parts = _engine_parts(engine, window, sources, columns, batch_rows)
-    if parts is None:
-        parts = _batch_parts(window, sources, columns, batch_rows, workers)
-    return with_idle(window.priced(parts), load_inventory(sources, store), prices)
+    priced = window.priced(parts if parts is not None else _batch_parts(window, sources, columns, batch_rows, workers))
+    return with_idle(priced, load_inventory(sources, store), prices)
 
 
 def _engine_parts(engine: str, window: _Window, sources: SourceSet, columns: Sequence[str] | None, batch_rows: int) -> list[tuple[pd.DataFrame, pd.DataFrame]] | None:
@@ -280,7 +283,7 @@ def _engine_parts(engine: str, window: _Window, sources: SourceSet, columns: Seq
     from gpu_ops.cost.engine import NotApplicable, day_parts
 
     try:
-        return day_parts(sources, window.prices, window.ws, window.we, window.as_of, window.keys, columns, max(1, int(batch_rows)), window.identity)  # type: ignore[return-value]
+        return day_parts(sources, window.prices, window.ws, window.we, window.as_of, window.keys, columns, max(1, int(batch_rows)), window.identity)
     except NotApplicable as exc:
         if engine == "duckdb":
             raise ValueError(f"the DuckDB engine does not apply to this read: {exc} (use engine auto or arrow)") from None
