@@ -42,6 +42,7 @@ from gpu_ops.cost.attribution import DAY_NS
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet
+from gpu_ops.cost.texthash import SPACES
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.cost.usage import (
     ATTRIBUTE_COLUMNS,
@@ -254,9 +255,9 @@ class HashSpill:
             if bounds[i] < bounds[i + 1]:
                 h[bounds[i] : bounds[i + 1]].tofile(f)
 
-    def repeated(self) -> np.ndarray:
-        """The hashes that occur more than once."""
-        out = []
+    def repeated(self) -> tuple[np.ndarray, int]:
+        """The hashes that occur more than once, and how many rows have one of them."""
+        out, rows = [], 0
         for i in range(1 << self.bits):
             if self.bits:
                 self.files[i].close()
@@ -267,10 +268,12 @@ class HashSpill:
             h.sort()
             same = h[1:] == h[:-1]
             if same.any():
-                out.append(np.unique(h[1:][same]))
+                values = np.unique(h[1:][same])
+                out.append(values)
+                rows += int(same.sum()) + len(values)
         if self.tmp:
             self.tmp.cleanup()
-        return np.concatenate(out) if out else np.empty(0, np.uint64)
+        return (np.concatenate(out) if out else np.empty(0, np.uint64)), rows
 
 
 # --------------------------------------------------------------------------- reading rows back
@@ -430,8 +433,14 @@ class _Read:
             out.append(quarantine_in_window(v.quarantine, self.day_start, self.day_end))
         return pd.concat(out, ignore_index=True) if out else empty_quarantine()
 
-    def dedupe_hash(self) -> str:
+    def dedupe_hash(self, full: bool) -> str:
+        """A hash equal for rows validate_usage parses alike. Not ``full``: cheap, from the
+        raw columns whose spellings cannot collapse (more rows may share it). ``full``: with
+        the other text columns stripped as ``str.strip`` strips them (DuckDB's trim with
+        the same characters), for files where many rows differ only there."""
         cols = ["s", "e", "gpu_count::DOUBLE", self.lay.share_value(), *(_quote(c) for c in self.combos.hashable)]
+        if full:
+            cols += [f"coalesce(trim({_quote(c)}, {_literal(SPACES)}), '')" for c in self.lay.identity]
         return f"hash({', '.join(cols)})"
 
     def good_touching(self) -> str:
@@ -440,25 +449,32 @@ class _Read:
             cond += f" AND {self.row_combo_hash} NOT IN (SELECT ch FROM bad_combos)"
         return cond
 
-    def duplicates(self) -> list[pd.DataFrame]:
-        """Per file, its rows identical to an earlier good row (quarantine rows)."""
+    def repeated(self, hash_sql: str) -> tuple[np.ndarray, int]:
         spill = HashSpill(self.lay.rows, max(32 * self.batch_rows, 1 << 20))
         for path in self.lay.paths:
-            rel = self.con.sql(f"SELECT {self.dedupe_hash()} AS h FROM {self.lay.source(path)} WHERE {self.good_touching()}")
+            rel = self.con.sql(f"SELECT {hash_sql} AS h FROM {self.lay.source(path)} WHERE {self.good_touching()}")
             reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader  # DuckDB 2 / 1.x
             for batch in reader(1 << 20):
                 spill.add(np.asarray(batch.column(0)).astype(np.uint64, copy=False))
-        repeated = spill.repeated()
-        none = [empty_quarantine() for _ in self.lay.paths]
+        return spill.repeated()
+
+    def duplicates(self) -> list[pd.DataFrame]:
+        """Per file, its rows identical to an earlier good row (quarantine rows)."""
+        limit = max(4 * self.batch_rows, 1 << 16)  # rows compared in memory at most
+        hash_sql = self.dedupe_hash(full=False)
+        repeated, rows = self.repeated(hash_sql)
+        if rows > limit:  # e.g. hourly exports: times and teams alike, pods not
+            hash_sql = self.dedupe_hash(full=True)
+            repeated, rows = self.repeated(hash_sql)
+        if rows > limit:
+            raise NotApplicable(f"{rows:,} rows alike to compare (at most {limit:,} in memory)")
         if not len(repeated):
-            return none
+            return [empty_quarantine() for _ in self.lay.paths]
         self.register("repeated", "h", repeated)
         raw: list[pd.DataFrame] = []
         for path in self.lay.paths:
-            rows = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {self.dedupe_hash()} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
-            raw.extend(_raw(path, t, at) for t, at in read_rows(path, self.lay.present, rows, len(rows) or 1))
-            if sum(map(len, raw)) > max(4 * self.batch_rows, 1 << 16):
-                raise NotApplicable("too many rows alike to compare in memory")
+            at = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {hash_sql} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
+            raw.extend(_raw(path, t, got) for t, got in read_rows(path, self.lay.present, at, len(at) or 1))
         q = validate_usage(concat_raw(raw), self.prices, identity=self.identity).quarantine
         if len(q) and (q["field"] != DUPLICATE_FIELD).any():
             raise NotApplicable("a row DuckDB accepts validate_usage rejects")

@@ -32,11 +32,11 @@ from .test_stream import usage_rows, write_parquet
 pytest.importorskip("duckdb", reason="the DuckDB engine needs duckdb (installed by make venv)")
 
 
-def priced(paths: list[Path], engine_name: str, group_by: list[str], day: str, as_of: str | None = None, all_columns: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def priced(paths: list[Path], engine_name: str, group_by: list[str], day: str, as_of: str | None = None, all_columns: bool = False, batch_rows: int = 7) -> tuple[pd.DataFrame, pd.DataFrame]:
     ws, we = pd.Timestamp(day, tz="UTC"), pd.Timestamp(day, tz="UTC") + pd.Timedelta(days=1)
     sources = SourceSet(usage_files=[str(p) for p in paths])
     cols = None if all_columns else needed_columns(group_by, False, False)
-    p = stream_priced(sources, MATRIX, ws, we, pd.Timestamp(as_of) if as_of else we, attribution_columns(group_by, False), cols, batch_rows=7, engine=engine_name)
+    p = stream_priced(sources, MATRIX, ws, we, pd.Timestamp(as_of) if as_of else we, attribution_columns(group_by, False), cols, batch_rows=batch_rows, engine=engine_name)
     return attribute(p.rows, group_by).table, p.quarantine
 
 
@@ -140,11 +140,13 @@ def test_hash_partitions_on_disk_find_what_one_partition_in_memory_finds():
         spill = engine.HashSpill(len(h), memory_rows)
         for chunk in np.array_split(h, 7):
             spill.add(chunk.copy())
-        results.append((spill.bits, np.sort(spill.repeated())))
+        repeated, rows = spill.repeated()
+        results.append((spill.bits, (np.sort(repeated), rows)))
     assert [bits for bits, _ in results] == [0, 2, 6]
     values, counts = np.unique(h, return_counts=True)
-    for _, repeated in results:
+    for _, (repeated, rows) in results:
         np.testing.assert_array_equal(repeated, values[counts > 1])
+        assert rows == counts[counts > 1].sum()
 
 
 def test_csv_or_mixed_schemas_are_not_modelled_auto_falls_back(tmp_path):
@@ -188,3 +190,24 @@ def test_an_empty_file_and_a_file_of_bad_rows(tmp_path):
         table, q = assert_alike(paths, ["team"], "2026-10-02")
         assert table.empty
     assert len(q) and q["reason"].str.contains("gpu_count: must be > 0").all()
+
+
+def test_hourly_rows_alike_but_for_their_pods_are_told_apart_in_duckdb(tmp_path):
+    """An hourly export: 70,000 rows share their hour, team and type and differ only by pod,
+    more than are compared in memory. The duplicate hash then takes the pods too (stripped
+    as str.strip strips them), so copies, padded copies included, are still found there."""
+    n = 70_000
+    t0, t1 = pd.Timestamp("2026-10-01T05:00Z"), pd.Timestamp("2026-10-01T06:00Z")
+    pods = [f"pod-{i}" for i in range(n)] + ["pod-7", "\u3000pod-8 ", "pod-9x"]
+    table = pa.table({
+        "start": pa.array([t0] * len(pods), pa.timestamp("us", tz="UTC")), "end": pa.array([t1] * len(pods), pa.timestamp("us", tz="UTC")),
+        "namespace": pa.array(["ml"] * len(pods)).dictionary_encode(), "pod": pa.array(pods), "team": pa.array(["nlp"] * len(pods)).dictionary_encode(),
+        "gpu_type": pa.array(["a100-80gb"] * len(pods)).dictionary_encode(), "gpu_count": pa.array([1] * len(pods), pa.int64()),
+        "capacity_type": pa.array(["spot"] * len(pods)).dictionary_encode(),
+    })
+    path = tmp_path / "hourly.parquet"
+    pq.write_table(table, path)
+    assert applies([path])
+    table_, q = assert_alike([path], ["team"], "2026-10-01", batch_rows=16_384)  # in memory: 65,536 rows at most
+    assert q["row"].tolist() == [n + 1, n + 2] and q["reason"].str.startswith("<row>: duplicate of row").all()
+    assert table_["gpu_hours"].tolist() == [pytest.approx(n + 1)]
