@@ -84,14 +84,15 @@ class _Layout:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schemas = []
+        metas: list[Any] = []
         for path in paths:
             if path.suffix.lower() not in (".parquet", ".pq"):
                 raise NotApplicable(f"{path.name}: not Parquet")
             try:
-                schemas.append(pq.read_schema(path))
+                metas.append(pq.ParquetFile(path))  # the footer, read once: schema and row count
             except Exception:
-                raise NotApplicable(f"{path.name}: unreadable schema") from None
+                raise NotApplicable(f"{path.name}: unreadable footer") from None
+        schemas = [m.schema_arrow for m in metas]
         present = parquet_columns(schemas[0].names, columns)
         for s in schemas[1:]:
             if parquet_columns(s.names, columns) != present or any(s.field(c).type != schemas[0].field(c).type for c in present):
@@ -104,8 +105,8 @@ class _Layout:
             ok = pa.types.is_timestamp(t) if c in _TIMES else (pa.types.is_integer(t) or pa.types.is_floating(t)) if c in _NUMBERS else text
             if c not in _SUPPORTED or not ok:
                 raise NotApplicable(f"column {c} ({t}) is not modelled")
-        self.paths, self.present, self.types = paths, present, types
-        self.rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+        self.paths, self.present, self.types, self.schema = paths, present, types, schemas[0]
+        self.rows = sum(m.metadata.num_rows for m in metas)
         # Grouped on: the checked text columns and the keys (as they are spelled in the file).
         self.combo = [c for c in (*_TEXT_CHECKED, *keys) if c in present and c not in ("start", "end")]
         self.combo = list(dict.fromkeys(self.combo))
@@ -159,6 +160,7 @@ def _is_float(t: Any) -> bool:
 
 class _Day:
     def __init__(self, window_start: pd.Timestamp, window_end: pd.Timestamp, as_of: pd.Timestamp):
+        self.window = (window_start, window_end)  # what quarantine_in_window keeps
         self.lo, self.end = window_start.value, window_end.value
         self.hi = min(window_end.value, as_of.value)  # priced up to here
 
@@ -279,21 +281,20 @@ class HashSpill:
 # --------------------------------------------------------------------------- reading rows back
 
 
-def read_rows(path: Path, columns: Sequence[str], row_numbers: np.ndarray, batch_rows: int) -> Any:
+def read_rows(path: Path, lay: _Layout, row_numbers: np.ndarray, batch_rows: int) -> Any:
     """Batches of the rows ``row_numbers`` (0-based, sorted) of a Parquet file, read as the
     batch reader reads them, visiting only the row groups that hold them: (table, rows)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
-    text = [c for c in columns if c != "pod" and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
-    pf = pq.ParquetFile(path, read_dictionary=text)
+    from gpu_ops.cost.stream import usage_parquet
+
+    pf = usage_parquet(path, lay.schema, lay.present)
     starts = np.cumsum([0] + [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)])
     groups = np.unique(np.searchsorted(starts, row_numbers, side="right") - 1)
     for g in groups.tolist():
         lo, hi = int(starts[g]), int(starts[g + 1])
         at = row_numbers[(row_numbers >= lo) & (row_numbers < hi)]
-        group = pf.read_row_group(g, columns=list(columns))
+        group = pf.read_row_group(g, columns=list(lay.present))
         for chunk in range(0, len(at), batch_rows):
             mine = at[chunk : chunk + batch_rows]
             yield group.take(pa.array(mine - lo)), mine
@@ -363,21 +364,15 @@ class _Read:
         ok = pd.concat([c[c["ok"]] for c in cells], ignore_index=True)
         self.combos = _Combos(self.lay, ok, self.prices, self.keys, self.day)
         self.bad = self.combos.bad
+        if len(self.bad):  # named by the row filters below
+            self.register("bad_combos", "ch", self.bad)
         quarantine = [self.quarantine(p, c) for p, c in zip(self.lay.paths, cells)]
         for i, (path, dups) in enumerate(zip(self.lay.paths, self.duplicates())):
             if len(dups):
                 cells[i] = self.cells(path, without=dups["row"].to_numpy(np.int64) - 1)
                 both = [q for q in (quarantine[i], dups) if len(q)]
                 quarantine[i] = pd.concat(both, ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True) if len(both) > 1 else both[0]
-        return [(self.priced(c), quarantine_in_window(q, self.day_start, self.day_end)) for c, q in zip(cells, quarantine)]
-
-    @property
-    def day_start(self) -> pd.Timestamp:
-        return pd.Timestamp(self.day.lo, tz="UTC")
-
-    @property
-    def day_end(self) -> pd.Timestamp:
-        return pd.Timestamp(self.day.end, tz="UTC")
+        return [(self.priced(c), q) for c, q in zip(cells, quarantine)]  # both kinds of quarantine row are of the day already
 
     def register(self, name: str, column: str, values: np.ndarray) -> None:
         import pyarrow as pa
@@ -416,7 +411,6 @@ class _Read:
     def bad_rows_sql(self, path: Path) -> str:
         cond = "NOT ok"
         if len(self.bad):
-            self.register("bad_combos", "ch", self.bad)
             cond += f" OR {self.row_combo_hash} IN (SELECT ch FROM bad_combos)"
         return f"SELECT rn FROM {self.lay.source(path)} WHERE {cond} ORDER BY rn"
 
@@ -426,11 +420,11 @@ class _Read:
             return empty_quarantine()
         rows = self.con.execute(self.bad_rows_sql(path)).fetchnumpy()["rn"].astype(np.int64)
         out = []
-        for table, at in read_rows(path, self.lay.present, rows, self.batch_rows):
+        for table, at in read_rows(path, self.lay, rows, self.batch_rows):
             v = validate_usage(_raw(path, table, at), self.prices, identity=self.identity)
             if len(v.rows):
                 raise NotApplicable(f"{len(v.rows)} row(s) DuckDB rejects validate_usage accepts")
-            out.append(quarantine_in_window(v.quarantine, self.day_start, self.day_end))
+            out.append(quarantine_in_window(v.quarantine, *self.day.window))
         return pd.concat(out, ignore_index=True) if out else empty_quarantine()
 
     def dedupe_hash(self, full: bool) -> str:
@@ -474,7 +468,7 @@ class _Read:
         raw: list[pd.DataFrame] = []
         for path in self.lay.paths:
             at = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {hash_sql} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
-            raw.extend(_raw(path, t, got) for t, got in read_rows(path, self.lay.present, at, len(at) or 1))
+            raw.extend(_raw(path, t, got) for t, got in read_rows(path, self.lay, at, len(at) or 1))
         q = validate_usage(concat_raw(raw), self.prices, identity=self.identity).quarantine
         if len(q) and (q["field"] != DUPLICATE_FIELD).any():
             raise NotApplicable("a row DuckDB accepts validate_usage rejects")

@@ -77,19 +77,28 @@ def record_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -
         raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
 
 
-def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int, list[tuple[int, str]]]]:
+def usage_parquet(path: Path, schema: Any, present: Sequence[str]) -> Any:
+    """A usage Parquet file opened as every reader of its rows opens it (the batches here,
+    the DuckDB engine's read-back of quarantined rows), so that rows read either way are
+    the same values."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Text columns arrive as dictionaries: validation then works once per distinct value.
+    # pod is as distinct as the rows: read plainly, not as a dictionary as large as the batch.
+    text = [c for c in present if c != "pod" and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
+    # Column chunks are read through a small buffer, not whole: memory follows batch_rows.
+    return pq.ParquetFile(path, read_dictionary=text, pre_buffer=False, buffer_size=1 << 20)
+
+
+def _parquet_batches(path: Path, columns: Sequence[str] | None, batch_rows: int) -> Iterator[tuple[Any, int, list[tuple[int, str]]]]:
     import pyarrow.parquet as pq
 
     try:
         schema = pq.read_schema(path)
         present = parquet_columns(schema.names, columns)
         require_usage_columns(path, present)
-        # Text columns arrive as dictionaries: validation then works once per distinct value.
-        # pod is as distinct as the rows: read plainly, not as a dictionary as large as the batch.
-        text = [c for c in present if c != "pod" and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
-        # Column chunks are read through a small buffer, not whole: memory follows batch_rows.
-        pf = pq.ParquetFile(path, read_dictionary=text, pre_buffer=False, buffer_size=1 << 20)
+        pf = usage_parquet(path, schema, present)
     except UsageSourceError:
         raise
     except Exception as exc:  # a corrupt file: name it
