@@ -602,7 +602,10 @@ class AlertsConfig(_Model):
     # still failed, run_retries times, run_retry_delay_s apart (doubling).
     delivery_attempts: PositiveInt = 4
     delivery_backoff_s: PositiveFloat = 1.0
+    # A total deadline per request (connect to the answer's last byte), not per read.
     delivery_timeout_s: PositiveFloat = 10.0
+    # At most this much of a receiver's answer body is read (a 2xx body not at all).
+    delivery_max_response_bytes: PositiveInt = 65_536
     run_retries: int = Field(default=3, ge=0)
     run_retry_delay_s: PositiveFloat = 60.0
     # Redelivery: an alert whose run failed stays pending; budget_alert_sensor requests

@@ -1,18 +1,30 @@
 """Sending one alert through one configured channel, with retries. No Dagster.
 
-- Retried with exponential backoff: HTTP 5xx and 429, timeouts, refused or reset
+- Every HTTP answer is bounded (:mod:`gpu_ops.bounded_http`): one request, from connect
+  to its last byte, takes at most ``alerts.delivery_timeout_s`` (a total deadline, not per
+  read), and at most ``alerts.delivery_max_response_bytes`` of the answer's body are read
+  (only a non-2xx answer's first 200 characters are ever shown). An SMTP session is held
+  to the same deadline.
+- Retried with exponential backoff: HTTP 5xx, 408 and 429, timeouts, refused or reset
   connections, SMTP 4xx replies and dropped SMTP sessions. Not retried: other 4xx (a
-  wrong routing key stays wrong), SMTP 5xx, TLS certificate errors.
+  wrong routing key stays wrong), SMTP 5xx, TLS certificate errors. ``Retry-After`` is
+  honoured when it is delta-seconds (ASCII digits) or an HTTP-date, capped at
+  ``backoff_s × 16``; any other value is ignored.
 - A delivery counts as sent only on a 2xx reply (SMTP: the server accepted the message).
+- **At least once.** A request that timed out or lost its connection *after it was sent*
+  may have reached the receiver; it is retried with the same body, ``Idempotency-Key``
+  header (every HTTP channel) and PagerDuty ``dedup_key``, so a receiver that honours the
+  key processes it once. When every attempt ended that way the result says so
+  (``maybe_delivered``): the alert is redelivered later with the same keys, never dropped.
 - Nothing here raises with a secret in it: every message that leaves this module (result
   details, log lines, exceptions) goes through :class:`Redactor`, which masks every
   channel secret known to the configuration and shortens URLs to scheme and host.
-  Library exceptions are never passed on as they are, because httpx puts the full URL
-  (a Slack webhook URL *is* the secret) into its messages.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import json
 import logging
 import random
@@ -24,10 +36,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from gpu_ops.alerts import messages
 from gpu_ops.alerts.model import Alert
+from gpu_ops.bounded_http import Bounds, RemoteError, Watchdog, exchange
 from gpu_ops.config import (
     AlertsConfig,
     ConfigError,
@@ -43,22 +54,8 @@ from gpu_ops.config import (
 
 logger = logging.getLogger("gpu_ops.alerts")
 _URL_PATH = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s/'\"]+)/[^\s'\"]*")
-
-
-class _UrlPathScrubber(logging.Filter):
-    """httpx logs every request's full URL at INFO; a Slack webhook URL *is* a secret."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        scrubbed = _URL_PATH.sub(lambda m: f"{m.group(1)}/…", message)
-        if scrubbed != message:
-            record.msg, record.args = scrubbed, ()
-        return True
-
-
-for _name in ("httpx", "httpcore"):
-    if not any(isinstance(f, _UrlPathScrubber) for f in logging.getLogger(_name).filters):
-        logging.getLogger(_name).addFilter(_UrlPathScrubber())
+_DELTA_SECONDS = re.compile(r"[0-9]{1,10}", re.ASCII)
+SNIPPET_CHARS = 200
 AnyChannel = SlackChannel | PagerDutyChannel | WebhookChannel | EmailChannel | LogChannel
 Log = Callable[[str], None]
 
@@ -110,11 +107,16 @@ def _secret_value(secret: SecretRef | LiteralSecret | None) -> str | None:
 class DeliverySettings:
     attempts: int = 4
     backoff_s: float = 1.0
-    timeout_s: float = 10.0
+    timeout_s: float = 10.0  # total per request (connect to last byte), not per read
+    max_response_bytes: int = 65_536  # of an answer's body; a 2xx answer's body is not read at all
 
     @classmethod
     def from_config(cls, alerts: AlertsConfig) -> "DeliverySettings":
-        return cls(alerts.delivery_attempts, alerts.delivery_backoff_s, alerts.delivery_timeout_s)
+        return cls(alerts.delivery_attempts, alerts.delivery_backoff_s, alerts.delivery_timeout_s, alerts.delivery_max_response_bytes)
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.timeout_s, self.max_response_bytes)
 
 
 @dataclass(frozen=True)
@@ -125,101 +127,124 @@ class DeliveryResult:
     attempts: int
     detail: str  # redacted: safe for logs, metadata and exceptions
     permanent: bool = False  # a failure that retrying will not fix
+    # A failed delivery whose request may still have arrived (a timeout or a dropped
+    # connection after it was sent): at-least-once, redelivered with the same keys.
+    maybe_delivered: bool = False
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    ok: bool
+    attempts: int
+    detail: str
+    permanent: bool = False
+    maybe_delivered: bool = False
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, text: str, *, retry_after: float | None = None, maybe_delivered: bool = False):
+        super().__init__(text)
+        self.retry_after, self.maybe_delivered = retry_after, maybe_delivered
 
 
 class _Permanent(Exception):
     pass
 
 
-def _http_post(client: httpx.Client, url: str, *, headers: dict[str, str], content: bytes) -> str:
-    """One POST; returns a short description on 2xx, raises _Retryable/_Permanent otherwise."""
+def parse_retry_after(value: str | None, now: dt.datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: delta-seconds (ASCII digits only) or
+    an HTTP-date (RFC 9110); anything else (``²``, ``-5``, ``1.5``, a date without a zone)
+    is None: ignored, never an error."""
+    text = (value or "").strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)
+    if not text or text[0].isdigit():
+        return None
     try:
-        resp = client.post(url, headers=headers, content=content)
-    except httpx.TimeoutException as exc:
-        raise _Retryable(f"timed out ({type(exc).__name__})") from None
-    except httpx.ConnectError:
-        raise _Retryable("connection refused or unreachable") from None
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-        raise _Retryable(f"connection dropped ({type(exc).__name__})") from None
-    except httpx.HTTPError as exc:
-        raise _Permanent(f"request failed ({type(exc).__name__})") from None
-    if 200 <= resp.status_code < 300:
-        return f"HTTP {resp.status_code}"
-    snippet = resp.text[:200].replace("\n", " ")
-    if resp.status_code >= 500 or resp.status_code in (408, 429):
-        retry_after = resp.headers.get("Retry-After", "")
-        retryable = _Retryable(f"HTTP {resp.status_code}: {snippet}")
-        retryable.retry_after = float(retry_after) if retry_after.isdigit() else None  # type: ignore[attr-defined]
-        raise retryable
-    raise _Permanent(f"HTTP {resp.status_code}: {snippet}")
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
 
 
-def _with_retries(attempt: Callable[[], str], settings: DeliverySettings, describe: str, log: Log, redact: Redactor) -> tuple[bool, int, str, bool]:
+def _http_post(url: str, *, headers: dict[str, str], content: bytes, settings: DeliverySettings) -> str:
+    """One POST within the settings' bounds; a short description on 2xx, else raises
+    _Retryable/_Permanent. A 2xx answer's body is never read (the status says it all)."""
+    try:
+        with exchange("POST", url, bounds=settings.bounds, headers=headers, body=content) as answer:
+            if 200 <= answer.status < 300:
+                return f"HTTP {answer.status}"
+            status, retry_after = answer.status, parse_retry_after(answer.headers.get("Retry-After"))
+            try:
+                snippet = answer.read(cut_at_cap=True).body[: SNIPPET_CHARS * 4].decode(errors="replace")[:SNIPPET_CHARS].replace("\n", " ")
+            except RemoteError as exc:  # the status is known; the body did not come in time
+                snippet = f"(answer body unread: {exc.what})"
+    except RemoteError as exc:
+        if exc.kind == "protocol" and not exc.sent:  # an untrusted certificate stays untrusted
+            raise _Permanent(exc.what) from None
+        if exc.sent and exc.kind in ("deadline", "dropped", "protocol"):
+            raise _Retryable(f"{exc.what}; the receiver may have it (retried with the same idempotency key)", maybe_delivered=True) from None
+        raise _Retryable(exc.what) from None
+    if status >= 500 or status in (408, 429):
+        raise _Retryable(f"HTTP {status}: {snippet}", retry_after=retry_after)
+    raise _Permanent(f"HTTP {status}: {snippet}")
+
+
+def _with_retries(attempt: Callable[[], str], settings: DeliverySettings, describe: str, log: Log, redact: Redactor) -> _Outcome:
     delay = settings.backoff_s
-    last = ""
+    last, maybe = "", False
     for n in range(1, settings.attempts + 1):
         try:
-            return True, n, attempt(), False
+            return _Outcome(True, n, attempt())
         except _Permanent as exc:
-            return False, n, str(exc), True
+            return _Outcome(False, n, str(exc), permanent=True, maybe_delivered=maybe)
         except _Retryable as exc:
-            last = str(exc)
+            last, maybe = str(exc), maybe or exc.maybe_delivered
             if n == settings.attempts:
                 break
-            wait = getattr(exc, "retry_after", None) or delay
-            wait = min(wait, settings.backoff_s * 16) * random.uniform(0.8, 1.2)
+            wait = min(exc.retry_after if exc.retry_after is not None else delay, settings.backoff_s * 16) * random.uniform(0.8, 1.2)
             log(redact(f"{describe}: attempt {n} of {settings.attempts} failed ({last}); retrying in {wait:.1f}s"))
             time.sleep(wait)
             delay *= 2
-    return False, settings.attempts, f"{last} (after {settings.attempts} attempts)", False
+    return _Outcome(False, settings.attempts, f"{last} (after {settings.attempts} attempts)", maybe_delivered=maybe)
 
 
 def send(name: str, channel: AnyChannel, alert: Alert, *, settings: DeliverySettings, redact: Redactor, log: Log | None = None) -> DeliveryResult:
     """Deliver ``alert`` through one channel; never raises for delivery problems."""
     log = log or (lambda line: logger.warning(line))
     try:
-        ok, attempts, detail, permanent = _send(name, channel, alert, settings, redact, log)
+        out = _send(name, channel, alert, settings, redact, log)
     except ConfigError as exc:  # an unset environment variable: names the variable only
-        ok, attempts, detail, permanent = False, 0, str(exc), True
+        out = _Outcome(False, 0, str(exc), permanent=True)
     except Exception as exc:  # a bug or an unexpected library error: reported, redacted
-        ok, attempts, detail, permanent = False, 1, f"unexpected {type(exc).__name__}: {exc}", False
-    return DeliveryResult(name, channel.type, ok, attempts, redact(detail), permanent)
+        out = _Outcome(False, 1, f"unexpected {type(exc).__name__}: {exc}")
+    return DeliveryResult(name, channel.type, out.ok, out.attempts, redact(out.detail), out.permanent, out.maybe_delivered)
 
 
-def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettings, redact: Redactor, log: Log) -> tuple[bool, int, str, bool]:
+def _request(alert: Alert, channel: SlackChannel | PagerDutyChannel | WebhookChannel) -> tuple[str, dict[str, str], bytes]:
+    """URL, headers and body of one channel's POST; the same for every attempt."""
+    key = {messages.IDEMPOTENCY_HEADER: alert.idempotency_key}
+    if isinstance(channel, SlackChannel):
+        return channel.webhook_url.get(), {"Content-Type": "application/json", **key}, _json(messages.slack_payload(alert))
+    if isinstance(channel, PagerDutyChannel):
+        return channel.events_url, {"Content-Type": "application/json", **key}, _json(messages.pagerduty_event(alert, channel.routing_key.get()))
+    secret = channel.secret.get() if channel.secret else None
+    headers, body = messages.webhook_request(alert, secret)
+    return channel.url.get(), {**{k: v.get() for k, v in channel.headers.items()}, **headers}, body
+
+
+def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettings, redact: Redactor, log: Log) -> _Outcome:
     describe = f"{channel.type} channel {name!r}"
     if isinstance(channel, LogChannel):
         log(messages.log_line(alert))  # the op's Dagster log, the CLI's stderr, else `gpu_ops.alerts`
-        return True, 1, "written to the log", False
-
+        return _Outcome(True, 1, "written to the log")
     if isinstance(channel, EmailChannel):
         return _with_retries(lambda: _send_email(channel, alert, settings), settings, describe, log, redact)
-
-    if isinstance(channel, SlackChannel):
-        url = channel.webhook_url.get()
-        headers = {"Content-Type": "application/json"}
-        body = _json(messages.slack_payload(alert))
-    elif isinstance(channel, PagerDutyChannel):
-        url = channel.events_url
-        headers = {"Content-Type": "application/json"}
-        body = _json(messages.pagerduty_event(alert, channel.routing_key.get()))
-    elif isinstance(channel, WebhookChannel):
-        url = channel.url.get()
-        secret = channel.secret.get() if channel.secret else None
-        headers, body = messages.webhook_request(alert, secret)
-        headers = {**{k: v.get() for k, v in channel.headers.items()}, **headers}
-    else:  # pragma: no cover - the config model admits no other type
-        raise TypeError(f"unknown channel type {type(channel).__name__}")
-
-    with httpx.Client(timeout=settings.timeout_s, follow_redirects=False) as client:
-        ok, attempts, detail, permanent = _with_retries(
-            lambda: _http_post(client, url, headers=headers, content=body), settings, describe, log, redact
-        )
-    return ok, attempts, f"{detail} from {redact_url(url)}", permanent
+    url, headers, body = _request(alert, channel)
+    out = _with_retries(lambda: _http_post(url, headers=headers, content=body, settings=settings), settings, describe, log, redact)
+    return _Outcome(out.ok, out.attempts, f"{out.detail} from {redact_url(url)}", out.permanent, out.maybe_delivered)
 
 
 def _json(payload: object) -> bytes:
@@ -229,8 +254,12 @@ def _json(payload: object) -> bytes:
 def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings) -> str:
     smtp = channel.smtp
     msg = messages.email_message(alert, channel.sender, channel.to)
+    timeout = min(smtp.timeout_s, settings.timeout_s)
+    watchdog = Watchdog(time.monotonic() + timeout)  # the whole SMTP session, not each reply
     try:
-        with smtplib.SMTP(smtp.host, smtp.port, timeout=min(smtp.timeout_s, settings.timeout_s)) as server:
+        with smtplib.SMTP(smtp.host, smtp.port, timeout=timeout) as server:
+            if server.sock is not None:
+                watchdog.watch(server.sock)
             server.ehlo()
             offered = server.has_extn("starttls")
             if smtp.starttls == "always" and not offered:
@@ -255,7 +284,11 @@ def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings)
     except smtplib.SMTPRecipientsRefused as exc:
         raise _Permanent(f"{smtp.host}:{smtp.port} refused every recipient ({len(exc.recipients)})") from None
     except (smtplib.SMTPServerDisconnected, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
+        if watchdog.fired:
+            raise _Retryable(f"{smtp.host}:{smtp.port}: no complete SMTP session within {timeout:g} s") from None
         raise _Retryable(f"{smtp.host}:{smtp.port}: {type(exc).__name__}") from None
+    finally:
+        watchdog.close()
     if refused:
         raise _Permanent(f"{smtp.host}:{smtp.port} refused {len(refused)} of {len(channel.to)} recipients")
     return f"accepted by {smtp.host}:{smtp.port} for {len(channel.to)} recipient(s)"
