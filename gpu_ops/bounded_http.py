@@ -218,7 +218,7 @@ def _connect_error(where: str, exc: BaseException, watchdog: Watchdog) -> Remote
         return RemoteError(where, f"TLS certificate not trusted ({exc.reason or type(exc).__name__})", kind="protocol", sent=False)
     if isinstance(exc, TimeoutError) or watchdog.fired:
         return RemoteError(where, "could not connect within the deadline", kind="deadline", sent=False)
-    return RemoteError(where, f"connection refused or unreachable ({type(exc).__name__})", kind="connect", sent=False)
+    return RemoteError(where, "connection refused or unreachable", kind="connect", sent=False)
 
 
 def _exchange_error(where: str, exc: BaseException, watchdog: Watchdog, sent: bool, bounds: Bounds) -> RemoteError:

@@ -355,16 +355,33 @@ class UtilizationConfig(_Model):
     url: str
     auth: PrometheusAuth | None = None
     step: str = "60s"  # range-query step; each point averages the samples of its step
+    # How often Prometheus scrapes dcgm-exporter (its ServiceMonitor's interval): a step
+    # shorter than this leaves most steps without a sample, so it is refused.
+    scrape_interval: str = "15s"
+    # A total deadline per query (connect to the answer's last byte), not per read.
     timeout_s: PositiveFloat = 30.0
+    # At most this many bytes of one answer, and this many samples in it (the answer is
+    # parsed as it streams in: memory follows the samples kept, not the bytes).
+    max_response_bytes: PositiveInt = 268_435_456
+    max_samples: PositiveInt = 2_000_000
     # Extra label matchers for every query, e.g. '{cluster="prod"}' -> 'cluster="prod"'.
     selector: str = ""
 
-    @field_validator("step")
+    @field_validator("step", "scrape_interval")
     @classmethod
     def _step(cls, value: str) -> str:
         if parse_duration(value).total_seconds() < 1:
             raise ValueError("must be at least 1s")
         return value
+
+    @model_validator(mode="after")
+    def _step_covers_a_scrape(self) -> "UtilizationConfig":
+        if parse_duration(self.step) < parse_duration(self.scrape_interval):
+            raise ValueError(
+                f"step {self.step} is shorter than scrape_interval {self.scrape_interval}: most steps would hold no sample "
+                f"and read as missing metrics; use a step of at least {self.scrape_interval}"
+            )
+        return self
 
     @field_validator("url")
     @classmethod

@@ -38,12 +38,12 @@ def _write(handler: http.server.BaseHTTPRequestHandler, data: bytes) -> None:
     handler.wfile.flush()
 
 
-def endless(status: int = 200, chunk: int = 65_536) -> Behaviour:
-    """A chunked body that never ends, written as fast as the client reads."""
+def endless(status: int = 200, chunk: int = 65_536, fill: bytes = b"[") -> Behaviour:
+    """A chunked body of ``fill`` that never ends, written as fast as the client reads."""
 
     def answer(h: http.server.BaseHTTPRequestHandler) -> None:
         _write(h, f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
-        piece = f"{chunk:x}\r\n".encode() + b"[" * chunk + b"\r\n"
+        piece = f"{chunk:x}\r\n".encode() + fill * chunk + b"\r\n"
         while True:
             _write(h, piece)
 

@@ -137,7 +137,10 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         first, last = _days(context)
         usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
         table, q = usage.table, usage.quarantine
-        table, steps = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
+        measured = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
+        table = measured.rows
+        if measured.missing:
+            context.log.warning(measured.missing)
         settled = None
         if cfg.usage.billing is not None:
             import pandas as pd
@@ -163,7 +166,8 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
                     "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
                     "quarantined_rows": len(q),
                     **usage.stats.metadata(),
-                    **_efficiency_metadata(coverage(table), steps if cfg.usage.utilization else None),
+                    **_efficiency_metadata(coverage(table), measured.pod_steps if cfg.usage.utilization else None),
+                    **measured.metadata(),
                     **({"priced_from_bill": f"{settled.from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(settled.from_bill['unbilled_nodes']) or 'none'}"} if settled and settled.from_bill else {}),
                 },
             )

@@ -1,6 +1,17 @@
 """GPU efficiency from DCGM metrics (dcgm-exporter) read through the Prometheus HTTP API.
 
-Pure logic, no Dagster; httpx is imported when a query runs.
+Pure logic, no Dagster; the bounded HTTP client and ijson are imported when a query runs.
+
+- Every answer is bounded (:mod:`gpu_ops.bounded_http`): ``timeout_s`` is a total deadline
+  per query, at most ``max_response_bytes`` are read, and the JSON is parsed as it streams
+  in (ijson) with at most ``max_samples`` samples per query.
+- A malformed answer (not JSON, a scalar or vector result, no ``data``, a value that is no
+  number, too many samples) is a :class:`UtilizationError` naming the server (scheme and
+  host), the query and what was wrong; :func:`measured_rows` turns it into a window with
+  no metrics whose :attr:`Measurement.missing` says why. Never a traceback, never 1.0.
+- A sample that is not finite (``NaN``, ``+Inf``) or outside its metric's range (activity
+  0..1, ``GPU_UTIL`` 0..100 %, memory ≥ 0) is no measurement: left out and counted,
+  never clipped. ``step`` must be at least ``scrape_interval`` (refused in the config).
 
 - Activity: ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (0..1) where the exporter has it, else
   ``DCGM_FI_DEV_GPU_UTIL`` / 100 (whole GPUs only: NVML has no utilisation per MIG
@@ -24,7 +35,12 @@ Pure logic, no Dagster; httpx is imported when a query runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import math
+import re
+import urllib.parse
+from array import array
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +56,9 @@ ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
+# What a sample of each metric may be; anything else (non-finite, out of range) is no
+# measurement: dropped and counted, never clipped into one.
+VALID_RANGE = {ACTIVE: (0.0, 1.0), GPU_UTIL: (0.0, 100.0), FB_USED: (0.0, math.inf), FB_FREE: (0.0, math.inf)}
 # Columns each usage row gains (NaN where there are no metrics).
 EFFICIENCY_COLUMNS = (
     "active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
@@ -48,59 +67,204 @@ EFFICIENCY_COLUMNS = (
 GROUP_COLUMNS = ("active_gpu_hours", "efficiency", "unused_cost_usd")
 SAMPLE_COLUMNS = ("namespace", "pod", "t", "activity", "devices", "memory_peak_mib", "memory_total_mib")
 _SERIES = ("namespace", "pod", "UUID", "gpu", "GPU_I_ID")
+_LABELS = (*_SERIES, "GPU_I_PROFILE")
 MS_PER_HOUR = 3_600_000
 MAX_POINTS = 10_000
+MAX_DEPTH = 8
+# A Prometheus sample value: Go's strconv.FormatFloat output, NaN and ±Inf (nothing else).
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN", re.ASCII)
 
 
 class UtilizationError(GpuOpsError):
-    """Prometheus could not be queried (names the server without credentials)."""
+    """Prometheus could not be queried, or answered something that is not a matrix of
+    samples (names the server without credentials, the query, and what was wrong)."""
 
 
 # --------------------------------------------------------------------------- Prometheus
 
 
 @dataclass
+class Series:
+    """One series of a matrix answer: its labels, times (s) and values, compactly."""
+
+    labels: dict[str, str]
+    t: array = field(default_factory=lambda: array("d"))
+    v: array = field(default_factory=lambda: array("d"))
+
+
+class _Matrix:
+    """Folds ijson events of a ``query_range`` answer into :class:`Series`, counting samples."""
+
+    def __init__(self, fail: Any, max_samples: int):
+        self.fail, self.max_samples = fail, max_samples
+        self.status: str | None = None
+        self.error = ""
+        self.result_type: str | None = None
+        self.series: list[Series] = []
+        self.samples = 0
+        self.odd = ""  # something under data.result that a matrix does not have
+        self._current: Series | None = None
+        self._pair: list[Any] = []
+        self._path: list[str] = []  # one slot per open container: its current key, or "item"
+
+    def event(self, event: str, value: Any) -> None:
+        """One ijson *basic* event (no prefixes: an endless ``[[[[`` would make them quadratic)."""
+        path = self._path
+        if event == "map_key":
+            path[-1] = value
+            self.feed(".".join(path[:-1]), event, value)
+        elif event in ("start_map", "start_array"):
+            self.feed(".".join(path), event, value)
+            path.append("" if event == "start_map" else "item")
+            if len(path) > MAX_DEPTH:
+                raise self.fail(f"JSON nested deeper than {MAX_DEPTH} levels (a query_range answer has 6)")
+        elif event in ("end_map", "end_array"):
+            path.pop()
+            self.feed(".".join(path), event, value)
+        else:
+            self.feed(".".join(path), event, value)
+
+    def feed(self, prefix: str, event: str, value: Any) -> None:
+        if prefix.startswith("data.result.item"):
+            self._result(prefix[len("data.result.item"):], event, value)
+        elif prefix == "status" and event == "string":
+            self.status = value
+        elif prefix == "error" and event == "string":
+            self.error = value
+        elif prefix == "data.resultType" and event == "string":
+            self.result_type = value
+        elif prefix == "data.result" and event not in ("start_array", "end_array"):
+            self.odd = self.odd or f"data.result is a {event}, not a list of series"
+
+    def _result(self, rest: str, event: str, value: Any) -> None:
+        if rest == "":
+            if event == "start_map":
+                self._current = Series({})
+            elif event == "end_map" and self._current is not None:
+                self.series.append(self._current)
+                self._current = None
+            elif event == "map_key":
+                if value == "value":
+                    self.odd = self.odd or "a series with one value (an instant vector), not a range"
+            else:
+                self.odd = self.odd or f"data.result holds a {event}, not a series"
+        elif self._current is None:
+            return
+        elif rest.startswith(".metric.") and event == "string":
+            self._current.labels[rest[len(".metric."):]] = value
+        elif rest == ".values.item":
+            if event == "start_array":
+                self._pair = []
+            elif event == "end_array":
+                self._point()
+        elif rest == ".values.item.item":
+            self._pair.append(value)
+
+    def _point(self) -> None:
+        pair, series = self._pair, self._current
+        assert series is not None
+        if len(pair) != 2 or isinstance(pair[0], (str, bool)) or not isinstance(pair[0], (int, float)) or not math.isfinite(pair[0]):
+            raise self.fail(f"a point of series {_labels_text(series.labels)} is {pair!r}, not [time, \"value\"]")
+        if not isinstance(pair[1], str) or not _NUMBER.fullmatch(pair[1]):
+            raise self.fail(f"series {_labels_text(series.labels)} has the value {pair[1]!r} at {pair[0]:.3f}, which is not a number")
+        self.samples += 1
+        if self.samples > self.max_samples:
+            raise self.fail(f"answered more than {self.max_samples:,} samples (usage.utilization.max_samples); narrow usage.utilization.selector or raise the limit")
+        series.t.append(float(pair[0]))
+        series.v.append(float(pair[1]))
+
+    def result(self) -> list[Series]:
+        if self.status != "success":
+            raise self.fail(f"status {self.status!r}: {self.error[:200]}" if self.status else "an answer without a status")
+        if self.result_type is None:
+            raise self.fail("an answer without data.resultType (no data)")
+        if self.result_type != "matrix":
+            raise self.fail(f"a {self.result_type} result, not a matrix")
+        if self.odd:
+            raise self.fail(self.odd)
+        return self.series
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    shown = {k: labels[k] for k in ("namespace", "pod", "gpu") if k in labels}
+    return "{" + ",".join(f"{k}={v!r}" for k, v in shown.items()) + "}"
+
+
+@dataclass
 class PrometheusClient:
     config: UtilizationConfig
+    # Samples dropped per metric since the client was made (non-finite or out of range).
+    rejected: dict[str, int] = field(default_factory=dict)
 
     @property
     def step_s(self) -> float:
         return parse_duration(self.config.step).total_seconds()
 
-    def _auth(self) -> Any:
-        import httpx
+    @property
+    def where(self) -> str:
+        return redact_url(self.config.url)
 
+    def _headers(self) -> dict[str, str]:
         a = self.config.auth
         if a is None:
-            return None
+            return {}
         if a.basic is not None:
-            return httpx.BasicAuth(a.basic.username, a.basic.password.get())
-        token = a.bearer.get() if a.bearer is not None else ""
+            pair = f"{a.basic.username}:{a.basic.password.get()}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+        return {"Authorization": f"Bearer {a.bearer.get() if a.bearer is not None else ''}"}
 
-        def bearer(request: Any) -> Any:
-            request.headers["Authorization"] = f"Bearer {token}"
-            return request
+    def query_range(self, query: str, start: float, end: float) -> list[Series]:
+        """``/api/v1/query_range`` (a matrix), times in Unix seconds, parsed as it streams in
+        within ``timeout_s`` (total), ``max_response_bytes`` and ``max_samples``."""
+        import ijson
 
-        return bearer
+        from gpu_ops.bounded_http import Bounds, RemoteError, exchange
 
-    def query_range(self, query: str, start: float, end: float) -> list[dict[str, Any]]:
-        """``/api/v1/query_range`` result (a matrix), times in Unix seconds."""
-        import httpx
-
-        where = redact_url(self.config.url)
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.step_s:g}s"}
+        url = self.config.url.rstrip("/") + "/api/v1/query_range?" + urllib.parse.urlencode(params)
+        bounds = Bounds(self.config.timeout_s, self.config.max_response_bytes)
+
+        def fail(what: str) -> UtilizationError:
+            return UtilizationError(f"Prometheus at {self.where} answered {what} (query {query!r})")
+
+        matrix = _Matrix(fail, self.config.max_samples)
         try:
-            with httpx.Client(timeout=self.config.timeout_s, auth=self._auth()) as client:
-                r = client.get(self.config.url.rstrip("/") + "/api/v1/query_range", params=params)
-        except httpx.HTTPError as exc:
-            raise UtilizationError(f"Prometheus at {where} could not be queried: {type(exc).__name__}") from None
-        try:
-            body = r.json()
-        except ValueError:
-            body = {}
-        if r.status_code != 200 or body.get("status") != "success":
-            raise UtilizationError(f"Prometheus at {where} answered HTTP {r.status_code} to {query!r}: {str(body.get('error', ''))[:200]}")
-        return list(body["data"]["result"])
+            with exchange("GET", url, bounds=bounds, headers={"Accept": "application/json", **self._headers()}) as answer:
+                events = ijson.sendable_list()
+                parser = ijson.basic_parse_coro(events, use_float=True)
+                try:
+                    for chunk in answer.chunks():
+                        parser.send(chunk)
+                        for event, value in events:
+                            matrix.event(event, value)
+                        del events[:]
+                    parser.close()
+                    for event, value in events:
+                        matrix.event(event, value)
+                except ijson.JSONError as exc:
+                    if answer.status != 200:
+                        raise fail(f"HTTP {answer.status} with a body that is not JSON") from None
+                    raise fail(f"a body that is not valid JSON after {answer.read_bytes:,} bytes ({str(exc)[:80]})") from None
+                if answer.status != 200:
+                    raise fail(f"HTTP {answer.status}: {matrix.error[:200]}")
+        except RemoteError as exc:
+            raise UtilizationError(f"Prometheus at {self.where} could not be queried: {exc.what} (query {query!r})") from None
+        return matrix.result()
+
+    def frame(self, series: list[Series], metric: str) -> pd.DataFrame:
+        """Matrix -> one row per (series, point): the exporter's labels, ``t`` (ms), ``v``.
+        Samples outside the metric's :data:`VALID_RANGE` (or not finite) are left out and counted."""
+        counts = np.fromiter((len(s.t) for s in series), dtype=np.int64, count=len(series))
+        t = np.concatenate([np.frombuffer(s.t, dtype=float) for s in series]) if series else np.zeros(0)
+        v = np.concatenate([np.frombuffer(s.v, dtype=float) for s in series]) if series else np.zeros(0)
+        lo, hi = VALID_RANGE.get(metric, (-math.inf, math.inf))
+        ok = np.isfinite(v) & (v >= lo) & (v <= hi)
+        if not ok.all():
+            self.rejected[metric] = self.rejected.get(metric, 0) + int((~ok).sum())
+        cols: dict[str, Any] = {c: np.repeat(np.array([s.labels.get(c, "") for s in series], dtype=object), counts)[ok] for c in _LABELS}
+        cols["t"] = np.rint(t[ok] * 1000).astype(np.int64)
+        cols["v"] = v[ok]
+        return pd.DataFrame(cols)
 
 
 def _selector(config: UtilizationConfig) -> str:
@@ -108,24 +272,12 @@ def _selector(config: UtilizationConfig) -> str:
     return '{pod!=""' + (f",{extra}" if extra else "") + "}"
 
 
-def _frame(result: list[dict[str, Any]], value: str) -> pd.DataFrame:
-    """Matrix result -> one row per (series, point): the exporter's labels, ``t`` (ms), value."""
-    rows: dict[str, list[Any]] = {c: [] for c in (*_SERIES, "GPU_I_PROFILE", "t", value)}
-    for series in result:
-        labels = series.get("metric", {})
-        for t, v in series.get("values", []):
-            for c in (*_SERIES, "GPU_I_PROFILE"):
-                rows[c].append(str(labels.get(c, "")))
-            rows["t"].append(int(round(float(t) * 1000)))
-            rows[value].append(float(v))
-    return pd.DataFrame(rows)
-
-
 def fetch_samples(client: PrometheusClient, start: pd.Timestamp, end: pd.Timestamp) -> pd.DataFrame:
     """Per-pod activity and memory per step of ``[start, end)``: :data:`SAMPLE_COLUMNS`.
 
     ``t`` is the end of the step (Unix ms); ``activity`` is the mean over the pod's GPUs
     (or MIG instances) that reported in the step, ``devices`` how many did.
+    Raises :class:`UtilizationError` when a query fails or its answer is malformed.
     """
     sel, step = _selector(client.config), client.step_s
     w = f"[{step:g}s]"
@@ -139,31 +291,54 @@ def fetch_samples(client: PrometheusClient, start: pd.Timestamp, end: pd.Timesta
         t0 = last + step
 
     def q(fn: str, metric: str) -> pd.DataFrame:
-        parts = [_frame(client.query_range(f"{fn}_over_time({metric}{sel}{w})", a, b), "v") for a, b in chunks]
-        return pd.concat(parts, ignore_index=True) if parts else _frame([], "v")
+        parts = [client.frame(client.query_range(f"{fn}_over_time({metric}{sel}{w})", a, b), metric) for a, b in chunks]
+        return pd.concat(parts, ignore_index=True) if parts else client.frame([], metric)
 
     return device_samples_to_pods(q("avg", ACTIVE), q("avg", GPU_UTIL), q("max", FB_USED), q("avg", FB_FREE), q("avg", FB_USED))
 
 
-def measured_rows(config: UtilizationConfig | None, rows: pd.DataFrame, window_start: Any, window_end: Any) -> tuple[pd.DataFrame, int]:
+@dataclass
+class Measurement:
+    """Usage rows with the efficiency columns, and what the metrics source said."""
+
+    rows: pd.DataFrame
+    pod_steps: int = 0
+    missing: str | None = None  # why the window has no metrics (the source failed), else None
+    rejected: dict[str, int] = field(default_factory=dict)  # samples that were no measurement, per metric
+
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.missing:
+            out["metrics_missing"] = self.missing
+        if self.rejected:
+            out["metrics_rejected_samples"] = ", ".join(f"{m}: {n}" for m, n in sorted(self.rejected.items())) + " (not finite or out of range; no measurement)"
+        return out
+
+
+def measured_rows(config: UtilizationConfig | None, rows: pd.DataFrame, window_start: Any, window_end: Any) -> Measurement:
     """Priced rows of a window with the efficiency columns, and how many pod steps were read.
 
-    Prometheus is asked only for the span the allocated rows cover inside the window.
+    Prometheus is asked only for the span the allocated rows cover inside the window. When
+    it cannot be read, or answers something malformed, the window has no metrics (every
+    efficiency column empty, coverage 0) and :attr:`Measurement.missing` says why.
     """
     alloc = rows[rows["kind"].astype(str) != "idle"] if "kind" in rows and len(rows) else rows
     if config is None or not len(alloc):
-        return join_efficiency(rows, None, 0.0), 0
+        return Measurement(join_efficiency(rows, None, 0.0))
     client = PrometheusClient(config)
     lo = max(pd.Timestamp(window_start), pd.to_datetime(alloc["start"], utc=True).min())
     hi = min(pd.Timestamp(window_end), pd.to_datetime(alloc["end"], utc=True).max())
-    samples = fetch_samples(client, lo, hi)
-    return join_efficiency(rows, samples, client.step_s), len(samples)
+    try:
+        samples = fetch_samples(client, lo, hi)
+    except UtilizationError as exc:
+        return Measurement(join_efficiency(rows, None, 0.0), 0, f"no metrics for {lo:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M} UTC: {exc}", dict(client.rejected))
+    return Measurement(join_efficiency(rows, samples, client.step_s), len(samples), None, dict(client.rejected))
 
 
 def device_samples_to_pods(
     active: pd.DataFrame, util: pd.DataFrame, fb_used_max: pd.DataFrame, fb_free: pd.DataFrame, fb_used_avg: pd.DataFrame
 ) -> pd.DataFrame:
-    """Per-device frames (from :func:`_frame`) -> per-pod steps.
+    """Per-device frames (from :meth:`PrometheusClient.frame`) -> per-pod steps.
 
     Activity per device: the profiling metric, else GPU_UTIL/100 for a whole GPU (never for
     a MIG instance). Memory: peak used, and total = used + free (averages).
@@ -173,7 +348,6 @@ def device_samples_to_pods(
     whole = dev["GPU_I_ID"].fillna("") == ""
     dev["activity"] = dev["prof"].where(dev["prof"].notna(), (dev["util"] / 100.0).where(whole))
     dev = dev[dev["activity"].notna()][[*key, "activity"]]
-    dev["activity"] = dev["activity"].clip(0.0, 1.0)
     mem = fb_used_max.rename(columns={"v": "used_max"})[[*key, "used_max"]]
     tot = fb_used_avg.rename(columns={"v": "u"})[[*key, "u"]].merge(fb_free.rename(columns={"v": "f"})[[*key, "f"]], on=key)
     tot["total"] = tot["u"] + tot["f"]
@@ -190,10 +364,10 @@ def device_samples_to_pods(
 
 
 def _ms(ts: pd.Series) -> np.ndarray:
-    """UTC timestamps -> Unix ms (NaT -> int64 min)."""
-    v = pd.to_datetime(ts, utc=True).array.asi8 if len(ts) else np.array([], np.int64)
-    nat = v == np.iinfo(np.int64).min
-    return np.where(nat, v, v // 1_000_000)
+    """UTC timestamps (any unit: ns, us, ms, s) -> Unix ms (NaT -> int64 min)."""
+    if not len(ts):
+        return np.array([], np.int64)
+    return np.asarray(pd.to_datetime(ts, utc=True).dt.as_unit("ms").array.asi8, dtype=np.int64)
 
 
 def _codes_in(values: pd.Series, index: pd.Index) -> np.ndarray:

@@ -162,7 +162,7 @@ def stored_switch_time(url: str, t0: float) -> float:
 def test_efficiency_of_whole_gpus_mig_fallback_and_gaps_from_a_real_prometheus(prometheus):
     url, t0 = prometheus
     rows = usage_rows(t0)
-    client = PrometheusClient(UtilizationConfig(type="prometheus", url=url, step="1s"))
+    client = PrometheusClient(UtilizationConfig(type="prometheus", url=url, step="1s", scrape_interval="1s"))
     samples = fetch_samples(client, ts(t0), ts(t0 + RUN_S))
     assert set(samples["pod"]) == {"bert-0", "llama-0", "infer-0", "etl-0", "sweep-0", "legacy-0"}  # the pod-less MIG instance is not read
     out = join_efficiency(rows, samples, client.step_s).set_index("pod")
@@ -209,15 +209,16 @@ def test_a_piece_inside_one_pod_lifetime_gets_only_its_own_steps(prometheus):
     switch = stored_switch_time(url, t0) - t0
     rows = pd.concat([usage_rows(t0, 1.0, switch - 1.5), usage_rows(t0, switch + 1.5, 8.5)], ignore_index=True)
     rows = rows[rows["pod"] == "sweep-0"].reset_index(drop=True)
-    out, steps = measured_rows(UtilizationConfig(type="prometheus", url=url, step="1s"), rows, ts(t0), ts(t0 + RUN_S + 1))
-    assert steps > 0
+    measured = measured_rows(UtilizationConfig(type="prometheus", url=url, step="1s", scrape_interval="1s"), rows, ts(t0), ts(t0 + RUN_S + 1))
+    out = measured.rows
+    assert measured.pod_steps > 0 and measured.missing is None
     assert out["efficiency"].tolist() == pytest.approx([1.0, 0.0], abs=1e-9)
 
 
 def test_prometheus_errors_name_the_server_and_never_the_credentials(prometheus, monkeypatch):
     url, t0 = prometheus
     monkeypatch.setenv("PROM_TOKEN", "tok-5ecret-marker")
-    cfg = UtilizationConfig.model_validate({"type": "prometheus", "url": url, "step": "1s", "auth": {"bearer": {"env": "PROM_TOKEN"}}})
+    cfg = UtilizationConfig.model_validate({"type": "prometheus", "url": url, "step": "1s", "scrape_interval": "1s", "auth": {"bearer": {"env": "PROM_TOKEN"}}})
     client = PrometheusClient(cfg)
     with pytest.raises(UtilizationError) as err:
         client.query_range("sum(", t0, t0 + 5)  # a PromQL syntax error: HTTP 400 from the real server
@@ -256,7 +257,8 @@ def test_utilization_config_refuses_credentials_in_the_url_and_literal_secrets()
 
 def test_without_metrics_every_efficiency_column_is_empty():
     rows = usage_rows(dt.datetime(2026, 10, 14, tzinfo=dt.timezone.utc).timestamp())
-    out, steps = measured_rows(None, rows, rows["start"].min(), rows["end"].max())
+    measured = measured_rows(None, rows, rows["start"].min(), rows["end"].max())
+    out, steps = measured.rows, measured.pod_steps
     assert steps == 0 and out[list(EFFICIENCY_COLUMNS)].isna().all().all()
     assert coverage(out)["efficiency"] is None
 
@@ -289,7 +291,7 @@ def test_usage_and_attribution_tables_carry_efficiency_from_prometheus(prometheu
         "storage": {"url": db},
         "prices": {"source": "test", "as_of": "2026-10-01", "gpus": {"a100-80gb": {"on-demand": 3.5}}},
         "usage": {"sources": [{"type": "file", "path": "usage.csv"}], "partitions_start": day.isoformat(), "group_by": ["team"],
-                  "utilization": {"type": "prometheus", "url": url, "step": "1s"}},
+                  "utilization": {"type": "prometheus", "url": url, "step": "1s", "scrape_interval": "1s"}},
     }
     (tmp_path / "gpu_ops.yaml").write_text(yaml.safe_dump(cfg))
     config = load_config(tmp_path / "gpu_ops.yaml")
