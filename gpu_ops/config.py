@@ -391,12 +391,36 @@ class UtilizationConfig(_Model):
         return url
 
 
+class CurrencyRate(_Model):
+    """An explicit, dated conversion of bill amounts into the prices' currency."""
+
+    rate: PositiveFinite  # units of prices.currency for one unit of the bill's currency
+    as_of: dt.date  # the day the rate was taken (shown with every converted figure)
+    source: str = ""  # e.g. "ECB reference rate"
+
+
 class BillingConfig(_Model):
     """The cloud bill: AWS CUR 2.0 export (Parquet or CSV files, a glob)."""
 
     type: Literal["aws_cur"]
     path: str
     tolerance_percent: Annotated[float, Field(ge=0)] = 2.0
+    # Bill lines in another currency than prices.currency are converted only by a rate
+    # given here (ISO 4217 code -> rate); without one they are quarantined, never summed.
+    currency_rates: dict[str, CurrencyRate] = {}
+    # Rows per batch when a CUR file is read (CSV: about 2 KiB of text per row): the
+    # memory of the one indexed read per file follows this, not the size of the file.
+    batch_rows: int = Field(default=65_536, gt=0)
+    # Where the per-day index of each CUR file is kept (default: <GPU_OPS_HOME>/cur_index).
+    index_path: str | None = None
+
+    @field_validator("currency_rates")
+    @classmethod
+    def _codes(cls, rates: dict[str, CurrencyRate]) -> dict[str, CurrencyRate]:
+        for code in rates:
+            if not re.fullmatch(r"[A-Z]{3}", code):
+                raise ValueError(f"{code!r} is not an ISO 4217 currency code (three capital letters, e.g. EUR)")
+        return rates
 
 
 class UsageConfig(_Model):

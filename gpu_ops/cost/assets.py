@@ -69,9 +69,11 @@ def _billing_checks(config: GpuOpsConfig) -> list[dg.AssetCheckSpec]:
     if config.usage.billing is None:
         return []
     tol = config.usage.billing.tolerance_percent
+    blocking = config.prices.from_bill  # attribution at the bill's prices must not run on a bill that does not reconcile
     return [dg.AssetCheckSpec(
-        "billing_reconciled", asset="gpu_usage",
-        description=f"Fleet cost (inventory × prices) against the AWS CUR's billed effective cost of the GPU instances, per day: ERROR beyond {tol:g}%, naming the nodes that explain it.",
+        "billing_reconciled", asset="gpu_usage", blocking=blocking,
+        description=f"Fleet cost (inventory × prices) against the AWS CUR's billed effective cost of the GPU instances, per day: ERROR beyond {tol:g}%, naming the nodes that explain it"
+        + (" (blocking: prices.from_bill, so attribution of a day that does not reconcile is blocked)." if blocking else "."),
     )]
 
 

@@ -9,20 +9,40 @@ Pure logic, no Dagster.
 - Effective cost by ``line_item_line_item_type``: ``SavingsPlanCoveredUsage`` ->
   ``savings_plan_savings_plan_effective_cost``; ``DiscountedUsage`` ->
   ``reservation_effective_cost``; ``Usage``, ``Refund``, ``Credit`` -> the net unblended
-  cost where the export has it, else the unblended cost (refunds and credits are
-  negative). Discount lines (``EdpDiscount``, ``PrivateRateDiscount``,
-  ``BundledDiscount``, ``DistributorDiscount``) count only without a net column (the net
-  cost already has them). ``SavingsPlanNegation`` and fees are not instance cost (the
-  effective cost replaces them).
+  cost where the export has it, else the unblended cost. Discount lines (``EdpDiscount``,
+  ``PrivateRateDiscount``, ``BundledDiscount``, ``DistributorDiscount``) count only
+  without a net column (the net cost already has them). ``SavingsPlanNegation`` and fees
+  are not instance cost (the effective cost replaces them).
+- **Currency.** Every line's ``line_item_currency_code`` must be the prices' currency, or
+  one that ``usage.billing.currency_rates`` converts by an explicit, dated rate. A line in
+  any other currency, or without one, is quarantined (with its amount): never summed as
+  if it were dollars.
+- **Identity.** A line is ``identity_line_item_id`` + ``identity_time_interval`` (CUR 2.0);
+  where an export lacks them, its resource, hour, usage type, line type and cost. The same
+  line seen twice (in two files, or a redelivered file) counts once; when the copies
+  differ (a restated bill) the copy from the newest file counts, and both are reported.
+- **Negative lines** (refunds, credits) are not a price: they are left out of the per-node
+  rate and reported per node and day with the amount they would change.
 - A line that cannot be read (bad date, a cost that is not a number, the effective cost
   its type needs missing) is quarantined with file, row, field and reason: never a zero.
+- **Read by day.** Each CUR file is read once, in batches of ``usage.billing.batch_rows``
+  rows (memory follows the batch, not the file), into a per-day index of its instance-hour
+  lines (Parquet, one file per UTC day, under ``usage.billing.index_path``), keyed by the
+  file's path, size and modification time; a day then reads only its own index files.
 """
 
 from __future__ import annotations
 
+import csv
+import glob as globmod
+import gzip
+import hashlib
+import json
+import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +50,11 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG
+from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import GpuOpsError
-from gpu_ops.cost.usage import _expand, _Problems, concat_raw, empty_quarantine, parse_times, read_table_file
 
 START = "line_item_usage_start_date"
+END = "line_item_usage_end_date"
 RESOURCE = "line_item_resource_id"
 USAGE_TYPE = "line_item_usage_type"
 LINE_TYPE = "line_item_line_item_type"
@@ -43,13 +64,22 @@ SP_EFFECTIVE = "savings_plan_savings_plan_effective_cost"
 RI_EFFECTIVE = "reservation_effective_cost"
 INSTANCE_TYPE = "product_instance_type"
 PRICING_TERM = "pricing_term"
-CUR_COLUMNS = (START, RESOURCE, USAGE_TYPE, LINE_TYPE, UNBLENDED, NET, SP_EFFECTIVE, RI_EFFECTIVE, INSTANCE_TYPE, PRICING_TERM)
+CURRENCY = "line_item_currency_code"
+LINE_ID = "identity_line_item_id"
+INTERVAL = "identity_time_interval"
+CUR_COLUMNS = (START, END, RESOURCE, USAGE_TYPE, LINE_TYPE, UNBLENDED, NET, SP_EFFECTIVE, RI_EFFECTIVE, INSTANCE_TYPE, PRICING_TERM, CURRENCY, LINE_ID, INTERVAL)
 REQUIRED = (START, RESOURCE, USAGE_TYPE, UNBLENDED)
 BILLED_COLUMNS = ("day", "instance_id", "instance_type", "pricing_term", "billed_usd", "lines")
-_INSTANCE_HOURS = re.compile(r"(?:^|:|-)(?:BoxUsage|SpotUsage|DedicatedUsage|HeavyUsage|HostUsage)(?::|$)")
+ADJUSTMENT_COLUMNS = ("day", "instance_id", "line_type", "amount", "location", "row")
+# Where each index row comes from (not CUR columns): file, row in it, the file's version.
+PROVENANCE = ("location", "row", "file_version", "start_ns")
+INDEX_VERSION = "1"
+_INSTANCE_HOURS = r"(?:^|:|-)(?:BoxUsage|SpotUsage|DedicatedUsage|HeavyUsage|HostUsage)(?::|$)"
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 _DISCOUNTS = ("EdpDiscount", "PrivateRateDiscount", "BundledDiscount", "DistributorDiscount")
 _NOT_INSTANCE_COST = ("SavingsPlanNegation", "SavingsPlanRecurringFee", "SavingsPlanUpfrontFee", "RIFee", "Fee", "Tax")
+_KNOWN_TYPES = ("Usage", "SavingsPlanCoveredUsage", "DiscountedUsage", "Refund", "Credit", *_DISCOUNTS)
+_NAT = np.iinfo(np.int64).min
 GPU_INSTANCE_TYPES = {t: (g, n) for g, spec in CATALOG.items() for t, n in spec.instance_types.items()}
 
 
@@ -57,26 +87,225 @@ class BillingSourceError(GpuOpsError, ValueError):
     """A CUR file cannot be read at all (missing file, missing columns)."""
 
 
+# --------------------------------------------------------------------------- reading
+
+
+def cur_files(patterns: Iterable[str], base_dir: Path | None = None) -> list[Path]:
+    """The CUR files a glob (or file, or folder) names; none is an error naming the pattern."""
+    out: list[Path] = []
+    for pattern in patterns:
+        p = Path(pattern).expanduser()
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        if p.is_dir():
+            found = sorted(x for x in p.iterdir() if _readable_name(x))
+        else:
+            found = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+        if not found:
+            raise BillingSourceError(f"{p}: no CUR file matches {pattern!r}")
+        out += [f for f in found if f not in out]
+    return out
+
+
+def _readable_name(p: Path) -> bool:
+    return p.name.endswith((".parquet", ".csv", ".csv.gz"))
+
+
+def _csv_header(path: Path) -> list[str]:
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
+        return next(csv.reader(f), [])
+
+
+def _batches(path: Path, batch_rows: int) -> Iterator[Any]:
+    """The file's CUR columns in batches (pyarrow RecordBatches), streamed."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if path.name.endswith(".parquet"):
+        pf = pq.ParquetFile(path)
+        names = list(pf.schema_arrow.names)
+        _require(path, names)
+        yield from pf.iter_batches(batch_size=batch_rows, columns=[c for c in CUR_COLUMNS if c in names])
+        return
+    names = _csv_header(path)
+    _require(path, names)
+    cols = [c for c in CUR_COLUMNS if c in names]
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(block_size=max(1 << 20, min(batch_rows * 2048, 1 << 28))),
+        convert_options=pacsv.ConvertOptions(include_columns=cols, column_types={c: pa.string() for c in cols}, strings_can_be_null=False),
+    )
+    yield from reader
+
+
+def _require(path: Path, names: list[str]) -> None:
+    missing = [c for c in REQUIRED if c not in names]
+    if missing:
+        raise BillingSourceError(f"{path}: missing CUR column(s) {', '.join(missing)}")
+
+
+def _relevant(batch: Any) -> Any:
+    """Instance-hour lines of an ``i-…`` resource (the rest of the bill is never kept)."""
+    import pyarrow.compute as pc
+
+    resource = pc.cast(batch.column(RESOURCE), "string")
+    usage = pc.cast(batch.column(USAGE_TYPE), "string")
+    keep = pc.and_(pc.match_substring_regex(resource, _INSTANCE_ID.pattern), pc.match_substring_regex(usage, _INSTANCE_HOURS))
+    return batch.filter(pc.fill_null(keep, False))
+
+
+def _as_text_frame(batch: Any, location: str, first_row: np.ndarray, version: int) -> pd.DataFrame:
+    """A batch as text columns (every CUR column present, blank where absent) plus provenance."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    data: dict[str, Any] = {}
+    start_ns = np.full(n, _NAT, dtype=np.int64)
+    for c in CUR_COLUMNS:
+        if c not in batch.schema.names:
+            data[c] = np.full(n, "", dtype=object)
+            continue
+        col = batch.column(c)
+        if c == START and pa.types.is_timestamp(col.type):
+            ts = pc.cast(col, pa.timestamp("ns", tz="UTC") if col.type.tz else pa.timestamp("ns"))
+            start_ns = np.asarray(ts.cast(pa.int64()).fill_null(_NAT), dtype=np.int64)
+        data[c] = np.asarray(pc.fill_null(pc.cast(col, pa.string()), ""), dtype=object)
+    if not (start_ns != _NAT).any():
+        start_ns = _parse_start(data[START])
+    frame = pd.DataFrame(data)
+    frame["location"], frame["row"], frame["file_version"], frame["start_ns"] = location, first_row, version, start_ns
+    return frame
+
+
+def _parse_start(text: np.ndarray) -> np.ndarray:
+    """ISO 8601 texts -> UTC ns (NaT sentinel where unparseable); each distinct text once."""
+    codes, uniques = pd.factorize(pd.Series(text, dtype=object).str.strip())
+    parsed = pd.to_datetime(pd.Series(uniques, dtype=object), utc=True, errors="coerce", format="ISO8601")
+    lut = np.append(np.asarray(parsed.dt.as_unit("ns").array.asi8 if len(parsed) else np.zeros(0, np.int64), dtype=np.int64), _NAT)
+    return lut[np.where(codes < 0, len(lut) - 1, codes)]
+
+
+def _file_lines(path: Path, batch_rows: int) -> Iterator[pd.DataFrame]:
+    """The relevant lines of one file, batch by batch, with their row numbers (1-based)."""
+    import pyarrow as pa
+
+    version = path.stat().st_mtime_ns
+    seen = 0
+    for batch in _batches(path, batch_rows):
+        n = batch.num_rows
+        numbered = batch.append_column("__row", pa.array(np.arange(seen + 1, seen + n + 1, dtype=np.int64)))
+        seen += n
+        kept = _relevant(numbered)
+        if kept.num_rows:
+            rows = np.asarray(kept.column("__row"), dtype=np.int64)
+            yield _as_text_frame(kept.drop_columns(["__row"]), str(path), rows, version)
+
+
+def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: int = 65_536) -> pd.DataFrame:
+    """Every instance-hour line of the CUR files (CSV or Parquet) as text, with file and row.
+    (:class:`CurIndex` reads one day of them; this reads them all, for small bills and tests.)"""
+    frames = [f for path in cur_files(patterns, base_dir) for f in _file_lines(path, batch_rows)]
+    return pd.concat(frames, ignore_index=True) if frames else _empty_lines()
+
+
+def _empty_lines() -> pd.DataFrame:
+    out = pd.DataFrame({c: pd.Series([], dtype=object) for c in (*CUR_COLUMNS, "location")})
+    for c in ("row", "file_version", "start_ns"):
+        out[c] = pd.Series([], dtype=np.int64)
+    return out
+
+
+class CurIndex:
+    """One indexed read per CUR file: its instance-hour lines, one Parquet file per UTC day.
+
+    ``folder/<key>/<YYYY-MM-DD>.parquet`` (``unknown.parquet``: lines whose start cannot be
+    read), ``key`` from the file's resolved path, size and modification time: a changed or
+    redelivered file is indexed anew; an unchanged one never again.
+    """
+
+    def __init__(self, folder: Path, batch_rows: int = 65_536):
+        self.folder, self.batch_rows = Path(folder), batch_rows
+
+    def _key(self, path: Path) -> Path:
+        st = path.stat()
+        digest = hashlib.sha256(f"{INDEX_VERSION}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+        return self.folder / digest
+
+    def build(self, path: Path) -> Path:
+        """The index of ``path`` (built now if it is missing): one streaming read."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        where = self._key(path)
+        if (where / "_done").exists():
+            return where
+        tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        writers: dict[str, Any] = {}
+        try:
+            for frame in _file_lines(path, self.batch_rows):
+                day = np.where(frame["start_ns"].to_numpy() == _NAT, "unknown", pd.to_datetime(frame["start_ns"].where(frame["start_ns"] != _NAT), utc=True).dt.strftime("%Y-%m-%d").to_numpy(dtype=object))
+                for d in pd.unique(day):
+                    part = pa.Table.from_pandas(frame[day == d], preserve_index=False)
+                    if d not in writers:
+                        writers[d] = pq.ParquetWriter(tmp / f"{d}.parquet", part.schema)
+                    writers[d].write_table(part.cast(writers[d].schema))
+        finally:
+            for w in writers.values():
+                w.close()
+        (tmp / "_done").write_text(json.dumps({"file": str(path), "days": sorted(writers)}))
+        shutil.rmtree(where, ignore_errors=True)
+        tmp.rename(where)
+        return where
+
+    def day_lines(self, files: Iterable[Path], day: Any) -> pd.DataFrame:
+        """The lines of every file that start on ``day`` (UTC), and those whose start is unreadable."""
+        name = f"{pd.Timestamp(day):%Y-%m-%d}"
+        frames = []
+        for path in files:
+            where = self.build(path)
+            for part in (where / f"{name}.parquet", where / "unknown.parquet"):
+                if part.exists():
+                    frames.append(pd.read_parquet(part))
+        if not frames:
+            return _empty_lines()
+        out = pd.concat(frames, ignore_index=True)
+        for c in CUR_COLUMNS:
+            out[c] = out[c].astype(object)
+        return out
+
+
+# --------------------------------------------------------------------------- the bill of a day
+
+
 @dataclass
 class Bill:
     lines: pd.DataFrame  # BILLED_COLUMNS, one row per day × instance
     quarantine: pd.DataFrame  # QUARANTINE_COLUMNS of gpu_ops.cost.usage
+    adjustments: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ADJUSTMENT_COLUMNS)))  # negative lines, not in the rate
+    duplicates: int = 0  # lines seen again with the same identity and amount: counted once
+    restated: int = 0  # lines seen again with another amount: the newest file's copy counts
+    duplicate_amount: float = 0.0  # what the copies would have added
+    converted: dict[str, str] = field(default_factory=dict)  # currency -> "N lines at RATE (as of DATE)"
 
-
-def read_cur(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
-    """The CUR files (CSV or Parquet) as text-ish columns, with file and row of each line."""
-    frames = []
-    for pattern in patterns:
-        for path in _expand(pattern, base_dir):
-            df = read_table_file(path, columns=CUR_COLUMNS)
-            missing = [c for c in REQUIRED if c not in df.columns]
-            if missing:
-                raise BillingSourceError(f"{path}: missing CUR column(s) {', '.join(missing)}")
-            df["source"] = "aws_cur"
-            df["location"] = str(path)
-            df["row"] = np.arange(1, len(df) + 1, dtype=np.int64)
-            frames.append(df)
-    return concat_raw(frames) if frames else pd.DataFrame(columns=[*REQUIRED, "source", "location", "row"])
+    def notes(self) -> list[str]:
+        """What was done to the bill before it priced anything, in words."""
+        out = [f"{cur} converted: {text}" for cur, text in sorted(self.converted.items())]
+        if self.duplicates:
+            out.append(f"{self.duplicates} duplicate line(s) counted once (the copies would have added {self.duplicate_amount:,.2f} in the bill's currency)")
+        if self.restated:
+            out.append(f"{self.restated} restated line(s): the newest file's amount counts")
+        if len(self.adjustments):
+            by_node = self.adjustments.groupby("instance_id")["amount"].sum().sort_values()
+            parts = ", ".join(f"{iid} {amount:+,.2f}" for iid, amount in by_node.head(5).items())
+            out.append(f"{len(self.adjustments)} negative line(s) (refunds, credits) left out of the rate; they would change the billed cost by {float(self.adjustments['amount'].sum()):+,.2f} ({parts})")
+        if len(self.quarantine):
+            out.append(f"{len(self.quarantine)} bill line(s) quarantined: {'; '.join(sorted(set(self.quarantine['reason'].str.slice(0, 160)))[:3])}")
+        return out
 
 
 def _text(raw: pd.DataFrame, col: str) -> pd.Series:
@@ -95,13 +324,80 @@ def _money(raw: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return values, np.isnan(values) & (text != "").to_numpy() | np.isinf(values)
 
 
-def gpu_bill(raw: pd.DataFrame, inventory_ids: Iterable[str] = ()) -> Bill:
-    """Billed effective cost of GPU instances per UTC day (see the module docstring)."""
+class _Reasons:
+    """Per-line problems: the first reason per line and field, rendered as quarantine rows."""
+
+    def __init__(self, n: int):
+        self.bad = np.zeros(n, bool)
+        self.items: list[tuple[np.ndarray, str, Any]] = []
+
+    def add(self, mask: np.ndarray, field_: str, message: Any) -> None:
+        mask = np.asarray(mask, bool) & ~self.bad
+        if mask.any():
+            self.bad |= mask
+            self.items.append((mask, field_, message))
+
+    def render(self, raw: pd.DataFrame, start: pd.Series) -> pd.DataFrame:
+        if not self.bad.any():
+            return empty_quarantine()
+        parts = []
+        for mask, field_, message in self.items:
+            idx = np.flatnonzero(mask)
+            sub = raw.iloc[idx]
+            reasons = message(idx) if callable(message) else [message] * len(idx)
+            records = [json.dumps({k: v for k, v in r.items() if v not in ("", None)}, sort_keys=True) for r in sub[list(CUR_COLUMNS)].astype(object).to_dict("records")]
+            parts.append(pd.DataFrame({
+                "source": "aws_cur", "location": sub["location"].astype(str).to_numpy(), "row": pd.array(sub["row"].to_numpy(), dtype="Int64"),
+                "field": field_, "reason": [f"{field_}: {r}" for r in reasons], "record": records,
+                "start": start.iloc[idx].to_numpy(), "end": start.iloc[idx].to_numpy(),
+            }))
+        out = pd.concat(parts, ignore_index=True)
+        out["start"] = pd.to_datetime(out["start"], utc=True).astype("datetime64[ns, UTC]")
+        out["end"] = pd.to_datetime(out["end"], utc=True).astype("datetime64[ns, UTC]")
+        return out[list(QUARANTINE_COLUMNS)]
+
+
+def _identity(raw: pd.DataFrame) -> np.ndarray:
+    """``identity_line_item_id/identity_time_interval``; without them, the line's own fields."""
+    line_id, interval = _text(raw, LINE_ID), _text(raw, INTERVAL)
+    fallback = _text(raw, RESOURCE) + "|" + _text(raw, START) + "|" + _text(raw, USAGE_TYPE) + "|" + _text(raw, LINE_TYPE) + "|" + _text(raw, UNBLENDED) + "|" + _text(raw, NET)
+    has = (line_id != "") & (interval != "")
+    return np.where(has.to_numpy(), (line_id + "/" + interval).to_numpy(dtype=object), ("~" + fallback).to_numpy(dtype=object))
+
+
+def _dedupe(raw: pd.DataFrame) -> tuple[pd.DataFrame, int, int, float]:
+    """One copy of each line identity: the newest file's (then the last row). Returns the
+    kept lines, how many copies were equal, how many differed, and what the copies add."""
+    if not len(raw):
+        return raw, 0, 0, 0.0
+    ident = _identity(raw)
+    version = raw["file_version"].to_numpy(dtype=np.int64) if "file_version" in raw else np.zeros(len(raw), np.int64)
+    order = np.lexsort((raw["row"].to_numpy(dtype=np.int64), raw["location"].astype(str).to_numpy(), version, ident))
+    ident_sorted = ident[order]
+    last = np.append(ident_sorted[1:] != ident_sorted[:-1], True)  # the newest copy of each identity
+    keep, drop = order[last], order[~last]
+    if not len(drop):
+        return raw, 0, 0, 0.0
+    amount = _text(raw, NET).where(_text(raw, NET) != "", _text(raw, UNBLENDED)).to_numpy(dtype=object)
+    kept_amount = dict(zip(ident[keep], amount[keep]))
+    same = np.array([kept_amount[i] == a for i, a in zip(ident[drop], amount[drop])], dtype=bool)
+    added = float(pd.to_numeric(pd.Series(amount[drop][same]), errors="coerce").fillna(0.0).sum())
+    return raw.iloc[np.sort(keep)].reset_index(drop=True), int(same.sum()), int((~same).sum()), added
+
+
+def gpu_bill(raw: pd.DataFrame, inventory_ids: Iterable[str] = (), *, currency: str = "USD", rates: Mapping[str, Any] | None = None) -> Bill:
+    """Billed effective cost of GPU instances per UTC day, in ``currency`` (see the module docstring).
+
+    ``rates``: currency code -> :class:`gpu_ops.config.CurrencyRate` (rate, as_of, source).
+    """
     if not len(raw):
         return Bill(pd.DataFrame({c: pd.Series([], dtype=float if c in ("billed_usd", "lines") else object) for c in BILLED_COLUMNS}), empty_quarantine())
+    if "row" not in raw:
+        raw = raw.assign(row=np.arange(1, len(raw) + 1), location=raw.get("location", ""))
+    rates = rates or {}
+    known = set(inventory_ids)
     resource, usage_type, itype = _text(raw, RESOURCE), _text(raw, USAGE_TYPE), _text(raw, INSTANCE_TYPE)
     line_type = _text(raw, LINE_TYPE).where(_text(raw, LINE_TYPE) != "", "Usage")
-    known = set(inventory_ids)
     relevant = (
         resource.str.match(_INSTANCE_ID.pattern).to_numpy()
         & usage_type.str.contains(_INSTANCE_HOURS).to_numpy()
@@ -111,14 +407,43 @@ def gpu_bill(raw: pd.DataFrame, inventory_ids: Iterable[str] = ()) -> Bill:
     has_net = NET in raw and bool(_text(raw, NET).ne("").any())
     if has_net:
         relevant &= ~line_type.isin(_DISCOUNTS).to_numpy()
-    raw, resource, itype, line_type = raw[relevant], resource[relevant], itype[relevant], line_type[relevant]
-    n = len(raw)
-    problems = _Problems(n)
-    start, bad_start = parse_times(raw[START])
-    problems.add(bad_start, START, lambda idx: [f"unparseable time {raw[START].iloc[i]!r}" for i in idx])
-    problems.add(start.isna().to_numpy() & ~bad_start, START, "missing")
-    cost = np.full(n, np.nan)
-    lt = line_type.to_numpy(dtype=object)
+    raw, duplicates, restated, dup_amount = _dedupe(raw[relevant].reset_index(drop=True))
+    resource, itype = _text(raw, RESOURCE), _text(raw, INSTANCE_TYPE)
+    lt = _text(raw, LINE_TYPE).where(_text(raw, LINE_TYPE) != "", "Usage").to_numpy(dtype=object)
+    problems = _Reasons(len(raw))
+    start = _start(raw)
+    problems.add(start.isna().to_numpy(), START, lambda idx: [f"unparseable or missing time {raw[START].iloc[i]!r}" for i in idx])
+    cost = _effective_cost(raw, lt, has_net, problems)
+    problems.add(~np.isin(lt, _KNOWN_TYPES), LINE_TYPE, lambda idx: [f"unknown line item type {lt[i]!r}" for i in idx])
+    factor, converted = _currency(raw, currency, rates, cost, problems)
+    cost = cost * factor
+    quarantine = problems.render(raw, start)
+    ok = ~problems.bad
+    negative = ok & (cost < 0)
+    day = start.dt.floor("D")
+    adjustments = pd.DataFrame({
+        "day": day[negative].to_numpy(), "instance_id": resource[negative].to_numpy(), "line_type": lt[negative],
+        "amount": cost[negative], "location": raw["location"].astype(str).to_numpy()[negative], "row": raw["row"].to_numpy()[negative],
+    })
+    use = ok & ~negative
+    frame = pd.DataFrame({
+        "day": day[use].to_numpy(), "instance_id": resource[use].to_numpy(), "instance_type": itype[use].to_numpy(),
+        "pricing_term": _text(raw, PRICING_TERM)[use].to_numpy(), "billed_usd": cost[use], "lines": 1.0,
+    })
+    lines = frame.groupby(["day", "instance_id"], as_index=False, sort=True).agg(
+        instance_type=("instance_type", "first"), pricing_term=("pricing_term", _terms), billed_usd=("billed_usd", "sum"), lines=("lines", "sum"),
+    )
+    lines["day"] = pd.to_datetime(lines["day"], utc=True)
+    return Bill(lines[list(BILLED_COLUMNS)], quarantine, adjustments, duplicates, restated, dup_amount, converted)
+
+
+def _start(raw: pd.DataFrame) -> pd.Series:
+    ns = raw["start_ns"].to_numpy(dtype=np.int64) if "start_ns" in raw else _parse_start(_text(raw, START).to_numpy(dtype=object))
+    return pd.Series(pd.to_datetime(np.where(ns == _NAT, np.datetime64("NaT"), ns.astype("datetime64[ns]")), utc=True), index=raw.index)
+
+
+def _effective_cost(raw: pd.DataFrame, lt: np.ndarray, has_net: bool, problems: _Reasons) -> np.ndarray:
+    cost = np.full(len(raw), np.nan)
     for col, types in ((SP_EFFECTIVE, ("SavingsPlanCoveredUsage",)), (RI_EFFECTIVE, ("DiscountedUsage",)), (UNBLENDED, None)):
         values, bad = _money(raw, col)
         rows = np.isin(lt, types) if types else ~np.isin(lt, ("SavingsPlanCoveredUsage", "DiscountedUsage"))
@@ -129,25 +454,26 @@ def gpu_bill(raw: pd.DataFrame, inventory_ids: Iterable[str] = ()) -> Bill:
         problems.add(rows & bad, col, _not_a_number(raw, col))
         problems.add(rows & np.isnan(values) & ~bad, col, _missing_cost(lt, col))
         cost = np.where(rows, values, cost)
-    unknown = ~np.isin(lt, ("Usage", "SavingsPlanCoveredUsage", "DiscountedUsage", "Refund", "Credit", *_DISCOUNTS))
-    problems.add(unknown, LINE_TYPE, lambda idx: [f"unknown line item type {lt[i]!r}" for i in idx])
-    quarantine = problems.render(raw, start, start)
-    ok = ~problems.bad
-    frame = pd.DataFrame(
-        {
-            "day": start[ok].dt.floor("D").to_numpy(),
-            "instance_id": resource[ok].to_numpy(),
-            "instance_type": itype[ok].to_numpy(),
-            "pricing_term": _text(raw, PRICING_TERM)[ok].to_numpy(),
-            "billed_usd": cost[ok],
-            "lines": 1.0,
-        }
-    )
-    lines = frame.groupby(["day", "instance_id"], as_index=False, sort=True).agg(
-        instance_type=("instance_type", "first"), pricing_term=("pricing_term", _terms), billed_usd=("billed_usd", "sum"), lines=("lines", "sum"),
-    )
-    lines["day"] = pd.to_datetime(lines["day"], utc=True)
-    return Bill(lines[list(BILLED_COLUMNS)], quarantine)
+    return cost
+
+
+def _currency(raw: pd.DataFrame, currency: str, rates: Mapping[str, Any], cost: np.ndarray, problems: _Reasons) -> tuple[np.ndarray, dict[str, str]]:
+    """Per line, the factor into ``currency`` (NaN where no rate: quarantined with its amount)."""
+    code = _text(raw, CURRENCY).str.upper().to_numpy(dtype=object)
+    want = currency.upper()
+    factor = np.ones(len(raw))
+    converted: dict[str, str] = {}
+    problems.add(code == "", CURRENCY, f"missing: the line's currency cannot be checked against the prices' {want}")
+    for cur in sorted(set(code) - {"", want}):
+        mask = code == cur
+        rate = rates.get(cur)
+        if rate is None:
+            problems.add(mask, CURRENCY, lambda idx, c=cur: [f"{c}, not the prices' {want}, and usage.billing.currency_rates has no {c} rate ({cost[i]:,.2f} {c} not counted)" for i in idx])
+            factor[mask] = np.nan
+            continue
+        factor[mask] = float(rate.rate)
+        converted[cur] = f"{int(mask.sum())} line(s) at {rate.rate:g} {want}/{cur} (as of {rate.as_of}{', ' + rate.source if rate.source else ''})"
+    return factor, converted
 
 
 def _not_a_number(raw: pd.DataFrame, col: str) -> Any:
@@ -160,6 +486,7 @@ def _missing_cost(line_types: np.ndarray, col: str) -> Any:
 
 def _terms(s: pd.Series) -> str:
     return ",".join(sorted({t for t in s if t}))
+
 
 
 def node_instance_ids(raw_inventory: pd.DataFrame | None) -> dict[str, str]:
@@ -175,7 +502,6 @@ def node_instance_ids(raw_inventory: pd.DataFrame | None) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- reconciliation
-
 
 def reconcile(usage: pd.DataFrame, bill: pd.DataFrame, node_ids: dict[str, str], day: Any, tolerance_percent: float = 2.0) -> dict[str, Any]:
     """Fleet cost of the day (inventory × prices: the idle rows' ``fleet_cost_usd``) against
@@ -277,22 +603,38 @@ def apply_bill(rows: pd.DataFrame, bill: pd.DataFrame, node_ids: dict[str, str])
 @dataclass
 class Settlement:
     """What the bill does to the usage rows of some days: the check per day, the rows
-    (re-priced when ``prices.from_bill``), the CUR lines set aside."""
+    (re-priced when ``prices.from_bill``, on the days that reconcile), the CUR lines set aside.
+
+    With ``from_bill``, a day whose reconciliation fails is *blocked*: its rows keep list
+    prices and the (then blocking) ``billing_reconciled`` check stops attribution."""
 
     table: pd.DataFrame
     quarantine: pd.DataFrame  # with partition_key per day
-    days: list[dict[str, Any]]  # reconcile() per day, with "day"
+    days: list[dict[str, Any]]  # reconcile() per day, with "day", "notes" and "blocked"
     from_bill: dict[str, Any] | None
 
     @property
     def passed(self) -> bool:
         return all(d["passed"] for d in self.days)
 
+    @property
+    def blocked_days(self) -> list[str]:
+        return [f"{d['day']:%Y-%m-%d}" for d in self.days if d["blocked"]]
+
+    @staticmethod
+    def _day_text(d: dict[str, Any]) -> str:
+        text = str(d["description"])
+        if d["notes"]:
+            text += ". " + ". ".join(d["notes"])
+        if d["blocked"]:
+            text = f"attribution blocked (prices.from_bill: the bill does not reconcile): {text}"
+        return text
+
     def description(self) -> str:
         if len(self.days) == 1:
-            return str(self.days[0]["description"])
+            return self._day_text(self.days[0])
         bad = [d for d in self.days if not d["passed"]]
-        return "; ".join(f"{d['day']:%Y-%m-%d}: {d['description']}" for d in bad) if bad else f"all {len(self.days)} days within tolerance"
+        return "; ".join(f"{d['day']:%Y-%m-%d}: {self._day_text(d)}" for d in bad) if bad else f"all {len(self.days)} days within tolerance"
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -300,7 +642,14 @@ class Settlement:
             "fleet_usd": round(sum(d["fleet_usd"] for d in self.days), 2),
             "difference_usd": round(sum(d["difference_usd"] for d in self.days), 2),
             "quarantined_bill_lines": len(self.quarantine),
+            "duplicate_bill_lines": sum(d["bill"].duplicates + d["bill"].restated for d in self.days),
+            "negative_bill_lines_usd": round(sum(float(d["bill"].adjustments["amount"].sum()) for d in self.days), 2),
         }
+        converted = sorted({f"{c}: {t}" for d in self.days for c, t in d["bill"].converted.items()})
+        if converted:
+            out["currency_converted"] = "; ".join(converted)
+        if self.blocked_days:
+            out["attribution_blocked_days"] = ", ".join(self.blocked_days)
         worst = pd.concat([d["nodes"].assign(day=f"{d['day']:%Y-%m-%d}") for d in self.days], ignore_index=True) if self.days else pd.DataFrame()
         if len(worst):
             worst = worst.reindex(worst["difference_usd"].abs().sort_values(ascending=False, kind="stable").index).head(10)
@@ -308,24 +657,46 @@ class Settlement:
         return out
 
 
+def index_folder(config: Any) -> Path:
+    """Where the per-day CUR index lives: ``usage.billing.index_path`` (relative to the
+    configuration file), else ``<GPU_OPS_HOME>/cur_index``."""
+    from gpu_ops.config import gpu_ops_home
+
+    path = config.usage.billing.index_path
+    if path is None:
+        return gpu_ops_home() / "cur_index"
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or config.base_dir is None else config.base_dir / p
+
+
 def settle(config: Any, table: pd.DataFrame, first: Any, last: Any, store: Any = None) -> Settlement:
-    """Read the bill (``usage.billing``), reconcile each day of ``first..last`` against the
-    fleet in ``table`` and, with ``prices.from_bill``, re-price ``table`` at the bill."""
-    from gpu_ops.cost.attribution import day_window
+    """Read the bill (``usage.billing``) day by day, reconcile each day of ``first..last``
+    against the fleet in ``table`` and, with ``prices.from_bill``, re-price the days that
+    reconcile at the bill."""
     from gpu_ops.cost.pipeline import load_inventory
     from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.usage import quarantine_in_window
 
     billing = config.usage.billing
     node_ids = node_instance_ids(load_inventory(SourceSet.from_config(config), store))
-    bill = gpu_bill(read_cur([billing.path], config.base_dir), node_ids.values())
+    files = cur_files([billing.path], config.base_dir)
+    index = CurIndex(index_folder(config), billing.batch_rows)
     days = list(pd.date_range(pd.Timestamp(first), pd.Timestamp(last), freq="D", tz="UTC"))
     table_day = pd.to_datetime(table["day"], utc=True) if len(table) else pd.Series([], dtype="datetime64[ns, UTC]")
-    checks = [{"day": d, **reconcile(table[(table_day == d).to_numpy()], bill.lines, node_ids, d, billing.tolerance_percent)} for d in days]
-    quarantine = pd.concat(
-        [quarantine_in_window(bill.quarantine, *day_window(d)).assign(partition_key=f"{d:%Y-%m-%d}") for d in days], ignore_index=True,
-    )
+    from_bill = bool(config.prices.from_bill)
+    checks, quarantine, lines = [], [], []
+    for d in days:
+        bill = gpu_bill(index.day_lines(files, d), node_ids.values(), currency=config.prices.currency, rates=billing.currency_rates)
+        result = reconcile(table[(table_day == d).to_numpy()], bill.lines, node_ids, d, billing.tolerance_percent)
+        checks.append({"day": d, **result, "bill": bill, "notes": bill.notes(), "blocked": from_bill and not result["passed"]})
+        quarantine.append(bill.quarantine.assign(partition_key=f"{d:%Y-%m-%d}"))
+        if result["passed"]:
+            lines.append(bill.lines)
     summary = None
-    if config.prices.from_bill and len(table):
-        table, summary = apply_bill(table, bill.lines, node_ids)
-    return Settlement(table, quarantine, checks, summary)
+    if from_bill and len(table):
+        good = table_day.isin([c["day"] for c in checks if not c["blocked"]]).to_numpy()
+        if good.any():
+            repriced, summary = apply_bill(table[good], pd.concat(lines, ignore_index=True), node_ids)
+            table = pd.concat([repriced, table[~good]]).loc[table.index] if (~good).any() else repriced
+        else:
+            summary = {"billed_usd": 0.0, "billed_nodes": 0, "unbilled_nodes": []}
+    return Settlement(table, pd.concat(quarantine, ignore_index=True), checks, summary)

@@ -11,6 +11,7 @@ List prices are set so that inventory × prices equals the effective cost of the
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from pathlib import Path
 
 import dagster as dg
@@ -46,7 +47,8 @@ def _line(hour: pd.Timestamp, iid: str, itype: str, line_type: str, usage_type: 
         "line_item_resource_id": iid, "line_item_usage_type": usage_type, "product_instance_type": itype, "line_item_product_code": "AmazonEC2",
         "line_item_unblended_cost": f"{unblended:.8f}", "line_item_net_unblended_cost": kw.pop("net", f"{unblended:.8f}"),
         "savings_plan_savings_plan_effective_cost": kw.pop("sp", ""), "reservation_effective_cost": kw.pop("ri", ""),
-        "pricing_term": kw.pop("term", "OnDemand"), **kw,
+        "pricing_term": kw.pop("term", "OnDemand"), "line_item_currency_code": kw.pop("currency", "USD"),
+        "identity_time_interval": f"{hour:%Y-%m-%dT%H:%M:%SZ}/{hour + pd.Timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}", **kw,
     }
 
 
@@ -73,7 +75,10 @@ def cur_month(extra: list[dict[str, object]] | None = None) -> pd.DataFrame:
     bad = _line(pd.Timestamp(f"{BAD_LINE_DAY}T07:00:00Z"), NODES[0][1], "p4de.24xlarge", "Usage", "USE1-SpotUsage:p4de.24xlarge", 0.0, term="Spot")
     bad["line_item_unblended_cost"] = bad["line_item_net_unblended_cost"] = "n/a"
     lines.append(bad)
-    return pd.DataFrame(lines + (extra or []))
+    out = pd.DataFrame(lines + (extra or []))
+    # CUR 2.0 identity: a line id per line (unique within its hour)
+    out["identity_line_item_id"] = [hashlib.sha256(f"{i}".encode()).hexdigest()[:52] for i in range(len(out))]
+    return out
 
 
 def inventory() -> pd.DataFrame:
@@ -144,13 +149,18 @@ def test_gpu_bill_takes_each_line_type_at_its_effective_cost(tmp_path):
     for _node, iid, *_rest, rate in NODES:
         assert ordinary[iid] == pytest.approx(24 * rate, abs=1e-6)  # SP effective, RI effective, spot and on-demand net unblended
     assert "i-0ccc0000000000001" not in per_day.columns  # m5.xlarge is no GPU instance
-    assert per_day.loc[pd.Timestamp(REFUND_DAY, tz="UTC"), NODES[1][1]] == pytest.approx(23 * 8 * 5.12)  # the refund is negative
+    # The refund is no price: left out of the node's billed cost, reported with its amount.
+    assert per_day.loc[pd.Timestamp(REFUND_DAY, tz="UTC"), NODES[1][1]] == pytest.approx(24 * 8 * 5.12)
+    adj = bill.adjustments
+    assert len(adj) == 1 and adj.iloc[0]["instance_id"] == NODES[1][1] and adj.iloc[0]["amount"] == pytest.approx(-8 * 5.12)
+    assert adj.iloc[0]["day"] == pd.Timestamp(REFUND_DAY, tz="UTC")
+    assert any("1 negative line(s)" in n and "-40.96" in n for n in bill.notes())
     assert per_day.loc[pd.Timestamp(BAD_LINE_DAY, tz="UTC"), NODES[0][1]] == pytest.approx(24 * 8 * 1.79)  # the extra unreadable line is set aside
     q = bill.quarantine
     assert len(q) == 1 and q.iloc[0]["field"] == "line_item_net_unblended_cost" and "not a number" in q.iloc[0]["reason"]
     assert q.iloc[0]["row"] == len(cur_month()) and q.iloc[0]["location"] == str(tmp_path / "cur.parquet")  # the last line of the file
     month = float(bill.lines["billed_usd"].sum())
-    assert month == pytest.approx(sum(31 * 24 * r for *_x, r in NODES) - 8 * 5.12, abs=1e-6)
+    assert month == pytest.approx(sum(31 * 24 * r for *_x, r in NODES), abs=1e-6)
 
 
 def test_a_line_without_the_effective_cost_its_type_needs_is_quarantined_with_file_and_row(tmp_path):
@@ -169,10 +179,12 @@ def test_reconciliation_passes_on_matching_data_and_conserves(tmp_path, fmt):
     result, usage, _ = materialize(write(tmp_path, cur_month(), fmt), REFUND_DAY)
     assert result.success
     ev = check(result, "billing_reconciled")
-    # The refund (one on-demand a100 hour, $40.96) is 1.45 % of the day: within 2 %.
+    # The refund (one on-demand a100 hour, $40.96) is no price: reported, not in the billed cost.
     assert ev.passed, ev.description
-    assert ev.metadata["difference_usd"].value == pytest.approx(8 * 5.12, abs=0.01)
-    assert ev.metadata["billed_usd"].value == pytest.approx(24 * sum(r for *_x, r in NODES) - 8 * 5.12, abs=0.01)
+    assert ev.metadata["difference_usd"].value == pytest.approx(0, abs=0.01)
+    assert ev.metadata["billed_usd"].value == pytest.approx(24 * sum(r for *_x, r in NODES), abs=0.01)
+    assert ev.metadata["negative_bill_lines_usd"].value == pytest.approx(-40.96)
+    assert "would change the billed cost by -40.96" in ev.description
     assert check(result, "conservation").passed
 
 
@@ -196,13 +208,13 @@ def test_a_planted_mismatch_fails_the_check_and_names_the_node(tmp_path):
 def test_from_bill_attributes_the_billed_cost_and_conserves_it_to_the_cent(tmp_path):
     result, usage, attribution = materialize(write(tmp_path, cur_month(), "csv", from_bill=True), REFUND_DAY)
     assert result.success and check(result, "conservation").passed
-    billed = round(24 * sum(r for *_x, r in NODES) - 8 * 5.12, 2)
+    billed = round(24 * sum(r for *_x, r in NODES), 2)  # the refund is reported, not a price
     assert round(float(usage["cost_usd"].sum()), 2) == billed  # allocated + idle = billed
     assert round(float(attribution["cost_usd"].sum()), 2) == billed
     by_pod = usage.set_index("pod")
-    # The on-demand a100 node paid 23 of its 24 hours: $40.96 × 23 / 192 GPU-hours per GPU-hour.
-    assert by_pod.loc[f"bert-{REFUND_DAY}", "price_per_gpu_hour"] == pytest.approx(8 * 5.12 * 23 / 192)
-    assert by_pod.loc[f"bert-{REFUND_DAY}", "cost_usd"] == pytest.approx(24 * 8 * 5.12 * 23 / 192)
+    # The refund of one hour does not shrink the on-demand a100 node's rate: $40.96 × 24 / 192 GPU-hours.
+    assert by_pod.loc[f"bert-{REFUND_DAY}", "price_per_gpu_hour"] == pytest.approx(8 * 5.12 * 24 / 192)
+    assert by_pod.loc[f"bert-{REFUND_DAY}", "cost_usd"] == pytest.approx(24 * 8 * 5.12 * 24 / 192)
     assert by_pod.loc[f"llm-{REFUND_DAY}", "price_per_gpu_hour"] == pytest.approx(7.0)  # the savings plan's effective rate
     assert by_pod.loc[f"llm-{REFUND_DAY}", "on_demand_usd"] == pytest.approx(48 * 12.29)  # the on-demand equivalent is still list
     md = result.asset_materializations_for_node("gpu_usage")[0].metadata
