@@ -267,7 +267,7 @@ class CurIndex:
         name = f"{pd.Timestamp(day):%Y-%m-%d}"
         frames = []
         for path in files:
-            where = self.build(path)
+            where = self.build(Path(path))
             for part in (where / f"{name}.parquet", where / "unknown.parquet"):
                 if part.exists():
                     frames.append(pd.read_parquet(part))
@@ -378,10 +378,11 @@ def _dedupe(raw: pd.DataFrame) -> tuple[pd.DataFrame, int, int, float]:
     keep, drop = order[last], order[~last]
     if not len(drop):
         return raw, 0, 0, 0.0
-    amount = _text(raw, NET).where(_text(raw, NET) != "", _text(raw, UNBLENDED)).to_numpy(dtype=object)
+    amount = (_text(raw, NET) + "|" + _text(raw, UNBLENDED) + "|" + _text(raw, SP_EFFECTIVE) + "|" + _text(raw, RI_EFFECTIVE)).to_numpy(dtype=object)
     kept_amount = dict(zip(ident[keep], amount[keep]))
     same = np.array([kept_amount[i] == a for i, a in zip(ident[drop], amount[drop])], dtype=bool)
-    added = float(pd.to_numeric(pd.Series(amount[drop][same]), errors="coerce").fillna(0.0).sum())
+    net = _text(raw, NET).where(_text(raw, NET) != "", _text(raw, UNBLENDED)).to_numpy(dtype=object)
+    added = float(pd.to_numeric(pd.Series(net[drop][same]), errors="coerce").fillna(0.0).sum())
     return raw.iloc[np.sort(keep)].reset_index(drop=True), int(same.sum()), int((~same).sum()), added
 
 

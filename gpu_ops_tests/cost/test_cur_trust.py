@@ -1,0 +1,176 @@
+"""A bill is checked before it prices anything (prices.from_bill).
+
+The same October CUR as test_billing.py, delivered in JPY, in EUR (with and without an
+explicit, dated rate), with every line twice (twice in one file and once more in a
+redelivered file), and restated: attribution equals the USD bill to the cent, or the day
+is blocked by the ERROR, blocking ``billing_reconciled`` check that says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from gpu_ops.cost.billing import CurIndex, cur_files, gpu_bill
+from gpu_ops_tests.cost.test_billing import NODES, REFUND_DAY, check, cur_month, write
+
+DAY = REFUND_DAY
+MONEY = ["line_item_unblended_cost", "line_item_net_unblended_cost", "savings_plan_savings_plan_effective_cost", "reservation_effective_cost"]
+JPY_PER_USD = 153.0
+USD_PER_EUR = 1.0825
+
+
+def in_currency(cur: pd.DataFrame, code: str, units_per_usd: float) -> pd.DataFrame:
+    """The same bill in another currency (amounts × units_per_usd, as the CUR writes them)."""
+    out = cur.copy()
+    for c in MONEY:
+        values = pd.to_numeric(out[c].replace("", None), errors="coerce")
+        out[c] = [("" if pd.isna(v) else f"{v * units_per_usd:.10f}") if t != "n/a" else t for v, t in zip(values, out[c])]
+    out["line_item_currency_code"] = code
+    return out
+
+
+def configure(path: Path, **billing: object) -> Path:
+    cfg = yaml.safe_load(path.read_text())
+    cfg["usage"]["billing"].update(billing)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult, pd.DataFrame, pd.DataFrame | None]:
+    """gpu_usage and attribution of ``day``; attribution None when it was not materialized (blocked)."""
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.storage.tables import TableStore
+
+    config = load_config(config_path)
+    url = config.storage.resolved_url()
+    assets, _ = build_assets(config)
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config_path)), "table_io_manager": TableIOManager(url=url)}
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = dg.materialize(assets, partition_key=day, resources=resources, instance=instance,
+                                selection=["gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily"], raise_on_error=False)
+    store = TableStore(url)
+    attribution = store.read("gpu_cost_attribution") if result.asset_materializations_for_node("gpu_cost_attribution") else None
+    return result, store.read("gpu_usage"), attribution
+
+
+def attributed(attribution: pd.DataFrame | None) -> float:
+    assert attribution is not None
+    return round(float(attribution["cost_usd"].sum()), 2)
+
+
+@pytest.fixture(scope="module")
+def usd_bill(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Attribution of the day at the USD bill: what every other delivery must equal."""
+    tmp = tmp_path_factory.mktemp("usd")
+    result, usage, attribution = materialize(write(tmp, cur_month(), "csv", from_bill=True), DAY)
+    assert result.success and check(result, "billing_reconciled").passed
+    total = attributed(attribution)
+    assert total == round(24 * sum(r for *_x, r in NODES), 2)
+    return total
+
+
+def test_a_bill_in_yen_without_a_rate_blocks_attribution_and_says_why(tmp_path, usd_bill):
+    config = write(tmp_path, in_currency(cur_month(), "JPY", JPY_PER_USD), "csv", from_bill=True)
+    result, usage, _ = materialize(config, DAY)
+    ev = check(result, "billing_reconciled")
+    assert not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
+    assert "attribution blocked" in ev.description and "JPY, not the prices' USD" in ev.description and "currency_rates has no JPY rate" in ev.description
+    assert ev.metadata["attribution_blocked_days"].value == DAY
+    # Blocking: the attribution step did not run; the usage rows kept list prices (never ¥ as $).
+    assert not result.success
+    assert not result.asset_materializations_for_node("gpu_cost_attribution")
+    assert float(usage["cost_usd"].sum()) < 2 * usd_bill
+
+
+@pytest.mark.parametrize(("code", "units_per_usd"), [("JPY", JPY_PER_USD), ("EUR", 1 / USD_PER_EUR)])
+def test_a_bill_in_another_currency_with_a_dated_rate_equals_the_usd_bill_to_the_cent(tmp_path, usd_bill, code, units_per_usd):
+    config = write(tmp_path, in_currency(cur_month(), code, units_per_usd), "csv", from_bill=True)
+    configure(config, currency_rates={code: {"rate": 1 / units_per_usd, "as_of": "2026-10-31", "source": "test reference rate"}})
+    result, _, attribution = materialize(config, DAY)
+    assert result.success
+    ev = check(result, "billing_reconciled")
+    assert ev.passed, ev.description
+    assert attributed(attribution) == usd_bill
+    assert f"{code}:" in ev.metadata["currency_converted"].value and "as of 2026-10-31" in ev.metadata["currency_converted"].value
+
+
+def test_a_euro_bill_without_a_rate_is_blocked_not_reported_as_dollars(tmp_path):
+    result, _, _ = materialize(write(tmp_path, in_currency(cur_month(), "EUR", 1 / USD_PER_EUR), "csv", from_bill=True), DAY)
+    ev = check(result, "billing_reconciled")
+    assert not ev.passed and "EUR, not the prices' USD" in ev.description
+    assert not result.asset_materializations_for_node("gpu_cost_attribution")
+
+
+def test_every_line_twice_and_a_redelivered_file_count_once(tmp_path, usd_bill):
+    cur = cur_month()
+    twice = pd.concat([cur, cur], ignore_index=True)  # every line twice in the file
+    config = write(tmp_path, twice, "csv", from_bill=True)
+    (tmp_path / "cur" / "cur-00001-redelivered.csv").write_bytes((tmp_path / "cur" / "cur-00001.csv").read_bytes())
+    result, _, attribution = materialize(config, DAY)
+    assert result.success
+    ev = check(result, "billing_reconciled")
+    assert ev.passed, ev.description
+    assert attributed(attribution) == usd_bill  # was: twice the bill
+    # Four copies of each of the day's 97 GPU instance lines (4 nodes × 24 h and the refund): 3 × 97 set aside.
+    assert ev.metadata["duplicate_bill_lines"].value == 3 * (4 * 24 + 1)
+    assert "291 duplicate line(s) counted once" in ev.description
+
+
+def test_a_restated_line_counts_at_the_newest_files_amount(tmp_path):
+    import os
+
+    cur = cur_month()
+    day = cur["line_item_usage_start_date"].str.startswith("2026-10-20")
+    old = cur.copy()
+    l40s = day & (old["line_item_resource_id"] == NODES[3][1])
+    old.loc[l40s, "reservation_effective_cost"] = "99.00000000"  # the first version of the bill
+    (tmp_path / "cur").mkdir()
+    old.to_csv(tmp_path / "cur" / "v1.csv", index=False)
+    cur.to_csv(tmp_path / "cur" / "v2.csv", index=False)
+    os.utime(tmp_path / "cur" / "v1.csv", (1_700_000_000, 1_700_000_000))  # older
+    index = CurIndex(tmp_path / "index")
+    lines = index.day_lines(cur_files([str(tmp_path / "cur" / "*.csv")]), "2026-10-20")
+    bill = gpu_bill(lines, [n[1] for n in NODES])
+    billed = bill.lines.set_index("instance_id")["billed_usd"]
+    assert billed[NODES[3][1]] == pytest.approx(24 * NODES[3][7])
+    assert bill.restated == 24 and any("24 restated line(s)" in n for n in bill.notes())
+
+
+def test_lines_without_a_currency_are_quarantined_with_file_and_row(tmp_path):
+    cur = cur_month()
+    i = int(cur.index[cur["line_item_usage_start_date"].str.startswith("2026-10-20") & (cur["line_item_usage_type"] == "USE1-SpotUsage:p4de.24xlarge")][3])
+    cur.loc[i, "line_item_currency_code"] = ""
+    cur.to_csv(tmp_path / "cur.csv", index=False)
+    lines = CurIndex(tmp_path / "index").day_lines([tmp_path / "cur.csv"], "2026-10-20")
+    bill = gpu_bill(lines, [n[1] for n in NODES], currency="USD")
+    q = bill.quarantine
+    assert len(q) == 1 and q.iloc[0]["field"] == "line_item_currency_code" and q.iloc[0]["row"] == i + 1
+    assert "cannot be checked against the prices' USD" in q.iloc[0]["reason"]
+
+
+def test_the_cur_is_read_once_into_a_day_index_with_batches_of_any_size(tmp_path):
+    cur = cur_month()
+    cur.to_parquet(tmp_path / "cur.parquet", index=False, row_group_size=500)
+    files = [tmp_path / "cur.parquet"]
+    small, default = CurIndex(tmp_path / "small", batch_rows=97), CurIndex(tmp_path / "default")
+    for day in ("2026-10-01", "2026-10-10", "2026-10-31"):
+        a = gpu_bill(small.day_lines(files, day), [n[1] for n in NODES])
+        b = gpu_bill(default.day_lines(files, day), [n[1] for n in NODES])
+        pd.testing.assert_frame_equal(a.lines, b.lines)
+        assert a.lines["day"].unique().tolist() == [pd.Timestamp(day, tz="UTC")]
+    (folder,) = [p for p in (tmp_path / "default").iterdir() if p.is_dir()]
+    assert len(list(folder.glob("2026-10-*.parquet"))) == 31
+    built = (folder / "_done").stat().st_mtime_ns
+    default.day_lines(files, "2026-10-05")
+    assert (folder / "_done").stat().st_mtime_ns == built  # indexed once, read by day afterwards
+    # Only instance-hour lines of i-… resources are indexed (the SP fee lines are not).
+    indexed = sum(len(pd.read_parquet(p)) for p in folder.glob("*.parquet"))
+    assert indexed == int((cur["line_item_resource_id"].str.startswith("i-") & cur["line_item_usage_type"].str.contains("Usage:")).sum())
