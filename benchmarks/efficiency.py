@@ -1,6 +1,6 @@
 """Attribution with DCGM utilisation joined, next to attribution without it.
 
-    flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/efficiency.py [--rows 10M] [--covered 0.1] [--step 300]
+    flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/efficiency.py [--rows 10M] [--covered 0.1] [--step 300] [--prom-samples 2M]
 
 The usage file is benchmarks/cost.py's (``--data``, generated once and kept). Each mode is
 a whole process, run interleaved ``--repeat`` times; best wall time and highest peak RSS:
@@ -13,6 +13,16 @@ a whole process, run interleaved ``--repeat`` times; best wall time and highest 
 
 The steps are built in the process before the clock of the join starts; the join's own
 seconds are printed apart. Both must give the same team costs.
+
+Then the Prometheus side: one ``query_range`` answer of ``--prom-samples`` samples served
+by a loopback server (the body is built before the clock starts and held by both), read
+
+  streamed  by gpu_ops (PrometheusClient: bounded exchange, ijson events, packed floats,
+            then the per-device frame);
+  whole     the way it was read before (httpx, ``response.json()``, a list per point): the
+            peer, on the same body in the same kind of process.
+
+Both must find the same samples.
 """
 
 from __future__ import annotations
@@ -79,6 +89,60 @@ SCRIPT = textwrap.dedent(
 )
 
 
+PROM = textwrap.dedent(
+    """
+    import json, resource, sys, threading, time, http.server
+    import numpy as np
+    n, mode = int(sys.argv[1]), sys.argv[2]
+    series, per = max(1, n // 1440), 1440
+    t0 = 1791936000
+    result = [{"metric": {"namespace": "ml", "pod": f"pod-{i}", "gpu": str(i % 8), "UUID": f"GPU-{i}"},
+               "values": [[t0 + 60 * (k + 1), f"{(k % 100) / 100:.2f}"] for k in range(per)]} for i in range(series)]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
+    del result
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.send_header("Content-Type", "application/json"); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a): pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    if mode == "streamed":
+        from gpu_ops.config import UtilizationConfig
+        from gpu_ops.cost.utilization import ACTIVE, PrometheusClient
+        client = PrometheusClient(UtilizationConfig(type="prometheus", url=url, max_samples=n * 2, timeout_s=600))
+        frame = client.frame(client.query_range("q", t0, t0 + 86400), ACTIVE)
+        found = len(frame)
+    else:
+        import httpx
+        data = httpx.get(url + "/api/v1/query_range", timeout=600).json()
+        rows = [(s["metric"].get("pod", ""), float(t), float(v)) for s in data["data"]["result"] for t, v in s["values"]]
+        found = len(rows)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"samples": found, "seconds": seconds, "body_mib": len(body) / 2**20,
+                      "growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+    """
+)
+
+
+def prometheus(samples: int) -> None:
+    out = {}
+    for mode in ("streamed", "whole"):
+        wall, rss, text, _ = run_measured([sys.executable, "-c", PROM, str(samples), mode])
+        out[mode] = (rss, json.loads(text.strip().splitlines()[-1]))
+    assert out["streamed"][1]["samples"] == out["whole"][1]["samples"], out
+    body = out["streamed"][1]["body_mib"]
+    print(f"# Prometheus answer: {out['streamed'][1]['samples']:,} samples, {body:.0f} MiB of JSON; load average {os.getloadavg()[0]:.1f}")
+    for mode, label in (("streamed", "streamed (gpu_ops)"), ("whole", "whole body (peer: httpx + json)")):
+        rss, res = out[mode]
+        print(f"{label:34s} read {res['seconds']:6.1f} s  peak RSS {rss:6.0f} MiB  (+{res['growth_mib']:.0f} MiB over the served body)")
+
+
 def parse_rows(text: str) -> int:
     return int(float(text[:-1]) * 1_000_000) if text.upper().endswith("M") else int(text)
 
@@ -90,6 +154,7 @@ def main() -> None:
     ap.add_argument("--covered", type=float, default=0.1, help="share of the pods with DCGM steps")
     ap.add_argument("--step", type=int, default=300, help="seconds per Prometheus step")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--prom-samples", default="2M", help="samples in the Prometheus answer read (0: skip)")
     args = ap.parse_args()
     n = parse_rows(args.rows)
     data = Path(args.data)
@@ -111,6 +176,8 @@ def main() -> None:
     for mode, (wall, rss, res) in best.items():
         extra = f", join {res['join_s']:.1f} s over {res['samples']:,} pod steps ({res['measured_rows']:,} rows measured)" if mode == "joined" else ""
         print(f"{mode:7s} wall {wall:6.1f} s  peak RSS {rss:7.0f} MiB  (price {res['price_s']:.1f} s, attribute {res['attribute_s']:.1f} s{extra})")
+    if parse_rows(args.prom_samples):
+        prometheus(parse_rows(args.prom_samples))
     print(f"# load average after: {os.getloadavg()[0]:.1f}; repo {REPO}")
 
 

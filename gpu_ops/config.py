@@ -408,9 +408,10 @@ class BillingConfig(_Model):
     # Bill lines in another currency than prices.currency are converted only by a rate
     # given here (ISO 4217 code -> rate); without one they are quarantined, never summed.
     currency_rates: dict[str, CurrencyRate] = {}
-    # Rows per batch when a CUR file is read (CSV: about 2 KiB of text per row): the
-    # memory of the one indexed read per file follows this, not the size of the file.
-    batch_rows: int = Field(default=65_536, gt=0)
+    # Rows per batch when a CUR file is read (Parquet; CSV is read in blocks of
+    # batch_rows × 64 bytes, at least 1 MiB): the memory of the one indexed read per file
+    # follows this, not the size of the file.
+    batch_rows: int = Field(default=16_384, gt=0)
     # Where the per-day index of each CUR file is kept (default: <GPU_OPS_HOME>/cur_index).
     index_path: str | None = None
 

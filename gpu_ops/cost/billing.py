@@ -134,7 +134,7 @@ def _batches(path: Path, batch_rows: int) -> Iterator[Any]:
     cols = [c for c in CUR_COLUMNS if c in names]
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(block_size=max(1 << 20, min(batch_rows * 2048, 1 << 28))),
+        read_options=pacsv.ReadOptions(block_size=max(1 << 20, min(batch_rows * 64, 1 << 26)), use_threads=False),
         convert_options=pacsv.ConvertOptions(include_columns=cols, column_types={c: pa.string() for c in cols}, strings_can_be_null=False),
     )
     yield from reader
@@ -156,40 +156,53 @@ def _relevant(batch: Any) -> Any:
     return batch.filter(pc.fill_null(keep, False))
 
 
-def _as_text_frame(batch: Any, location: str, first_row: np.ndarray, version: int) -> pd.DataFrame:
-    """A batch as text columns (every CUR column present, blank where absent) plus provenance."""
+def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
+    """A batch as string columns (every CUR column, blank where absent) plus provenance
+    and the parsed start (``start_ns``): Arrow all the way, no Python object per cell."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = batch.num_rows
-    data: dict[str, Any] = {}
-    start_ns = np.full(n, _NAT, dtype=np.int64)
+    arrays, start_ns = [], None
     for c in CUR_COLUMNS:
         if c not in batch.schema.names:
-            data[c] = np.full(n, "", dtype=object)
+            arrays.append(pa.array([""] * n, pa.string()))
             continue
         col = batch.column(c)
         if c == START and pa.types.is_timestamp(col.type):
             ts = pc.cast(col, pa.timestamp("ns", tz="UTC") if col.type.tz else pa.timestamp("ns"))
             start_ns = np.asarray(ts.cast(pa.int64()).fill_null(_NAT), dtype=np.int64)
-        data[c] = np.asarray(pc.fill_null(pc.cast(col, pa.string()), ""), dtype=object)
-    if not (start_ns != _NAT).any():
-        start_ns = _parse_start(data[START])
-    frame = pd.DataFrame(data)
-    frame["location"], frame["row"], frame["file_version"], frame["start_ns"] = location, first_row, version, start_ns
-    return frame
+        arrays.append(pc.fill_null(pc.cast(col, pa.string()), ""))
+    if start_ns is None:
+        start_ns = _parse_start(arrays[CUR_COLUMNS.index(START)])
+    arrays += [pa.array([location] * n, pa.string()), pa.array(rows, pa.int64()), pa.array(np.full(n, version, np.int64)), pa.array(start_ns, pa.int64())]
+    return pa.RecordBatch.from_arrays(arrays, names=[*CUR_COLUMNS, *PROVENANCE])
 
 
-def _parse_start(text: np.ndarray) -> np.ndarray:
-    """ISO 8601 texts -> UTC ns (NaT sentinel where unparseable); each distinct text once."""
-    codes, uniques = pd.factorize(pd.Series(text, dtype=object).str.strip())
-    parsed = pd.to_datetime(pd.Series(uniques, dtype=object), utc=True, errors="coerce", format="ISO8601")
-    lut = np.append(np.asarray(parsed.dt.as_unit("ns").array.asi8 if len(parsed) else np.zeros(0, np.int64), dtype=np.int64), _NAT)
-    return lut[np.where(codes < 0, len(lut) - 1, codes)]
+def _frame(table: Any) -> pd.DataFrame:
+    """Index rows (Arrow) -> the text frame :func:`gpu_bill` reads."""
+    out = table.to_pandas()
+    for c in (*CUR_COLUMNS, "location"):
+        out[c] = out[c].astype(object)
+    return out
 
 
-def _file_lines(path: Path, batch_rows: int) -> Iterator[pd.DataFrame]:
-    """The relevant lines of one file, batch by batch, with their row numbers (1-based)."""
+def _parse_start(text: Any) -> np.ndarray:
+    """ISO 8601 texts (an Arrow string array, or objects) -> UTC ns, the NaT sentinel where
+    unparseable; each distinct text parsed once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.array(text, pa.string()) if not isinstance(text, pa.Array) else text)
+    uniques = pd.Series(encoded.dictionary.to_pylist(), dtype=object).str.strip()
+    parsed = pd.to_datetime(uniques, utc=True, errors="coerce", format="ISO8601")
+    lut = np.append(np.asarray(parsed.dt.as_unit("ns").array.asi8, dtype=np.int64) if len(parsed) else np.zeros(0, np.int64), _NAT)
+    codes = np.asarray(encoded.indices.fill_null(len(lut) - 1), dtype=np.int64)
+    return lut[codes]
+
+
+def _file_lines(path: Path, batch_rows: int) -> Iterator[Any]:
+    """The relevant lines of one file (Arrow batches from :func:`_uniform`), with their row numbers (1-based)."""
     import pyarrow as pa
 
     version = path.stat().st_mtime_ns
@@ -200,15 +213,16 @@ def _file_lines(path: Path, batch_rows: int) -> Iterator[pd.DataFrame]:
         seen += n
         kept = _relevant(numbered)
         if kept.num_rows:
-            rows = np.asarray(kept.column("__row"), dtype=np.int64)
-            yield _as_text_frame(kept.drop_columns(["__row"]), str(path), rows, version)
+            yield _uniform(kept.drop_columns(["__row"]), str(path), np.asarray(kept.column("__row"), dtype=np.int64), version)
 
 
-def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: int = 65_536) -> pd.DataFrame:
+def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: int = 16_384) -> pd.DataFrame:
     """Every instance-hour line of the CUR files (CSV or Parquet) as text, with file and row.
     (:class:`CurIndex` reads one day of them; this reads them all, for small bills and tests.)"""
-    frames = [f for path in cur_files(patterns, base_dir) for f in _file_lines(path, batch_rows)]
-    return pd.concat(frames, ignore_index=True) if frames else _empty_lines()
+    import pyarrow as pa
+
+    batches = [b for path in cur_files(patterns, base_dir) for b in _file_lines(path, batch_rows)]
+    return _frame(pa.Table.from_batches(batches)) if batches else _empty_lines()
 
 
 def _empty_lines() -> pd.DataFrame:
@@ -226,7 +240,7 @@ class CurIndex:
     redelivered file is indexed anew; an unchanged one never again.
     """
 
-    def __init__(self, folder: Path, batch_rows: int = 65_536):
+    def __init__(self, folder: Path, batch_rows: int = 16_384):
         self.folder, self.batch_rows = Path(folder), batch_rows
 
     def _key(self, path: Path) -> Path:
@@ -247,13 +261,14 @@ class CurIndex:
         tmp.mkdir(parents=True)
         writers: dict[str, Any] = {}
         try:
-            for frame in _file_lines(path, self.batch_rows):
-                day = np.where(frame["start_ns"].to_numpy() == _NAT, "unknown", pd.to_datetime(frame["start_ns"].where(frame["start_ns"] != _NAT), utc=True).dt.strftime("%Y-%m-%d").to_numpy(dtype=object))
-                for d in pd.unique(day):
-                    part = pa.Table.from_pandas(frame[day == d], preserve_index=False)
-                    if d not in writers:
-                        writers[d] = pq.ParquetWriter(tmp / f"{d}.parquet", part.schema)
-                    writers[d].write_table(part.cast(writers[d].schema))
+            for batch in _file_lines(path, self.batch_rows):
+                ns = np.asarray(batch.column("start_ns"), dtype=np.int64)
+                day = np.where(ns == _NAT, -1, ns // 86_400_000_000_000)
+                for d in np.unique(day):
+                    name = "unknown" if d < 0 else f"{np.datetime64(int(d), 'D')}"
+                    if name not in writers:
+                        writers[name] = pq.ParquetWriter(tmp / f"{name}.parquet", batch.schema)
+                    writers[name].write_batch(batch.filter(pa.array(day == d)))
         finally:
             for w in writers.values():
                 w.close()
@@ -264,19 +279,16 @@ class CurIndex:
 
     def day_lines(self, files: Iterable[Path], day: Any) -> pd.DataFrame:
         """The lines of every file that start on ``day`` (UTC), and those whose start is unreadable."""
+        import pyarrow.parquet as pq
+
         name = f"{pd.Timestamp(day):%Y-%m-%d}"
         frames = []
         for path in files:
             where = self.build(Path(path))
             for part in (where / f"{name}.parquet", where / "unknown.parquet"):
                 if part.exists():
-                    frames.append(pd.read_parquet(part))
-        if not frames:
-            return _empty_lines()
-        out = pd.concat(frames, ignore_index=True)
-        for c in CUR_COLUMNS:
-            out[c] = out[c].astype(object)
-        return out
+                    frames.append(_frame(pq.read_table(part)))
+        return pd.concat(frames, ignore_index=True) if frames else _empty_lines()
 
 
 # --------------------------------------------------------------------------- the bill of a day
