@@ -19,8 +19,9 @@ by a loopback server (the body is built before the clock starts and held by both
 
   streamed  by gpu_ops (PrometheusClient: bounded exchange, ijson events, packed floats,
             then the per-device frame);
-  whole     the way it was read before (httpx, ``response.json()``, a list per point): the
-            peer, on the same body in the same kind of process.
+  whole     the way it was read before (httpx, ``response.json()``, a tuple per point): the
+            peer, on the same body in the same kind of process (same modules imported
+            before the peak RSS baseline is taken).
 
 Both must find the same samples.
 """
@@ -92,14 +93,18 @@ SCRIPT = textwrap.dedent(
 PROM = textwrap.dedent(
     """
     import json, resource, sys, threading, time, http.server
+    import httpx
     import numpy as np
+    import pandas as pd
+    from gpu_ops.config import UtilizationConfig
+    from gpu_ops.cost.utilization import ACTIVE, PrometheusClient
     n, mode = int(sys.argv[1]), sys.argv[2]
     series, per = max(1, n // 1440), 1440
     t0 = 1791936000
-    result = [{"metric": {"namespace": "ml", "pod": f"pod-{i}", "gpu": str(i % 8), "UUID": f"GPU-{i}"},
-               "values": [[t0 + 60 * (k + 1), f"{(k % 100) / 100:.2f}"] for k in range(per)]} for i in range(series)]
-    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
-    del result
+    points = ",".join(f'[{t0 + 60 * (k + 1)},"{(k % 100) / 100:.2f}"]' for k in range(per))
+    body = ('{"status":"success","data":{"resultType":"matrix","result":['
+            + ",".join('{"metric":{"namespace":"ml","pod":"pod-%d","gpu":"%d","UUID":"GPU-%d"},"values":[%s]}' % (i, i % 8, i, points) for i in range(series))
+            + "]}}").encode()
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -113,13 +118,10 @@ PROM = textwrap.dedent(
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if mode == "streamed":
-        from gpu_ops.config import UtilizationConfig
-        from gpu_ops.cost.utilization import ACTIVE, PrometheusClient
         client = PrometheusClient(UtilizationConfig(type="prometheus", url=url, max_samples=n * 2, timeout_s=600))
         frame = client.frame(client.query_range("q", t0, t0 + 86400), ACTIVE)
         found = len(frame)
     else:
-        import httpx
         data = httpx.get(url + "/api/v1/query_range", timeout=600).json()
         rows = [(s["metric"].get("pod", ""), float(t), float(v)) for s in data["data"]["result"] for t, v in s["values"]]
         found = len(rows)

@@ -106,23 +106,47 @@ class _Matrix:
         self._current: Series | None = None
         self._pair: list[Any] = []
         self._path: list[str] = []  # one slot per open container: its current key, or "item"
+        self._values_depth = 0  # len(path) inside a series' values, else 0
 
     def event(self, event: str, value: Any) -> None:
         """One ijson *basic* event (no prefixes: an endless ``[[[[`` would make them quadratic)."""
         path = self._path
+        if self._values_depth and self._point_event(event, value, len(path)):
+            return
         if event == "map_key":
             path[-1] = value
             self.feed(".".join(path[:-1]), event, value)
         elif event in ("start_map", "start_array"):
-            self.feed(".".join(path), event, value)
+            prefix = ".".join(path)
+            self.feed(prefix, event, value)
             path.append("" if event == "start_map" else "item")
             if len(path) > MAX_DEPTH:
                 raise self.fail(f"JSON nested deeper than {MAX_DEPTH} levels (a query_range answer has 6)")
+            if prefix == "data.result.item.values" and event == "start_array" and self._current is not None:
+                self._values_depth = len(path)
         elif event in ("end_map", "end_array"):
             path.pop()
+            if len(path) < self._values_depth:
+                self._values_depth = 0
             self.feed(".".join(path), event, value)
         else:
             self.feed(".".join(path), event, value)
+
+    def _point_event(self, event: str, value: Any, depth: int) -> bool:
+        """The fast path for the points of a series' ``values`` (four events per sample)."""
+        if depth == self._values_depth + 1:
+            if event in ("number", "string"):
+                self._pair.append(value)
+                return True
+            if event == "end_array":
+                self._path.pop()
+                self._point()
+                return True
+        elif depth == self._values_depth and event == "start_array":
+            self._path.append("item")
+            self._pair = []
+            return True
+        return False
 
     def feed(self, prefix: str, event: str, value: Any) -> None:
         if prefix.startswith("data.result.item"):
@@ -157,8 +181,8 @@ class _Matrix:
                 self._pair = []
             elif event == "end_array":
                 self._point()
-        elif rest == ".values.item.item":
-            self._pair.append(value)
+        elif rest.startswith(".values.item.item"):
+            self.odd = self.odd or "a point of a series holds something other than a time and a value"
 
     def _point(self) -> None:
         pair, series = self._pair, self._current
