@@ -35,6 +35,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_ops.alerts import messages
 from gpu_ops.alerts.model import Alert
@@ -260,19 +261,7 @@ def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings)
         with smtplib.SMTP(smtp.host, smtp.port, timeout=timeout) as server:
             if server.sock is not None:
                 watchdog.watch(server.sock)
-            server.ehlo()
-            offered = server.has_extn("starttls")
-            if smtp.starttls == "always" and not offered:
-                raise _Permanent(f"{smtp.host}:{smtp.port} does not offer STARTTLS and smtp.starttls is 'always'")
-            if offered and smtp.starttls != "never":
-                context = ssl.create_default_context(cafile=smtp.ca_file)
-                server.starttls(context=context)
-                server.ehlo()
-            if smtp.username:
-                if smtp.password is None:
-                    raise _Permanent("smtp.username is set but smtp.password is not")
-                server.login(smtp.username, smtp.password.get())
-            refused = server.send_message(msg)
+            refused = _smtp_session(server, channel, msg)
     except (_Permanent, _Retryable, ConfigError):
         raise
     except ssl.SSLError as exc:
@@ -292,6 +281,23 @@ def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings)
     if refused:
         raise _Permanent(f"{smtp.host}:{smtp.port} refused {len(refused)} of {len(channel.to)} recipients")
     return f"accepted by {smtp.host}:{smtp.port} for {len(channel.to)} recipient(s)"
+
+
+def _smtp_session(server: smtplib.SMTP, channel: EmailChannel, msg: Any) -> dict[str, Any]:
+    """EHLO, STARTTLS as configured, login, send; the recipients the server refused."""
+    smtp = channel.smtp
+    server.ehlo()
+    offered = server.has_extn("starttls")
+    if smtp.starttls == "always" and not offered:
+        raise _Permanent(f"{smtp.host}:{smtp.port} does not offer STARTTLS and smtp.starttls is 'always'")
+    if offered and smtp.starttls != "never":
+        server.starttls(context=ssl.create_default_context(cafile=smtp.ca_file))
+        server.ehlo()
+    if smtp.username:
+        if smtp.password is None:
+            raise _Permanent("smtp.username is set but smtp.password is not")
+        server.login(smtp.username, smtp.password.get())
+    return dict(server.send_message(msg))
 
 
 def deliver(

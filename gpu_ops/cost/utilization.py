@@ -162,16 +162,7 @@ class _Matrix:
 
     def _result(self, rest: str, event: str, value: Any) -> None:
         if rest == "":
-            if event == "start_map":
-                self._current = Series({})
-            elif event == "end_map" and self._current is not None:
-                self.series.append(self._current)
-                self._current = None
-            elif event == "map_key":
-                if value == "value":
-                    self.odd = self.odd or "a series with one value (an instant vector), not a range"
-            else:
-                self.odd = self.odd or f"data.result holds a {event}, not a series"
+            self._series_event(event, value)
         elif self._current is None:
             return
         elif rest.startswith(".metric.") and event == "string":
@@ -183,6 +174,19 @@ class _Matrix:
                 self._point()
         elif rest.startswith(".values.item.item"):
             self.odd = self.odd or "a point of a series holds something other than a time and a value"
+
+    def _series_event(self, event: str, value: Any) -> None:
+        """An event of one element of ``data.result``: a series opens or closes."""
+        if event == "start_map":
+            self._current = Series({})
+        elif event == "end_map" and self._current is not None:
+            self.series.append(self._current)
+            self._current = None
+        elif event == "map_key":
+            if value == "value":
+                self.odd = self.odd or "a series with one value (an instant vector), not a range"
+        elif event != "end_map":
+            self.odd = self.odd or f"data.result holds a {event}, not a series"
 
     def _point(self) -> None:
         pair, series = self._pair, self._current
