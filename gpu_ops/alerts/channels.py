@@ -258,9 +258,7 @@ def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings)
     timeout = min(smtp.timeout_s, settings.timeout_s)
     watchdog = Watchdog(time.monotonic() + timeout)  # the whole SMTP session, not each reply
     try:
-        with smtplib.SMTP(smtp.host, smtp.port, timeout=timeout) as server:
-            if server.sock is not None:
-                watchdog.watch(server.sock)
+        with _WatchedSMTP(watchdog, smtp.host, smtp.port, timeout=timeout) as server:
             refused = _smtp_session(server, channel, msg)
     except (_Permanent, _Retryable, ConfigError):
         raise
@@ -281,6 +279,20 @@ def _send_email(channel: EmailChannel, alert: Alert, settings: DeliverySettings)
     if refused:
         raise _Permanent(f"{smtp.host}:{smtp.port} refused {len(refused)} of {len(channel.to)} recipients")
     return f"accepted by {smtp.host}:{smtp.port} for {len(channel.to)} recipient(s)"
+
+
+class _WatchedSMTP(smtplib.SMTP):
+    """An SMTP client whose socket is watched from the moment it connects (the server's
+    greeting is read inside the constructor: a greeting trickled byte by byte is bounded too)."""
+
+    def __init__(self, watchdog: Watchdog, host: str, port: int, timeout: float):
+        self._watchdog = watchdog
+        super().__init__(host, port, timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = super()._get_socket(host, port, timeout)  # type: ignore[misc]  # smtplib's socket factory, absent from typeshed
+        self._watchdog.watch(sock)
+        return sock
 
 
 def _smtp_session(server: smtplib.SMTP, channel: EmailChannel, msg: Any) -> dict[str, Any]:

@@ -140,3 +140,40 @@ def test_a_refused_connection_is_not_maybe_delivered():
     ch = {"slack": SlackChannel(type="slack", webhook_url=f"http://127.0.0.1:{free_port()}/hook")}
     result = send("slack", ch["slack"], alert(("slack",)), settings=DeliverySettings(attempts=2, backoff_s=0.01, timeout_s=1.0), redact=Redactor(ch))
     assert not result.ok and not result.maybe_delivered and "refused" in result.detail
+
+
+def test_an_smtp_server_that_trickles_its_greeting_ends_at_the_deadline():
+    import socket
+    import threading
+
+    from gpu_ops.config import EmailChannel
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    for b in b"220 " + b"x" * 10_000:  # never a line end
+                        conn.sendall(bytes([b]))
+                        time.sleep(0.05)
+                except OSError:
+                    pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        ch = EmailChannel(type="email", to=["finops@example.com"], smtp={"host": "127.0.0.1", "port": listener.getsockname()[1], "timeout_s": 1.0})
+        t0 = time.monotonic()
+        result = send("finance", ch, alert(("finance",)), settings=DeliverySettings(attempts=2, backoff_s=0.05, timeout_s=5.0), redact=Redactor({"finance": ch}))
+        elapsed = time.monotonic() - t0
+    finally:
+        stop.set()
+        listener.close()
+    assert not result.ok and not result.permanent and result.attempts == 2
+    assert "no complete SMTP session within 1 s" in result.detail
+    assert elapsed < bound(1.0, 2)
