@@ -272,10 +272,27 @@ class CurIndex:
         finally:
             for w in writers.values():
                 w.close()
-        (tmp / "_done").write_text(json.dumps({"file": str(path), "days": sorted(writers)}))
-        shutil.rmtree(where, ignore_errors=True)
-        tmp.rename(where)
+        (tmp / "_done").write_text(json.dumps({"file": str(path.resolve()), "days": sorted(writers)}))
+        if where.exists() and not (where / "_done").exists():
+            shutil.rmtree(where, ignore_errors=True)  # a build that was interrupted
+        try:
+            tmp.rename(where)
+        except OSError:  # another process finished the same index first: use it
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._forget_older_versions(path, where)
         return where
+
+    def _forget_older_versions(self, path: Path, current: Path) -> None:
+        """Delete the indexes of earlier versions of ``path`` (the folder holds one per file)."""
+        for done in self.folder.glob("*/_done"):
+            if done.parent == current:
+                continue
+            try:
+                same = json.loads(done.read_text()).get("file") == str(path.resolve())
+            except (OSError, ValueError):
+                continue
+            if same:
+                shutil.rmtree(done.parent, ignore_errors=True)
 
     def day_lines(self, files: Iterable[Path], day: Any) -> pd.DataFrame:
         """The lines of every file that start on ``day`` (UTC), and those whose start is unreadable."""

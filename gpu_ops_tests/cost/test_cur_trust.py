@@ -8,6 +8,7 @@ is blocked by the ERROR, blocking ``billing_reconciled`` check that says why.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -125,8 +126,6 @@ def test_every_line_twice_and_a_redelivered_file_count_once(tmp_path, usd_bill):
 
 
 def test_a_restated_line_counts_at_the_newest_files_amount(tmp_path):
-    import os
-
     cur = cur_month()
     day = cur["line_item_usage_start_date"].str.startswith("2026-10-20")
     old = cur.copy()
@@ -171,6 +170,30 @@ def test_the_cur_is_read_once_into_a_day_index_with_batches_of_any_size(tmp_path
     built = (folder / "_done").stat().st_mtime_ns
     default.day_lines(files, "2026-10-05")
     assert (folder / "_done").stat().st_mtime_ns == built  # indexed once, read by day afterwards
+    # A new version of the file (AWS rewrites the month's files) is indexed anew; the old index goes.
+    cur.to_parquet(tmp_path / "cur.parquet", index=False, row_group_size=500)
+    os.utime(tmp_path / "cur.parquet", ns=(built + 10**9, built + 10**9))
+    default.day_lines(files, "2026-10-05")
+    (newer,) = [p for p in (tmp_path / "default").iterdir() if p.is_dir()]
+    assert newer != folder
+    folder = newer
     # Only instance-hour lines of i-… resources are indexed (the SP fee lines are not).
     indexed = sum(len(pd.read_parquet(p)) for p in folder.glob("*.parquet"))
     assert indexed == int((cur["line_item_resource_id"].str.startswith("i-") & cur["line_item_usage_type"].str.contains("Usage:")).sum())
+
+
+def test_a_parquet_export_with_typed_columns_gives_the_same_bill_as_its_csv(tmp_path):
+    """CUR 2.0 Parquet stores the start as a timestamp and costs as doubles."""
+    cur = cur_month()
+    cur.to_csv(tmp_path / "cur.csv", index=False)
+    typed = cur.copy()
+    typed["line_item_usage_start_date"] = pd.to_datetime(typed["line_item_usage_start_date"], utc=True)
+    for c in ("line_item_unblended_cost", "savings_plan_savings_plan_effective_cost", "reservation_effective_cost"):
+        typed[c] = pd.to_numeric(typed[c].replace("", None), errors="coerce")
+    typed.to_parquet(tmp_path / "cur.parquet", index=False)
+    index = CurIndex(tmp_path / "index")
+    for day in ("2026-10-03", "2026-10-20"):
+        a = gpu_bill(index.day_lines([tmp_path / "cur.csv"], day), [n[1] for n in NODES])
+        b = gpu_bill(index.day_lines([tmp_path / "cur.parquet"], day), [n[1] for n in NODES])
+        pd.testing.assert_series_equal(a.lines["billed_usd"], b.lines["billed_usd"], rtol=1e-12)
+        assert a.lines["instance_id"].tolist() == b.lines["instance_id"].tolist() and len(a.quarantine) == len(b.quarantine)
