@@ -723,10 +723,10 @@ def settle(config: Any, table: pd.DataFrame, first: Any, last: Any, store: Any =
             lines.append(bill.lines)
     summary = None
     if from_bill and len(table):
+        table = table.reset_index(drop=True)
         good = table_day.isin([c["day"] for c in checks if not c["blocked"]]).to_numpy()
-        if good.any():
+        summary = {"billed_usd": 0.0, "billed_nodes": 0, "unbilled_nodes": []}
+        if good.any():  # blocked days keep list prices
             repriced, summary = apply_bill(table[good], pd.concat(lines, ignore_index=True), node_ids)
-            table = pd.concat([repriced, table[~good]]).loc[table.index] if (~good).any() else repriced
-        else:
-            summary = {"billed_usd": 0.0, "billed_nodes": 0, "unbilled_nodes": []}
+            table = pd.concat([repriced, table[~good]]).sort_index()
     return Settlement(table, pd.concat(quarantine, ignore_index=True), checks, summary)

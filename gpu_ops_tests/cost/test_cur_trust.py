@@ -197,3 +197,34 @@ def test_a_parquet_export_with_typed_columns_gives_the_same_bill_as_its_csv(tmp_
         b = gpu_bill(index.day_lines([tmp_path / "cur.parquet"], day), [n[1] for n in NODES])
         pd.testing.assert_series_equal(a.lines["billed_usd"], b.lines["billed_usd"], rtol=1e-12)
         assert a.lines["instance_id"].tolist() == b.lines["instance_id"].tolist() and len(a.quarantine) == len(b.quarantine)
+
+
+def test_in_a_two_day_run_only_the_day_that_does_not_reconcile_is_blocked(tmp_path):
+    """A backfill of the 20th and 21st: the 21st's lines are in yen without a rate."""
+    cur = cur_month()
+    day21 = cur["line_item_usage_start_date"].str.startswith("2026-10-21")
+    cur = pd.concat([cur[~day21], in_currency(cur[day21], "JPY", JPY_PER_USD)], ignore_index=True)
+    config = write(tmp_path, cur, "parquet", from_bill=True)
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.storage.tables import TableStore
+
+    cfg = load_config(config)
+    url = cfg.storage.resolved_url()
+    assets, _ = build_assets(cfg)
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url)}
+    tags = {"dagster/asset_partition_range_start": "2026-10-20", "dagster/asset_partition_range_end": "2026-10-21"}
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = dg.materialize(assets, resources=resources, instance=instance, tags=tags, selection=["gpu_usage", "gpu_cost_attribution"], raise_on_error=False)
+    ev = check(result, "billing_reconciled")
+    assert not ev.passed and ev.metadata["attribution_blocked_days"].value == "2026-10-21"
+    assert ev.description.startswith("2026-10-21: attribution blocked") and "2026-10-20" not in ev.description
+    usage = TableStore(url).read("gpu_usage")
+    day = pd.to_datetime(usage["day"], utc=True)
+    idle20 = usage[(day == pd.Timestamp("2026-10-20", tz="UTC")) & (usage["kind"] == "idle")]
+    # The 20th is at the bill (all of it idle: allocated + idle = billed); the 21st keeps list prices.
+    assert round(float(idle20["cost_usd"].sum()), 2) == round(24 * sum(r for *_x, r in NODES), 2)
+    on21 = usage[day == pd.Timestamp("2026-10-21", tz="UTC")]  # at the yen bill they would be 153× these
+    assert len(on21) and (on21.loc[on21["kind"] != "idle", "price_per_gpu_hour"].isin([5.12, 7.0, 1.5, 12.29, 2.25])).all()
