@@ -26,9 +26,10 @@ LEASES = "gpu_ops_gpu_leases"
 DELIVERIES = "gpu_alert_deliveries"
 DEAD_LETTERS = "gpu_alert_dead_letters"
 
-# A timestamp column as Unix seconds, per dialect (SQLite keeps them as ISO text).
+# A timestamp column as Unix seconds, per dialect. SQLite keeps them as ISO text: whole
+# seconds plus the milliseconds of %f (julianday's doubles would be off by ~10 µs).
 _EPOCH = {
-    "sqlite": "((julianday({c}) - 2440587.5) * 86400.0)",
+    "sqlite": "(CAST(strftime('%s', {c}) AS REAL) + (strftime('%f', {c}) - strftime('%S', {c})))",
     "postgresql": "EXTRACT(EPOCH FROM {c})",
 }
 _DB_NOW = {
