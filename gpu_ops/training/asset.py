@@ -325,6 +325,9 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason,
         used_gpus=used_gpus, actual=actual,
     )
+    from gpu_ops.observability.hooks import attempt_recorded  # issue 23: the attempt's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
+
+    attempt_recorded(row, config=config, store=store, log=context.log)
     this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
     decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
     _log_decision(context, attempt, classification, decision)
