@@ -325,9 +325,6 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
         context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason,
         used_gpus=used_gpus, actual=actual,
     )
-    from gpu_ops.observability.hooks import attempt_recorded  # issue 23: the attempt's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
-
-    attempt_recorded(row, config=config, store=store, log=context.log)
     this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
     decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
     _log_decision(context, attempt, classification, decision)
@@ -440,6 +437,9 @@ def _record(
         declared_gpu_count=request.total_gpus,
         hardware_source=used.source,
     )
+    from gpu_ops.observability.hooks import attempt_settled  # issue 23: span, MLflow run and its experiment id (no-op when neither is set up)
+
+    row = attempt_settled(row, store=store, log=context.log)
     try:
         ledger.append(store, [row])
     except Exception as exc:  # never lose the attempt's outcome because the ledger is down

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import yaml
 

@@ -83,12 +83,13 @@ def write_config(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_preempted_and_resumed_run_sends_one_span_per_attempt(otlp: str, tmp_path: Path) -> None:
+def test_a_preempted_and_resumed_run_sends_one_span_per_attempt(otlp: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_ops.storage.tables import TableStore
     from gpu_ops.training import ledger
     from gpu_ops.training.demo_run import materialize_with_preemption
 
     config = write_config(tmp_path)
+    monkeypatch.setenv("GPU_OPS_CONFIG", str(config))  # the deployment's config: what spans are priced with
     meta = materialize_with_preemption(str(config), after_s=0.3, echo=lambda _m: None, run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
     rows = ledger.read(TableStore(f"sqlite:///{tmp_path / 'costs.db'}")).sort_values("attempt")
     assert list(rows["outcome"]) == ["preempted", "completed"] and int(meta["attempts"]) == 2
@@ -148,19 +149,19 @@ def test_a_cost_partition_sends_one_span_with_its_figures(otlp: str, tmp_path: P
 
 
 def _modules_after(code: str, env: dict[str, str]) -> list[str]:
-    probe = code + "\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('opentelemetry'))))"
+    probe = code + "\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'mlflow')))))"
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_without_an_endpoint_nothing_of_the_sdk_is_imported_and_the_code_location_never_imports_it() -> None:
-    env = {k: "" for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")}
+def test_without_an_endpoint_or_mlflow_run_nothing_is_imported_and_the_code_location_never_imports_the_sdks() -> None:
+    env = {k: "" for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "MLFLOW_RUN_ID", "GPU_OPS_MLFLOW_TRACKING_URI")}
     hook = (
-        "import datetime as dt\nfrom gpu_ops.observability.hooks import attempt_recorded\nfrom gpu_ops.training.ledger import LedgerRow\n"
+        "import datetime as dt\nfrom gpu_ops.observability.hooks import attempt_settled\nfrom gpu_ops.training.ledger import LedgerRow\n"
         "t = dt.datetime(2026, 10, 1, tzinfo=dt.timezone.utc)\n"
         "row = LedgerRow(t, t, 'ml', '', '', 'nlp', 'p', '', '', 'a100', 1, 'spot', 'none', 1.0, 'r', 'a', 1, 'completed', None, 0.0)\n"
-        "attempt_recorded(row, config=None, store=None)"
+        "assert attempt_settled(row, store=None) is row"
     )
     assert _modules_after(hook, env) == []
     # The code location loads without the SDK, even with an endpoint set (spans are made only when an attempt ends).
