@@ -67,8 +67,9 @@ def _so_far(earlier: Any, row: Any, pricer: _Pricer, cost: float | None) -> dict
 
 def attempt_settled(row: Any, *, store: Any, log: Any = None) -> Any:
     """The ledger row ``row`` (a :class:`~gpu_ops.training.ledger.LedgerRow`), with the
-    MLflow run's experiment id when it names none; logs the attempt to that run and
-    sends its span."""
+    MLflow run's experiment id as its ``experiment_id`` when an MLflow run applies (the
+    asset's own label is kept on the MLflow run as a tag); logs the attempt to that run
+    and sends its span."""
     trace, mlflow = tracing.enabled(), mlflow_runs.wanted()
     if not (trace or mlflow):
         return row
@@ -80,9 +81,9 @@ def attempt_settled(row: Any, *, store: Any, log: Any = None) -> Any:
             with mlflow_runs.bounded():
                 ref = mlflow_runs.resolve(row.run_id, row.asset_key)
                 if ref is not None:
-                    if not row.experiment_id:
-                        row = dataclasses.replace(row, experiment_id=str(ref.experiment_id))
-                    mlflow_runs.log_attempt(ref, row, cost_usd=cost, so_far=_so_far(earlier, row, pricer, cost))
+                    labelled = row.experiment_id
+                    row = dataclasses.replace(row, experiment_id=str(ref.experiment_id))
+                    mlflow_runs.log_attempt(ref, row, cost_usd=cost, so_far=_so_far(earlier, row, pricer, cost), labelled_experiment=labelled)
         if trace:
             tracing.attempt_span(row, provider=pricer.config.compute.backend, cost_usd=cost, currency=pricer.prices.currency, recovery_s=_recovery_s(earlier, row))
     except Exception as exc:  # noqa: BLE001 - never fail or lose the attempt for observability

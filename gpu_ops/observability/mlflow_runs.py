@@ -10,8 +10,8 @@ Which run (nothing happens, and nothing is imported, when none applies):
    found again by its tags ``dagster.run_id`` and ``dagster.asset_key`` on the next
    attempt, in the experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``gpu_ops/<asset>``).
 
-The run's experiment id becomes the ledger row's ``experiment_id`` (unless the asset's
-labels name one), so ``gpu-ops cost attribution --by experiment_id`` answers what an
+The run's experiment id becomes the ledger row's ``experiment_id`` (an experiment id the
+asset's labels name is kept on the MLflow run as the tag ``gpu_ops.label.experiment_id``), so ``gpu-ops cost attribution --by experiment_id`` answers what an
 experiment cost. Metrics are logged with the attempt as the step: per attempt
 (``gpu_ops.attempt.*``) and for the run so far (``gpu_ops.gpu_hours``,
 ``gpu_ops.cost_usd``, ``gpu_ops.preemptions``, ``gpu_ops.attempts``); the hardware is in
@@ -89,7 +89,7 @@ def resolve(run_id: str, asset_key: str) -> RunRef | None:
     return RunRef(client, run.info.run_id, experiment_id)
 
 
-def log_attempt(ref: RunRef, row: Any, *, cost_usd: float | None, so_far: Mapping[str, float]) -> None:
+def log_attempt(ref: RunRef, row: Any, *, cost_usd: float | None, so_far: Mapping[str, float], labelled_experiment: str = "") -> None:
     """Log the attempt ``row`` (a ledger row) and the run's totals ``so_far`` to ``ref``."""
     from mlflow.entities import Metric, RunTag
 
@@ -108,7 +108,7 @@ def log_attempt(ref: RunRef, row: Any, *, cost_usd: float | None, so_far: Mappin
         "gpu_ops.sharing": row.sharing, "gpu_ops.hardware_source": row.hardware_source,
         "gpu_ops.declared_gpu": f"{row.declared_gpu_count}x {row.declared_gpu_type}",
         "gpu_ops.team": row.team, "gpu_ops.project": row.project, "gpu_ops.last_outcome": row.outcome,
-        "dagster.run_id": row.run_id, "dagster.asset_key": row.asset_key,
+        "dagster.run_id": row.run_id, "dagster.asset_key": row.asset_key, "gpu_ops.label.experiment_id": labelled_experiment,
     }
     ref.client.log_batch(
         ref.run_id,

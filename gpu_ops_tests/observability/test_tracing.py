@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG
 from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
+from gpu_ops_tests.observability.training import DEMO, write_config
 
-DEMO = BUNDLED_CONFIG.parent
 
 
 class Receiver:
@@ -68,18 +67,6 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
         monkeypatch.setenv("OTEL_SERVICE_NAME", "gpu-ops-test")
         yield url
-
-
-def write_config(folder: Path) -> Path:
-    cfg = yaml.safe_load(BUNDLED_CONFIG.read_text())
-    cfg["storage"] = {"url": f"sqlite:///{folder / 'costs.db'}"}
-    cfg["prices"] = str(DEMO / "prices.yaml")
-    cfg["usage"]["sources"] = [{"type": "ledger"}, {"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
-    cfg["usage"]["inventory"] = {"type": "file", "path": str(DEMO / "inventory.csv")}
-    cfg["training"].update(checkpoint_url=str(folder / "checkpoints"), demo_steps=900, demo_checkpoint_interval_s=0.5, retry_backoff_s=0.0)
-    path = folder / "gpu_ops.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @pytest.mark.slow
