@@ -271,3 +271,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def panels_markdown() -> str:
+    """Each dashboard and each of its panels in words, for docs/how-to/observability.md."""
+    out = []
+    for d in DASHBOARDS:
+        out += [f"### {d.title} (`{d.uid}`)", "", d.description, ""]
+        for p in d.panels:
+            queries = "; ".join(f"`{q.expr}`" for q in p.queries)
+            out.append(f"- **{p.title}** ({p.kind}): {p.description} Query: {queries}.")
+        out.append("")
+    return "\n".join(out)

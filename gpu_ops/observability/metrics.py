@@ -336,3 +336,12 @@ def partition_timestamp(partition_key: str) -> float:
 def families(s: Snapshot) -> list[Family]:
     """Every family of the catalog the snapshot has data for (pod families only when read)."""
     return [*cost_families(s), *roi_families(s), *budget_families(s), *training_families(s), *quota_families(s), *health_families(s)]
+
+
+def reference_markdown() -> str:
+    """The metric table of docs/reference/metrics.md, from the catalog."""
+    lines = ["| Metric | Type | Unit | Labels | Source table | Meaning |", "|---|---|---|---|---|---|"]
+    for m in CATALOG.values():
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "none"
+        lines.append(f"| `{m.name}` | {m.kind} | {m.unit or '1'} | {labels} | `{m.source}` | {m.help} |")
+    return "\n".join(lines) + "\n"
