@@ -236,10 +236,12 @@ def build(spec: DashboardSpec) -> Any:
     ).auto_panel_ids()
 
 
-def to_json(spec: DashboardSpec) -> str:
-    from grafanalib._gen import DashboardEncoder
+def _encode(obj: Any) -> Any:
+    return obj.to_json_data()  # grafanalib objects nest; json calls this for each one
 
-    return json.dumps(build(spec).to_json_data(), cls=DashboardEncoder, indent=2, sort_keys=True) + "\n"
+
+def to_json(spec: DashboardSpec) -> str:
+    return json.dumps(build(spec).to_json_data(), default=_encode, indent=2, sort_keys=True) + "\n"
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:

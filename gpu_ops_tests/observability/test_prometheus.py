@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -124,30 +125,45 @@ def _put(out: Expected, name: str, labels: dict[str, Any], value: Any) -> None:
     out[(name, frozenset((k, "" if v is None else str(v)) for k, v in labels.items()))] = float(value)
 
 
-def expected_from_tables(store: TableStore) -> Expected:
-    out: Expected = {}
+def _windows(df: pd.DataFrame, newest: str) -> list[tuple[str, pd.DataFrame]]:
+    return [("day", df[df["partition_key"] == newest]), ("month", df[df["partition_key"] >= newest[:8] + "01"])]
+
+
+def expected_cost(store: TableStore, out: Expected) -> None:
     daily = store.read("gpu_cost_daily")
-    newest = daily["partition_key"].max()
     keys = ["kind", "team", "project", "namespace", "cost_center"]
-    for window, rows in (("day", daily[daily["partition_key"] == newest]), ("month", daily[daily["partition_key"] >= newest[:8] + "01"])):
+    for window, rows in _windows(daily, daily["partition_key"].max()):
         for key, g in rows.groupby(keys):
             labels = {"window": window, **dict(zip(keys, key))}
             _put(out, "gpu_ops_cost_usd", labels, g["cost_usd"].sum())
             _put(out, "gpu_ops_gpu_seconds", labels, g["gpu_hours"].sum() * 3600)
             _put(out, "gpu_ops_on_demand_equivalent_usd", labels, g["on_demand_usd"].sum())
     usage = store.read("gpu_usage")
+    newest = usage["partition_key"].max()
     hw = ["kind", "team", "gpu_type", "capacity_type"]
-    for key, g in usage[usage["partition_key"] == usage["partition_key"].max()].groupby(hw):
+    for key, g in usage[usage["partition_key"] == newest].groupby(hw):
         _put(out, "gpu_ops_hardware_cost_usd", dict(zip(hw, key)), g["cost_usd"].sum())
         _put(out, "gpu_ops_hardware_gpu_seconds", dict(zip(hw, key)), g["gpu_hours"].sum() * 3600)
+    q = store.read("gpu_usage_quarantine")
+    for key, g in q[q["partition_key"] == newest].groupby(["source", "field"]):
+        _put(out, "gpu_ops_usage_quarantined_rows", dict(zip(["source", "field"], key)), len(g))
+    for table in ("gpu_usage", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report"):
+        day = dt.date.fromisoformat(store.read(table, columns=["partition_key"])["partition_key"].max())
+        _put(out, "gpu_ops_cost_partition_timestamp_seconds", {"table": table}, dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
+
+
+def expected_roi(store: TableStore, out: Expected) -> None:
     roi = store.read("gpu_roi_report")
-    roi = roi[roi["team"] != "__total__"]
-    for window, rows in (("day", roi[roi["partition_key"] == newest]), ("month", roi[roi["partition_key"] >= newest[:8] + "01"])):
+    newest = roi["partition_key"].max()
+    for window, rows in _windows(roi[roi["team"] != "__total__"], newest):
         for team, g in rows.groupby("team"):
             for source in ("spot", "reserved", "sharing"):
                 _put(out, "gpu_ops_savings_usd", {"window": window, "team": team, "source": source}, g[f"{source}_savings_usd"].sum())
             _put(out, "gpu_ops_preemption_waste_usd", {"window": window, "team": team}, g["preemption_waste_usd"].sum())
             _put(out, "gpu_ops_preemption_lost_gpu_seconds", {"window": window, "team": team}, g["preemption_lost_gpu_hours"].sum() * 3600)
+
+
+def expected_budgets_and_alerts(store: TableStore, out: Expected) -> None:
     status = store.read("gpu_budget_status")
     for r in status[status["partition_key"] == status["partition_key"].max()].itertuples():
         b = {"budget": r.budget, "period": r.period}
@@ -159,11 +175,14 @@ def expected_from_tables(store: TableStore) -> Expected:
         _put(out, "gpu_ops_budget_days_missing", b, r.days_missing)
         for state in ("ok", "warning", "exceeded"):
             _put(out, "gpu_ops_budget_status", {**b, "status": state}, 1.0 if r.status == state else 0.0)
-    deliveries = store.read("gpu_alert_deliveries")
-    for key, g in deliveries.groupby(["budget", "channel", "channel_type", "status"]):
-        _put(out, "gpu_ops_alert_deliveries_total", dict(zip(["budget", "channel", "channel_type", "status"], key)), len(g))
+    keys = ["budget", "channel", "channel_type", "status"]
+    for key, g in store.read("gpu_alert_deliveries").groupby(keys):
+        _put(out, "gpu_ops_alert_deliveries_total", dict(zip(keys, key)), len(g))
     for budget, g in store.read("gpu_alert_dead_letters").groupby("budget"):
         _put(out, "gpu_ops_alert_dead_letters_total", {"budget": budget}, len(g))
+
+
+def expected_training_and_quota(store: TableStore, out: Expected) -> None:
     ledger = store.read("gpu_usage_ledger").sort_values(["run_id", "attempt"])
     attempt = ["asset_key", "team", "gpu_type", "capacity_type"]
     for key, g in ledger.groupby(attempt):
@@ -179,16 +198,16 @@ def expected_from_tables(store: TableStore) -> Expected:
     for (asset, team), g in rec.groupby(["asset_key", "team"]):
         _put(out, "gpu_ops_training_recoveries_total", {"asset_key": asset, "team": team}, len(g))
         _put(out, "gpu_ops_training_recovery_seconds_total", {"asset_key": asset, "team": team}, g["gap"].sum())
-    q = store.read("gpu_usage_quarantine")
-    for key, g in q[q["partition_key"] == usage["partition_key"].max()].groupby(["source", "field"]):
-        _put(out, "gpu_ops_usage_quarantined_rows", dict(zip(["source", "field"], key)), len(g))
-    for table in ("gpu_usage", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report"):
-        day = dt.date.fromisoformat(store.read(table, columns=["partition_key"])["partition_key"].max())
-        _put(out, "gpu_ops_cost_partition_timestamp_seconds", {"table": table}, dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
     _put(out, "gpu_ops_quota_gpus_held", {"scope": "team", "name": "nlp"}, 8)
     _put(out, "gpu_ops_quota_gpus_held", {"scope": "pool", "name": "gpu-ops-nlp-a100-spot"}, 8)
     _put(out, "gpu_ops_quota_gpus_limit", {"scope": "team", "name": "nlp"}, 8)
     _put(out, "gpu_ops_quota_leases", {"team": "nlp", "state": "live"}, 1)
+
+
+def expected_from_tables(store: TableStore) -> Expected:
+    out: Expected = {}
+    for part in (expected_cost, expected_roi, expected_budgets_and_alerts, expected_training_and_quota):
+        part(store, out)
     return out
 
 
