@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_ops.storage.tables import TableStore
+
 from gpu_ops_tests.conftest import skip_or_fail
 from gpu_ops_tests.observability.servers import free_port
 from gpu_ops_tests.observability.training import DEMO, QUIET, write_config
@@ -61,7 +63,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -69,7 +71,6 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
-    from gpu_ops.storage.tables import TableStore
     from gpu_ops.training import ledger
     from gpu_ops.training.demo_run import materialize_with_preemption
 
@@ -144,12 +145,34 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
     _check_run(client, runs[0].info.run_id, rows, _attribution_by_experiment(config))
 
 
-def test_an_unreachable_tracking_server_costs_a_warning_not_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("mlflow")
+def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_ops.observability.hooks import attempt_settled
+
+    monkeypatch.setenv("GPU_OPS_CONFIG", str(write_config(tmp_path, ledger_only=True)))
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    _, rows = _train(tmp_path, monkeypatch)
-    assert set(rows["experiment_id"]) == {"demo-mlp"}  # no MLflow run: the rows keep the asset's label
+    warnings: list[str] = []
+
+    class Log:
+        def warning(self, message: str) -> None:
+            warnings.append(message)
+
+    row = _gpu_row(dt.date(2026, 11, 1))
+    assert attempt_settled(row, store=TableStore(f"sqlite:///{tmp_path / 'costs.db'}"), log=Log()) is row  # unchanged, and no exception
+    assert len(warnings) == 1 and "no MLflow/trace record" in warnings[0] and "127.0.0.1" in warnings[0]
+
+
+def _gpu_row(day: dt.date) -> Any:
+    """The attempt a worker on 2x A100-80GB spot reports: one hour of ``day``."""
+    from gpu_ops.training import ledger
+
+    end = dt.datetime(day.year, day.month, day.day, 11, tzinfo=dt.timezone.utc)
+    return ledger.LedgerRow(
+        start=end - dt.timedelta(hours=1), end=end, namespace="ml", pod="llm-0", node="n1", team="nlp", project="llm", cost_center="",
+        experiment_id="", gpu_type="a100-80gb", gpu_count=2, capacity_type="spot", sharing="none", gpu_share=1.0, run_id="dagster-run-1",
+        asset_key="train_llm", attempt=1, outcome="completed", last_checkpoint_at=None, lost_seconds=0.0, declared_gpu_type="a100-80gb",
+        declared_gpu_count=2, hardware_source="worker",
+    )
 
 
 def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,18 +184,12 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     from mlflow.tracking import MlflowClient
 
     from gpu_ops.observability.hooks import attempt_settled
-    from gpu_ops.storage.tables import TableStore
     from gpu_ops.training import ledger
 
     config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    end = dt.datetime(yesterday.year, yesterday.month, yesterday.day, 11, tzinfo=dt.timezone.utc)
-    row = ledger.LedgerRow(
-        start=end - dt.timedelta(hours=1), end=end, namespace="ml", pod="llm-0", node="n1", team="nlp", project="llm", cost_center="", experiment_id="",
-        gpu_type="a100-80gb", gpu_count=2, capacity_type="spot", sharing="none", gpu_share=1.0, run_id="dagster-run-1", asset_key="train_llm",
-        attempt=1, outcome="completed", last_checkpoint_at=None, lost_seconds=0.0, declared_gpu_type="a100-80gb", declared_gpu_count=2, hardware_source="worker",
-    )
+    row = _gpu_row(yesterday)
     store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
     mlflow.set_tracking_uri(mlflow_server)
     experiment = mlflow.set_experiment("llm-pretrain")

@@ -67,8 +67,12 @@ def write_config(folder: Path) -> Path:
 
 
 def materialize_month(config_path: Path) -> None:
-    """The demo's data path (gpu_ops.demo.run) without its training step."""
+    """The demo's data path (gpu_ops.demo.run) without its training step: the reference
+    definitions' daily cost job (the first 30 days as one backfill range run, as the
+    schedule's backfill would, then the last day), and the budget sensor's evaluation
+    with the alert runs it requests after each of the last two days."""
     import dagster as dg
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from gpu_ops.alerts.sensor import launch_requests, tick
     from gpu_ops.alerts.state import AlertCursor
@@ -82,11 +86,16 @@ def materialize_month(config_path: Path) -> None:
         defs = build_defs(str(config_path))
         job = defs.resolve_job_def(DAILY_JOB)
         cursor = AlertCursor.decode(None)
-        for day in DAYS:
-            assert job.execute_in_process(partition_key=day, instance=instance, run_config=quiet).success
-            now = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc) + dt.timedelta(days=1, minutes=15)
+        days_run = [(DAYS[:-1], {ASSET_PARTITION_RANGE_START_TAG: DAYS[0], ASSET_PARTITION_RANGE_END_TAG: DAYS[-2]}), ([DAYS[-1]], None)]
+        for days, tags in days_run:
+            if tags:
+                assert job.execute_in_process(instance=instance, run_config=quiet, tags=tags).success
+            else:
+                assert job.execute_in_process(partition_key=days[0], instance=instance, run_config=quiet).success
+            now = dt.datetime.fromisoformat(days[-1]).replace(tzinfo=dt.timezone.utc) + dt.timedelta(days=1, minutes=15)
             cursor, requests, _ = tick(config, store, cursor, now=now)
             launch_requests(defs, instance, requests, run_config=quiet)
+    assert sorted(store.partitions("gpu_budget_status")) == DAYS
 
 
 def write_training_quota_and_dead_letter(config_path: Path) -> None:
