@@ -72,13 +72,13 @@ def build_registry(reader: Reader, cache_seconds: float = 0.0) -> CollectorRegis
     return registry
 
 
-def reader_from_config(config_path: str | None, per_pod: bool) -> Reader:
+def reader_from_config(config_path: str | None, per_pod: bool, history_s: float = 0.0) -> Reader:
     from gpu_ops.config import load_config
     from gpu_ops.storage.tables import TableStore
 
     cfg = load_config(config_path)
     quotas = {"team": dict(cfg.compute.quotas.team), "pool": dict(cfg.compute.quotas.pool)}
-    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod)
+    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod, history_s=history_s)
 
 
 def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any = None) -> None:
@@ -103,8 +103,10 @@ def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any
 @click.option("--config", "config_path", default=None, help="GPU_OPS_CONFIG file (default: $GPU_OPS_CONFIG, else the bundled demo).")
 @click.option("--per-pod", is_flag=True, help="Also export per-pod series (pod names are unbounded: opt in knowingly).")
 @click.option("--cache-seconds", default=15.0, show_default=True, type=float, help="Scrapes this close together share one database read.")
-def exporter(host: str, port: int, config_path: str | None, per_pod: bool, cache_seconds: float) -> None:
+@click.option("--history-seconds", default=300.0, show_default=True, type=float,
+              help="Re-read the sums of the append-only tables (ledger, alert deliveries, dead letters), which grow with history, at most this often.")
+def exporter(host: str, port: int, config_path: str | None, per_pod: bool, cache_seconds: float, history_seconds: float) -> None:
     """Serve gpu_ops cost, budget, alert, training and quota metrics for Prometheus."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    reader = reader_from_config(config_path, per_pod)
+    reader = reader_from_config(config_path, per_pod, history_seconds)
     serve(reader, host, port, cache_seconds, ready=lambda p: click.echo(f"gpu-ops exporter listening on http://{host}:{p}/metrics", err=True))

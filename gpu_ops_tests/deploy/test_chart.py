@@ -538,7 +538,7 @@ def test_exporter_pod_serves_metrics_with_the_config_and_secrets_of_the_code_ser
     server, exporter = _named(objs, "Deployment", "gpu-ops"), _named(objs, "Deployment", "-exporter")
     pod = exporter["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["command"] + c["args"] == ["gpu-ops", "exporter", "--host", "0.0.0.0", "--port", "9464", "--cache-seconds", "15", "--per-pod"]
+    assert c["command"] + c["args"] == ["gpu-ops", "exporter", "--host", "0.0.0.0", "--port", "9464", "--cache-seconds", "15", "--history-seconds", "300", "--per-pod"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
     assert pod["automountServiceAccountToken"] is False
     sc = c["securityContext"]

@@ -39,7 +39,7 @@ class Exporter:
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-m", "gpu_ops.cli", "exporter", "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config), "--cache-seconds", "0"]
+        cmd = [sys.executable, "-m", "gpu_ops.cli", "exporter", "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config), "--cache-seconds", "0", "--history-seconds", "0"]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))  # noqa: SIM115
 
         def up() -> bool:

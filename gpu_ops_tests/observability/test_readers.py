@@ -86,3 +86,23 @@ def test_a_database_that_is_down_is_reported_per_source_not_raised() -> None:
     assert all("cannot reach the gpu_ops database" in reason for reason in snap.errors.values())
     ok = {labels: v for f in families(snap) if f.metric.name == "gpu_ops_exporter_read_ok" for labels, v in f.samples}
     assert set(ok.values()) == {0.0} and len(ok) == len(snap.sources)
+
+
+def test_history_sums_are_reread_at_most_every_history_seconds_and_a_fresh_reader_sees_everything(tmp_path: Path) -> None:
+    from gpu_ops.training import ledger
+
+    store = fill(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
+    key = ("gpu_ops_training_attempts_total", ("train_llm", "nlp", "h100", "spot", "completed"))
+    cached, uncached = Reader(store, history_s=3600), Reader(store, history_s=0)
+
+    def attempts(reader: Reader) -> float:
+        return {(f.metric.name, labels): v for f in families(reader.read()) for labels, v in f.samples}[key]
+
+    assert attempts(cached) == attempts(uncached) == 2
+    t0 = dt.datetime(2026, 10, 3, 9, tzinfo=dt.timezone.utc)
+    ledger.append(store, [ledger.LedgerRow(start=t0, end=t0 + dt.timedelta(hours=1), namespace="ml", pod="", node="n1", team="nlp", project="p",
+                                           cost_center="", experiment_id="", gpu_type="h100", gpu_count=4, capacity_type="spot", sharing="none",
+                                           gpu_share=1.0, run_id="r9", asset_key="train_llm", attempt=1, outcome="completed", last_checkpoint_at=None,
+                                           lost_seconds=0.0)])
+    assert attempts(cached) == 2  # within history_s: the sums read before
+    assert attempts(uncached) == 3 and attempts(Reader(store, history_s=3600)) == 3  # a restart reads the table
