@@ -519,6 +519,8 @@ def test_metrics_are_off_by_default_and_leave_the_code_server_objects_alone() ->
     assert not [o for o in default if o["kind"] in MONITORING_KINDS or o["metadata"]["name"].endswith(("-exporter", "-dashboards"))]
     on = objects(METRICS_ON)
     assert {(o["kind"], o["metadata"]["name"]) for o in default} < {(o["kind"], o["metadata"]["name"]) for o in on}
+    assert "exporter" not in render()["gpu-ops/templates/NOTES.txt"]
+    assert f"http://gpu-ops-exporter.{NAMESPACE}.svc:9464/metrics" in render(METRICS_ON)["gpu-ops/templates/NOTES.txt"]
 
 
 def test_metrics_objects_lint_and_validate(karpenter_crds: dict[str, dict]) -> None:
