@@ -113,19 +113,32 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     return answer["data"]["result"]
 
 
-def series(url: str, at: float | None = None) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every gpu_ops_ series Prometheus holds now: (name, labels without job/instance) -> value."""
-    out = {}
-    for r in query(url, '{__name__=~"gpu_ops_.+",job="gpu_ops"}', at):
+def series(url: str, at: float | None = None, instance: str | None = None) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The gpu_ops_ series Prometheus holds now (of one scrape target, or of all when they
+    agree): (name, labels without job/instance) -> value."""
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    target = f',instance="{instance}"' if instance else ""
+    for r in query(url, f'{{__name__=~"gpu_ops_.+",job="gpu_ops"{target}}}', at):
         labels = {k: v for k, v in r["metric"].items() if k not in ("__name__", "job", "instance")}
-        out[(r["metric"]["__name__"], frozenset(labels.items()))] = float(r["value"][1])
+        key = (r["metric"]["__name__"], frozenset(labels.items()))
+        value = float(r["value"][1])
+        assert instance or key[0] == "gpu_ops_exporter_read_seconds" or out.get(key, value) == value, f"targets disagree on {key}"
+        out[key] = value
     return out
 
 
-def wait_for_scrape_after(url: str, t: float, timeout: float = 60) -> None:
-    """Until Prometheus has a successful scrape of the exporter that started after ``t``."""
-    def scraped() -> bool:
-        up = query(url, 'up{job="gpu_ops"}')
-        return bool(up) and up[0]["value"][1] == "1" and float(query(url, 'timestamp(up{job="gpu_ops"})')[0]["value"][1]) > t
+def up(url: str, instance: str) -> tuple[str, float] | None:
+    """(value, timestamp) of the target's newest ``up`` sample."""
+    found = query(url, f'up{{job="gpu_ops",instance="{instance}"}}')
+    if not found:
+        return None
+    stamp = query(url, f'timestamp(up{{job="gpu_ops",instance="{instance}"}})')[0]["value"][1]
+    return found[0]["value"][1], float(stamp)
 
-    assert wait_until(scraped, timeout=timeout, every=0.25), query(url, 'up{job="gpu_ops"}')
+
+def wait_for_scrape_after(url: str, t: float, instances: list[str], timeout: float = 60) -> None:
+    """Until Prometheus has a successful scrape of every target that started after ``t``."""
+    def scraped() -> bool:
+        return all((u := up(url, i)) is not None and u[0] == "1" and u[1] > t for i in instances)
+
+    assert wait_until(scraped, timeout=timeout, every=0.25), [up(url, i) for i in instances]

@@ -31,7 +31,7 @@ from gpu_ops.observability.dashboards import RULES_FILE
 from gpu_ops.observability.metrics import CATALOG
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.conftest import REPO
-from gpu_ops_tests.observability.servers import Exporter, free_port, prometheus, query, series, wait_for_scrape_after
+from gpu_ops_tests.observability.servers import Exporter, free_port, prometheus, query, series, up, wait_for_scrape_after
 from gpu_ops_tests.waiting import wait_until
 
 DEMO = BUNDLED_CONFIG.parent
@@ -230,15 +230,18 @@ def month(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     materialize_month(config)
     write_training_quota_and_dead_letter(config)
     store = TableStore.from_config(load_config(config))
-    port = free_port()
-    exporter = Exporter(config, port, folder / "exporter.log")
-    exporter.start()
+    # Two replicas of the exporter on the same database, as the chart's Deployment may run.
+    exporters = [Exporter(config, free_port(), folder / f"exporter-{i}.log") for i in range(2)]
+    for exporter in exporters:
+        exporter.start()
+    targets = [f"127.0.0.1:{e.port}" for e in exporters]
     try:
-        with prometheus(folder, [f"127.0.0.1:{port}"], [RULES_FILE]) as url:
-            wait_for_scrape_after(url, time.time())
-            yield {"url": url, "store": store, "exporter": exporter, "config": config}
+        with prometheus(folder, targets, [RULES_FILE]) as url:
+            wait_for_scrape_after(url, time.time(), targets)
+            yield {"url": url, "store": store, "exporter": exporters[0], "targets": targets, "config": config}
     finally:
-        exporter.stop()
+        for exporter in exporters:
+            exporter.stop()
 
 
 def _close(expected: Expected, got: Expected) -> list[str]:
@@ -268,15 +271,24 @@ def test_every_series_equals_its_table_value_to_the_cent(month: dict[str, Any]) 
     assert {dict(l)["source"] for n, l in got if n == "gpu_ops_exporter_read_ok" and got[(n, l)] == 1.0} >= {"gpu_cost_daily", "gpu_usage_ledger", "gpu_budget_status"}
 
 
+def _values(url: str, instance: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {k: v for k, v in series(url, instance=instance).items() if k[0] != "gpu_ops_exporter_read_seconds"}
+
+
+def test_two_replicas_serve_the_same_values(month: dict[str, Any]) -> None:
+    first, second = (_values(month["url"], target) for target in month["targets"])
+    assert first == second and len(first) > 100
+
+
 def test_restarting_the_exporter_changes_no_value(month: dict[str, Any]) -> None:
-    before = {k: v for k, v in series(month["url"]).items() if k[0] != "gpu_ops_exporter_read_seconds"}
+    target = month["targets"][0]
+    before = _values(month["url"], target)
     month["exporter"].stop()
     stopped = time.time()
-    assert wait_until(lambda: query(month["url"], 'up{job="gpu_ops"}')[0]["value"][1] == "0", timeout=30, every=0.25)
+    assert wait_until(lambda: (up(month["url"], target) or ("",))[0] == "0", timeout=30, every=0.25)
     month["exporter"].start()
-    wait_for_scrape_after(month["url"], stopped + 1)
-    after = {k: v for k, v in series(month["url"]).items() if k[0] != "gpu_ops_exporter_read_seconds"}
-    assert after == before
+    wait_for_scrape_after(month["url"], stopped + 1, [target])
+    assert _values(month["url"], target) == before
     assert len(before) > 100
 
 
