@@ -85,7 +85,10 @@ def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any
     """Serve until SIGTERM or SIGINT."""
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=host, registry=build_registry(reader, cache_seconds))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=build_registry(reader, cache_seconds))
+    except OSError as exc:  # in use, not an address of this host, a privileged port
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port or --host") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -106,3 +106,22 @@ def test_history_sums_are_reread_at_most_every_history_seconds_and_a_fresh_reade
                                            lost_seconds=0.0)])
     assert attempts(cached) == 2  # within history_s: the sums read before
     assert attempts(uncached) == 3 and attempts(Reader(store, history_s=3600)) == 3  # a restart reads the table
+
+
+def test_the_exporter_command_says_why_it_cannot_listen(tmp_path: Path) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from gpu_ops.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = CliRunner().invoke(main, ["exporter", "--host", "127.0.0.1", "--port", str(port)])
+    assert out.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in out.output and "Traceback" not in out.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("storage: {url: 42}\n")
+    out = CliRunner().invoke(main, ["exporter", "--config", str(bad)])
+    assert out.exit_code == 1 and str(bad) in out.output and "Traceback" not in out.output

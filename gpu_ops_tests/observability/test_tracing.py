@@ -136,7 +136,7 @@ def test_a_cost_partition_sends_one_span_with_its_figures(otlp: str, tmp_path: P
 
 
 def _modules_after(code: str, env: dict[str, str]) -> list[str]:
-    probe = code + "\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'mlflow')))))"
+    probe = code + "\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'mlflow', 'prometheus_client', 'grafanalib')))))"
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
