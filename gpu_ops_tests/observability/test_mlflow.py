@@ -134,15 +134,39 @@ def test_attempts_are_logged_to_the_active_mlflow_run_and_its_experiment_is_the_
 
 
 def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No active MLflow run: GPU_OPS_MLFLOW_TRACKING_URI makes gpu_ops keep one run per
+    Dagster run and asset; the resumed attempt finds the run the preempted one created,
+    and the run's totals add both attempts up (2x A100 spot, preempted after 30 minutes,
+    resumed 2 minutes later for an hour)."""
+    import dataclasses
+
+    import yaml
     from mlflow.tracking import MlflowClient
 
+    from gpu_ops.observability.hooks import attempt_settled
+    from gpu_ops.training import ledger
+
+    config = write_config(tmp_path, ledger_only=True)
+    monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", mlflow_server)
-    config, rows = _train(tmp_path, monkeypatch)
+    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+    second = dataclasses.replace(_gpu_row(yesterday), attempt=2)
+    first = dataclasses.replace(second, start=second.start - dt.timedelta(minutes=32), end=second.start - dt.timedelta(minutes=2), attempt=1,
+                                outcome="preempted", lost_seconds=600.0)
+    store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
+    for row in (first, second):
+        ledger.append(store, [attempt_settled(row, store=store)])
     client = MlflowClient(mlflow_server)
-    experiment = client.get_experiment_by_name("gpu_ops/train_demo_model")
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`dagster.run_id` = '{rows['run_id'].iloc[0]}'")
-    assert len(runs) == 1  # the resumed attempt found the run the first one created
-    _check_run(client, runs[0].info.run_id, rows, _attribution_by_experiment(config))
+    experiment = client.get_experiment_by_name("gpu_ops/train_llm")
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.`dagster.run_id` = 'dagster-run-1'")
+    spot = yaml.safe_load((DEMO / "prices.yaml").read_text())["gpus"]["a100-80gb"]["spot"]
+    m = run.data.metrics
+    assert (m["gpu_ops.attempts"], m["gpu_ops.preemptions"]) == (2, 1)
+    assert m["gpu_ops.gpu_hours"] == pytest.approx(2 * 1.5) and m["gpu_ops.cost_usd"] == pytest.approx(2 * 1.5 * spot, abs=1e-9)
+    assert {h.step: h.value for h in client.get_metric_history(run.info.run_id, "gpu_ops.attempt.cost_usd")} == pytest.approx({1: spot, 2: 2 * spot})
+    rows = ledger.read(store)
+    assert set(rows["experiment_id"]) == {experiment.experiment_id}
+    assert _attribution_by_experiment(config, yesterday)[experiment.experiment_id]["cost_usd"] == pytest.approx(m["gpu_ops.cost_usd"], abs=0.005)
 
 
 def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
