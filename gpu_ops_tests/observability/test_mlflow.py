@@ -2,11 +2,12 @@
 store) on 127.0.0.1, and `gpu-ops cost attribution --by experiment_id` answering what the
 experiment cost.
 
-The runs are real preempted-and-resumed runs of train_demo_model (worker SIGKILLed after
-its first checkpoint, step retried, resumed). On a machine without a GPU the attempts run
-on CPU, which the ledger records as CPU and the cost engine never prices: there the
-MLflow figures are compared at 0 GPU-hours, and a GPU attempt (the row a worker on 2x
-A100 reports) goes through the same hook, ledger and engine to show a priced experiment.
+The active-run test trains for real: a preempted-and-resumed run of train_demo_model
+(worker SIGKILLed after its first checkpoint, step retried, resumed) inside
+``mlflow.start_run()``. On a machine without a GPU those attempts run on CPU, which the
+ledger records as CPU and the cost engine never prices, so its figures compare at 0
+GPU-hours; the other tests send the attempts a worker on 2x A100 reports through the same
+hook, ledger and engine, to show priced experiments.
 """
 
 from __future__ import annotations
