@@ -17,6 +17,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "alerts": ("gpu_ops.alerts.cli:alerts", "Budget alert channels: `gpu-ops alerts test <channel>` sends a marked test notification."),
     "plan": ("gpu_ops.compute.cli:plan", "Print, as YAML, every Kubernetes object a GPU launch would create or patch."),
     "validate": ("gpu_ops.validate:validate", "Check configuration, storage, cluster and GPU; say how to fix each problem."),
+    "exporter": ("gpu_ops.observability.exporter:exporter", "Serve cost, budget, training and quota metrics for Prometheus (/metrics)."),
 }
 
 

@@ -248,6 +248,9 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]
         ok = all(v[1] for v in verdicts)
         message = verdicts[0][2] if len(verdicts) == 1 else "; ".join(f"{k}: {m}" for k, good, m in verdicts if not good) or f"all {len(verdicts)} days conserve"
+        from gpu_ops.observability.hooks import partition_materialized  # issue 23: the partition's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
+
+        partition_materialized(context, "gpu_cost_attribution", {"cost.total": t["attributed_cost_usd"], "gpu_hours.allocated": t["gpu_hours"], "cost.idle": t["idle_cost_usd"]})
         selected = {k.to_user_string() for k in context.selected_asset_keys}
         teams = top_teams(table)
         if "gpu_cost_attribution" in selected:

@@ -437,6 +437,9 @@ def _record(
         declared_gpu_count=request.total_gpus,
         hardware_source=used.source,
     )
+    from gpu_ops.observability.hooks import attempt_settled  # issue 23: span, MLflow run and its experiment id (no-op when neither is set up)
+
+    row = attempt_settled(row, store=store, log=context.log)
     try:
         ledger.append(store, [row])
     except Exception as exc:  # never lose the attempt's outcome because the ledger is down

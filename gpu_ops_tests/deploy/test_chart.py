@@ -498,3 +498,135 @@ def test_partitions_run_in_parallel_as_separate_pods_within_the_queue_limits() -
     assert process_config(k8s_job_executor.config_schema.config_type, {"max_concurrent": 4}).success
     ctx = container_context(one(objects(), "Deployment"))["k8s"]
     assert process_config(DagsterK8sJobConfig.config_type_container_context(), ctx).success
+
+
+# --------------------------------------------------------------------------- metrics, rules, dashboards (issue 23)
+
+METRICS_ON: dict = {
+    "metrics": {"enabled": True, "perPod": True, "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}, "prometheusRule": {"enabled": True}},
+    "grafana": {"dashboards": {"enabled": True}},
+}
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def _named(objs: list[dict], kind: str, suffix: str) -> dict:
+    (found,) = [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def test_metrics_are_off_by_default_and_leave_the_code_server_objects_alone() -> None:
+    default = objects()
+    assert not [o for o in default if o["kind"] in MONITORING_KINDS or o["metadata"]["name"].endswith(("-exporter", "-dashboards"))]
+    on = objects(METRICS_ON)
+    assert {(o["kind"], o["metadata"]["name"]) for o in default} < {(o["kind"], o["metadata"]["name"]) for o in on}
+    assert "exporter" not in render()["gpu-ops/templates/NOTES.txt"]
+    assert f"http://gpu-ops-exporter.{NAMESPACE}.svc:9464/metrics" in render(METRICS_ON)["gpu-ops/templates/NOTES.txt"]
+
+
+def test_metrics_objects_lint_and_validate(karpenter_crds: dict[str, dict]) -> None:
+    import helm_python as helm
+
+    report = helm.lint(CHART, METRICS_ON, strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    for obj in objects(METRICS_ON):
+        if obj["kind"] in MONITORING_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        elif obj["kind"] not in KARPENTER_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_exporter_pod_serves_metrics_with_the_config_and_secrets_of_the_code_server() -> None:
+    objs = objects(METRICS_ON)
+    server, exporter = _named(objs, "Deployment", "gpu-ops"), _named(objs, "Deployment", "-exporter")
+    pod = exporter["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] + c["args"] == ["gpu-ops", "exporter", "--host", "0.0.0.0", "--port", "9464", "--cache-seconds", "15", "--history-seconds", "300", "--per-pod"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert pod["automountServiceAccountToken"] is False
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert all(p in c for p in ("startupProbe", "readinessProbe", "livenessProbe"))
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    # The same GPU_OPS_CONFIG and secret references as the code server (storage URL from the Secret).
+    server_env = {n: e for n, e in container_env(server).items() if n not in ("DAGSTER_CURRENT_IMAGE", "DAGSTER_CONTAINER_CONTEXT")}
+    assert container_env(exporter) == server_env
+    assert {"name": "gpu-ops-config", "configMap": {"name": _named(objs, "ConfigMap", "-config")["metadata"]["name"]}} in [
+        v for v in pod["volumes"] if v["name"] == "gpu-ops-config"
+    ]
+    # The CLI the container runs has the subcommand.
+    from click.testing import CliRunner
+
+    from gpu_ops.cli import main
+
+    assert "--per-pod" in CliRunner().invoke(main, ["exporter", "--help"]).output
+
+
+def test_each_service_selects_only_its_own_pods_and_the_exporter_is_scrapeable() -> None:
+    objs = objects(METRICS_ON)
+    server_svc, exporter_svc = _named(objs, "Service", "gpu-ops"), _named(objs, "Service", "-exporter")
+    server_pod = _named(objs, "Deployment", "gpu-ops")["spec"]["template"]["metadata"]["labels"]
+    exporter_pod = _named(objs, "Deployment", "-exporter")["spec"]["template"]["metadata"]["labels"]
+    assert exporter_svc["spec"]["selector"].items() <= exporter_pod.items()
+    assert not server_svc["spec"]["selector"].items() <= exporter_pod.items()
+    assert not exporter_svc["spec"]["selector"].items() <= server_pod.items()
+    assert exporter_svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert exporter_svc["metadata"]["annotations"]["prometheus.io/port"] == "9464"
+    monitor = one(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= exporter_svc["metadata"]["labels"].items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= server_svc["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == exporter_svc["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    # Its NetworkPolicy admits scrapes on the metrics port and lets it reach only DNS and the database.
+    policy = _named(objs, "NetworkPolicy", "-exporter")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= exporter_pod.items()
+    assert policy["ingress"] == [{"ports": [{"port": 9464, "protocol": "TCP"}]}]
+    assert {(p["port"], p["protocol"]) for r in policy["egress"] for p in r["ports"]} == {(53, "UDP"), (53, "TCP"), (5432, "TCP")}
+
+
+def test_prometheus_rule_is_the_shipped_rule_file_and_promtool_accepts_it(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    from gpu_ops.observability.dashboards import RULES_FILE
+
+    rule = one(objects(METRICS_ON), "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    assert (CHART / "rules" / RULES_FILE.name).read_text() == RULES_FILE.read_text()
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        from gpu_ops_tests.conftest import skip_or_fail
+
+        skip_or_fail("promtool is not installed (apt-get install -y prometheus)")
+    (tmp_path / "rendered.yml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    checked = subprocess.run([promtool, "check", "rules", str(tmp_path / "rendered.yml")], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS: 10 rules found" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_dashboards_configmap_carries_the_sidecar_label_and_every_generated_dashboard(tmp_path) -> None:
+    from gpu_ops.observability.dashboards import DASHBOARDS, to_json
+
+    cm = _named(objects(METRICS_ON), "ConfigMap", "-dashboards")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"]["grafana_folder"] == "GPU cost"
+    # The chart's files are what the generator writes today (regenerate: python -m gpu_ops.observability.dashboards).
+    assert cm["data"] == {f"{d.uid}.json": to_json(d) for d in DASHBOARDS}
+    titles = {json.loads(text)["title"] for text in cm["data"].values()}
+    assert titles == {"GPU cost overview", "GPU cost attribution", "GPU savings and waste", "GPU budgets and alerts", "GPU training reliability", "GPU efficiency and cost"}
+    assert len(json.dumps(cm["data"])) < 900_000  # a ConfigMap holds at most 1 MiB
+    relabelled = _named(objects({**METRICS_ON, "grafana": {"dashboards": {"enabled": True, "label": "grafana.io/dashboard", "labelValue": "gpu"}}}), "ConfigMap", "-dashboards")
+    assert relabelled["metadata"]["labels"]["grafana.io/dashboard"] == "gpu"
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [({"metrics": {"port": 80}}, "/metrics/port"), ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+     ({"grafana": {"dashboards": {"sidecar": True}}}, "additional properties 'sidecar' not allowed")],
+)
+def test_metrics_values_are_checked_by_the_schema(override: dict, field: str) -> None:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError) as err:
+            chart.validate_schema(chart.merge_values(override))
+    assert field in str(err.value), str(err.value)

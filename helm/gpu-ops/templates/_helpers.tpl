@@ -245,3 +245,9 @@ those ports.
 {{- define "gpu-ops.computeNamespace" -}}
 {{- default "default" (.Values.config.compute | default (dict)).namespace -}}
 {{- end -}}
+
+{{/* The exporter's pods: not the code server's selector labels (its Service must not route here). */}}
+{{- define "gpu-ops.exporterSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-ops.name" . }}-exporter
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
