@@ -9,17 +9,7 @@ module under the `dagster_dg_cli.registry_modules` entry point):
 writes a YAML that loads as it is.
 """
 
-import warnings
-
-import dagster as dg
-
-# Dagster 1.13.27's SensorDefinition.with_attributes passes `owners=[]` back to the
-# constructor, which warns "Parameter `owners` ... is currently in beta" for every sensor
-# each time definitions are resolved (about a dozen lines per `dg launch`), though no
-# gpu_ops sensor sets owners. Only that message is silenced; other BetaWarnings still show.
-warnings.filterwarnings("ignore", message=r"Parameter `owners` of initializer `SensorDefinition\.__init__`", category=dg.BetaWarning)
-
-from gpu_ops.components.cost import GpuCostComponent  # noqa: E402
-from gpu_ops.components.training import GpuTrainingComponent  # noqa: E402
+from gpu_ops.components.cost import GpuCostComponent
+from gpu_ops.components.training import GpuTrainingComponent
 
 __all__ = ["GpuCostComponent", "GpuTrainingComponent"]
