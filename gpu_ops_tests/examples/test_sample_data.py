@@ -97,3 +97,13 @@ def test_a_broken_copy_of_the_usage_sample_is_quarantined_not_priced(data: Path,
     assert "vision" not in {r["team"] for r in rows}
     text = quarantine.read_text()
     assert "usage.csv" in text and "gpu_type" in text and "l40x" in text
+
+
+def test_the_output_shown_on_the_usage_page_is_what_the_command_prints(data: Path):
+    """The manual's figures are checked, not typed: the usage page's example output is the CLI's."""
+    page = (REPO / "docs" / "reference" / "usage.md").read_text()
+    command = "$ gpu-ops cost attribution --config examples/data/gpu_ops.yaml --date 2026-10-14\n"
+    shown = page[page.index(command) + len(command):].split("```", 1)[0]
+    printed = _cli("cost", "attribution", "--config", str(data / "gpu_ops.yaml"), "--date", "2026-10-14")
+    assert printed == shown
+    assert "NaN" not in _cli("cost", "budgets", "--config", str(data / "gpu_ops.yaml"), "--date", "2026-10-14")  # no forecast yet: n/a
