@@ -55,6 +55,10 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
+# Two pytest-xdist workers; the `slow` end-to-end tests share one xdist group, so they run
+# one at a time beside the fast ones (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
+# runs everything in one process.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 test: $(STAMP) lint docs
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
