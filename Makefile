@@ -13,7 +13,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run dev lint docs test bench clean
+.PHONY: venv run dev lint docs screenshots test bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
@@ -53,6 +53,11 @@ lint: $(STAMP)
 # reference, a bad snippet path or a griffe warning fails the build. `make test` runs it.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The manual's pictures of the UI (docs/images), taken by the screenshot test from a real
+# dagster-webserver in headless Chromium (Debian: apt-get install chromium).
+screenshots: $(STAMP)
+	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
 # Two pytest-xdist workers; the `slow` end-to-end tests share one xdist group, so they run
