@@ -77,3 +77,16 @@ def test_the_manual_has_the_pages_the_nav_promises():
     for page in listed:
         assert (REPO / "docs" / page).is_file(), page
     assert len((REPO / "README.md").read_text().splitlines()) < 200
+
+
+def test_the_readme_python_snippet_builds_a_loadable_code_location():
+    """The front page's code is run, not just shown: its Definitions load."""
+    import dagster as dg
+
+    text = (REPO / "README.md").read_text()
+    snippets = [t.content for t in MarkdownIt("commonmark").parse(text) if t.type == "fence" and t.info.strip() == "python"]
+    assert len(snippets) == 1
+    namespace: dict = {"__name__": "readme_snippet"}
+    exec(compile(snippets[0], "README.md", "exec"), namespace)
+    repo = namespace["defs"].get_repository_def()
+    assert isinstance(repo, dg.RepositoryDefinition) and repo.assets_defs_by_key.keys() == {dg.AssetKey("finetune")}
