@@ -4,6 +4,7 @@ table the UI shows (gpu_ops.column_descriptions), checked on a real materializat
 from __future__ import annotations
 
 import math
+import os
 
 import dagster as dg
 import pytest
@@ -69,3 +70,27 @@ def test_every_column_of_every_cost_table_is_described_in_the_ui(tmp_path, monke
     # the row-level table, the aggregates, budgets and ROI were all among them
     assert {"interval_start", "gpu_share", "cost_usd", "spend_usd", "thresholds_crossed", "preemption_waste_usd", "reason"} <= seen
     assert seen <= set(COLUMN_DESCRIPTIONS) | {c for c in seen if c.startswith("label_")}
+
+
+GLOSSARY_START = "<!-- column glossary: generated from gpu_ops/column_descriptions.py by gpu_ops_tests/foundation/test_formatting.py -->"
+GLOSSARY_END = "<!-- end of column glossary -->"
+
+
+def glossary() -> str:
+    rows = "\n".join(f"| `{name}` | {text} |" for name, text in sorted(COLUMN_DESCRIPTIONS.items()))
+    return f"{GLOSSARY_START}\n\n| column | meaning |\n|---|---|\n{rows}\n| `label_<name>` | value of the label `<name>` (`usage.group_by: label:<name>`) |\n\n{GLOSSARY_END}"
+
+
+def test_the_tables_page_shows_the_descriptions_the_ui_shows():
+    """docs/reference/tables.md's column glossary is the code's, not retyped
+    (GPU_OPS_UPDATE_DOCS=1 rewrites it after a description changes)."""
+    from gpu_ops_tests.conftest import REPO
+
+    page = REPO / "docs" / "reference" / "tables.md"
+    text = page.read_text()
+    start, end = text.index(GLOSSARY_START), text.index(GLOSSARY_END) + len(GLOSSARY_END)
+    if os.environ.get("GPU_OPS_UPDATE_DOCS") == "1":
+        page.write_text(text[:start] + glossary() + text[end:])
+        text = page.read_text()
+        start, end = text.index(GLOSSARY_START), text.index(GLOSSARY_END) + len(GLOSSARY_END)
+    assert text[start:end] == glossary()
