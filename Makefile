@@ -8,21 +8,26 @@ PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 endif
 TORCH_INDEX ?=
+SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run dev lint test bench clean
+.PHONY: venv run dev lint docs screenshots test bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
 	  echo "gpu_ops needs Python >= 3.11: PYTHON='$(PYTHON)' is not one (by default the first of python3.13, python3.12, python3.11, python3 that is)." >&2; \
 	  echo "Point make at one: make PYTHON=/path/to/python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
+	@echo "==> [1/3] virtual environment $(VENV) and pip"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e '.[train,test,bench]'
+	@echo "==> [2/3] torch 2.13.0$(if $(TORCH_INDEX), from $(TORCH_INDEX), with the rest)"
+	$(if $(TORCH_INDEX),$(PY) -m pip install --progress-bar off torch==2.13.0 --index-url $(TORCH_INDEX))
+	@echo "==> [3/3] gpu_ops with its train, test, bench and docs extras (a few minutes on a fresh machine; each package is listed as it comes)"
+	set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[train,test,bench,docs]' | { grep --line-buffered -E '^(Collecting|Successfully installed|ERROR)' || true; }
 	touch $(STAMP)
+	@echo "==> installed: $(VENV)"
 
 venv: $(STAMP)
 
@@ -38,13 +43,28 @@ dev: $(STAMP)
 	env -u DAGSTER_HOME $(VENV)/bin/dagster dev -w workspace.yaml
 
 # Ruff (with the ban on module-level torch/kubetorch/kubernetes/pandas/SQLAlchemy imports
-# in what the code location loads) and mypy; `make test` runs it first.
+# in what the code location loads), mypy and import-linter (the layers); `make test` runs it first.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+# The manual (docs/, mkdocs.yml) in strict mode: a broken link, a missing page or
+# reference, a bad snippet path or a griffe warning fails the build. `make test` runs it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The manual's pictures of the UI (docs/images), taken by the screenshot test from a real
+# dagster-webserver in headless Chromium (Debian: apt-get install chromium).
+screenshots: $(STAMP)
+	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
-test: $(STAMP) lint
+# Two pytest-xdist workers; the `slow` end-to-end tests share one xdist group, so they run
+# one at a time beside the fast ones (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
+# runs everything in one process.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
+test: $(STAMP) lint docs
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 

@@ -7,7 +7,9 @@ Checks are plain functions ``(config) -> CheckResult``; each flow contributes it
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import click
@@ -28,9 +30,32 @@ class CheckResult:
         return self.status == "failed"
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def not_yet_created(name: str, path: Path, what: str, setting: str, shown: str | None = None) -> CheckResult | None:
+    """For a local file or folder that does not exist yet: whether it could be created,
+    decided without creating anything (`gpu-ops validate` writes nothing). None when
+    ``path`` exists, so the check goes on to probe it."""
+    if path.exists():
+        return None
+    parent = nearest_existing(path.parent)
+    if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
+        return CheckResult(name, "ok", f"{shown or path} does not exist yet: {what} creates it ({parent} is writable)")
+    return CheckResult(name, "failed", f"{shown or path} does not exist and cannot be created: {parent} is not a writable folder",
+                       f"make {parent} writable for this user, or point {setting} at a folder that is")
+
+
 def check_storage(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.storage.tables import StorageError, TableStore, display_url
 
+    url = config.storage.resolved_url() if isinstance(config.storage.url, str) and config.storage.url.startswith("sqlite:///") else ""
+    if url and url != "sqlite:///:memory:":  # opening a SQLite file creates it: look, don't touch
+        missing = not_yet_created("storage", Path(url[len("sqlite:///"):]), "the first write (a materialization or a training run)", "storage.url", shown=url)
+        if missing is not None:
+            return missing
     try:
         store = TableStore.from_config(config)
         store.ping()
@@ -95,7 +120,7 @@ _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
 
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
-@click.option("--only", help="run only the check with this name (storage, kubeconfig, kubetorch, karpenter, gpu, checkpoints, channels, usage_sources)")
+@click.option("--only", help="run only the check with this name, as printed: " + ", ".join(check_names()))
 def validate(config_path: str | None, only: str | None) -> None:
     """Check configuration, storage, cluster and GPU; say how to fix each problem."""
     try:

@@ -7,6 +7,8 @@
   (same rule: skip without them, fail under CI).
 - ``cluster`` tests run only when ``KUBECONFIG`` names a reachable cluster.
 - ``gpu`` tests run only when torch sees a CUDA device.
+- ``slow`` tests share one pytest-xdist group, so that `make test` (``-n 2 --dist
+  loadgroup``) never runs two of them at once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO.parent / "shared" / "reference" / "karpenter-crds"
 PG_ADMIN_URL = os.environ.get("GPU_OPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SERIAL_GROUP = "slow-end-to-end"
 
 
 def skip_or_fail(reason: str) -> None:
@@ -84,10 +87,16 @@ def karpenter_crds() -> dict[str, dict]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kubeconfig = os.environ.get("KUBECONFIG")
-    skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see README, 'Tests against a cluster')")
+    skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see docs/how-to/cluster.md, 'Tests against a cluster')")
+    serial = pytest.mark.xdist_group(SERIAL_GROUP)
     for item in items:
         if "cluster" in item.keywords and not (kubeconfig and Path(kubeconfig).exists()):
             item.add_marker(skip_cluster)
+        if "slow" in item.keywords:
+            # Under `make test` (pytest-xdist, --dist loadgroup) the end-to-end tests, which
+            # start servers and workers and kill them on a timer, run one at a time on one
+            # worker while the other worker runs the fast tests beside them.
+            item.add_marker(serial)
 
 
 def cuda_available() -> bool:

@@ -11,7 +11,7 @@ from gpu_ops.validate import CheckResult
 
 def check_channels(config: GpuOpsConfig) -> CheckResult:
     if not config.channels:
-        return CheckResult("alert channels", "skipped", "no channels configured (budgets notify nobody)")
+        return CheckResult("channels", "skipped", "no channels configured (budgets notify nobody)")
     missing = []
     for name, ch in sorted(config.channels.items()):
         refs = [getattr(ch, attr, None) for attr in ("webhook_url", "routing_key", "url", "secret")]
@@ -22,10 +22,10 @@ def check_channels(config: GpuOpsConfig) -> CheckResult:
     note = f"; not used by any budget: {', '.join(unused)}" if unused else ""
     if missing:
         return CheckResult(
-            "alert channels",
+            "channels",
             "failed",
             "secrets not set: " + ", ".join(missing) + note,
             "export those variables where the Dagster daemon and run workers start (the Helm chart: a Secret in envFrom); "
             "then `gpu-ops alerts test <channel>` sends a marked test notification",
         )
-    return CheckResult("alert channels", "ok", f"{len(config.channels)} channel(s), every secret set{note}")
+    return CheckResult("channels", "ok", f"{len(config.channels)} channel(s), every secret set{note}")

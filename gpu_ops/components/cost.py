@@ -19,57 +19,34 @@ from pathlib import Path
 import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
 
-from gpu_ops.config import BUNDLED_CONFIG
-
 
 class GpuCostScaffolder(Scaffolder):
-    """``dg scaffold defs gpu_ops.components.GpuCostComponent NAME``: ``defs.yaml`` and a
-    ``gpu_ops.yaml`` next to it (usage from the training ledger, the bundled price table,
-    one budget alerting to the log) that loads as it is."""
+    """``dg scaffold defs gpu_ops.components.GpuCostComponent NAME``: ``defs.yaml`` naming
+    the project's one gpu_ops configuration (``<project root>/gpu_ops.yaml``, written with
+    usage from the training ledger, the bundled price table and one budget alerting to the
+    log unless it exists), so that it loads as it is and shares its storage with the
+    training components."""
 
     def scaffold(self, request: ScaffoldRequest) -> None:
+        from gpu_ops.components.scaffolding import config_ref, ensure_project_config
+
         if request.scaffold_format != "yaml":
             from dagster.components.component_scaffolding import scaffold_component
 
-            scaffold_component(request, {"config_file": "gpu_ops.yaml"})
+            scaffold_component(request, {"config_file": config_ref(request)})
+            ensure_project_config(request)
             return
         request.target_path.mkdir(parents=True, exist_ok=True)
-        (request.target_path / "defs.yaml").write_text(COST_TEMPLATE.format(type=request.type_name))
-        config = request.target_path / "gpu_ops.yaml"
-        if not config.exists():
-            prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
-            config.write_text(CONFIG_TEMPLATE + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
+        (request.target_path / "defs.yaml").write_text(COST_TEMPLATE.format(type=request.type_name, config_file=config_ref(request)))
+        ensure_project_config(request)
 
 
 COST_TEMPLATE = """\
 type: {type}
 attributes:
-  # The gpu_ops configuration: usage sources, prices, budgets, channels, storage.
-  config_file: gpu_ops.yaml
-"""
-
-CONFIG_TEMPLATE = """\
-# gpu_ops configuration (the GPU_OPS_CONFIG format; see the gpu_ops README).
-# Relative paths resolve against this file's folder.
-storage: {url: "sqlite:///.gpu_ops/costs.db"}     # or postgresql://user@host/db
-usage:
-  sources:
-    - {type: ledger}                       # GPU usage recorded by gpu_ops training runs
-    # - {type: file, path: "exports/*.parquet"}
-    # - {type: kubernetes, namespaces: [ml]}
-  partitions_start: "2026-10-01"
-budgets:
-  - name: ml-monthly
-    scope: {team: ml-platform}
-    period: monthly
-    amount_usd: 1000
-    thresholds: [{percent: 80}, {percent: 100, severity: critical}]
-    channels: [log]
-channels:
-  log: {type: log}
-training:
-  checkpoint_url: .gpu_ops/checkpoints   # a folder, s3://, gs:// or a PVC mount
-  # simulate_gpu_pricing: true           # on a CPU-only machine: price attempts as the declared GPUs (metadata only)
+  # The gpu_ops configuration: usage sources, prices, budgets, channels, storage. The
+  # project's one file by default, which the training components and gpu_compute also read.
+  config_file: "{config_file}"
 """
 
 
@@ -92,4 +69,33 @@ class GpuCostComponent(dg.Component, dg.Resolvable, dg.Model):
 
         path = self.config_path(context)
         config = load_config(path)  # errors name the file and the field
-        return dg.Definitions.merge(shared_defs(config), cost_defs(config), alerts_defs(config))
+        return with_bound_op_jobs(dg.Definitions.merge(shared_defs(config), cost_defs(config), alerts_defs(config)))
+
+
+def with_bound_op_jobs(defs: dg.Definitions) -> dg.Definitions:
+    """``defs`` with its op jobs (the alert and enforcement jobs) and the sensors that
+    launch them already bound to ``defs``' own resources.
+
+    Left unbound, Dagster binds them whenever the project's definitions are resolved, and
+    each time its ``SensorDefinition.with_attributes`` passes ``owners=[]`` back to the
+    constructor, which prints "Parameter `owners` ... is currently in beta" (a dozen times
+    per ``dg launch``; no gpu_ops sensor has owners). Bound here, with the same resource
+    objects the definitions carry, there is nothing left to bind and nothing to print.
+    """
+    op_jobs = [j for j in defs.jobs or [] if isinstance(j, dg.JobDefinition)]
+    launchers = [s for s in defs.sensors or [] if s.targets and all(t.has_job_def and t.job_def in op_jobs for t in s.targets)]
+    if not op_jobs:
+        return defs
+    repo = dg.Definitions(jobs=op_jobs, sensors=launchers, resources=defs.resources).get_repository_def()
+    bound = {id(j): repo.get_job(j.name) for j in op_jobs}
+    return dg.Definitions(
+        assets=defs.assets,
+        asset_checks=defs.asset_checks,
+        schedules=defs.schedules,
+        sensors=[repo.get_sensor_def(s.name) if s in launchers else s for s in defs.sensors or []],
+        jobs=[bound.get(id(j), j) for j in defs.jobs or []],
+        resources=defs.resources,
+        executor=defs.executor,
+        loggers=defs.loggers,
+        metadata=defs.metadata,
+    )

@@ -85,9 +85,13 @@ class GpuTrainingScaffolder(Scaffolder):
 
             scaffold_component(request, {})
             return
+        from gpu_ops.components.scaffolding import config_ref, ensure_gpu_compute_resource, ensure_project_config
+
         name = request.target_path.name.replace("-", "_")
         request.target_path.mkdir(parents=True, exist_ok=True)
-        (request.target_path / "defs.yaml").write_text(TRAINING_TEMPLATE.format(type=request.type_name, name=name))
+        (request.target_path / "defs.yaml").write_text(TRAINING_TEMPLATE.format(type=request.type_name, name=name, config_file=config_ref(request)))
+        ensure_project_config(request)  # the project's one gpu_ops.yaml, shared with the cost component
+        ensure_gpu_compute_resource(request)  # defs/gpu_compute.py, unless the project has one
 
 
 TRAINING_TEMPLATE = """\
@@ -111,7 +115,8 @@ attributes:
   group_name: training
   kinds: [pytorch]
   # partitions: {{type: daily, start_date: "2026-10-01"}}
-  # config_file: gpu_ops.yaml   # gpu_ops configuration (prices, ledger storage), relative to this folder
+  # The project's gpu_ops configuration (prices, ledger storage), shared with the cost component.
+  config_file: "{config_file}"
 """
 
 

@@ -219,8 +219,11 @@ def _emit(df: "pd.DataFrame", fmt: str, title: str = "") -> None:
     else:
         if title:
             click.echo(title)
+        from gpu_ops.formatting import column_formatter
+
+        formatters = {c: f for c in df.columns if (f := column_formatter(str(c)))}  # money to the cent, hours to 3 decimals
         with pd.option_context("display.float_format", "{:,.2f}".format):
-            click.echo(df.to_string(index=False, max_rows=None, max_cols=None, line_width=None) if len(df) else "(no rows)")
+            click.echo(df.to_string(index=False, max_rows=None, max_cols=None, line_width=None, formatters=formatters, na_rep="n/a") if len(df) else "(no rows)")
 
 
 # --------------------------------------------------------------------------- commands

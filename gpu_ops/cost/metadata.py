@@ -20,18 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from gpu_ops.column_descriptions import describe
+from gpu_ops.formatting import column_rounder, round_hours, round_money
+
 if TYPE_CHECKING:
     import pandas as pd
 
 TOP_TEAMS = 5
 
 
-def money(value: Any) -> float:
-    return round(float(value), 2)
+def money(value: Any) -> float | None:
+    """To the cent, None (shown empty, never NaN) when missing: :mod:`gpu_ops.formatting`."""
+    return round_money(value)
 
 
-def hours(value: Any) -> float:
-    return round(float(value), 3)
+def hours(value: Any) -> float | None:
+    """To three decimals, None when missing: :mod:`gpu_ops.formatting`."""
+    return round_hours(value)
 
 
 def _column_type(dtype: Any) -> str:
@@ -42,13 +47,7 @@ def _column_type(dtype: Any) -> str:
 
 
 def _rounder(column: str) -> Any:
-    if column.endswith("_usd") or column in ("cost", "impact"):
-        return money
-    if "hours" in column:
-        return hours
-    if column.startswith("percent"):
-        return lambda v: round(float(v), 1)
-    return None
+    return column_rounder(column)
 
 
 # The IO manager's own column (the UTC day): every stored table has it, the schema shows the data's.
@@ -58,7 +57,11 @@ _STORAGE_COLUMNS = {"partition_key"}
 def table_schema(df: pd.DataFrame, types: Mapping[str, str] | None = None) -> dg.TableSchema:
     types = types or {}
     return dg.TableSchema(
-        columns=[dg.TableColumn(str(c), types.get(str(c)) or _column_type(df[c].dtype)) for c in df.columns if c not in _STORAGE_COLUMNS]
+        columns=[
+            dg.TableColumn(str(c), types.get(str(c)) or _column_type(df[c].dtype), description=describe(str(c)) or None)
+            for c in df.columns
+            if c not in _STORAGE_COLUMNS
+        ]
     )
 
 
@@ -100,7 +103,7 @@ def table_value(df: pd.DataFrame, limit: int = 50) -> dg.TableMetadataValue:
         dg.TableRecord({str(c): _cell(v, rounders[str(c)]) for c, v in zip(df.columns, row)})
         for row in df.head(limit).itertuples(index=False, name=None)
     ]
-    return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=[dg.TableColumn(c, t) for c, t in types.items()]))
+    return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=[dg.TableColumn(c, t, description=describe(c) or None) for c, t in types.items()]))
 
 
 def per_key(prefix: str, rows: Iterable[Mapping[str, Any]], key: str, fields: Iterable[str]) -> dict[str, Any]:

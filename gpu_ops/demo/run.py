@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import click
 
-from gpu_ops.alerts.model import money
 from gpu_ops.config import BUNDLED_CONFIG, GpuOpsConfig, gpu_ops_home, load_config
+from gpu_ops.formatting import gpu_hours, money, percent
 
 Echo = Callable[[str], None]
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -84,14 +84,15 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
     store = TableStore.from_config(config)
 
     echo("\n[1/3] training train_demo_model on the local backend, with an injected preemption")
-    training = materialize_with_preemption(config_path, instance=instance, echo=lambda m: echo(f"  {m}"), run_config=QUIET_LOGS)
+    training = materialize_with_preemption(config_path, instance=instance, echo=lambda m: None, run_config=QUIET_LOGS)
+    echo("  " + _training_line(training))
 
     days = _demo_days(config)
     echo(f"\n[2/3] {len(days)} daily cost partitions ({days[0]} … {days[-1]}) with the budget sensor after each day")
     job = defs.resolve_job_def(DAILY_JOB)
     cursor = AlertCursor.decode(None)
     alert_runs: list[tuple[str, Any]] = []
-    for day in days:
+    for n, day in enumerate(days, start=1):
         result = job.execute_in_process(partition_key=day, instance=instance, run_config=QUIET_LOGS, raise_on_error=False)
         if not result.success:
             echo(f"  {day}: daily_gpu_cost_job FAILED (run {result.run_id}); see `make dev`")
@@ -99,6 +100,7 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
         now = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc) + dt.timedelta(days=1, minutes=15)
         cursor, requests, _summary = tick(config, store, cursor, now=now)
         launched, _already = launch_requests(defs, instance, requests, run_config=QUIET_LOGS)
+        echo(f"  [{n:>2}/{len(days)}] {day}: {_day_line(store, day)}; {len(launched)} alert/enforcement run(s)")
         for request, run in launched:
             alert_runs.append((day, request))
             status = "sent" if run.success else f"FAILED (run {run.run_id})"
@@ -106,8 +108,64 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
 
     echo("\n[3/3] summary")
     _summarize(config, store, training, days, alert_runs, echo)
+    echo("\nIn the UI:")
+    for line in ui_notes(config, store, days):
+        echo(f"  - {line}")
     echo(f"\nEvery run is in the Dagster instance at {instance_dir}: `make dev` and open http://127.0.0.1:3000")
     return 0
+
+
+def _training_line(md: dict[str, Any]) -> str:
+    """``train_demo_model``'s outcome, figures rounded (money to the cent, hours to 3 decimals)."""
+    injected = f"SIGKILL to worker pid {md['injected_pid']}" if md.get("injected_pid") else "no signal (training ended first)"
+    pricing = f" ({md['pricing']})" if md.get("pricing") else ""
+    loss = md.get("final_loss")
+    return (
+        f"train_demo_model: injected {injected}; {md.get('attempts')} attempt(s), {md.get('preemptions')} preemption(s), "
+        f"final_loss {'n/a' if loss is None else f'{float(loss):.4f}'}, {gpu_hours(md.get('gpu_hours'))}, "
+        f"cost {money(md.get('cost_usd'))}{pricing}, weights_sha256 {str(md.get('weights_sha256'))[:16]}…"
+    )
+
+
+def _day_line(store: Any, day: str) -> str:
+    """One day's figures for the progress line: spend and GPU-hours."""
+    table = store.read("gpu_cost_attribution", partition_keys=[day], missing_ok=True)
+    if table.empty:
+        return "no usage"
+    return f"{money(table['cost_usd'].sum())} over {gpu_hours(table['gpu_hours'].sum())}"
+
+
+def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
+    """What a first look at the UI after the demo would otherwise leave unexplained: a red
+    check that fails on purpose, and partition fill badges below 100 %."""
+    notes = []
+    status = store.read("gpu_budget_status", partition_keys=[days[-1]], missing_ok=True)
+    exceeded = sorted(status.loc[status["status"] == "exceeded", "budget"]) if not status.empty else []
+    warned = sorted(status.loc[status["status"] == "warning", "budget"]) if not status.empty else []
+    if exceeded:
+        notes.append(
+            f"the check budgets_within_limit on gpu_budget_status fails (ERROR) on purpose: the demo's usage takes "
+            f"{', '.join(exceeded)} past {'its' if len(exceeded) == 1 else 'their'} amount, which is what the alerts and the throttle above are about"
+        )
+    elif warned:
+        notes.append(f"the check budgets_within_limit on gpu_budget_status warns: {', '.join(warned)} crossed a warning threshold")
+    start = config.usage.partitions_start
+    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+    total = max((yesterday - start).days + 1, len(days))
+    if total > len(days):
+        notes.append(
+            f"the cost assets are partitioned daily from {start} (usage.partitions_start) to yesterday, {total} partitions; the demo's usage "
+            f"covers {days[0]} … {days[-1]}, so {len(days)} of them are materialized ({percent(100 * len(days) / total)}): the others have no data, "
+            "nothing failed"
+        )
+    quarantine = store.read("gpu_usage_quarantine", partition_keys=days, missing_ok=True)
+    if not quarantine.empty:
+        where = sorted(set(quarantine["partition_key"].astype(str))) if "partition_key" in quarantine else []
+        notes.append(
+            f"{len(quarantine)} usage row(s) are quarantined on purpose (gpu_usage_quarantine, check quarantine_empty)"
+            + (f", in the partition(s) {', '.join(where)}: pick that partition on the asset's page" if where else "")
+        )
+    return notes
 
 
 def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days: list[str], alert_runs: list, echo: Echo) -> None:
@@ -115,22 +173,22 @@ def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days:
 
     echo(
         f"  training: {training['attempts']} attempts, {training['preemptions']} preemption(s), final_loss "
-        f"{training['final_loss']:.4f}, {training['gpu_hours']:.4f} GPU-h, ${training['cost_usd']:.4f}, "
+        f"{float(training['final_loss']):.4f}, {gpu_hours(training.get('gpu_hours'))}, {money(training.get('cost_usd'))}, "
         f"weights_sha256 {str(training['weights_sha256'])[:16]}…"
     )
     attribution = store.read("gpu_cost_attribution", partition_keys=days, missing_ok=True)
     if not attribution.empty:
         by_team = attribution.groupby("team")[["gpu_hours", "cost_usd", "savings_usd"]].sum().sort_values("cost_usd", ascending=False)
         total = by_team["cost_usd"].sum()
-        echo(f"  spend {days[0]} … {days[-1]}: {money(total)} over {by_team['gpu_hours'].sum():,.1f} GPU-hours")
+        echo(f"  spend {days[0]} … {days[-1]}: {money(total)} over {gpu_hours(by_team['gpu_hours'].sum())}")
         for team, row in by_team.iterrows():
             team = "(idle fleet)" if team == "__idle__" else team
-            echo(f"    {team:<14} {row.gpu_hours:>9,.1f} GPU-h  {money(row.cost_usd):>12}  saved vs on-demand {money(row.savings_usd)}")
+            echo(f"    {team:<14} {gpu_hours(row.gpu_hours):>16}  {money(row.cost_usd):>12}  saved vs on-demand {money(row.savings_usd)}")
     status = store.read("gpu_budget_status", partition_keys=[days[-1]], missing_ok=True)
     for row in status.itertuples():
         forecast = "n/a (too little history)" if pd.isna(row.forecast_usd) else money(row.forecast_usd)
         echo(
-            f"  budget {row.budget}: {money(row.spend_usd)} of {money(row.amount_usd)} ({row.percent_used:.0f}%), "
+            f"  budget {row.budget}: {money(row.spend_usd)} of {money(row.amount_usd)} ({percent(row.percent_used)}), "
             f"forecast {forecast}, {row.status}; crossed {', '.join(row.thresholds_crossed) or 'none'}"
         )
     alerts = [r for _, r in alert_runs if r.job_name == "budget_alert_job"]

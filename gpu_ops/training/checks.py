@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.validate import CheckResult
+from gpu_ops.validate import CheckResult, not_yet_created
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
@@ -13,6 +14,8 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
 
     url = checkpoint_root(config)
+    if "://" not in url and (missing := not_yet_created("checkpoints", Path(url), "the first checkpoint", "training.checkpoint_url")) is not None:
+        return missing  # validate writes nothing: a folder that is not there yet is not created to probe it
     fix = (
         "set training.checkpoint_url to a folder or fsspec URL the training workers can write "
         "(s3://bucket/prefix needs s3fs and credentials; a PVC path must be mounted in the workers)"

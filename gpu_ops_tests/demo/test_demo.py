@@ -34,7 +34,17 @@ def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(
     ):
         assert line in text
     assert text.count(" — sent") == 8 and "FAILED" not in text
-    assert re.search(r"budget nlp-monthly: \$18,833\.01 of \$15,000\.00 \(126%\)", text)
+    assert re.search(r"budget nlp-monthly: \$18,833\.01 of \$15,000\.00 \(125\.6%\)", text)
     assert "quarantined usage rows: 2" in text
+    # a progress line per day, whether or not it alerted
+    days = re.findall(r"^  \[\s*(\d+)/31\] (2026-10-\d\d): \$[\d,]+\.\d\d over [\d,]+\.\d{3} GPU-h; \d+ alert/enforcement run\(s\)$", text, re.M)
+    assert [int(n) for n, _ in days] == list(range(1, 32)), text
+    # figures read at a glance: no NaN, no unrounded floats
+    assert "NaN" not in text and "nan" not in text.lower().split()
+    assert not re.search(r"\d\.\d{5,}", text), re.findall(r".*\d\.\d{5,}.*", text)
+    # what the UI would otherwise leave unexplained
+    assert "budgets_within_limit on gpu_budget_status fails (ERROR) on purpose" in text
+    assert re.search(r"31 of them are materialized \([\d.]+%\): the others have no data, nothing failed", text), text
+    assert "quarantined on purpose (gpu_usage_quarantine, check quarantine_empty), in the partition(s) 2026-10-" in text
     # the persistent instance holds the runs for `make dev`
     assert (tmp_path / "home" / "dagster_home").is_dir()

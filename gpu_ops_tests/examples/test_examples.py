@@ -42,7 +42,8 @@ def _dg_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A copy of examples/dg_project (so nothing is written into the repository)."""
     project = tmp_path / "dg_project"
     shutil.copytree(EXAMPLES / "dg_project", project, ignore=shutil.ignore_patterns(".gpu_ops", "__pycache__"))
-    return project, _env(tmp_path, PYTHONPATH=str(project / "src"))
+    path = os.pathsep.join(p for p in (str(project / "src"), os.environ.get("PYTHONPATH", "")) if p)  # keeps a checkout's gpu_ops first
+    return project, _env(tmp_path, PYTHONPATH=path)
 
 
 def _metadata(home: Path, key: str) -> dict:
@@ -68,8 +69,12 @@ def test_dg_scaffold_defs_writes_components_that_load(tmp_path):
     training = yaml.safe_load((defs / "my_training" / "defs.yaml").read_text())
     assert training["type"] == "gpu_ops.components.GpuTrainingComponent" and training["attributes"]["request"]["gpu_type"] == "t4"
     cost = yaml.safe_load((defs / "my_costs" / "defs.yaml").read_text())
-    config = yaml.safe_load((defs / "my_costs" / cost["attributes"]["config_file"]).read_text())
+    # Both name the project's one configuration (written at the project root) ...
+    assert cost["attributes"]["config_file"] == training["attributes"]["config_file"] == "{{ context.project_root }}/gpu_ops.yaml"
+    config = yaml.safe_load((project / "gpu_ops.yaml").read_text())
     assert {"storage", "prices", "usage", "budgets", "channels"} <= set(config)
+    # ... and the project's defs/resources.py already provides gpu_compute: no second one.
+    assert not (defs / "gpu_compute.py").exists()
     _run([str(BIN / "dg"), "check", "defs"], cwd=project, env=env)
     listed = _run([str(BIN / "dg"), "list", "defs", "--json"], cwd=project, env=env).stdout
     for name in ("my_training", "gpu_usage", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report", "daily_gpu_cost_schedule", "budget_alert_sensor"):

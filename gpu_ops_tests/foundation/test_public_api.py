@@ -43,13 +43,13 @@ def test_all_is_explicit_resolves_and_matches_the_static_re_exports():
         assert getattr(importlib.import_module(static[name]), name) is value
 
 
-def test_internals_are_not_public_and_the_readme_names_are():
+def test_internals_are_not_public_and_the_documented_names_are():
     assert not {"LEDGER_COLUMNS", "LEDGER_TABLE", "price_window", "classify_report", "LocalBackend"} & set(gpu_ops.__all__)
     with pytest.raises(AttributeError):
         gpu_ops.LEDGER_COLUMNS  # noqa: B018
-    readme = (REPO / "README.md").read_text()
+    api_page = (REPO / "docs" / "reference" / "api.md").read_text()  # the manual's Python API page
     for name in ("GpuCompute", "GpuRequest", "Attribution", "gpu_asset", "PreemptionPolicy", "TrainingContext", "gpu_run_tags", "verify_webhook_signature"):
-        assert name in gpu_ops.__all__ and name in readme
+        assert name in gpu_ops.__all__ and name in api_page
 
 
 def test_import_gpu_ops_and_its_errors_import_nothing_heavy():

@@ -65,6 +65,26 @@ query($key: AssetKeyInput!) {
 """
 
 
+def prepare_instance(home: Path) -> None:
+    """Create and migrate the instance's SQLite storages once, here, before processes start.
+
+    On a fresh DAGSTER_HOME the webserver, the daemon and the run worker each create the
+    run, event log and schedule databases (with the default SQLite storage, also one event
+    database per run) and stamp their alembic version on first use; two doing it at once
+    can leave two rows in ``alembic_version`` ("Version table 'alembic_version' has more
+    than one head present"), and the run fails at random. With the event log in one
+    database (the instance above) and every database created here, once, beforehand,
+    every later process finds them created and at head.
+    """
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.upgrade(print_fn=lambda _msg: None)
+        instance.get_runs(limit=1)  # each storage opened (and so created) now, not by the first process to need it
+        instance.get_latest_materialization_event(dg.AssetKey("train_demo_model"))
+        instance.all_instigator_state()
+
+
 @contextmanager
 def dagster_ui_processes(tmp_path: Path, config: Path, *, daemon: bool = True) -> Iterator[tuple[str, Path]]:
     """dagster-webserver (and dagster-daemon) on 127.0.0.1 with the repository's
@@ -77,8 +97,15 @@ def dagster_ui_processes(tmp_path: Path, config: Path, *, daemon: bool = True) -
         "  module: dagster._core.run_coordinator\n"
         "  class: QueuedRunCoordinator\n"
         "  config: {dequeue_interval_seconds: 1}\n"
+        # One event log database, created by prepare_instance below, instead of one per run
+        # created by whichever process touches the run first (see prepare_instance).
+        "event_log_storage:\n"
+        "  module: dagster._core.storage.event_log\n"
+        "  class: ConsolidatedSqliteEventLogStorage\n"
+        f"  config: {{base_dir: '{home / 'history'}'}}\n"
         "telemetry: {enabled: false}\n"
     )
+    prepare_instance(home)
     port = free_port()
     env = {
         **os.environ,

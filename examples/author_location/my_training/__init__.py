@@ -1,1 +1,1 @@
-"""A pipeline author's code location that uses gpu_ops (the README's snippets come from here)."""
+"""A pipeline author's code location that uses gpu_ops (the snippets of docs/how-to/train-on-spot.md come from here)."""

@@ -1,0 +1,129 @@
+"""What ``dg scaffold defs`` writes besides a component's ``defs.yaml``, so that a fresh
+project loads and launches with no edits:
+
+- one gpu_ops configuration for the whole project, ``<project root>/gpu_ops.yaml``
+  (usage from the training ledger, the bundled prices, one budget alerting to the log),
+  which every scaffolded component names with ``{{ context.project_root }}/gpu_ops.yaml``:
+  the training ledger and the cost tables share one storage;
+- the ``gpu_compute`` resource the training components need, once, as
+  ``<defs folder>/gpu_compute.py`` (dg's documented ``@dg.definitions`` resources file),
+  reading the same configuration; skipped when a file in the defs folder already
+  provides ``gpu_compute``.
+
+Nothing here is imported when a code location loads: only by the scaffolders.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dagster.components import ScaffoldRequest
+
+from gpu_ops.config import BUNDLED_CONFIG
+
+CONFIG_NAME = "gpu_ops.yaml"
+# What a scaffolded defs.yaml says for config_file: the project's one configuration.
+CONFIG_REF = "{{ context.project_root }}/" + CONFIG_NAME
+
+CONFIG_TEMPLATE = """\
+# gpu_ops configuration for this project (the GPU_OPS_CONFIG format; see the gpu_ops docs,
+# reference/config). Written by `dg scaffold defs gpu_ops.components.*`; every gpu_ops
+# component of the project and the gpu_compute resource read it, so the training ledger and
+# the cost tables share one storage. Relative paths resolve against this file's folder.
+storage: {url: "sqlite:///.gpu_ops/costs.db"}     # or postgresql://user@host/db with password: {env: NAME}
+usage:
+  sources:
+    - {type: ledger}                       # GPU usage recorded by gpu_ops training runs
+    # - {type: file, path: "exports/*.parquet"}
+    # - {type: kubernetes, namespaces: [ml]}
+  partitions_start: "2026-10-01"
+budgets:
+  - name: ml-monthly
+    scope: {team: ml-platform}
+    period: monthly
+    amount_usd: 1000
+    thresholds: [{percent: 80}, {percent: 100, severity: critical}]
+    channels: [log]
+channels:
+  log: {type: log}
+compute:
+  backend: local                           # kubetorch on a cluster (see the docs, how-to/cluster)
+training:
+  checkpoint_url: .gpu_ops/checkpoints   # a folder, s3://, gs:// or a PVC mount
+  # simulate_gpu_pricing: true           # on a CPU-only machine: price attempts as the declared GPUs (metadata only)
+"""
+
+RESOURCE_TEMPLATE = '''\
+"""The `gpu_compute` resource that gpu_ops's training components need: where GPU work
+runs (local subprocess workers with `compute.backend: local`, Kubetorch pods with
+`kubetorch`). Written once by `dg scaffold defs gpu_ops.components.GpuTrainingComponent`;
+it reads the project's gpu_ops.yaml, the configuration the components name."""
+
+from pathlib import Path
+
+import dagster as dg
+
+from gpu_ops import GpuCompute
+
+CONFIG = {config}
+
+
+@dg.definitions
+def gpu_compute() -> dg.Definitions:
+    return dg.Definitions(resources={{"gpu_compute": GpuCompute(config_path=str(CONFIG))}})
+'''
+
+# A resource key `gpu_compute` given in Python: "gpu_compute": ... or gpu_compute=...
+_PROVIDES = re.compile(r"""["']gpu_compute["']\s*:|\bgpu_compute\s*=\s*GpuCompute""")
+
+
+def project_root(request: ScaffoldRequest) -> Path:
+    """The dg project's root (where ``pyproject.toml`` is); the component's folder outside one."""
+    return (request.project_root or request.target_path).resolve()
+
+
+def ensure_project_config(request: ScaffoldRequest) -> Path:
+    """``<project root>/gpu_ops.yaml``, written with the bundled prices unless it exists."""
+    path = project_root(request) / CONFIG_NAME
+    if not path.exists():
+        prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
+        path.write_text(CONFIG_TEMPLATE + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
+    return path
+
+
+def config_ref(request: ScaffoldRequest) -> str:
+    """What ``config_file`` says: the project's configuration through dg's template, or
+    the file beside the component outside a dg project."""
+    return CONFIG_REF if request.project_root else CONFIG_NAME
+
+
+def defs_folder(target: Path) -> Path:
+    """The nearest enclosing ``defs`` folder of a scaffolded component (else its parent)."""
+    for parent in target.resolve().parents:
+        if parent.name == "defs":
+            return parent
+    return target.resolve().parent
+
+
+def ensure_gpu_compute_resource(request: ScaffoldRequest) -> Path | None:
+    """Write ``<defs folder>/gpu_compute.py`` unless some Python file there already
+    provides the ``gpu_compute`` resource; returns the file written, or None."""
+    folder = defs_folder(request.target_path)
+    for py in folder.rglob("*.py"):
+        try:
+            if _PROVIDES.search(py.read_text(errors="replace")):
+                return None
+        except OSError:
+            continue
+    target = folder / "gpu_compute.py"
+    if target.exists():
+        return None
+    config = ensure_project_config(request)
+    try:  # relative, so that the project can move: the project root is parents[n] of this file
+        n = len(folder.relative_to(project_root(request)).parts)
+        expr = f'Path(__file__).resolve().parents[{n}] / "{CONFIG_NAME}"'
+    except ValueError:
+        expr = f"Path({str(config)!r})"
+    target.write_text(RESOURCE_TEMPLATE.format(config=expr))
+    return target

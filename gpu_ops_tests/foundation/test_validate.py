@@ -1,0 +1,49 @@
+"""`gpu-ops validate` looks and writes nothing, and every name it prints is one `--only` takes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from gpu_ops.validate import check_names
+
+BIN = Path(sys.executable).parent
+
+
+def _validate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU_OPS_HOME", "GPU_OPS_CONFIG")}  # the default home: ./.gpu_ops
+    return subprocess.run([str(BIN / "gpu-ops"), "validate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_validate_in_an_empty_folder_writes_nothing_there(tmp_path: Path):
+    out = _validate(tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok   storage: sqlite:///" in out.stdout and "does not exist yet" in out.stdout
+    assert re.search(r"ok   checkpoints: .*does not exist yet: the first checkpoint creates it", out.stdout), out.stdout
+    assert sorted(tmp_path.rglob("*")) == []  # no ./.gpu_ops, no costs.db, no checkpoints folder
+
+
+def test_a_folder_that_cannot_be_created_fails_with_a_fix(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    prices = Path(__file__).resolve().parents[2] / "gpu_ops" / "demo" / "prices.yaml"
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(f"storage: {{url: 'sqlite:///file/sub/costs.db'}}\nprices: {prices}\ntraining: {{checkpoint_url: file/ckpt}}\n")
+    out = _validate(tmp_path, "--config", str(cfg))
+    assert out.returncode == 1
+    assert f"FAIL storage: sqlite:///{tmp_path}/file/sub/costs.db does not exist and cannot be created: {blocker} is not a writable folder" in out.stdout
+    assert "FAIL checkpoints:" in out.stdout and "fix: make" in out.stdout
+
+
+def test_every_printed_check_name_is_what_only_takes(tmp_path: Path):
+    out = _validate(tmp_path)
+    printed = re.findall(r"^(?:ok  |FAIL|skip) ([a-z_ ]+):", out.stdout, re.M)
+    assert printed[0] == "config"
+    assert printed[1:] == check_names(), out.stdout  # one line per registered check, under its own name
+    for name in ("channels", "usage_sources"):
+        one = _validate(tmp_path, "--only", name)
+        assert one.returncode == 0 and re.findall(r"^(?:ok  |FAIL|skip) ([a-z_ ]+):", one.stdout, re.M) == ["config", name], one.stdout
+    assert sorted(tmp_path.rglob("*")) == []
