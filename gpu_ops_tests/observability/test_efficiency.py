@@ -66,7 +66,7 @@ def test_the_efficiency_dashboard_answers_from_dcgm_measured_tables(tmp_path: Pa
         cfg = {
             "storage": {"url": db}, "prices": {"source": "test", "as_of": "2026-10-01", "gpus": {"a100-80gb": {"on-demand": 3.5}}},
             "usage": {"sources": [{"type": "file", "path": "usage.csv"}], "partitions_start": day.isoformat(), "group_by": ["team", "project"],
-                      "utilization": {"type": "prometheus", "url": url, "step": "1s"}},
+                      "utilization": {"type": "prometheus", "url": url, "step": "1s", "scrape_interval": "1s"}},
         }
         (tmp_path / "gpu_ops.yaml").write_text(yaml.safe_dump(cfg))
         assets, _ = build_assets(load_config(tmp_path / "gpu_ops.yaml"))
