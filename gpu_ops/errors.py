@@ -47,6 +47,7 @@ PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
     ("gpu_ops.compute.kubetorch_backend", "ComputeSetupError"),
     ("gpu_ops.compute.local", "LaunchError"),
     ("gpu_ops.compute.quota", "QuotaExceeded"),
+    ("gpu_ops.compute.quota", "SharedSqliteLeases"),
     ("gpu_ops.training.context", "TrainingPreempted"),
     ("gpu_ops.training.worker", "TrainingFunctionError"),
     ("gpu_ops.training.checkpoint", "CheckpointError"),

@@ -8,6 +8,7 @@ classifier reads the report (and, on Kubernetes, the pod evidence attached to it
 from __future__ import annotations
 
 import enum
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -62,6 +63,14 @@ NOTICE_SIGNAL = signal.SIGUSR1
 # installed its own (a notice during start-up must not be lost, nor kill the worker).
 NOTICE_RECEIVED = threading.Event()
 
+# Out-of-memory messages that do not come as a MemoryError or torch's OutOfMemoryError:
+# CUDA's, and the host's (torch's CPU allocator raises a RuntimeError; the kernel's ENOMEM).
+OOM_TEXT = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|DefaultCPUAllocator: can't allocate memory|can't allocate memory|"
+    r"Cannot allocate memory|std::bad_alloc|failed to allocate \d+ bytes",
+    re.IGNORECASE,
+)
+
 LogSink = Callable[[str], None]
 StartSink = Callable[[list[int]], None]  # receives the worker pids (local backend), rank order
 
@@ -76,6 +85,8 @@ class WorkerTerminated(BaseException):
 
 
 class Backend(Protocol):
+    workdir: Any  # a local folder holding the workers' result files, or None (remote workers)
+
     def run(
         self,
         fn: Callable[..., Any],

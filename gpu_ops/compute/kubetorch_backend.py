@@ -329,6 +329,8 @@ def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
 class KubetorchBackend:
     """One launch on Kubetorch; ``teardown`` removes its service and run-scoped pools."""
 
+    workdir = None  # the workers' results come back over HTTP, not through a local folder
+
     def __init__(
         self,
         request: GpuRequest,

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from gpu_ops.compute import fence
 from gpu_ops.compute import standby as standby_mod
 from gpu_ops.compute.backend import NOTICE_SIGNAL, LogSink, RankReport, StartSink, WorkerExit, WorkerReport
 from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope
@@ -121,7 +122,7 @@ class _Worker:
 
 # Variables that differ between attempts of the same launch; a standby started for one
 # attempt receives the next attempt's values with its payload.
-_PER_ATTEMPT_ENV = ("MASTER_PORT",)
+_PER_ATTEMPT_ENV = ("MASTER_PORT", fence.FENCE_ENV, fence.GRACE_ENV)
 
 
 def _env_digest(env: dict[str, str], warm_args: list[str]) -> str:
@@ -243,7 +244,7 @@ class LocalBackend:
         full = self._env(rank, port, env)
         proc: subprocess.Popen | AdoptedProcess | None = None
         if self.standby is not None:
-            order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV}}
+            order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV if k in full}}
             proc = standby_mod.claim(self.standby, rank, _env_digest(full, self._warm_args()), order, self.grace_period_s)
             self.adopted += proc is not None
         if proc is None:

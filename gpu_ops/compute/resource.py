@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any, Callable, Literal
 
@@ -217,8 +219,14 @@ class GpuCompute(dg.ConfigurableResource):
         log: LogSink | None = None,
         on_start: StartSink | None = None,
         warm: tuple[str, ...] = (),
+        on_admitted: Callable[[Any], None] | None = None,
+        on_launched: Callable[[list[int], str | None], None] | None = None,
     ) -> WorkerReport:
         """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
+
+        ``on_admitted(lease)`` is called once the quota admitted the launch (``lease`` is
+        None when no quota applies), ``on_launched(pids, workdir)`` once its workers exist:
+        the training layer writes its attempt record there, before the next step.
 
         ``context`` is the asset/op execution context (run id, asset key, retry number
         name and label what is created; its log receives the workers' output unless
@@ -240,19 +248,33 @@ class GpuCompute(dg.ConfigurableResource):
             from gpu_ops.config import load_config
 
             assert_launch_allowed(load_config(self.config_path), request)
-        heartbeat = self._admit(context, request, run_id, asset_key)
+        fence_dir = tempfile.mkdtemp(prefix="gpu-ops-fence-", dir=self.local_workdir) if self.backend == "local" else None
+        fence_path = os.path.join(fence_dir, "fence.json") if fence_dir else None
+        heartbeat = self._admit(context, request, run_id, asset_key, fence_path)
+        if on_admitted is not None:
+            on_admitted(heartbeat.lease if heartbeat is not None else None)
+        env = dict(env or {})
+        if heartbeat is not None and fence_path is not None:
+            from gpu_ops.compute import fence
+
+            env[fence.FENCE_ENV] = fence_path
+            env[fence.GRACE_ENV] = str(heartbeat.book.ttl_s * fence.GRACE_FRACTION)
         try:
-            return self._launch(request, fn, args, kwargs, env=env, log=log, on_start=on_start, warm=warm, run_id=run_id, asset_key=asset_key, name=name, labels=labels)
+            return self._launch(
+                request, fn, args, kwargs, env=env, log=log, on_start=on_start, on_launched=on_launched, warm=warm, run_id=run_id, asset_key=asset_key, name=name, labels=labels
+            )
         finally:
             if heartbeat is not None:
                 heartbeat.stop()  # the GPUs go back to the quota
+            if fence_dir is not None:
+                shutil.rmtree(fence_dir, ignore_errors=True)
 
     @property
     def last_admission(self) -> Any:
         """The :class:`~gpu_ops.compute.quota.Admission` of the latest launch under a quota."""
         return self._last_admission
 
-    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None) -> Any:
+    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None, fence_path: str | None = None) -> Any:
         """Take a lease on the request's GPUs under ``compute.quotas``, waiting while the
         quotas are full (the reason in the run log); None when no quota applies."""
         import time
@@ -289,7 +311,10 @@ class GpuCompute(dg.ConfigurableResource):
             if admission.granted and admission.lease is not None:
                 info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
                 self._last_admission = admission
-                heartbeat = Heartbeat(book, admission.lease, adm_cfg.lease_ttl_s / 3, on_error=warn)
+                # Renewed six times per TTL; each renewal is good for half the TTL in the
+                # workers' fence, so a launcher that cannot renew has its workers stopped
+                # before the lease can expire (gpu_ops.compute.fence).
+                heartbeat = Heartbeat(book, admission.lease, adm_cfg.lease_ttl_s / 6, on_error=warn, fence_path=fence_path)
                 heartbeat.start()
                 return heartbeat
             if waited >= adm_cfg.wait_timeout_s:
@@ -313,7 +338,8 @@ class GpuCompute(dg.ConfigurableResource):
         env: dict[str, str] | None,
         log: LogSink,
         on_start: StartSink | None,
-        warm: tuple[str, ...],
+        on_launched: Callable[[list[int], str | None], None] | None = None,
+        warm: tuple[str, ...] = (),
         run_id: str | None,
         asset_key: list[str] | None,
         name: str,
@@ -323,7 +349,7 @@ class GpuCompute(dg.ConfigurableResource):
         self._pending.append(backend)
         failed = True
         try:
-            report = backend.run(fn, args, kwargs or {}, env=dict(env or {}), log=log, on_start=on_start)
+            report = backend.run(fn, args, kwargs or {}, env=dict(env or {}), log=log, on_start=_started(backend, on_start, on_launched))
             failed = not report.ok
             return report
         finally:
@@ -339,6 +365,16 @@ class GpuCompute(dg.ConfigurableResource):
             if should_clean_up(self.cleanup, failed):
                 self._pending.remove(backend)
                 _safe_teardown(backend, log)
+
+
+def _started(backend: Backend, on_start: StartSink | None, on_launched: Callable[[list[int], str | None], None] | None) -> StartSink:
+    def started(pids: list[int]) -> None:
+        if on_start is not None:
+            on_start(pids)
+        if on_launched is not None:
+            on_launched(pids, str(backend.workdir) if backend.workdir is not None else None)
+
+    return started
 
 
 def _safe_teardown(backend: Backend, log: LogSink) -> None:

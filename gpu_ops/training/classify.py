@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_ops.compute.backend import WorkerExit, WorkerReport
+from gpu_ops.compute.backend import OOM_TEXT, WorkerExit, WorkerReport
 
 
 class Outcome(str, enum.Enum):
@@ -262,8 +262,8 @@ def classify_exception(exc: BaseException | None, traceback: str | None = None) 
         if names & _OOM_NAMES:
             return Classification(Outcome.OOM, f"the worker ran out of memory ({type(e).__name__})", (f"{type(e).__name__}: {str(e)[:200]}",))
     head = chain[0]
-    if "CUDA out of memory" in str(head) or (tb and "OutOfMemoryError" in tb.splitlines()[-1] if tb and tb.strip() else False):
-        return Classification(Outcome.OOM, "the worker ran out of GPU memory", (str(head)[:200],))
+    if OOM_TEXT.search(str(head)) or (tb and "OutOfMemoryError" in tb.splitlines()[-1] if tb and tb.strip() else False):
+        return Classification(Outcome.OOM, "the worker ran out of memory", (str(head)[:200],))
     return Classification(Outcome.USER_ERROR, f"the training function raised {type(head).__name__}: {str(head)[:300]}", (type(head).__name__,), traceback=tb)
 
 
@@ -291,7 +291,7 @@ def _from_exit(exit: WorkerExit, code: int | None, report: WorkerReport, where: 
     text = f"{report.error_message or ''}\n{(report.traceback or '').strip().splitlines()[-1] if report.traceback and report.traceback.strip() else ''}"
     if name in PREEMPTED_EXCEPTIONS:
         return Classification(Outcome.PREEMPTED, f"{where} saved a checkpoint and stopped: {report.error_message or 'preemption notice'}", facts + (name,))
-    if name in _OOM_NAMES or "CUDA out of memory" in text:
+    if name in _OOM_NAMES or OOM_TEXT.search(text):
         return Classification(Outcome.OOM, f"{where} ran out of memory ({report.error_type})", facts + (f"{report.error_type}: {(report.error_message or '')[:200]}",))
     if code == 143:
         return Classification(Outcome.PREEMPTED, f"{where} exited 143 (SIGTERM)", facts)
