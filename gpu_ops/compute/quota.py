@@ -236,7 +236,10 @@ class LeaseBook:
         False when it is gone (expired and reclaimed)."""
         with self.store.engine.begin() as conn:
             t = self.table
-            done = conn.execute(t.update().where(t.c.lease_id == lease.lease_id).values(expires_at=self.db_now + self.ttl_s, renewed_at=self.db_now))
+            # Never a lease that has expired: a renewal delayed past the TTL (a paused
+            # holder, a lock held on the table) must not revive what may be handed on.
+            live = (t.c.lease_id == lease.lease_id) & (t.c.expires_at >= self.db_now)
+            done = conn.execute(t.update().where(live).values(expires_at=self.db_now + self.ttl_s, renewed_at=self.db_now))
             return bool(done.rowcount)
 
     def release(self, lease: Lease) -> None:

@@ -46,7 +46,7 @@ from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.context import WorkerSpec, parse_event
-from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, plan_attempt
+from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, max_attempts, plan_attempt
 from gpu_ops.training.worker import import_root, register, run_training
 
 if TYPE_CHECKING:
@@ -733,6 +733,11 @@ def _training_definition(
     if "retry_policy" in dagster_kwargs:
         raise TypeError(f"{decorator} decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
     dagster_kwargs.setdefault("pool", GPU_POOL)
+    # Not a retry rule (run_attempt decides every retry itself, raising RetryRequested or a
+    # Failure that allows none): it is what makes Dagster retry the step when its process
+    # *dies* (SIGKILL, host OOM killer) under the multiprocess executor, at once; the next
+    # attempt settles the dead one and resumes from its checkpoint.
+    dagster_kwargs["retry_policy"] = dg.RetryPolicy(max_retries=max_attempts(spec.policy) - 1, delay=0)
     common = {
         "name": name or f.__name__,
         "required_resource_keys": keys,

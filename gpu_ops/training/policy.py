@@ -142,6 +142,17 @@ def backoff_s(policy: PreemptionPolicy, nth: int, rng: random.Random | None = No
     return max(0.0, base * (1.0 + policy.jitter * (2 * r.random() - 1)))
 
 
+def preemptions_without_progress(history: Sequence[AttemptRecord]) -> int:
+    """Preemptions at the end of ``history`` in a row whose attempts saved no checkpoint
+    (all their time was lost): only those back off, so a preemption loop cannot spin."""
+    n = 0
+    for r in reversed(history):
+        if r.outcome is not Outcome.PREEMPTED or r.lost_seconds < r.duration_s - 1e-6:
+            break
+        n += 1
+    return n
+
+
 def max_attempts(policy: PreemptionPolicy) -> int:
     """Every retry budget spent, plus the first attempt: no run retries more than this."""
     return 1 + policy.max_preemptions + policy.max_oom_retries + policy.max_infrastructure_retries + policy.retry_user_errors
@@ -173,7 +184,14 @@ def decide(
             return Decision(Action.FAIL, f"preempted {counts.preemptions} times, more than max_preemptions={policy.max_preemptions}", 0.0, counts)
         nxt = plan_attempt(policy, base, history)
         extra = f"; next attempt: {'; '.join(nxt.notes)}" if nxt.notes else ""
-        return retry(counts.preemptions, policy.max_preemptions, "preemption", extra)
+        idle = preemptions_without_progress(history)
+        if idle == 0:
+            # The preempted attempt had saved a checkpoint: nothing to wait for, resume now.
+            return Decision(
+                Action.RETRY, f"preemption {counts.preemptions} of at most {policy.max_preemptions}: retrying now from the newest checkpoint "
+                f"(the attempt had made progress; no backoff){extra}", 0.0, counts,
+            )
+        return retry(idle, policy.max_preemptions, "preemption", f" ({idle} in a row without a checkpoint){extra}")
     if outcome is Outcome.OOM:
         if counts.ooms > policy.max_oom_retries:
             return Decision(Action.FAIL, f"out of memory {counts.ooms} times, more than max_oom_retries={policy.max_oom_retries}", 0.0, counts)
