@@ -248,6 +248,8 @@ class GpuCompute(dg.ConfigurableResource):
             from gpu_ops.config import load_config
 
             assert_launch_allowed(load_config(self.config_path), request)
+        if self.local_workdir:
+            os.makedirs(self.local_workdir, exist_ok=True)
         fence_dir = tempfile.mkdtemp(prefix="gpu-ops-fence-", dir=self.local_workdir) if self.backend == "local" else None
         fence_path = os.path.join(fence_dir, "fence.json") if fence_dir else None
         heartbeat = self._admit(context, request, run_id, asset_key, fence_path)
