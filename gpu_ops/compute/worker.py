@@ -252,8 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     # No more SIGTERM exceptions once the outcome is known: the result must be written.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _write(opts.result, result)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the launcher is gone (broken pipe): exit all the same, now
+            pass
     # os._exit: a process group, a DataLoader or a stray non-daemon thread must not keep
     # a finished worker alive.
     os._exit(code)

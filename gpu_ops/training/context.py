@@ -38,8 +38,13 @@ EVENT_PREFIX = "gpu_ops:"
 def emit(event: str, **fields: Any) -> None:
     """One structured line on stdout, flushed at once (the parent parses it)."""
     fields.setdefault("t", time.time())
-    sys.stdout.write(f"{EVENT_PREFIX}{event} {json.dumps(fields, default=str, separators=(',', ':'))}\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(f"{EVENT_PREFIX}{event} {json.dumps(fields, default=str, separators=(',', ':'))}\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        # The launcher is gone (its step process died): nobody reads the line. The worker
+        # is stopping anyway (its parent watch), and must still checkpoint on the way.
+        pass
 
 
 def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
