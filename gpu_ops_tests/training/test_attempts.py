@@ -138,3 +138,31 @@ def test_a_live_owner_is_left_alone(tmp_path: Path) -> None:
     AttemptStore(store).create(planned())  # owned by this (live) process
     assert settle_orphans(store, found_by="sensor") == []
     assert [a.state for a, _ in AttemptStore(store).open_attempts()] == [State.PLANNED]
+
+
+def test_the_sensor_settles_an_attempt_whose_step_died_with_no_attempt_after_it(tmp_path: Path) -> None:
+    import dagster as dg
+    import yaml
+
+    from gpu_ops.config import load_config
+    from gpu_ops.training.definitions import ATTEMPT_SENSOR, build_attempt_sensor
+
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///c.db"}, "prices": {"source": "t", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.2}}}}))
+    config = load_config(cfg)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = tr.started_since_boot(dead.pid)
+    dead.wait()
+    owner = Owner(os.uname().nodename, dead.pid, started, "run-9", "train")
+    a = tr.plan("gone", "run-9", "train", 1, owner, launch_name="l", bill=BILL, at=time.time() - 5)
+    a = tr.launch(a, host=os.uname().nodename, pids=(dead.pid,), started=(started,), at=time.time() - 4, workdir=None)
+    store = TableStore.from_config(config)
+    AttemptStore(store).create(a)
+    sensor = build_attempt_sensor(config)
+    assert sensor.name == ATTEMPT_SENSOR and sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    result = sensor.evaluate_tick(dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
+    assert result.skip_message == "1 orphaned attempt(s) settled"
+    (record,) = AttemptStore(store).of_run("run-9", "train")
+    assert record.state is State.DECIDED and record.decision is Decision.FAIL and record.settled_by == "the orphaned-attempts sensor"
+    (row,) = ledger.read(store).itertuples(index=False)
+    assert row.outcome == "preempted" and 3.0 < (row.end - row.start).total_seconds() < 6.0  # up to its owner's last beat
