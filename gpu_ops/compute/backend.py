@@ -85,6 +85,7 @@ class WorkerTerminated(BaseException):
 
 
 class Backend(Protocol):
+    name: str
     workdir: Any  # a local folder holding the workers' result files, or None (remote workers)
 
     def run(

@@ -275,6 +275,7 @@ class Heartbeat(threading.Thread):
         self.on_lost = on_lost or (lambda _m: None)
         self.fence_path = fence_path
         self.lost = False
+        self.admission: Admission | None = None  # what granted the lease (for the metadata)
         self._stop_event = threading.Event()
         self._confirm(time.time())
 

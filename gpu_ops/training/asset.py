@@ -42,6 +42,7 @@ from gpu_ops.compute.backend import WorkerReport
 from gpu_ops.compute.catalog import gpu_share
 from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
@@ -231,7 +232,7 @@ class _Step:
     asset_key: str
     launch_key: list[str]
     config: GpuOpsConfig
-    compute: Any
+    compute: GpuCompute
     store: TableStore
     run_id: str
     attempt: int
@@ -319,8 +320,8 @@ def _prepare_checkpoints(step: _Step) -> None:
         )
 
 
-def _is_local(compute: Any) -> bool:
-    return getattr(compute, "backend", "local") == "local"
+def _is_local(compute: GpuCompute) -> bool:
+    return compute.backend == "local"
 
 
 def _worker_spec(step: _Step) -> WorkerSpec:
@@ -482,7 +483,7 @@ def _decide(step: _Step, launched: _Launched, c: Classification, seconds: tuple[
     final = {Action.RETRY: Final.RETRY, Action.COMPLETE: Final.DONE, Action.FAIL: Final.FAIL}[decision.action]
     step.recorder.decide(final, decision.reason)
     _log_decision(step.context, step.attempt, c, decision)
-    if decision.action is not Action.RETRY and hasattr(step.compute, "discard_standbys"):
+    if decision.action is not Action.RETRY:
         step.compute.discard_standbys(step.context)  # no attempt will claim them
     return decision
 
@@ -511,7 +512,7 @@ def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResu
     metadata = _materialization_metadata(step.store, step.config, step.run_id, step.asset_key, decision, returned.get("summary") or {}, value, step.ckpt_url, request, sink)
     metadata.update(_hardware_metadata(request, actual, warning))
     metadata.update(sink.worker_metadata())
-    admission = getattr(step.compute, "last_admission", None)
+    admission = step.compute.last_admission
     if admission is not None:
         from gpu_ops.compute.quota import Quotas, holders_markdown
 
