@@ -51,6 +51,7 @@ PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
     ("gpu_ops.training.context", "TrainingPreempted"),
     ("gpu_ops.training.worker", "TrainingFunctionError"),
     ("gpu_ops.training.checkpoint", "CheckpointError"),
+    ("gpu_ops.training.attempts", "TransitionError"),
     ("gpu_ops.storage.errors", "StorageError"),
     ("gpu_ops.storage.errors", "StorageUnavailable"),
     ("gpu_ops.cost.usage", "UsageSourceError"),

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_ops.errors import GpuOpsError
+
 
 class State(str, enum.Enum):
     PLANNED = "planned"
@@ -61,7 +63,7 @@ NEXT: Mapping[State, frozenset[State]] = {
 OPEN_STATES = (State.PLANNED, State.ADMITTED, State.LAUNCHED, State.RUNNING)
 
 
-class TransitionError(ValueError):
+class TransitionError(GpuOpsError, ValueError):
     """A move the attempt diagram does not allow (a bug, or two writers of one attempt)."""
 
 
