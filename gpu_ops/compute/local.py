@@ -316,31 +316,39 @@ class LocalBackend:
             except queue.Empty:
                 pass
             now = time.monotonic()
-            running = []
-            failed = False
-            for w in self._workers:
-                code = w.proc.poll()
-                if code is None:
-                    running.append(w)
-                else:
-                    if w.ended_at is None:
-                        w.ended_at = now
-                    failed |= code != 0
+            running, failed = self._poll(now)
             if not running:
                 return
-            if failed and kill_at is None:
-                # One rank is gone: the attempt has failed as a whole. Stop the others
-                # now rather than let them block in a collective until a timeout.
-                bad = [w.rank for w in self._workers if w.proc.returncode not in (None, 0)]
-                log(f"rank {bad[0]} ended (exit {self._workers[bad[0]].proc.returncode}); stopping the other workers")
-                for w in running:
-                    self._signal(w, signal.SIGTERM)
-                kill_at = now + self.grace_period_s
-            elif kill_at is not None and now >= kill_at:
-                for w in running:
-                    log(f"worker pid={w.proc.pid} rank={w.rank} ignored SIGTERM for {self.grace_period_s:g}s: SIGKILL")
-                    self._signal(w, signal.SIGKILL)
-                kill_at = float("inf")
+            kill_at = self._escalate(running, failed, kill_at, now, log)
+
+    def _poll(self, now: float) -> tuple[list[_Worker], bool]:
+        """The workers still running, and whether any has ended with a failure."""
+        running, failed = [], False
+        for w in self._workers:
+            code = w.proc.poll()
+            if code is None:
+                running.append(w)
+                continue
+            if w.ended_at is None:
+                w.ended_at = now
+            failed |= code != 0
+        return running, failed
+
+    def _escalate(self, running: list[_Worker], failed: bool, kill_at: float | None, now: float, log: LogSink) -> float | None:
+        if failed and kill_at is None:
+            # One rank is gone: the attempt has failed as a whole. Stop the others
+            # now rather than let them block in a collective until a timeout.
+            bad = [w.rank for w in self._workers if w.proc.returncode not in (None, 0)]
+            log(f"rank {bad[0]} ended (exit {self._workers[bad[0]].proc.returncode}); stopping the other workers")
+            for w in running:
+                self._signal(w, signal.SIGTERM)
+            return now + self.grace_period_s
+        if kill_at is not None and now >= kill_at:
+            for w in running:
+                log(f"worker pid={w.proc.pid} rank={w.rank} ignored SIGTERM for {self.grace_period_s:g}s: SIGKILL")
+                self._signal(w, signal.SIGKILL)
+            return float("inf")
+        return kill_at
 
     def _signal(self, w: _Worker, sig: int) -> None:
         if w.proc.poll() is not None:

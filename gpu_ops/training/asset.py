@@ -98,6 +98,10 @@ def price_per_gpu_hour(config: GpuOpsConfig, gpu_type: str, capacity_type: str) 
     return config.prices.gpus.get(gpu_type, {}).get(capacity_type)  # type: ignore[call-overload]
 
 
+# The worker's structured events (gpu_ops.training.context.emit) the sink turns into log lines.
+_EVENTS = frozenset({"progress", "checkpoint", "start", "preempted", "stopped", "phase", "hardware", "log", "finished"})
+
+
 class _EventSink:
     """Receives the workers' output lines: structured events become readable log lines."""
 
@@ -135,46 +139,57 @@ class _EventSink:
             self.log.info(line)
             return
         event, data = parsed
-        if event == "progress":
-            if self.first_progress_at is None:
-                self.first_progress_at = data.get("t")
-                self._log_startup(data.get("t"))
-                if self.on_first_step is not None:
-                    self.on_first_step(float(data.get("t") or time.time()))
-            self.last_progress = data
-            total = data.get("total")
-            pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
-            metrics = " ".join(f"{k}={_fmt(v)}" for k, v in (data.get("metrics") or {}).items())
-            self.log.info(f"step {data.get('step')}/{total or '?'}{pct} {metrics} [attempt {self.attempt}]".replace("  ", " "))
-        elif event == "checkpoint":
-            self.last_checkpoint = data
-            self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
-        elif event == "start":
-            self.startup["checkpoint_loaded"] = data.get("t")
-            self.resumed = data if data.get("resumed") else None
-            if data.get("resumed"):
-                self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
-            else:
-                self.log.info(f"attempt {self.attempt} starts from scratch (no checkpoint yet)")
-        elif event == "preempted":
-            self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
-        elif event == "stopped":
-            self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
-        elif event == "phase":
-            if not line.startswith("[rank") or line.startswith("[rank 0]"):
-                self.startup = {"standby": bool(data.get("standby")), **(data.get("phases") or {})}
-        elif event == "hardware":
-            hw = hardware.Hardware.from_dict(data)
-            self.hardware[int(data.get("rank") or 0)] = hw
-            names = ", ".join(dict.fromkeys(hw.names))
-            self.log.info(f"worker rank {data.get('rank') or 0} runs on {hw.describe()}" + (f" ({names})" if names else "") + f" [{hw.source}]")
-        elif event == "log":
-            self.log.info(str(data.get("message")))
-        elif event == "finished":
-            self.log.info(f"training function returned after step {data.get('last_step')}")
-        else:
+        handler = getattr(self, f"_on_{event}", None) if event in _EVENTS else None
+        if handler is None:
             self.log.info(line)
+        else:
+            handler(data, line)
 
+    def _on_progress(self, data: dict[str, Any], line: str) -> None:
+        if self.first_progress_at is None:
+            self.first_progress_at = data.get("t")
+            self._log_startup(data.get("t"))
+            if self.on_first_step is not None:
+                self.on_first_step(float(data.get("t") or time.time()))
+        self.last_progress = data
+        total = data.get("total")
+        pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
+        metrics = " ".join(f"{k}={_fmt(v)}" for k, v in (data.get("metrics") or {}).items())
+        self.log.info(f"step {data.get('step')}/{total or '?'}{pct} {metrics} [attempt {self.attempt}]".replace("  ", " "))
+
+    def _on_checkpoint(self, data: dict[str, Any], line: str) -> None:
+        self.last_checkpoint = data
+        self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
+
+    def _on_start(self, data: dict[str, Any], line: str) -> None:
+        self.startup["checkpoint_loaded"] = data.get("t")
+        self.resumed = data if data.get("resumed") else None
+        if data.get("resumed"):
+            self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
+        else:
+            self.log.info(f"attempt {self.attempt} starts from scratch (no checkpoint yet)")
+
+    def _on_preempted(self, data: dict[str, Any], line: str) -> None:
+        self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
+
+    def _on_stopped(self, data: dict[str, Any], line: str) -> None:
+        self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
+
+    def _on_phase(self, data: dict[str, Any], line: str) -> None:
+        if not line.startswith("[rank") or line.startswith("[rank 0]"):
+            self.startup = {"standby": bool(data.get("standby")), **(data.get("phases") or {})}
+
+    def _on_hardware(self, data: dict[str, Any], line: str) -> None:
+        hw = hardware.Hardware.from_dict(data)
+        self.hardware[int(data.get("rank") or 0)] = hw
+        names = ", ".join(dict.fromkeys(hw.names))
+        self.log.info(f"worker rank {data.get('rank') or 0} runs on {hw.describe()}" + (f" ({names})" if names else "") + f" [{hw.source}]")
+
+    def _on_log(self, data: dict[str, Any], line: str) -> None:
+        self.log.info(str(data.get("message")))
+
+    def _on_finished(self, data: dict[str, Any], line: str) -> None:
+        self.log.info(f"training function returned after step {data.get('last_step')}")
 
     def _log_startup(self, first_step_at: float | None) -> None:
         """One line: how long each start-up phase took, and the absolute times (JSON)."""
@@ -675,18 +690,17 @@ def _materialization_metadata(
             else "as run: the hardware each worker reported (CPU attempts are not priced)"
         ),
     }
-    if summary.get("checkpoint_seconds") is not None:
-        md["checkpoint_seconds"] = dg.MetadataValue.float(float(summary["checkpoint_seconds"]))
-    if summary.get("checkpoint_interval_s") is not None:
-        md["checkpoint_interval_s"] = dg.MetadataValue.float(float(summary["checkpoint_interval_s"]))
-    if summary.get("resumed_from_step") is not None:
-        md["resumed_from_step"] = dg.MetadataValue.int(int(summary["resumed_from_step"]))
+    md.update(_summary_metadata(summary))
     if isinstance(value, Mapping):
-        for k, v in value.items():
-            if not isinstance(v, (bool, int, float, str)):
-                continue  # only scalars are metadata; the rest stays the function's value
-            md[str(k)] = v
+        # only scalars are metadata; the rest stays the function's value
+        md.update({str(k): v for k, v in value.items() if isinstance(v, (bool, int, float, str))})
     return md
+
+
+def _summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
+    kinds = {"checkpoint_seconds": dg.MetadataValue.float, "checkpoint_interval_s": dg.MetadataValue.float, "resumed_from_step": dg.MetadataValue.int}
+    cast = {"checkpoint_seconds": float, "checkpoint_interval_s": float, "resumed_from_step": int}
+    return {k: kinds[k](cast[k](summary[k])) for k in kinds if summary.get(k) is not None}  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------- decorators
