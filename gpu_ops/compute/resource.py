@@ -256,6 +256,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         warm: tuple[str, ...] = (),
         on_admitted: Callable[[Any], None] | None = None,
         on_launched: Callable[[list[int], str | None], None] | None = None,
+        launch_index: int | None = None,
     ) -> WorkerReport:
         """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
 
@@ -267,10 +268,11 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         ``on_admitted(lease)`` is called once the quota admitted the launch (``lease`` is
         None when no quota applies), ``on_launched(pids, workdir)`` once its workers exist:
         the training layer writes its attempt record there, before the next step.
+        ``launch_index`` names the launch (default: the step's retry number).
         """
         run_id = _run_id_of(context) or self._run_id
         asset_key = _asset_key_of(context)
-        attempt = int(getattr(context, "retry_number", 0) or 0)
+        attempt = launch_index if launch_index is not None else int(getattr(context, "retry_number", 0) or 0)
         launch = _Launch(self, run_id, asset_key, launch_name(run_id, asset_key, attempt), launch_labels(run_id, asset_key, request, attempt))
         log = log or _context_log(context)
         # Before anything is created: a blocked or throttled budget scope refuses the

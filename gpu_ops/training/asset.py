@@ -21,6 +21,7 @@ from __future__ import annotations
 
 # The ledger and TableStore (pandas, SQLAlchemy) are imported when an attempt runs, not when the code location loads.
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import multiprocessing
@@ -263,7 +264,7 @@ class _Step:
 
     @property
     def name(self) -> str:
-        return launch_name(self.run_id, self.launch_key, int(self.context.retry_number))  # as GpuCompute names it
+        return launch_name(self.run_id, self.launch_key, self.attempt - 1)  # as GpuCompute names it (launch_index)
 
     @property
     def log(self) -> Any:
@@ -300,7 +301,7 @@ def _settle_orphans(step: _Step) -> None:
 
     ttl = step.config.compute.admission.lease_ttl_s
     try:
-        found = settle_orphans(step.store, found_by=f"attempt {step.attempt} of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl)
+        found = settle_orphans(step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl)
     except Exception as exc:  # noqa: BLE001 - the database is down: this attempt still runs
         step.log.error(f"could not look for orphaned attempts: {type(exc).__name__}: {exc}")
         return
@@ -316,6 +317,8 @@ def _read_history(step: _Step) -> None:
         step.exposure_s, step.past_preemptions = ledger.preemption_exposure(step.store, step.asset_key)
     except Exception as exc:  # the ledger is down: train anyway; Dagster's count still caps retries
         step.log.error(f"cannot read {ledger.LEDGER_TABLE} ({type(exc).__name__}: {exc}); planning attempt {step.attempt} without history")
+    # Attempts retried inside one step process count too (the ledger has them all).
+    step.attempt = max(step.attempt, 1 + max((r.attempt for r in step.history), default=0))
     planned = plan_attempt(step.spec.policy, step.spec.request, step.history)
     step.request, step.notes = planned.request, planned.notes
 
@@ -426,7 +429,7 @@ def _launch(step: _Step) -> _Launched:
     try:
         report = compute.launch(
             step.context, step.request, run_training, args=(asdict(_worker_spec(step)),), env=env, log=sink, on_start=sink.on_start,
-            warm=(*spec.warm_imports, spec.fn_module), on_admitted=recorder.admitted, on_launched=recorder.launched,
+            warm=(*spec.warm_imports, spec.fn_module), on_admitted=recorder.admitted, on_launched=recorder.launched, launch_index=step.attempt - 1,
         )
     except dg.Failure:
         # A deliberate refusal (a budget block names itself and how to lift it): no GPU
@@ -537,10 +540,7 @@ def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResu
     return AttemptResult(value, metadata)
 
 
-def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
-    """Run one training attempt for the current step; raise to retry or fail."""
-    step = _open_step(context, spec, asset_key, launch_key)
-    _settle_orphans(step)
+def _one_attempt(step: _Step) -> tuple[_Launched, Classification, Decision]:
     _read_history(step)
     _prepare_checkpoints(step)
     _log_plan(step)
@@ -548,9 +548,28 @@ def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: li
     try:
         launched = _launch(step)
         c = _classify(step, launched)
-        decision = _decide(step, launched, c, _settle(step, launched, c))
+        return launched, c, _decide(step, launched, c, _settle(step, launched, c))
     finally:
         step.recorder.stop()
+
+
+def _retry_here(step: _Step, launched: _Launched, decision: Decision) -> bool:
+    """A retry with nothing to wait for runs in this step process at once (its standby is
+    already warm here): a new Dagster step process would cost seconds of start-up. Retries
+    that wait (backoff) go back to Dagster (``RetryRequested``), as ``retry_in_step=False`` does."""
+    return decision.action is Action.RETRY and decision.wait_s == 0 and launched.lost_owner is None and step.spec.policy.retry_in_step
+
+
+def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
+    """Run training attempts for the current step until one completes, fails, or a retry
+    must wait; raise to retry (through Dagster) or fail."""
+    step = _open_step(context, spec, asset_key, launch_key)
+    _settle_orphans(step)
+    launched, c, decision = _one_attempt(step)
+    while _retry_here(step, launched, decision):
+        step.log.info(f"attempt {step.attempt + 1} starts in this step process at once (nothing to wait for)")
+        step = dataclasses.replace(step, attempt=step.attempt + 1, history=[], recorder=None)
+        launched, c, decision = _one_attempt(step)
     if decision.action is Action.RETRY:
         raise dg.RetryRequested(max_retries=int(context.retry_number) + 1, seconds_to_wait=decision.wait_s)
     if decision.action is Action.FAIL:

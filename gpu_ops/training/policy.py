@@ -43,6 +43,10 @@ class PreemptionPolicy(BaseModel):
     # attempt asks for on-demand (None: never). A request for "spot" never falls back:
     # on-demand costs about 3x more and was not asked for.
     fallback_after: NonNegativeInt | None = 3
+    # A retry with nothing to wait for (a preemption after progress) starts in the same
+    # Dagster step process at once; False: every retry is a Dagster step retry (under
+    # the multiprocess executor a new step process, seconds of start-up).
+    retry_in_step: bool = True
     # Seconds between checkpoints, or "auto" for Young/Daly sqrt(2 × cost × MTBP).
     checkpoint_interval: Union[PositiveFloat, Literal["auto"]] = "auto"
     # The MTBP assumed before any preemption of this asset has been seen.
