@@ -157,9 +157,11 @@ def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, en
     sampler.join()
     assert result.success and again.success and "step" in killed
     died = [m for m in log if "its owner (pid " + str(killed["step"]) in m]
-    assert died and "died while the attempt was running; settled by attempt 2" in died[0] and "lease released" in died[0], log
+    assert died and "died while the attempt was running; settled by the next attempt of run" in died[0] and "lease released" in died[0], log
     assert md["weights_sha256"] == demo_sha and md["attempts"] == 2 and md["preemptions"] == 1
     assert any(m.startswith("attempt 2 resumes from checkpoint #") for m in log)
+    # The standby started by the killed step process outlived it and served attempt 2.
+    assert any(m.startswith("attempt 2 start-up on a standby worker") for m in log)
     rows = check_ledger(env, {result.run_id, again.run_id}, sampler)
     assert list(rows["outcome"]) == ["preempted", "completed", "completed"]
     assert LeaseBook(TableStore.from_config(_config(env))).holders() == []
