@@ -44,6 +44,9 @@ class WorkerReport:
     traceback: str | None = None  # the remote traceback, as text
     duration_s: float = 0.0
     ranks: list[RankReport] = field(default_factory=list)
+    # When the workers ended as they recorded it (wall clock; local backend), None when
+    # unknown: the launcher may have looked later (it was paused), the ledger bills this.
+    ended_at: float | None = None
     # Kubernetes evidence for the classifier: kubernetes.client V1Pod, V1Node and
     # CoreV1Event objects, and the exception Kubetorch raised, when there is one.
     pod: Any = None

@@ -98,9 +98,12 @@ class FenceCheck:
         return bool(fence and fence.revoked)
 
 
-def start_watchdog(path: str, grace_s: float, notice: Callable[[str], None], every_s: float = 0.2) -> threading.Thread:
+def start_watchdog(
+    path: str, grace_s: float, notice: Callable[[str], None], every_s: float = 0.2, before_kill: Callable[[], None] | None = None
+) -> threading.Thread:
     """In the worker: ``notice(reason)`` once the fence lapses (the training loop then
-    checkpoints and stops), SIGKILL of this process ``grace_s`` later or at once when revoked."""
+    checkpoints and stops), SIGKILL of this process ``grace_s`` later or at once when
+    revoked (``before_kill()`` first: the worker notes when it ended, for the ledger)."""
 
     def watch() -> None:
         check = FenceCheck(path, every_s=0.0)
@@ -116,6 +119,8 @@ def start_watchdog(path: str, grace_s: float, notice: Callable[[str], None], eve
                 noticed_at = time.monotonic()
                 notice(reason)
             if (fence is not None and fence.revoked) or time.monotonic() - noticed_at >= grace_s:
+                if before_kill is not None:
+                    before_kill()
                 os.kill(os.getpid(), signal.SIGKILL)
 
     t = threading.Thread(target=watch, name="gpu-ops-fence", daemon=True)

@@ -47,6 +47,22 @@ PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
 _POLL_S = 0.05
 
 
+def recorded_end(workdir: str | os.PathLike[str] | None) -> float | None:
+    """When the workers of a launch folder ended, as they recorded it (wall clock): the
+    result file's write, or the time a worker killed by its fence wrote just before dying
+    (``result-N.pkl.ended``); None: unknown (killed from outside, or the folder is gone)."""
+    folder = Path(workdir) if workdir else None
+    if folder is None or not folder.is_dir():
+        return None
+    times = [p.stat().st_mtime for p in folder.glob("result-*.pkl")]
+    for marker in folder.glob("result-*.pkl.ended"):
+        try:
+            times.append(float(marker.read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(times) if times else None
+
+
 class LaunchError(GpuOpsError, RuntimeError):
     """The launch could not start (the callable cannot be shipped, a worker cannot spawn)."""
 
@@ -422,8 +438,9 @@ class LocalBackend:
             ranks.append(r)
             results.append(res)
         failed = [i for i, r in enumerate(ranks) if r.exit is not WorkerExit.COMPLETED]
+        ended_at = recorded_end(self.workdir)
         if not failed:
-            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks)
+            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks, ended_at=ended_at)
         # The root cause is the rank that ended first; the others were stopped because of it.
         first = min(failed, key=lambda i: (self._workers[i].sent_sigterm, self._workers[i].ended_at or float("inf")))
         r, res = ranks[first], results[first]
@@ -435,6 +452,7 @@ class LocalBackend:
             traceback=res.get("traceback"),
             duration_s=duration,
             ranks=ranks,
+            ended_at=ended_at,
         )
 
     # ------------------------------------------------------------------ cleanup

@@ -74,17 +74,23 @@ def _watch_parent(parent: int, grace_s: float) -> None:
     threading.Thread(target=watch, name="gpu-ops-parent-watch", daemon=True).start()
 
 
-def _watch_fence() -> None:
-    """Under a GPU quota: stop when the launcher's lease lapses (see gpu_ops.compute.fence)."""
+def _watch_fence(result: str) -> None:
+    """Under a GPU quota: stop when the launcher's lease lapses (see gpu_ops.compute.fence).
+    A worker the fence kills writes ``<result>.ended`` (the time) first: its launcher may be
+    the paused one, and bills the attempt to that time, not to when it looked again."""
     path = os.environ.get(fence.FENCE_ENV)
     if not path:
         return
+
+    def ended() -> None:
+        with open(f"{result}.ended", "w") as f:
+            f.write(repr(time.time()))
 
     def notice(reason: str) -> None:  # the training loop sees it as ctx.preempted (it reads the fence too)
         sys.stderr.write(f"gpu_ops: {reason}: stopping (checkpoint, then exit)\n")
         sys.stderr.flush()
 
-    fence.start_watchdog(path, float(os.environ.get(fence.GRACE_ENV, "10")), notice)
+    fence.start_watchdog(path, float(os.environ.get(fence.GRACE_ENV, "10")), notice, before_kill=ended)
 
 
 def is_oom(exc: BaseException | None) -> bool:
@@ -228,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerTerminated:
         os._exit(EXIT_SIGTERM)  # stopped before any work: nothing to report
 
-    _watch_fence()
+    _watch_fence(opts.result)
     code = 0
     try:
         with open(opts.payload, "rb") as f:

@@ -477,7 +477,11 @@ def _settle(step: _Step, launched: _Launched, c: Classification) -> tuple[float,
     used_gpus = sink.started_at is not None
     bill = _bill(request, launched.report, step.name, actual, used_gpus)
     newest = next(iter(step.ckpts.list()), None)  # manifests only: the next attempt verifies the data
-    row = step.recorder.settle(c.outcome.value, c.reason, launched.ended_at.timestamp(), bill, newest.written_at_dt if newest else None)
+    ended = launched.ended_at.timestamp()
+    recorded = launched.report.ended_at if launched.report is not None else None  # the workers' own record (this process may have been paused)
+    if recorded is not None and used_gpus:
+        ended = min(ended, max(recorded, step.recorder.record.launched_at or recorded))
+    row = step.recorder.settle(c.outcome.value, c.reason, ended, bill, newest.written_at_dt if newest else None)
     if row is None and step.recorder.taken_over is not None:
         step.log.warning(f"attempt {step.attempt} was settled by {step.recorder.taken_over.settled_by} while its step still ran")
     if row is not None:

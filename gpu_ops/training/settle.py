@@ -24,9 +24,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gpu_ops.compute.local import recorded_end
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import Attempt, Decision, State, decide, same_process, settle
 from gpu_ops.training.classify import Outcome
@@ -76,10 +76,7 @@ def stop_workers(a: Attempt, grace_s: float) -> bool:
 
 
 def _result_written(a: Attempt) -> float | None:
-    if not a.workdir:
-        return None
-    times = [p.stat().st_mtime for p in Path(a.workdir).glob("result-*.pkl")] if Path(a.workdir).is_dir() else []
-    return max(times) if times else None
+    return recorded_end(a.workdir)
 
 
 def workers_ended_at(a: Attempt, quiet_s: float, stopped_now: bool) -> float:

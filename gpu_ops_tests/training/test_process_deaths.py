@@ -216,3 +216,48 @@ def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path:
     rows = check_ledger(env, {run.run_id, again.run_id}, sampler)
     assert list(rows["outcome"]) == ["preempted", "completed"]
     assert LeaseBook(TableStore.from_config(_config(env))).holders() == []
+
+
+def run_worker(home: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RUN_WORKER, str(home)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+
+
+def materializations(home: Path) -> dict[str, dict[str, Any]]:
+    with dg.DagsterInstance.local_temp(tempdir=str(home)) as instance:
+        runs = {r.run_id: r for r in instance.get_runs()}
+        out = {}
+        for rec in instance.fetch_materializations(dg.AssetKey("train_demo_model"), limit=10).records:
+            out[rec.run_id] = {k: getattr(v, "value", v) for k, v in rec.asset_materialization.metadata.items()}
+        assert all(r.is_success for r in runs.values()), {k: r.status for k, r in runs.items()}
+        return out
+
+
+@pytest.mark.slow
+def test_a_paused_quota_holder_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, demo_sha: str) -> None:
+    """Run A's step process (the lease holder) is SIGSTOPped past the lease TTL while run B
+    waits for the 1-GPU quota: A's worker is stopped by its fence before B is admitted;
+    resumed, A finds its lease gone and waits its turn, then resumes from its checkpoint."""
+    sampler = Sampler(tmp_path / "pids")
+    sampler.start()
+    home = tmp_path / "dagster_home"
+    first = run_worker(home)
+    assert wait_until(lambda: first_checkpoint(tmp_path), timeout=120)
+    worker_a = worker_pid(tmp_path / "pids")
+    step_a = ppid(worker_a)
+    os.kill(step_a, signal.SIGSTOP)
+    try:
+        second = run_worker(home)
+        # B is admitted only after A's lease expired; by then A's worker is gone.
+        assert wait_until(lambda: len(sampler.seen) >= 2, timeout=120)
+        assert not same_process(worker_a, None)
+    finally:
+        os.kill(step_a, signal.SIGCONT)
+    assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
+    sampler.done.set()
+    sampler.join()
+    mats = materializations(home)
+    assert len(mats) == 2 and all(md["weights_sha256"] == demo_sha for md in mats.values())
+    assert sampler.most_at_once == 1  # sampled every 20 ms: never two workers under the 1-GPU quota
+    rows = check_ledger(env, set(mats), sampler)
+    assert sorted(rows["outcome"]) == ["completed", "completed", "preempted"]
+    assert LeaseBook(TableStore.from_config(_config(env))).holders() == []
