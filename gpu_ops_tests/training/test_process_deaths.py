@@ -233,25 +233,40 @@ def materializations(home: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_a_paused_quota_holder_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, demo_sha: str) -> None:
-    """Run A's step process (the lease holder) is SIGSTOPped past the lease TTL while run B
-    waits for the 1-GPU quota: A's worker is stopped by its fence before B is admitted;
-    resumed, A finds its lease gone and waits its turn, then resumes from its checkpoint."""
+@pytest.mark.parametrize("outage", ["sigstop", "database"])
+def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, demo_sha: str, outage: str) -> None:
+    """Run A's step process (the lease holder) cannot renew past the lease TTL: it is
+    SIGSTOPped while run B waits for the 1-GPU quota, or the gpu_ops database is locked
+    (unreachable for writes) past the TTL before B starts. A's worker is stopped by its
+    fence before B is admitted; A then finds its lease gone, waits its turn and resumes
+    from its checkpoint."""
     sampler = Sampler(tmp_path / "pids")
     sampler.start()
     home = tmp_path / "dagster_home"
     first = run_worker(home)
     assert wait_until(lambda: first_checkpoint(tmp_path), timeout=120)
     worker_a = worker_pid(tmp_path / "pids")
-    step_a = ppid(worker_a)
-    os.kill(step_a, signal.SIGSTOP)
-    try:
+    if outage == "sigstop":
+        step_a = ppid(worker_a)
+        os.kill(step_a, signal.SIGSTOP)
+        try:
+            second = run_worker(home)
+            # B is admitted only after A's lease expired; by then A's worker is gone.
+            assert wait_until(lambda: len(sampler.seen) >= 2, timeout=120)
+            assert not same_process(worker_a, None)
+        finally:
+            os.kill(step_a, signal.SIGCONT)
+    else:
+        import sqlite3
+
+        db = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None, timeout=30)
+        db.execute("BEGIN EXCLUSIVE")  # the gpu_ops database is unavailable to every writer
+        try:
+            assert wait_until(lambda: not same_process(worker_a, None), timeout=8.0)  # fenced within the TTL (6 s) + slack
+        finally:
+            db.execute("ROLLBACK")
+            db.close()
         second = run_worker(home)
-        # B is admitted only after A's lease expired; by then A's worker is gone.
-        assert wait_until(lambda: len(sampler.seen) >= 2, timeout=120)
-        assert not same_process(worker_a, None)
-    finally:
-        os.kill(step_a, signal.SIGCONT)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
     sampler.done.set()
     sampler.join()
