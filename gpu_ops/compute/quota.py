@@ -147,6 +147,14 @@ _DB_NOW = {
 }
 
 
+def db_clock(dialect: str) -> Any:
+    """The database's clock as a SQL expression (seconds since the epoch), per dialect:
+    every time the leases and the attempt records keep is on it."""
+    import sqlalchemy as sa
+
+    return sa.literal_column(_DB_NOW[dialect], sa.Float)
+
+
 class LeaseBook:
     """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
@@ -155,7 +163,7 @@ class LeaseBook:
 
         self.store, self.ttl_s = store, ttl_s
         self._sa = sa
-        self.db_now = sa.literal_column(_DB_NOW[store.dialect], sa.Float)
+        self.db_now = db_clock(store.dialect)
         self._migrated = False
         meta = sa.MetaData()
         self.table = sa.Table(

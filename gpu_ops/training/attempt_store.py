@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from gpu_ops.compute.quota import db_clock
 from gpu_ops.training.attempts import OPEN_STATES, Attempt, Decision, Owner, State
 
 ATTEMPT_TABLE = "gpu_ops_training_attempts"
@@ -25,11 +26,6 @@ ATTEMPT_TABLE = "gpu_ops_training_attempts"
 # Observers of settled/decided attempts (see the module docstring).
 on_settled: list[Callable[[Attempt], None]] = []
 warn: list[Callable[[str], None]] = [print]
-
-_DB_NOW = {
-    "postgresql": "extract(epoch from clock_timestamp())",
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-}
 
 
 def _report(attempt: Attempt) -> None:
@@ -73,7 +69,7 @@ class AttemptStore:
         import sqlalchemy as sa
 
         self.store, self._sa = store, sa
-        self.db_now = sa.literal_column(_DB_NOW[store.dialect], sa.Float)
+        self.db_now = db_clock(store.dialect)
         self._created = False
         F, T, I = sa.Float, sa.Text, sa.Integer  # noqa: E741, N806
         self.table = sa.Table(
