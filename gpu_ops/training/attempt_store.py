@@ -81,6 +81,9 @@ class AttemptStore:
             *(sa.Column(n, T) for n in ("workdir", "outcome", "reason", "decision", "bill", "settled_by")),
             sa.Column("token", I),
             *(sa.Column(n, F) for n in ("owner_started", "planned_at", "launched_at", "first_step_at", "ended_at", "beat_at")),
+            # Finders read the open attempts, an attempt its run's: neither scans the history.
+            sa.Index(f"ix_{ATTEMPT_TABLE}_state", "state"),
+            sa.Index(f"ix_{ATTEMPT_TABLE}_run", "run_id", "asset_key"),
         )
 
     def _ensure(self, conn: Any) -> None:

@@ -12,6 +12,7 @@ attempt was settled. No Dagster here.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import socket
 import threading
@@ -120,8 +121,6 @@ class AttemptRecorder:
 
 
 def _with_bill(a: Attempt, bill: Mapping[str, Any]) -> Attempt:
-    import dataclasses
-
     return dataclasses.replace(a, bill={**a.bill, **bill})
 
 
