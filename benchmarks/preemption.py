@@ -258,14 +258,11 @@ def measure_death(death: str, executor: str, steps: int = 500) -> float:
 
 
 def print_deaths(executors: list[str]) -> None:
-    print("recovery with the DEFAULT settings (retry backoff 5 s, standby on), kill -> first resumed step"
-          " (multiprocess_forkserver: the start method as run config, for the step process's own death):")
+    print("recovery with the DEFAULT settings (retry backoff 5 s, standby on), kill -> first resumed step:")
     for executor in executors:
         for death in DEATHS:
             if death.startswith("step process") and executor == "in_process":
                 continue  # there the step process is the run worker: a run retry / re-execution, not a step retry
-            if executor == "multiprocess_forkserver" and not death.startswith("step process"):
-                continue  # the retry stays in the step process: the start method does not matter
             s = measure_death(death, executor)
             print(f"  {executor:13s} {death:21s} {s:6.2f} s (goal < 3 s: {'met' if s < 3.0 else 'NOT met'}); load average {os.getloadavg()[0]:.2f}")
 
@@ -396,7 +393,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.deaths_only:
         print(f"device: {device_label()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
-        print_deaths(["in_process", "multiprocess", "multiprocess_forkserver"])
+        print_deaths(["in_process", "multiprocess"])
         return
 
     device = device_label()
