@@ -46,9 +46,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
-
-from typing_extensions import dataclass_transform
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, dataclass_transform
 
 import dagster as dg
 from pydantic import Field, PrivateAttr

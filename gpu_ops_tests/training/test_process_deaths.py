@@ -34,13 +34,15 @@ from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import ledger
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import same_process
-from gpu_ops_tests.training.test_gpu_asset import DEMO_STEPS, PRICES, messages, uninterrupted_sha
+from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, uninterrupted_sha
 from gpu_ops_tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+STEPS = 250  # the demo's size here: long enough to be killed after its first checkpoint, short for the suite
+OUTAGE_STEPS = 400  # an outage must outlast the fence (0.8 TTL) while the demo still trains
 
 
-def write_config(folder: Path) -> Path:
+def write_config(folder: Path, steps: int = STEPS) -> Path:
     path = folder / "gpu_ops.yaml"
     path.write_text(
         f"""
@@ -51,7 +53,7 @@ compute:
   admission: {{lease_ttl_s: 6, backoff_s: 0.1, backoff_max_s: 0.3}}
 training:
   checkpoint_url: ckpts
-  demo_steps: {DEMO_STEPS}
+  demo_steps: {steps}
   demo_checkpoint_interval_s: 0.4
 """
     )
@@ -120,12 +122,17 @@ def check_ledger(config: Path, run_ids: set[str], sampler: Sampler) -> Any:
 
 @pytest.fixture(scope="module")
 def demo_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_sha(tmp_path_factory.mktemp("ref"))
+    return uninterrupted_sha(tmp_path_factory.mktemp("ref"), steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def long_demo_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return uninterrupted_sha(tmp_path_factory.mktemp("ref"), steps=OUTAGE_STEPS)
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    config = write_config(tmp_path)
+def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    config = write_config(tmp_path, getattr(request, "param", STEPS))
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     monkeypatch.setenv("GPU_OPS_PIDFILE_DIR", str(tmp_path / "pids"))
     (tmp_path / "dagster_home").mkdir()
@@ -233,8 +240,9 @@ def materializations(home: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("env", [OUTAGE_STEPS], indirect=True)
 @pytest.mark.parametrize("outage", ["sigstop", "database"])
-def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, demo_sha: str, outage: str) -> None:
+def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, long_demo_sha: str, outage: str) -> None:
     """Run A's step process (the lease holder) cannot renew past the lease TTL: it is
     SIGSTOPped while run B waits for the 1-GPU quota, or the gpu_ops database is locked
     (unreachable for writes) past the TTL before B starts. A's worker is stopped by its
@@ -271,7 +279,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
     sampler.done.set()
     sampler.join()
     mats = materializations(home)
-    assert len(mats) == 2 and all(md["weights_sha256"] == demo_sha for md in mats.values())
+    assert len(mats) == 2 and all(md["weights_sha256"] == long_demo_sha for md in mats.values())
     assert sampler.most_at_once == 1  # sampled every 20 ms: never two workers under the 1-GPU quota
     rows = check_ledger(env, set(mats), sampler)
     assert sorted(rows["outcome"]) == ["completed", "completed", "preempted"]
