@@ -146,7 +146,12 @@ def settle_orphan(
             return None
     if settled.held_hardware:
         bill_once(table_store, ledger_row(settled, last_checkpoint(settled)))
-    _release(table_store, settled.lease_id)
+    # The GPUs go back at once only when no worker can still hold them: none started, or
+    # they ran here and were stopped above. A remote worker's lease expires on its own
+    # (its fence stops the worker first).
+    released = settled.lease_id is not None and (not settled.worker_pids or settled.worker_host == socket.gethostname())
+    if released:
+        _release(table_store, settled.lease_id)
     decision, what = _decision_for(settled, successor)
     final = decide(settled, decision)
     attempts.move(settled, final)
@@ -154,7 +159,7 @@ def settle_orphan(
     msg = (
         f"attempt {a.attempt} of {a.asset_key} (run {a.run_id[:8]}): {settled.reason}; settled by {found_by} as {settled.outcome}"
         + (f", {secs:.1f} s of worker time billed" if settled.held_hardware else ", no worker had started")
-        + (", lease released" if settled.lease_id else "") + f"; {decision.value}: {what}"
+        + (", lease released" if released else ", lease left to expire" if settled.lease_id else "") + f"; {decision.value}: {what}"
     )
     return Settled(final, msg)
 
