@@ -301,7 +301,7 @@ def _settle_orphans(step: _Step) -> None:
 
     ttl = step.config.compute.admission.lease_ttl_s
     try:
-        found = settle_orphans(step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl)
+        found = settle_orphans(step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl, log=step.log)
     except Exception as exc:  # noqa: BLE001 - the database is down: this attempt still runs
         step.log.error(f"could not look for orphaned attempts: {type(exc).__name__}: {exc}")
         return
@@ -375,7 +375,7 @@ def _plan_record(step: _Step) -> None:
     step_key = getattr(inner, "op_handle", None) or step.launch_key[-1]
     step.recorder = AttemptRecorder.plan(
         step.store, run_id=step.run_id, step_key=str(step_key), asset_key=step.asset_key, attempt=step.attempt, launch_name=step.name,
-        bill=_bill(step.request, None, step.name, None, used_gpus=True), log_error=step.log.error,
+        bill=_bill(step.request, None, step.name, None, used_gpus=True), log_error=step.log.error, log=step.log,
     )
 
 

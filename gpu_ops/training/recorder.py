@@ -30,12 +30,13 @@ BEAT_S = 2.0
 
 
 class AttemptRecorder:
-    def __init__(self, table_store: Any, record: Attempt, log_error: Callable[[str], None], beat_s: float = BEAT_S):
+    def __init__(self, table_store: Any, record: Attempt, log_error: Callable[[str], None], beat_s: float = BEAT_S, log: Any = None):
         self.table_store = table_store
         self.store = AttemptStore(table_store)
         self.record = record
         self.stored: Attempt | None = None  # the last version the database has
         self.log_error = log_error
+        self.log = log  # the step's logger, for observers of the ledger row (settle.bill_once)
         self.taken_over: Attempt | None = None  # how a settler settled it, when one did
         self._beat_s = beat_s
         self._beating = threading.Event()
@@ -43,11 +44,11 @@ class AttemptRecorder:
     @classmethod
     def plan(
         cls, table_store: Any, *, run_id: str, step_key: str, asset_key: str, attempt: int, launch_name: str, bill: Mapping[str, Any],
-        log_error: Callable[[str], None],
+        log_error: Callable[[str], None], log: Any = None,
     ) -> "AttemptRecorder":
         owner = Owner.this_process(run_id, step_key)
         record = tr.plan(uuid.uuid4().hex, run_id, asset_key, attempt, owner, launch_name=launch_name, bill=bill, at=time.time())
-        rec = cls(table_store, record, log_error)
+        rec = cls(table_store, record, log_error, log=log)
         try:
             rec.stored = rec.store.create(record)
         except Exception as exc:  # noqa: BLE001 - the database is down: train anyway, say so
@@ -97,7 +98,7 @@ class AttemptRecorder:
         if not self._write(tr.settle(record, outcome, reason, ended_at)) or not billed:
             return None
         row = ledger_row(self.record, last_checkpoint_at)
-        bill_once(self.table_store, row)
+        bill_once(self.table_store, row, self.log)
         return row
 
     def decide(self, decision: Decision, reason: str) -> None:

@@ -104,9 +104,13 @@ def ledger_row(a: Attempt, last_checkpoint_at: dt.datetime | None = None) -> Any
     )
 
 
-def bill_once(table_store: Any, row: Any) -> bool:
+def bill_once(table_store: Any, row: Any, log: Any = None) -> bool:
     """Append ``row`` unless the ledger already has this run, asset and attempt (a settler
-    that died between writing the ledger and the record does not bill twice)."""
+    that died between writing the ledger and the record does not bill twice).
+
+    The one place every attempt's ledger row is written, by its owner or by whoever settled
+    it orphaned (``log``: a Dagster-style logger, when there is one): per-attempt
+    observers that need the row (a span, an MLflow run) hook in here."""
     from gpu_ops.training import ledger
 
     seen = ledger.read(table_store, run_id=row.run_id, asset_key=row.asset_key, attempt=row.attempt)
@@ -131,7 +135,7 @@ def _decision_for(a: Attempt, successor: tuple[str, str] | None) -> tuple[Decisi
 
 def settle_orphan(
     stores: tuple[AttemptStore, Any], a: Attempt, quiet_s: float, *, found_by: str, successor: tuple[str, str] | None, grace_s: float,
-    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
 ) -> Settled | None:
     """Settle one orphaned attempt; None when someone else moved it first."""
     attempts, table_store = stores
@@ -145,7 +149,7 @@ def settle_orphan(
         if not attempts.move(a, settled):
             return None
     if settled.held_hardware:
-        bill_once(table_store, ledger_row(settled, last_checkpoint(settled)))
+        bill_once(table_store, ledger_row(settled, last_checkpoint(settled)), log)
     # The GPUs go back at once only when no worker can still hold them: none started, or
     # they ran here and were stopped above. A remote worker's lease expires on its own
     # (its fence stops the worker first).
@@ -166,7 +170,7 @@ def settle_orphan(
 
 def settle_orphans(
     table_store: Any, *, found_by: str, successor: tuple[str, str] | None = None, stale_s: float = 60.0, grace_s: float = 10.0,
-    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
 ) -> list[Settled]:
     """Settle every attempt in a non-final state whose owner is gone; what was done, one message each."""
     attempts = AttemptStore(table_store)
@@ -174,7 +178,9 @@ def settle_orphans(
     for a, quiet_s in attempts.open_attempts():
         if not owner_gone(a, quiet_s, stale_s):
             continue  # its owner is running it (or deciding, when settled)
-        found = settle_orphan((attempts, table_store), a, quiet_s, found_by=found_by, successor=successor, grace_s=grace_s, last_checkpoint=last_checkpoint)
+        found = settle_orphan(
+            (attempts, table_store), a, quiet_s, found_by=found_by, successor=successor, grace_s=grace_s, last_checkpoint=last_checkpoint, log=log
+        )
         if found is not None:
             done.append(found)
     return done
