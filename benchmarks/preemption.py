@@ -23,7 +23,11 @@
    *true* MTBP (an oracle), run on the same preemption traces (common random numbers).
    Goal: auto within 1.2x of the bound.
 
-Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--quick] [--notices-only] [--multiprocess-only]``.
+4. With the DEFAULT settings (retry backoff 5 s, standby on), per kind of death (worker
+   SIGKILL, worker SIGTERM, step process SIGKILL), in-process and multiprocess executors:
+   kill -> first resumed step (``--deaths-only``).
+
+Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--quick] [--notices-only] [--multiprocess-only] [--deaths-only]``.
 """
 
 from __future__ import annotations
@@ -159,7 +163,7 @@ def _materialize(asset, root: Path, executor: str):
         fs._forkserver._stop()
 
 
-def _demo_with_preemption(compute: str, training: str, preempt, executor: str = "in_process") -> tuple[list, float, "object"]:
+def _demo_with_preemption(compute: str, training: str, preempt, executor: str = "in_process", backoff_zero: bool = True) -> tuple[list, float, "object"]:
     """Materialize the demo asset on the local backend; once its first checkpoint exists,
     ``preempt(pid)`` (returns the kill's wall time). Returns (run log, kill time, ledger rows)."""
 
@@ -172,7 +176,7 @@ def _demo_with_preemption(compute: str, training: str, preempt, executor: str = 
         cfg = root / "gpu_ops.yaml"
         cfg.write_text(
             f"storage: {{url: 'sqlite:///ledger.db'}}\nprices: {REPO / 'gpu_ops/demo/prices.yaml'}\n"
-            f"compute: {{{compute}}}\ntraining: {{checkpoint_url: ckpts, retry_backoff_s: 0, {training}}}\n"
+            f"compute: {{{compute}}}\ntraining: {{checkpoint_url: ckpts, {'retry_backoff_s: 0, ' if backoff_zero else ''}{training}}}\n"
         )
         os.environ["GPU_OPS_PIDFILE_DIR"] = str(root / "pids")
         os.environ["GPU_OPS_HOME"] = str(root)
@@ -229,6 +233,38 @@ def measure_recovery(sig: int, standby: bool, steps: int = 500, executor: str = 
         ) - t0
     out.update({k: times[k] - t0 for k in PHASES if isinstance(times.get(k), (int, float))})
     return out
+
+
+DEATHS = {
+    "worker SIGKILL": lambda pid: os.kill(pid, signal.SIGKILL),
+    "worker SIGTERM": lambda pid: os.kill(pid, signal.SIGTERM),
+    # The worker's parent is the step process that launched it (a new worker).
+    "step process SIGKILL": lambda pid: os.kill(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]), signal.SIGKILL),
+}
+
+
+def measure_death(death: str, executor: str, steps: int = 500) -> float:
+    """With the DEFAULT settings (retry backoff 5 s, standby on): kill -> first resumed step."""
+
+    def preempt(pid: int) -> float:
+        time.sleep(1.5)
+        t = time.time()
+        DEATHS[death](pid)
+        return t
+
+    logs, t0, _ = _demo_with_preemption("", f"demo_steps: {steps}, demo_checkpoint_interval_s: 1.0", preempt, executor, backoff_zero=False)
+    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 start-up"))
+    return float(json.loads(startup.split("startup_times=", 1)[1])["first_step"]) - t0
+
+
+def print_deaths(executors: list[str]) -> None:
+    print("recovery with the DEFAULT settings (retry backoff 5 s, standby on), kill -> first resumed step:")
+    for executor in executors:
+        for death in DEATHS:
+            if death.startswith("step process") and executor == "in_process":
+                continue  # there the step process is the run worker: a run retry / re-execution, not a step retry
+            s = measure_death(death, executor)
+            print(f"  {executor:13s} {death:21s} {s:6.2f} s (goal < 3 s: {'met' if s < 3.0 else 'NOT met'}); load average {os.getloadavg()[0]:.2f}")
 
 
 def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: float = 10.0, steps: int = 4000) -> tuple[float, int] | None:
@@ -353,7 +389,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the real recovery measurements")
     parser.add_argument("--notices-only", action="store_true", help="of the real runs, only lost work with and without notices")
     parser.add_argument("--multiprocess-only", action="store_true", help="of the real runs, only recovery under the multiprocess executor")
+    parser.add_argument("--deaths-only", action="store_true", help="only recovery with the default settings, per kind of death, in-process and multiprocess")
     args = parser.parse_args()
+    if args.deaths_only:
+        print(f"device: {device_label()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+        print_deaths(["in_process", "multiprocess"])
+        return
 
     device = device_label()
     print(f"device: {device}; load average {os.getloadavg()[0]:.2f}")

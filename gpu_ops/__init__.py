@@ -51,6 +51,14 @@ if TYPE_CHECKING:
     from gpu_ops.compute.request import Attribution as Attribution
     from gpu_ops.compute.request import GpuRequest as GpuRequest
     from gpu_ops.compute.resource import GpuCompute as GpuCompute
+    from gpu_ops.compute.resource import LocalGpuCompute as LocalGpuCompute
+    from gpu_ops.compute.resource import KubetorchGpuCompute as KubetorchGpuCompute
+    from gpu_ops.compute.resource import Lifecycle as Lifecycle
+    from gpu_ops.compute.resource import StandbySettings as StandbySettings
+    from gpu_ops.compute.resource import KubetorchLaunch as KubetorchLaunch
+    from gpu_ops.compute.resource import KarpenterPools as KarpenterPools
+    from gpu_ops.compute.admission import GpuAdmission as GpuAdmission
+    from gpu_ops.compute.admission import BudgetGate as BudgetGate
     from gpu_ops.config import ConfigError as ConfigError
     from gpu_ops.config import GpuOpsConfig as GpuOpsConfig
     from gpu_ops.config import load_config as load_config
@@ -88,6 +96,14 @@ _EXPORTS: dict[str, str] = {
     "young_daly_interval": "gpu_ops.training.interval",
     # compute
     "GpuCompute": "gpu_ops.compute.resource",
+    "LocalGpuCompute": "gpu_ops.compute.resource",
+    "KubetorchGpuCompute": "gpu_ops.compute.resource",
+    "Lifecycle": "gpu_ops.compute.resource",
+    "StandbySettings": "gpu_ops.compute.resource",
+    "KubetorchLaunch": "gpu_ops.compute.resource",
+    "KarpenterPools": "gpu_ops.compute.resource",
+    "GpuAdmission": "gpu_ops.compute.admission",
+    "BudgetGate": "gpu_ops.compute.admission",
     "GpuRequest": "gpu_ops.compute.request",
     "Attribution": "gpu_ops.compute.request",
     "WorkerReport": "gpu_ops.compute.backend",
@@ -129,6 +145,14 @@ __all__ = [
     "ComputeSetupError",
     "ConfigError",
     "GpuCompute",
+    "LocalGpuCompute",
+    "KubetorchGpuCompute",
+    "Lifecycle",
+    "StandbySettings",
+    "KubetorchLaunch",
+    "KarpenterPools",
+    "GpuAdmission",
+    "BudgetGate",
     "GpuOpsConfig",
     "GpuOpsError",
     "GpuOpsFailure",

@@ -8,6 +8,7 @@ classifier reads the report (and, on Kubernetes, the pod evidence attached to it
 from __future__ import annotations
 
 import enum
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class WorkerReport:
     traceback: str | None = None  # the remote traceback, as text
     duration_s: float = 0.0
     ranks: list[RankReport] = field(default_factory=list)
+    # When the workers ended as they recorded it (wall clock; local backend), None when
+    # unknown: the launcher may have looked later (it was paused), the ledger bills this.
+    ended_at: float | None = None
     # Kubernetes evidence for the classifier: kubernetes.client V1Pod, V1Node and
     # CoreV1Event objects, and the exception Kubetorch raised, when there is one.
     pod: Any = None
@@ -62,6 +66,14 @@ NOTICE_SIGNAL = signal.SIGUSR1
 # installed its own (a notice during start-up must not be lost, nor kill the worker).
 NOTICE_RECEIVED = threading.Event()
 
+# Out-of-memory messages that do not come as a MemoryError or torch's OutOfMemoryError:
+# CUDA's, and the host's (torch's CPU allocator raises a RuntimeError; the kernel's ENOMEM).
+OOM_TEXT = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|DefaultCPUAllocator: can't allocate memory|can't allocate memory|"
+    r"Cannot allocate memory|std::bad_alloc|failed to allocate \d+ bytes",
+    re.IGNORECASE,
+)
+
 LogSink = Callable[[str], None]
 StartSink = Callable[[list[int]], None]  # receives the worker pids (local backend), rank order
 
@@ -76,6 +88,9 @@ class WorkerTerminated(BaseException):
 
 
 class Backend(Protocol):
+    name: str
+    workdir: Any  # a local folder holding the workers' result files, or None (remote workers)
+
     def run(
         self,
         fn: Callable[..., Any],

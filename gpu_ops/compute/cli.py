@@ -22,10 +22,10 @@ def plan_objects(request: Any, compute: ComputeConfig, *, asset: str = "train", 
     from gpu_ops.compute.karpenter import ec2nodeclass_manifest, nodepool_manifests
     from gpu_ops.compute.kubetorch_backend import KubetorchSettings, build_compute, workload_manifest
     from gpu_ops.compute.naming import launch_labels, launch_name
-    from gpu_ops.compute.resource import GpuCompute
+    from gpu_ops.compute.resource import KubetorchGpuCompute
 
     # The settings a launch gets: the compute section as the GpuCompute resource reads it.
-    settings = KubetorchSettings.from_resource(GpuCompute.from_config(compute))
+    settings = KubetorchSettings.from_resource(KubetorchGpuCompute.from_config(compute))
     karpenter = settings.karpenter
     out: list[tuple[str, dict[str, Any]]] = []
     if settings.manage_ec2nodeclass:

@@ -78,26 +78,28 @@ class KubetorchSettings:
 
     @classmethod
     def from_resource(cls, resource: Any) -> "KubetorchSettings":
-        """What a ``GpuCompute`` resource asks of Kubetorch and Karpenter (``gpu-ops plan``
-        uses ``GpuCompute.from_config``, so it plans what a launch would do)."""
+        """What a :class:`~gpu_ops.compute.resource.KubetorchGpuCompute` asks of Kubetorch and
+        Karpenter (``gpu-ops plan`` builds one from the configuration, so it plans what a
+        launch would do)."""
+        pools, launch = resource.karpenter, resource.kubetorch
         karpenter = KarpenterSettings(
-            node_class=resource.node_class,
-            consolidate_after=resource.consolidate_after,
-            gpu_limit=resource.gpu_limit,
-            scope=resource.pool_scope,
-            node_role=resource.node_role,
-            cluster_name=resource.cluster_name,
+            node_class=pools.node_class,
+            consolidate_after=pools.consolidate_after,
+            gpu_limit=pools.gpu_limit,
+            scope=pools.pool_scope,
+            node_role=pools.node_role,
+            cluster_name=pools.cluster_name,
         )
         return cls(
             namespace=resource.namespace,
-            image=resource.image,
-            priority_class=resource.priority_class,
-            launch_timeout_s=resource.launch_timeout_s,
-            inactivity_ttl=resource.inactivity_ttl,
+            image=launch.image,
+            priority_class=launch.priority_class,
+            launch_timeout_s=launch.launch_timeout_s,
+            inactivity_ttl=launch.inactivity_ttl,
             kubeconfig_path=resource.kubeconfig_path,
-            service_account=resource.service_account,
-            manage_nodepools=resource.manage_nodepools,
-            manage_ec2nodeclass=resource.manage_ec2nodeclass,
+            service_account=launch.service_account,
+            manage_nodepools=pools.manage_nodepools,
+            manage_ec2nodeclass=pools.manage_ec2nodeclass,
             karpenter=karpenter,
         )
 
@@ -328,6 +330,8 @@ def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
 
 class KubetorchBackend:
     """One launch on Kubetorch; ``teardown`` removes its service and run-scoped pools."""
+
+    workdir = None  # the workers' results come back over HTTP, not through a local folder
 
     def __init__(
         self,

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from gpu_ops.compute import fence
 from gpu_ops.compute import standby as standby_mod
 from gpu_ops.compute.backend import NOTICE_SIGNAL, LogSink, RankReport, StartSink, WorkerExit, WorkerReport
 from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope
@@ -44,6 +45,22 @@ from gpu_ops.errors import GpuOpsError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
 _POLL_S = 0.05
+
+
+def recorded_end(workdir: str | os.PathLike[str] | None) -> float | None:
+    """When the workers of a launch folder ended, as they recorded it (wall clock): the
+    result file's write, or the time a worker killed by its fence wrote just before dying
+    (``result-N.pkl.ended``); None: unknown (killed from outside, or the folder is gone)."""
+    folder = Path(workdir) if workdir else None
+    if folder is None or not folder.is_dir():
+        return None
+    times = [p.stat().st_mtime for p in folder.glob("result-*.pkl")]
+    for marker in folder.glob("result-*.pkl.ended"):
+        try:
+            times.append(float(marker.read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(times) if times else None
 
 
 class LaunchError(GpuOpsError, RuntimeError):
@@ -121,7 +138,7 @@ class _Worker:
 
 # Variables that differ between attempts of the same launch; a standby started for one
 # attempt receives the next attempt's values with its payload.
-_PER_ATTEMPT_ENV = ("MASTER_PORT",)
+_PER_ATTEMPT_ENV = ("MASTER_PORT", fence.FENCE_ENV, fence.GRACE_ENV)
 
 
 def _env_digest(env: dict[str, str], warm_args: list[str]) -> str:
@@ -243,7 +260,7 @@ class LocalBackend:
         full = self._env(rank, port, env)
         proc: subprocess.Popen | AdoptedProcess | None = None
         if self.standby is not None:
-            order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV}}
+            order = {"payload": str(payload), "result": str(result), "env": {k: full[k] for k in _PER_ATTEMPT_ENV if k in full}}
             proc = standby_mod.claim(self.standby, rank, _env_digest(full, self._warm_args()), order, self.grace_period_s)
             self.adopted += proc is not None
         if proc is None:
@@ -315,31 +332,39 @@ class LocalBackend:
             except queue.Empty:
                 pass
             now = time.monotonic()
-            running = []
-            failed = False
-            for w in self._workers:
-                code = w.proc.poll()
-                if code is None:
-                    running.append(w)
-                else:
-                    if w.ended_at is None:
-                        w.ended_at = now
-                    failed |= code != 0
+            running, failed = self._poll(now)
             if not running:
                 return
-            if failed and kill_at is None:
-                # One rank is gone: the attempt has failed as a whole. Stop the others
-                # now rather than let them block in a collective until a timeout.
-                bad = [w.rank for w in self._workers if w.proc.returncode not in (None, 0)]
-                log(f"rank {bad[0]} ended (exit {self._workers[bad[0]].proc.returncode}); stopping the other workers")
-                for w in running:
-                    self._signal(w, signal.SIGTERM)
-                kill_at = now + self.grace_period_s
-            elif kill_at is not None and now >= kill_at:
-                for w in running:
-                    log(f"worker pid={w.proc.pid} rank={w.rank} ignored SIGTERM for {self.grace_period_s:g}s: SIGKILL")
-                    self._signal(w, signal.SIGKILL)
-                kill_at = float("inf")
+            kill_at = self._escalate(running, failed, kill_at, now, log)
+
+    def _poll(self, now: float) -> tuple[list[_Worker], bool]:
+        """The workers still running, and whether any has ended with a failure."""
+        running, failed = [], False
+        for w in self._workers:
+            code = w.proc.poll()
+            if code is None:
+                running.append(w)
+                continue
+            if w.ended_at is None:
+                w.ended_at = now
+            failed |= code != 0
+        return running, failed
+
+    def _escalate(self, running: list[_Worker], failed: bool, kill_at: float | None, now: float, log: LogSink) -> float | None:
+        if failed and kill_at is None:
+            # One rank is gone: the attempt has failed as a whole. Stop the others
+            # now rather than let them block in a collective until a timeout.
+            bad = [w.rank for w in self._workers if w.proc.returncode not in (None, 0)]
+            log(f"rank {bad[0]} ended (exit {self._workers[bad[0]].proc.returncode}); stopping the other workers")
+            for w in running:
+                self._signal(w, signal.SIGTERM)
+            return now + self.grace_period_s
+        if kill_at is not None and now >= kill_at:
+            for w in running:
+                log(f"worker pid={w.proc.pid} rank={w.rank} ignored SIGTERM for {self.grace_period_s:g}s: SIGKILL")
+                self._signal(w, signal.SIGKILL)
+            return float("inf")
+        return kill_at
 
     def _signal(self, w: _Worker, sig: int) -> None:
         if w.proc.poll() is not None:
@@ -413,8 +438,9 @@ class LocalBackend:
             ranks.append(r)
             results.append(res)
         failed = [i for i, r in enumerate(ranks) if r.exit is not WorkerExit.COMPLETED]
+        ended_at = recorded_end(self.workdir)
         if not failed:
-            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks)
+            return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks, ended_at=ended_at)
         # The root cause is the rank that ended first; the others were stopped because of it.
         first = min(failed, key=lambda i: (self._workers[i].sent_sigterm, self._workers[i].ended_at or float("inf")))
         r, res = ranks[first], results[first]
@@ -426,6 +452,7 @@ class LocalBackend:
             traceback=res.get("traceback"),
             duration_s=duration,
             ranks=ranks,
+            ended_at=ended_at,
         )
 
     # ------------------------------------------------------------------ cleanup

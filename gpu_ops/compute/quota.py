@@ -13,6 +13,18 @@ Every time here is the **database's clock** (PostgreSQL ``clock_timestamp()``, S
 heartbeats and expiry are computed in SQL, so hosts whose clocks disagree still agree on
 which leases are live. (SQLite is a file on one host: its clock is that host's.)
 
+On SQLite, ``julianday('now')`` is the clock of whichever host runs the query: the file
+must be used by one launching host only. An admission that finds a lease of another host
+is refused with :class:`SharedSqliteLeases` (use PostgreSQL for several hosts).
+
+**Fencing.** Every lease granted gets a *token* from a counter the database raises under
+the admission lock (table ``gpu_ops_lease_tokens``), so a later holder always has a larger
+token than an earlier one. The holder's :class:`Heartbeat` writes a fence file for its
+workers after every renewal (:mod:`gpu_ops.compute.fence`): valid for half the TTL on the
+holder's clock, so workers whose holder cannot renew (paused, database down) stop
+(checkpoint, exit) and are killed at 0.8 TTL, before the lease expires at 1.0 TTL and the
+next admission may reclaim it. A holder that finds its lease gone revokes the fence.
+
 Admission is one transaction under a lock (PostgreSQL advisory lock, SQLite ``BEGIN
 IMMEDIATE``): expired leases are removed, the held GPUs are summed per scope, the new
 lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
@@ -23,15 +35,18 @@ A request that can never fit (more GPUs than the quota itself) raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_ops.compute import fence
 from gpu_ops.errors import GpuOpsError
 
 LEASE_TABLE = "gpu_ops_gpu_leases"
@@ -39,6 +54,13 @@ LEASE_TABLE = "gpu_ops_gpu_leases"
 
 class QuotaExceeded(GpuOpsError, ValueError):
     """The request alone is larger than a quota: waiting cannot help."""
+
+
+class SharedSqliteLeases(QuotaExceeded):
+    """Two hosts launch on one SQLite file: their clocks, not one database clock, would time the leases."""
+
+
+TOKEN_TABLE = "gpu_ops_lease_tokens"
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,11 @@ class Lease:
     acquired_at: float  # database clock, seconds since the epoch
     expires_at: float
     renewed_at: float | None = None  # the last heartbeat (database clock); None before the first
+    token: int = 0  # fencing token: larger for every lease granted later
+
+    @property
+    def host(self) -> str:
+        return self.holder.rsplit(":", 1)[0]
 
     def scopes(self) -> list[tuple[str, str]]:
         return [("team", self.team), *(("pool", p) for p in self.pools)]
@@ -99,7 +126,7 @@ def _row(lease: Lease) -> dict[str, Any]:
     return {
         "lease_id": lease.lease_id, "team": lease.team, "pools": json.dumps(list(lease.pools)), "gpus": lease.gpus,
         "run_id": lease.run_id, "asset_key": lease.asset_key, "holder": lease.holder,
-        "acquired_at": lease.acquired_at, "expires_at": lease.expires_at, "renewed_at": lease.renewed_at,
+        "acquired_at": lease.acquired_at, "expires_at": lease.expires_at, "renewed_at": lease.renewed_at, "token": lease.token,
     }
 
 
@@ -108,6 +135,7 @@ def _lease(row: Mapping[str, Any]) -> Lease:
         str(row["lease_id"]), str(row["team"]), tuple(json.loads(row["pools"])), int(row["gpus"]), str(row["run_id"]),
         str(row["asset_key"]), str(row["holder"]), float(row["acquired_at"]), float(row["expires_at"]),
         float(row["renewed_at"]) if row.get("renewed_at") is not None else None,
+        int(row.get("token") or 0),
     )
 
 
@@ -119,6 +147,14 @@ _DB_NOW = {
 }
 
 
+def db_clock(dialect: str) -> Any:
+    """The database's clock as a SQL expression (seconds since the epoch), per dialect:
+    every time the leases and the attempt records keep is on it."""
+    import sqlalchemy as sa
+
+    return sa.literal_column(_DB_NOW[dialect], sa.Float)
+
+
 class LeaseBook:
     """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
@@ -127,7 +163,7 @@ class LeaseBook:
 
         self.store, self.ttl_s = store, ttl_s
         self._sa = sa
-        self.db_now = sa.literal_column(_DB_NOW[store.dialect], sa.Float)
+        self.db_now = db_clock(store.dialect)
         self._migrated = False
         meta = sa.MetaData()
         self.table = sa.Table(
@@ -142,7 +178,9 @@ class LeaseBook:
             sa.Column("acquired_at", sa.Float, nullable=False),
             sa.Column("expires_at", sa.Float, nullable=False),
             sa.Column("renewed_at", sa.Float, nullable=True),
+            sa.Column("token", sa.Integer, nullable=True),
         )
+        self.tokens = sa.Table(TOKEN_TABLE, meta, sa.Column("name", sa.String(64), primary_key=True), sa.Column("token", sa.Integer, nullable=False))
 
     def _locked(self, conn: Any) -> float:
         """Take the admission lock; the database's time, once it is held."""
@@ -150,9 +188,12 @@ class LeaseBook:
         # admissions on a fresh database do not race on CREATE TABLE.
         self.store._lock(conn, LEASE_TABLE)
         self.table.create(conn, checkfirst=True)
-        if not self._migrated:  # a table from before heartbeats were recorded
-            if "renewed_at" not in {c["name"] for c in self._sa.inspect(conn).get_columns(LEASE_TABLE)}:
-                conn.execute(self._sa.text(f"ALTER TABLE {LEASE_TABLE} ADD COLUMN renewed_at FLOAT"))
+        self.tokens.create(conn, checkfirst=True)
+        if not self._migrated:  # a table from before heartbeats (and tokens) were recorded
+            have = {c["name"] for c in self._sa.inspect(conn).get_columns(LEASE_TABLE)}
+            for name, kind in (("renewed_at", "FLOAT"), ("token", "INTEGER")):
+                if name not in have:
+                    conn.execute(self._sa.text(f"ALTER TABLE {LEASE_TABLE} ADD COLUMN {name} {kind}"))
             self._migrated = True
         return float(conn.execute(self._sa.select(self.db_now)).scalar_one())
 
@@ -163,13 +204,37 @@ class LeaseBook:
             conn.execute(self.table.delete().where(self.table.c.lease_id.in_([e.lease_id for e in expired])))
         return [r for r in rows if r.expires_at >= now], expired
 
+    def _next_token(self, conn: Any) -> int:
+        t = self.tokens
+        current = conn.execute(self._sa.select(t.c.token).where(t.c.name == LEASE_TABLE)).scalar()
+        if current is None:
+            conn.execute(t.insert().values(name=LEASE_TABLE, token=1))
+            return 1
+        conn.execute(t.update().where(t.c.name == LEASE_TABLE).values(token=int(current) + 1))
+        return int(current) + 1
+
+    def _refuse_other_hosts(self, conn: Any) -> None:
+        """SQLite's clock is the querying host's: one launching host per file."""
+        if self.store.dialect != "sqlite":
+            return
+        here = socket.gethostname()
+        others = sorted({le.host for le in (_lease(r._mapping) for r in conn.execute(self.table.select())) if le.host != here})
+        if others:
+            raise SharedSqliteLeases(
+                f"GPU leases on SQLite are timed by each launcher's own clock, and host(s) {', '.join(others)} also launch here ({here}): "
+                "a skewed clock could reclaim a live lease. Use a PostgreSQL storage.url for several launching hosts "
+                f"(or remove the other hosts' rows from {LEASE_TABLE} once they have stopped)"
+            )
+
     def try_acquire(self, quotas: Quotas, *, team: str, pools: Iterable[str], gpus: int, run_id: str, asset_key: str) -> Admission:
         with self.store.engine.begin() as conn:
             now = self._locked(conn)
+            self._refuse_other_hosts(conn)
             want = Lease(uuid.uuid4().hex, team, tuple(pools), gpus, run_id, asset_key, f"{socket.gethostname()}:{os.getpid()}", now, now + self.ttl_s)
             live, expired = self._live(conn, now)
             granted, reason = decide(quotas, want, live)
             if granted:
+                want = dataclasses.replace(want, token=self._next_token(conn))
                 conn.execute(self.table.insert().values(**_row(want)))
                 live.append(want)
         return Admission(granted, reason, want if granted else None, tuple(live), tuple(expired))
@@ -179,12 +244,20 @@ class LeaseBook:
         False when it is gone (expired and reclaimed)."""
         with self.store.engine.begin() as conn:
             t = self.table
-            done = conn.execute(t.update().where(t.c.lease_id == lease.lease_id).values(expires_at=self.db_now + self.ttl_s, renewed_at=self.db_now))
+            # Never a lease that has expired: a renewal delayed past the TTL (a paused
+            # holder, a lock held on the table) must not revive what may be handed on.
+            live = (t.c.lease_id == lease.lease_id) & (t.c.expires_at >= self.db_now)
+            done = conn.execute(t.update().where(live).values(expires_at=self.db_now + self.ttl_s, renewed_at=self.db_now))
             return bool(done.rowcount)
 
     def release(self, lease: Lease) -> None:
+        self.release_id(lease.lease_id)
+
+    def release_id(self, lease_id: str) -> None:
+        """Give a lease's GPUs back (its holder is known to be gone, or done)."""
         with self.store.engine.begin() as conn:
-            conn.execute(self.table.delete().where(self.table.c.lease_id == lease.lease_id))
+            self.table.create(conn, checkfirst=True)
+            conn.execute(self.table.delete().where(self.table.c.lease_id == lease_id))
 
     def snapshot(self) -> tuple[float, list[Lease]]:
         """The database's time and every lease row, expired ones not yet reclaimed included."""
@@ -199,21 +272,46 @@ class LeaseBook:
 
 
 class Heartbeat(threading.Thread):
-    """Renews a lease every ``every_s`` until stopped; then releases it."""
+    """Renews a lease every ``every_s`` until stopped; then releases it. With
+    ``fence_path``, each renewal is confirmed to the workers in their fence file (see the
+    module docstring); ``on_lost`` is called once when the lease is found gone."""
 
-    def __init__(self, book: LeaseBook, lease: Lease, every_s: float, on_error: Any = None):
+    def __init__(self, book: LeaseBook, lease: Lease, every_s: float, on_error: Any = None, fence_path: str | None = None, on_lost: Any = None):
         super().__init__(name=f"gpu-ops-lease-{lease.lease_id[:8]}", daemon=True)
         self.book, self.lease, self.every_s = book, lease, every_s
         self.on_error = on_error or (lambda _m: None)
+        self.on_lost = on_lost or (lambda _m: None)
+        self.fence_path = fence_path
+        self.lost = False
+        self.admission: Admission | None = None  # what granted the lease (for the metadata)
         self._stop_event = threading.Event()
+        self._confirm(time.time())
+
+    def _confirm(self, asked_at: float, revoked: bool = False) -> None:
+        if self.fence_path is not None:
+            valid = 0.0 if revoked else asked_at + self.book.ttl_s * fence.VALID_FRACTION
+            fence.write(self.fence_path, fence.Fence(self.lease.lease_id, self.lease.token, valid, revoked))
+
+    def beat(self) -> None:
+        asked_at = time.time()
+        try:
+            renewed = self.book.renew(self.lease)
+        except Exception as exc:  # noqa: BLE001 - a database hiccup: the next beat retries; the fence lapses meanwhile
+            self.on_error(f"could not renew GPU lease {self.lease.lease_id[:8]}: {type(exc).__name__}: {exc}")
+            return
+        if renewed:
+            self._confirm(asked_at)
+            return
+        self._confirm(asked_at, revoked=True)
+        if not self.lost:
+            self.lost = True
+            message = f"GPU lease {self.lease.lease_id[:8]} expired before it was renewed (holder paused or database unreachable for more than its TTL): its workers are stopped"
+            self.on_error(message)
+            self.on_lost(message)
 
     def run(self) -> None:
         while not self._stop_event.wait(self.every_s):
-            try:
-                if not self.book.renew(self.lease):
-                    self.on_error(f"GPU lease {self.lease.lease_id[:8]} expired before it was renewed (database unreachable for more than its TTL?)")
-            except Exception as exc:  # noqa: BLE001 - a database hiccup: the next beat retries
-                self.on_error(f"could not renew GPU lease {self.lease.lease_id[:8]}: {type(exc).__name__}: {exc}")
+            self.beat()
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -5,6 +5,20 @@
         request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
         report = gpu_compute.launch(context, request, my_module.train, args=(cfg,))
 
+``GpuCompute`` is abstract, with one subclass per backend (after dagster-ray's resources):
+
+- :class:`LocalGpuCompute`: subprocess workers on this machine (CPU, or its GPUs), with
+  ``standby: StandbySettings``;
+- :class:`KubetorchGpuCompute`: Kubetorch on Karpenter nodes, with
+  ``kubetorch: KubetorchLaunch`` and ``karpenter: KarpenterPools``.
+
+Both have ``lifecycle: Lifecycle`` (cleanup policy, SIGTERM grace) and two injected
+resources (``dg.ResourceDependency``): ``admission`` (:class:`~gpu_ops.compute.admission.GpuAdmission`,
+the GPU quotas) and ``budget_gate`` (:class:`~gpu_ops.compute.admission.BudgetGate`).
+``GpuCompute.from_config(config.compute)`` builds the one the configuration names.
+``GpuCompute(...)`` with the former flat keywords (``backend="kubetorch"``,
+``namespace=...``, ``cleanup=...``) still works and returns the subclass (deprecated).
+
 Lifecycle, after dagster-ray: objects are created per launch (a Kubetorch service, run
 scoped NodePools, or local worker processes and their folder), named from the asset key,
 run id and retry number, labelled with the run id, asset key and attribution. After a
@@ -24,16 +38,20 @@ This module imports neither torch nor kubetorch (the Kubetorch backend is import
 a launch uses it).
 """
 
-from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+import warnings
 from collections.abc import Iterator
-from typing import Any, Callable, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, dataclass_transform
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from gpu_ops.compute.admission import BudgetGate, GpuAdmission
 from gpu_ops.compute.backend import Backend, LogSink, StartSink, WorkerReport
 from gpu_ops.compute.naming import launch_labels, launch_name
 from gpu_ops.compute.request import GpuRequest
@@ -73,20 +91,44 @@ def _asset_key_of(context: Any) -> list[str] | None:
         return None
 
 
-class GpuCompute(dg.ConfigurableResource):
-    """Runs functions on GPUs: local subprocess workers, or Kubetorch on Karpenter nodes."""
+_LOCAL_KEYS = {"local_workdir", "standby", "standby_idle_s"}
+_KUBETORCH_KEYS = {"namespace", "kubeconfig_path"}
+_LAUNCH_KEYS = {"priority_class", "launch_timeout_s", "inactivity_ttl", "image", "service_account"}
+_POOL_KEYS = {"manage_nodepools", "manage_ec2nodeclass", "node_class", "node_role", "cluster_name", "consolidate_after", "gpu_limit", "pool_scope"}
 
-    backend: Literal["local", "kubetorch"] = Field(default="local", description="Where launches run.")
-    namespace: str = Field(default="default", description="Kubernetes namespace of Kubetorch services (kubetorch backend).")
+
+class Lifecycle(dg.Config):
+    """What happens to what a launch created, after it (as dagster-ray's ``Lifecycle``)."""
+
     cleanup: CleanupPolicy = Field(default="always", description="When launched objects are removed: always, on_exception or never.")
-    grace_period_s: float = Field(default=10.0, gt=0, description="SIGTERM-to-SIGKILL grace for local workers.")
+    grace_period_s: float = Field(default=10.0, gt=0, description="SIGTERM-to-SIGKILL grace for workers.")
+
+
+class StandbySettings(dg.Config):
+    """Local backend: a standby worker (interpreter, warm imports, CUDA done) takes over a retry."""
+
+    enabled: bool = Field(
+        default=True,
+        description="While an attempt runs, keep a standby worker that takes over the retry, also when the retry is a new step process (multiprocess executor).",
+    )
+    idle_s: float = Field(default=600.0, gt=0, description="A standby worker no attempt claims for this long after its own attempt ended exits.")
+
+
+class KubetorchLaunch(dg.Config):
+    """What a Kubetorch launch asks for."""
+
     priority_class: str | None = Field(default=None, description="PriorityClass of GPU pods.")
     launch_timeout_s: int = Field(default=900, gt=0, description="How long Kubetorch waits for pods to become ready.")
     inactivity_ttl: str = Field(default="30m", description="Kubetorch tears an idle service down after this long.")
     image: str | None = Field(default=None, description="Container image of Kubetorch workers (default: Kubetorch's).")
     service_account: str | None = Field(
-        default=None, description="ServiceAccount of Kubetorch training pods (the chart's gpu-ops-training-worker may get its node and pod, for preemption notices)."
+        default=None, description="ServiceAccount of training pods (the chart's gpu-ops-training-worker may get its node and pod, for preemption notices)."
     )
+
+
+class KarpenterPools(dg.Config):
+    """The Karpenter NodePools (and EC2NodeClass) launches create or patch."""
+
     manage_nodepools: bool = Field(default=True, description="Create/patch Karpenter NodePools for launches.")
     manage_ec2nodeclass: bool = Field(default=False, description="Also create the EC2NodeClass the NodePools reference.")
     node_class: str = Field(default="gpu-ops", description="EC2NodeClass the generated NodePools reference.")
@@ -95,47 +137,84 @@ class GpuCompute(dg.ConfigurableResource):
     consolidate_after: str = Field(default="10m", description="Karpenter consolidateAfter of generated pools.")
     gpu_limit: int = Field(default=64, gt=0, description="nvidia.com/gpu limit of generated pools.")
     pool_scope: Literal["team", "run"] = Field(default="team", description="NodePools shared by a team, or created and deleted per run.")
-    kubeconfig_path: str | None = Field(default=None, description="kubeconfig for the cluster (default: the pod's service account, then $KUBECONFIG or ~/.kube/config).")
-    local_workdir: str | None = Field(default=None, description="Folder for local workers' payloads and results (default: the system temp).")
-    budget_gate: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
-    config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the bundled demo).")
-    standby: bool = Field(
-        default=True,
-        description="Local backend: while an attempt runs, keep a standby worker (interpreter started, warm imports and CUDA done) that takes over the retry, "
-        "also when the retry is a new step process (multiprocess executor).",
-    )
-    standby_idle_s: float = Field(default=600.0, gt=0, description="A standby worker no attempt claims for this long after its own attempt ended exits.")
+
+
+# No `from __future__ import annotations` here: Dagster reads the ResourceDependency
+# annotations at class creation.
+if TYPE_CHECKING:  # the metaclass every ConfigurableResource has (it carries the dataclass transform)
+    from dagster._config.pythonic_config.typing_utils import BaseResourceMeta as _ResourceMeta
+else:
+    _ResourceMeta = type(dg.ConfigurableResource)
+
+# The classes whose direct call takes the former flat keywords (see _LegacyCall).
+_FLAT_ENTRY: list[type] = []
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(Field,))
+class _LegacyCall(_ResourceMeta):
+    """``GpuCompute(**flat)`` (the abstract class called as before the split) builds the
+    backend's subclass from the former flat keywords; every other call is a normal one."""
+
+    if not TYPE_CHECKING:  # type checkers see the classes' own signatures
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            if cls in _FLAT_ENTRY:
+                return _from_flat(**kwargs)
+            return super().__call__(*args, **kwargs)
+
+
+class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
+    """Runs functions on GPUs; one subclass per backend (see the module docstring)."""
+
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle, description="Cleanup policy and SIGTERM grace of launches.")
+    # Injected: the GPU quota admission (compute.quotas) and the budget gate.
+    admission: dg.ResourceDependency[GpuAdmission] = Field(default_factory=GpuAdmission)  # type: ignore[arg-type]
+    budget_gate: dg.ResourceDependency[BudgetGate] = Field(default_factory=BudgetGate)  # type: ignore[arg-type]
+    config_path: str | None = Field(default=None, description="gpu_ops YAML of this deployment (default: $GPU_OPS_CONFIG, then the bundled demo).")
 
     _run_id: str | None = PrivateAttr(default=None)
     _pending: list[Backend] = PrivateAttr(default_factory=list)
-    # Local standby workers this process parked for a retry (see release_standbys).
-    _parked: list[Any] = PrivateAttr(default_factory=list)
     _last_admission: Any = PrivateAttr(default=None)
+
+    backend: ClassVar[str] = ""
 
     @classmethod
     def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "GpuCompute":
-        k, kt = config.karpenter, config.kubetorch
-        return cls(
-            config_path=config_path,
-            backend=config.backend,
-            namespace=config.namespace,
-            cleanup=config.cleanup,
-            standby=config.standby,
-            standby_idle_s=config.standby_idle_s,
-            priority_class=config.priority_class,
-            launch_timeout_s=kt.launch_timeout_s,
-            inactivity_ttl=kt.inactivity_ttl,
-            image=kt.image,
-            service_account=kt.service_account,
-            manage_nodepools=k.manage_nodepools,
-            manage_ec2nodeclass=k.manage_ec2nodeclass,
-            node_class=k.node_class,
-            node_role=k.node_role,
-            cluster_name=k.cluster_name,
-            consolidate_after=k.consolidate_after,
-            gpu_limit=k.gpu_limit,
-            pool_scope=k.pool_scope,
-        )
+        """The resource the ``compute`` section describes (its backend's subclass)."""
+        target = LocalGpuCompute if config.backend == "local" else KubetorchGpuCompute
+        return target.from_config(config, config_path)
+
+    @staticmethod
+    def _common(config: ComputeConfig, config_path: str | None) -> dict[str, Any]:
+        return {
+            "config_path": config_path,
+            "lifecycle": Lifecycle(cleanup=config.cleanup),
+            "admission": GpuAdmission(config_path=config_path),
+            "budget_gate": BudgetGate(config_path=config_path),
+        }
+
+    # ------------------------------------------------------------------ what a backend provides
+
+    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
+        """The backend of one launch: each subclass builds its own (``GpuCompute`` itself is
+        never instantiated: calling it builds the subclass its keywords name)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a backend: use LocalGpuCompute or KubetorchGpuCompute")
+
+    def pool_scope(self) -> str:
+        return "team"
+
+    def standby_scope(self, run_id: str | None, asset_key: list[str] | None) -> Any:
+        """Where this launch's standby workers meet the next attempt; None: no standby."""
+        return None
+
+    def discard_standbys(self, context: Any) -> None:
+        """No retry will follow this launch: stop its standbys (none by default)."""
+
+    def release_standbys(self) -> None:
+        """The step is over (standbys of backends that keep them)."""
+
+    def after_launch(self, backend: Backend, failed: bool, log: LogSink) -> None:
+        """A backend's own bookkeeping once a launch ended (local: park or stop standbys)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -151,59 +230,15 @@ class GpuCompute(dg.ConfigurableResource):
             self._settle_pending(log)
             self.release_standbys()
 
-    def release_standbys(self) -> None:
-        """The step is over. Standbys parked for a retry stay only where the retry runs in
-        another process of the same run (multiprocess executor: the run's process owns
-        them, and they end with it or after ``standby_idle_s``); where this process is the
-        run's (in-process executor), the run is over: they are stopped."""
-        parked, self._parked = self._parked, []
-        for spare in parked:
-            if spare.scope.owner_pid == os.getpid() or not spare.alive:
-                spare.stop()
-
-    def discard_standbys(self, context: Any) -> None:
-        """No retry will follow this launch: stop its standbys, whichever process started them."""
-        scope = self._standby_scope(_run_id_of(context) or self._run_id, _asset_key_of(context))
-        if scope is not None:
-            from gpu_ops.compute import standby
-
-            standby.discard(scope)
-
-    def _standby_scope(self, run_id: str | None, asset_key: list[str] | None) -> Any:
-        if self.backend != "local" or not self.standby:
-            return None
-        from gpu_ops.compute.standby import StandbyScope
-        from gpu_ops.config import gpu_ops_home
-
-        launch = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
-        return StandbyScope(run_id=run_id or launch, launch="/".join(asset_key or []) or launch, folder=gpu_ops_home() / "standby", idle_s=self.standby_idle_s)
-
     def _settle_pending(self, log: LogSink) -> None:
         pending, self._pending = self._pending, []
         for backend in pending:
-            if self.cleanup == "always":
+            if self.lifecycle.cleanup == "always":
                 _safe_teardown(backend, log)
             else:
-                log(f"cleanup={self.cleanup}: leaving {getattr(backend, 'name', backend)} in place (the orphan sensor reclaims it after the run)")
+                log(f"cleanup={self.lifecycle.cleanup}: leaving {backend.name} in place (the orphan sensor reclaims it after the run)")
 
     # ------------------------------------------------------------------ launch
-
-    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
-        if self.backend == "local":
-            from gpu_ops.compute.local import LocalBackend
-
-            return LocalBackend(
-                workers=request.workers,
-                gpus=request.gpus,
-                name=name,
-                grace_period_s=self.grace_period_s,
-                workdir=self.local_workdir,
-                warm=warm,
-                standby=standby,
-            )
-        from gpu_ops.compute.kubetorch_backend import KubetorchBackend
-
-        return KubetorchBackend.from_resource(self, request, name=name, labels=labels)
 
     def launch(
         self,
@@ -217,6 +252,9 @@ class GpuCompute(dg.ConfigurableResource):
         log: LogSink | None = None,
         on_start: StartSink | None = None,
         warm: tuple[str, ...] = (),
+        on_admitted: Callable[[Any], None] | None = None,
+        on_launched: Callable[[list[int], str | None], None] | None = None,
+        launch_index: int | None = None,
     ) -> WorkerReport:
         """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
 
@@ -225,120 +263,253 @@ class GpuCompute(dg.ConfigurableResource):
         ``log`` is given). Worker failures are *reported*, not raised; only an
         inability to launch at all raises (a budget that blocks the launch raises
         ``dg.Failure(allow_retries=False)``, a cluster setup problem ``ComputeSetupError``).
+        ``on_admitted(lease)`` is called once the quota admitted the launch (``lease`` is
+        None when no quota applies), ``on_launched(pids, workdir)`` once its workers exist:
+        the training layer writes its attempt record there, before the next step.
+        ``launch_index`` names the launch (default: the step's retry number).
         """
         run_id = _run_id_of(context) or self._run_id
         asset_key = _asset_key_of(context)
-        attempt = int(getattr(context, "retry_number", 0) or 0)
-        name = launch_name(run_id, asset_key, attempt)
-        labels = launch_labels(run_id, asset_key, request, attempt)
-        if log is None:
-            log = context.log.info if getattr(context, "log", None) is not None else print
-        if self.budget_gate:
-            # Before anything is created: a blocked or throttled budget scope refuses the
-            # launch with dg.Failure(allow_retries=False) saying how to lift it.
-            from gpu_ops.alerts.enforcement import assert_launch_allowed
-            from gpu_ops.config import load_config
+        attempt = launch_index if launch_index is not None else int(getattr(context, "retry_number", 0) or 0)
+        launch = _Launch(self, run_id, asset_key, launch_name(run_id, asset_key, attempt), launch_labels(run_id, asset_key, request, attempt))
+        log = log or _context_log(context)
+        # Before anything is created: a blocked or throttled budget scope refuses the
+        # launch with dg.Failure(allow_retries=False) saying how to lift it.
+        self.budget_gate.check(request)
+        with _fence_folder(self.fence_parent()) as fence_path:
+            heartbeat = self._admit(context, request, run_id, asset_key, fence_path)
+            if on_admitted is not None:
+                on_admitted(heartbeat.lease if heartbeat is not None else None)
+            try:
+                return launch.run(request, fn, args, kwargs, _fenced_env(env, heartbeat, fence_path), log, _started(on_start, on_launched), warm)
+            finally:
+                if heartbeat is not None:
+                    heartbeat.stop()  # the GPUs go back to the quota
 
-            assert_launch_allowed(load_config(self.config_path), request)
-        heartbeat = self._admit(context, request, run_id, asset_key)
-        try:
-            return self._launch(request, fn, args, kwargs, env=env, log=log, on_start=on_start, warm=warm, run_id=run_id, asset_key=asset_key, name=name, labels=labels)
-        finally:
-            if heartbeat is not None:
-                heartbeat.stop()  # the GPUs go back to the quota
+    def fence_parent(self) -> str | None:
+        """Where the workers' fence file is written; None: workers see none (remote pods)."""
+        return None
 
     @property
     def last_admission(self) -> Any:
         """The :class:`~gpu_ops.compute.quota.Admission` of the latest launch under a quota."""
         return self._last_admission
 
-    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None) -> Any:
-        """Take a lease on the request's GPUs under ``compute.quotas``, waiting while the
-        quotas are full (the reason in the run log); None when no quota applies."""
-        import time
-
-        from gpu_ops.config import load_config
-
-        config = load_config(self.config_path)
-        from gpu_ops.compute.quota import Heartbeat, LeaseBook, QuotaExceeded, Quotas
-        from gpu_ops.errors import LaunchRefused
-
-        quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
-        if not quotas or request.total_gpus == 0:
-            return None
+    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None, fence_path: str | None) -> Any:
+        """A lease on the request's GPUs under ``compute.quotas`` (waiting while they are
+        full, the reason in the run log); None when no quota applies."""
         from gpu_ops.compute.karpenter import nodepool_name
-        from gpu_ops.storage.tables import TableStore
 
-        adm_cfg = config.compute.admission
-        scoped_run = run_id if self.pool_scope == "run" else None
+        scoped_run = run_id if self.pool_scope() == "run" else None
         pools = [nodepool_name(request.labels.team, request.gpu_type, cap, scoped_run) for cap in request.capacity_types]
-        book = LeaseBook(TableStore.from_config(config), adm_cfg.lease_ttl_s)
         log = getattr(context, "log", None)
-        info = log.info if log is not None else print
-        warn = log.warning if log is not None else print
-        started, wait = time.monotonic(), adm_cfg.backoff_s
-        last_said: tuple[str | None, float] = (None, 0.0)
-        while True:
-            try:
-                admission = book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id or "", asset_key="/".join(asset_key or []))
-            except QuotaExceeded as exc:
-                raise LaunchRefused(f"launch refused: {exc} (compute.quotas)", metadata={"refused_by": "compute.quotas"}) from None
-            for lease in admission.reclaimed:
-                warn(f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {adm_cfg.lease_ttl_s:g} s")
-            waited = time.monotonic() - started
-            if admission.granted and admission.lease is not None:
-                info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
-                self._last_admission = admission
-                heartbeat = Heartbeat(book, admission.lease, adm_cfg.lease_ttl_s / 3, on_error=warn)
-                heartbeat.start()
-                return heartbeat
-            if waited >= adm_cfg.wait_timeout_s:
-                raise LaunchRefused(
-                    f"launch not admitted after {waited:.0f} s (compute.admission.wait_timeout_s): {admission.reason}",
-                    metadata={"refused_by": "compute.quotas"},
-                )
-            if admission.reason != last_said[0] or time.monotonic() - last_said[1] >= 60:
-                warn(f"{admission.reason} (waited {waited:.0f} s of at most {adm_cfg.wait_timeout_s:g} s)")
-                last_said = (admission.reason, time.monotonic())
-            time.sleep(min(wait, max(0.0, adm_cfg.wait_timeout_s - waited)))
-            wait = min(wait * 1.5, adm_cfg.backoff_max_s)
+        heartbeat = self.admission.admit(
+            request, pools=pools, run_id=run_id or "", asset_key="/".join(asset_key or []),
+            info=log.info if log is not None else print, warn=log.warning if log is not None else print, fence_path=fence_path,
+        )
+        if heartbeat is not None:
+            self._last_admission = heartbeat.admission
+        return heartbeat
 
-    def _launch(
-        self,
-        request: GpuRequest,
-        fn: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any] | None,
-        *,
-        env: dict[str, str] | None,
-        log: LogSink,
-        on_start: StartSink | None,
-        warm: tuple[str, ...],
-        run_id: str | None,
-        asset_key: list[str] | None,
-        name: str,
-        labels: dict[str, str],
+
+@dataclass
+class _Launch:
+    """One launch's names and its run of the backend (cleanup by policy afterwards)."""
+
+    compute: GpuCompute
+    run_id: str | None
+    asset_key: list[str] | None
+    name: str
+    labels: dict[str, str]
+
+    def run(
+        self, request: GpuRequest, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | None, env: dict[str, str], log: LogSink,
+        started: Callable[[Backend], StartSink], warm: tuple[str, ...],
     ) -> WorkerReport:
-        backend = self.make_backend(request, name, labels, tuple(warm), self._standby_scope(run_id, asset_key))
-        self._pending.append(backend)
+        compute = self.compute
+        backend = compute.make_backend(request, self.name, self.labels, tuple(warm), compute.standby_scope(self.run_id, self.asset_key))
+        compute._pending.append(backend)
         failed = True
         try:
-            report = backend.run(fn, args, kwargs or {}, env=dict(env or {}), log=log, on_start=on_start)
+            report = backend.run(fn, args, kwargs or {}, env=env, log=log, on_start=started(backend))
             failed = not report.ok
             return report
         finally:
-            if failed and hasattr(backend, "park_spares"):  # a retry is likely: its workers are already warm
-                for spare in backend.park_spares():
-                    log(
-                        f"standby worker pid={spare.worker_pid} rank={spare.rank} left running for the next attempt (keeper pid={spare.proc.pid}; "
-                        f"it exits after {self.standby_idle_s:g} s unclaimed, or when the run ends)"
-                    )
-                    self._parked.append(spare)
-            elif hasattr(backend, "stop_spares"):
-                backend.stop_spares()
-            if should_clean_up(self.cleanup, failed):
-                self._pending.remove(backend)
+            compute.after_launch(backend, failed, log)
+            if should_clean_up(compute.lifecycle.cleanup, failed):
+                compute._pending.remove(backend)
                 _safe_teardown(backend, log)
+
+
+class LocalGpuCompute(GpuCompute):
+    """Launches as subprocess workers on this machine (CPU, or its GPUs)."""
+
+    local_workdir: str | None = Field(default=None, description="Folder for local workers' payloads and results (default: the system temp).")
+    standby: StandbySettings = Field(default_factory=StandbySettings, description="Standby workers that take over a retry.")
+
+    # Local standby workers this process parked for a retry (see release_standbys).
+    _parked: list[Any] = PrivateAttr(default_factory=list)
+
+    backend: ClassVar[str] = "local"
+
+    @classmethod
+    def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "LocalGpuCompute":
+        return cls(**cls._common(config, config_path), standby=StandbySettings(enabled=config.standby, idle_s=config.standby_idle_s))
+
+    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
+        from gpu_ops.compute.local import LocalBackend
+
+        return LocalBackend(
+            workers=request.workers, gpus=request.gpus, name=name, grace_period_s=self.lifecycle.grace_period_s, workdir=self.local_workdir, warm=warm, standby=standby,
+        )
+
+    def fence_parent(self) -> str | None:
+        if self.local_workdir:
+            os.makedirs(self.local_workdir, exist_ok=True)
+        return self.local_workdir or tempfile.gettempdir()
+
+    def standby_scope(self, run_id: str | None, asset_key: list[str] | None) -> Any:
+        if not self.standby.enabled:
+            return None
+        from gpu_ops.compute.standby import StandbyScope
+        from gpu_ops.config import gpu_ops_home
+
+        launch = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
+        return StandbyScope(run_id=run_id or launch, launch="/".join(asset_key or []) or launch, folder=gpu_ops_home() / "standby", idle_s=self.standby.idle_s)
+
+    def after_launch(self, backend: Backend, failed: bool, log: LogSink) -> None:
+        from gpu_ops.compute.local import LocalBackend
+
+        assert isinstance(backend, LocalBackend)
+        if not failed:
+            backend.stop_spares()
+            return
+        for spare in backend.park_spares():  # a retry is likely: its workers are already warm
+            log(
+                f"standby worker pid={spare.worker_pid} rank={spare.rank} left running for the next attempt (keeper pid={spare.proc.pid}; "
+                f"it exits after {self.standby.idle_s:g} s unclaimed, or when the run ends)"
+            )
+            self._parked.append(spare)
+
+    def release_standbys(self) -> None:
+        """The step is over. Standbys parked for a retry stay only where the retry runs in
+        another process of the same run (multiprocess executor: the run's process owns
+        them, and they end with it or after ``standby.idle_s``); where this process is the
+        run's (in-process executor), the run is over: they are stopped."""
+        parked, self._parked = self._parked, []
+        for spare in parked:
+            if spare.scope.owner_pid == os.getpid() or not spare.alive:
+                spare.stop()
+
+    def discard_standbys(self, context: Any) -> None:
+        """No retry will follow this launch: stop its standbys, whichever process started them."""
+        scope = self.standby_scope(_run_id_of(context) or self._run_id, _asset_key_of(context))
+        if scope is not None:
+            from gpu_ops.compute import standby
+
+            standby.discard(scope)
+
+
+class KubetorchGpuCompute(GpuCompute):
+    """Launches through Kubetorch on Karpenter GPU nodes."""
+
+    namespace: str = Field(default="default", description="Kubernetes namespace of Kubetorch services.")
+    kubeconfig_path: str | None = Field(default=None, description="kubeconfig for the cluster (default: the pod's service account, then $KUBECONFIG or ~/.kube/config).")
+    kubetorch: KubetorchLaunch = Field(default_factory=KubetorchLaunch, description="What a Kubetorch launch asks for.")
+    karpenter: KarpenterPools = Field(default_factory=KarpenterPools, description="The NodePools launches create or patch.")
+
+    backend: ClassVar[str] = "kubetorch"
+
+    @classmethod
+    def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "KubetorchGpuCompute":
+        k, kt = config.karpenter, config.kubetorch
+        return cls(
+            **cls._common(config, config_path),
+            namespace=config.namespace,
+            kubetorch=KubetorchLaunch(
+                priority_class=config.priority_class, launch_timeout_s=kt.launch_timeout_s, inactivity_ttl=kt.inactivity_ttl, image=kt.image, service_account=kt.service_account,
+            ),
+            karpenter=KarpenterPools(
+                manage_nodepools=k.manage_nodepools, manage_ec2nodeclass=k.manage_ec2nodeclass, node_class=k.node_class, node_role=k.node_role,
+                cluster_name=k.cluster_name, consolidate_after=k.consolidate_after, gpu_limit=k.gpu_limit, pool_scope=k.pool_scope,
+            ),
+        )
+
+    def pool_scope(self) -> str:
+        return self.karpenter.pool_scope
+
+    def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
+        from gpu_ops.compute.kubetorch_backend import KubetorchBackend
+
+        return KubetorchBackend.from_resource(self, request, name=name, labels=labels)
+
+
+_FLAT_ENTRY.append(GpuCompute)
+
+
+def _from_flat(*, backend: str = "local", cleanup: CleanupPolicy = "always", grace_period_s: float = 10.0, budget_gate: bool = True, config_path: str | None = None, **rest: Any) -> GpuCompute:
+    """The former flat ``GpuCompute(...)`` keywords -> the backend's subclass (deprecated)."""
+    if rest:
+        warnings.warn(
+            f"GpuCompute({', '.join(sorted(rest))}=...) is deprecated: use LocalGpuCompute(...) or KubetorchGpuCompute(...) with their nested settings",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    common: dict[str, Any] = {
+        "config_path": config_path, "lifecycle": Lifecycle(cleanup=cleanup, grace_period_s=grace_period_s),
+        "admission": GpuAdmission(config_path=config_path), "budget_gate": BudgetGate(enabled=budget_gate, config_path=config_path),
+    }
+    unknown = set(rest) - _LOCAL_KEYS - _KUBETORCH_KEYS - _LAUNCH_KEYS - _POOL_KEYS
+    if unknown:
+        raise TypeError(f"GpuCompute got unexpected keyword(s): {', '.join(sorted(unknown))}")
+    if backend == "local":
+        standby = StandbySettings(**{k: rest[f] for k, f in (("enabled", "standby"), ("idle_s", "standby_idle_s")) if f in rest})
+        return LocalGpuCompute(**common, local_workdir=rest.get("local_workdir"), standby=standby)
+    if backend != "kubetorch":
+        raise ValueError(f"GpuCompute: unknown backend {backend!r} (local or kubetorch)")
+    pick = lambda keys: {k: v for k, v in rest.items() if k in keys}  # noqa: E731
+    return KubetorchGpuCompute(**common, **pick(_KUBETORCH_KEYS), kubetorch=KubetorchLaunch(**pick(_LAUNCH_KEYS)), karpenter=KarpenterPools(**pick(_POOL_KEYS)))
+
+
+def _context_log(context: Any) -> LogSink:
+    log = getattr(context, "log", None)
+    return log.info if log is not None else print
+
+
+@contextlib.contextmanager
+def _fence_folder(parent: str | None) -> Iterator[str | None]:
+    """A private folder for one launch's fence file (none for remote workers)."""
+    if parent is None:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="gpu-ops-fence-", dir=parent)
+    try:
+        yield os.path.join(folder, "fence.json")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fenced_env(env: dict[str, str] | None, heartbeat: Any, fence_path: str | None) -> dict[str, str]:
+    out = dict(env or {})
+    if heartbeat is not None and fence_path is not None:
+        from gpu_ops.compute import fence
+
+        out[fence.FENCE_ENV] = fence_path
+        out[fence.GRACE_ENV] = str(heartbeat.book.ttl_s * fence.GRACE_FRACTION)
+    return out
+
+
+def _started(on_start: StartSink | None, on_launched: Callable[[list[int], str | None], None] | None) -> Callable[[Backend], StartSink]:
+    def for_backend(backend: Backend) -> StartSink:
+        def started(pids: list[int]) -> None:
+            if on_start is not None:
+                on_start(pids)
+            if on_launched is not None:
+                on_launched(pids, str(backend.workdir) if backend.workdir is not None else None)
+
+        return started
+
+    return for_backend
 
 
 def _safe_teardown(backend: Backend, log: LogSink) -> None:
@@ -346,7 +517,10 @@ def _safe_teardown(backend: Backend, log: LogSink) -> None:
     try:
         backend.teardown()
     except Exception as exc:
-        log(f"cleanup of {getattr(backend, 'name', backend)} failed: {type(exc).__name__}: {exc}")
+        log(f"cleanup of {backend.name} failed: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["GpuCompute", "CleanupPolicy", "should_clean_up"]
+__all__ = [
+    "BudgetGate", "CleanupPolicy", "GpuAdmission", "GpuCompute", "KarpenterPools", "KubetorchGpuCompute", "KubetorchLaunch", "Lifecycle",
+    "LocalGpuCompute", "StandbySettings", "should_clean_up",
+]

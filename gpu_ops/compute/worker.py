@@ -37,7 +37,8 @@ import threading  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, WorkerTerminated  # noqa: E402
+from gpu_ops.compute import fence  # noqa: E402
+from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, OOM_TEXT, WorkerTerminated  # noqa: E402
 
 EXIT_ERROR = 1
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a SIGTERMed process
@@ -73,8 +74,28 @@ def _watch_parent(parent: int, grace_s: float) -> None:
     threading.Thread(target=watch, name="gpu-ops-parent-watch", daemon=True).start()
 
 
+def _watch_fence(result: str) -> None:
+    """Under a GPU quota: stop when the launcher's lease lapses (see gpu_ops.compute.fence).
+    A worker the fence kills writes ``<result>.ended`` (the time) first: its launcher may be
+    the paused one, and bills the attempt to that time, not to when it looked again."""
+    path = os.environ.get(fence.FENCE_ENV)
+    if not path:
+        return
+
+    def ended() -> None:
+        with open(f"{result}.ended", "w") as f:
+            f.write(repr(time.time()))
+
+    def notice(reason: str) -> None:  # the training loop sees it as ctx.preempted (it reads the fence too)
+        sys.stderr.write(f"gpu_ops: {reason}: stopping (checkpoint, then exit)\n")
+        sys.stderr.flush()
+
+    fence.start_watchdog(path, float(os.environ.get(fence.GRACE_ENV, "10")), notice, before_kill=ended)
+
+
 def is_oom(exc: BaseException | None) -> bool:
-    """MemoryError, ``torch.cuda.OutOfMemoryError`` (or CUDA OOM text), anywhere in the chain."""
+    """MemoryError, ``torch.cuda.OutOfMemoryError``, or an out-of-memory message (CUDA's, or the
+    host's: ``RuntimeError: DefaultCPUAllocator: can't allocate memory``), anywhere in the chain."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -83,8 +104,8 @@ def is_oom(exc: BaseException | None) -> bool:
         for cls in type(exc).__mro__:
             if cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch"):
                 return True
-        if isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc):
-            return True
+        if isinstance(exc, (RuntimeError, OSError)) and OOM_TEXT.search(str(exc)):
+            return True  # CUDA's, or the host's (torch's DefaultCPUAllocator, ENOMEM)
         exc = exc.__cause__ or exc.__context__
     return False
 
@@ -213,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerTerminated:
         os._exit(EXIT_SIGTERM)  # stopped before any work: nothing to report
 
+    _watch_fence(opts.result)
     code = 0
     try:
         with open(opts.payload, "rb") as f:
@@ -236,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     # No more SIGTERM exceptions once the outcome is known: the result must be written.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _write(opts.result, result)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the launcher is gone (broken pipe): exit all the same, now
+            pass
     # os._exit: a process group, a DataLoader or a stray non-daemon thread must not keep
     # a finished worker alive.
     os._exit(code)

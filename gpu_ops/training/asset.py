@@ -20,11 +20,17 @@ ledger are plain Python.
 from __future__ import annotations
 
 # The ledger and TableStore (pandas, SQLAlchemy) are imported when an attempt runs, not when the code location loads.
+import contextlib
+import dataclasses
 import datetime as dt
 import json
+import multiprocessing
 import os
 import random
+import signal
 import socket
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -37,16 +43,16 @@ from gpu_ops.compute.backend import WorkerReport
 from gpu_ops.compute.catalog import gpu_share
 from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.context import WorkerSpec, parse_event
-from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, plan_attempt
+from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, max_attempts, plan_attempt
 from gpu_ops.training.worker import import_root, register, run_training
 
 if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import ledger
 
 PARAMS_CONFIG = "params"
 
@@ -93,12 +99,17 @@ def price_per_gpu_hour(config: GpuOpsConfig, gpu_type: str, capacity_type: str) 
     return config.prices.gpus.get(gpu_type, {}).get(capacity_type)  # type: ignore[call-overload]
 
 
+# The worker's structured events (gpu_ops.training.context.emit) the sink turns into log lines.
+_EVENTS = frozenset({"progress", "checkpoint", "start", "preempted", "stopped", "phase", "hardware", "log", "finished"})
+
+
 class _EventSink:
     """Receives the workers' output lines: structured events become readable log lines."""
 
-    def __init__(self, log: Any, attempt: int):
+    def __init__(self, log: Any, attempt: int, on_first_step: Callable[[float], None] | None = None):
         self.log = log
         self.attempt = attempt
+        self.on_first_step = on_first_step
         self.pids: list[int] = []
         self.started_at: dt.datetime | None = None
         self.first_progress_at: float | None = None
@@ -129,44 +140,57 @@ class _EventSink:
             self.log.info(line)
             return
         event, data = parsed
-        if event == "progress":
-            if self.first_progress_at is None:
-                self.first_progress_at = data.get("t")
-                self._log_startup(data.get("t"))
-            self.last_progress = data
-            total = data.get("total")
-            pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
-            metrics = " ".join(f"{k}={_fmt(v)}" for k, v in (data.get("metrics") or {}).items())
-            self.log.info(f"step {data.get('step')}/{total or '?'}{pct} {metrics} [attempt {self.attempt}]".replace("  ", " "))
-        elif event == "checkpoint":
-            self.last_checkpoint = data
-            self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
-        elif event == "start":
-            self.startup["checkpoint_loaded"] = data.get("t")
-            self.resumed = data if data.get("resumed") else None
-            if data.get("resumed"):
-                self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
-            else:
-                self.log.info(f"attempt {self.attempt} starts from scratch (no checkpoint yet)")
-        elif event == "preempted":
-            self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
-        elif event == "stopped":
-            self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
-        elif event == "phase":
-            if not line.startswith("[rank") or line.startswith("[rank 0]"):
-                self.startup = {"standby": bool(data.get("standby")), **(data.get("phases") or {})}
-        elif event == "hardware":
-            hw = hardware.Hardware.from_dict(data)
-            self.hardware[int(data.get("rank") or 0)] = hw
-            names = ", ".join(dict.fromkeys(hw.names))
-            self.log.info(f"worker rank {data.get('rank') or 0} runs on {hw.describe()}" + (f" ({names})" if names else "") + f" [{hw.source}]")
-        elif event == "log":
-            self.log.info(str(data.get("message")))
-        elif event == "finished":
-            self.log.info(f"training function returned after step {data.get('last_step')}")
-        else:
+        handler = getattr(self, f"_on_{event}", None) if event in _EVENTS else None
+        if handler is None:
             self.log.info(line)
+        else:
+            handler(data, line)
 
+    def _on_progress(self, data: dict[str, Any], line: str) -> None:
+        if self.first_progress_at is None:
+            self.first_progress_at = data.get("t")
+            self._log_startup(data.get("t"))
+            if self.on_first_step is not None:
+                self.on_first_step(float(data.get("t") or time.time()))
+        self.last_progress = data
+        total = data.get("total")
+        pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
+        metrics = " ".join(f"{k}={_fmt(v)}" for k, v in (data.get("metrics") or {}).items())
+        self.log.info(f"step {data.get('step')}/{total or '?'}{pct} {metrics} [attempt {self.attempt}]".replace("  ", " "))
+
+    def _on_checkpoint(self, data: dict[str, Any], line: str) -> None:
+        self.last_checkpoint = data
+        self.log.info(f"checkpoint #{data.get('seq')} at step {data.get('step')}: {data.get('bytes', 0) / 1e6:.1f} MB in {data.get('seconds', 0):.3f} s")
+
+    def _on_start(self, data: dict[str, Any], line: str) -> None:
+        self.startup["checkpoint_loaded"] = data.get("t")
+        self.resumed = data if data.get("resumed") else None
+        if data.get("resumed"):
+            self.log.info(f"attempt {self.attempt} resumes from checkpoint #{data.get('seq')} (step {data.get('step')}, written {data.get('written_at')})")
+        else:
+            self.log.info(f"attempt {self.attempt} starts from scratch (no checkpoint yet)")
+
+    def _on_preempted(self, data: dict[str, Any], line: str) -> None:
+        self.log.warning(f"preemption notice in the worker ({data.get('reason')}): saving a checkpoint and stopping")
+
+    def _on_stopped(self, data: dict[str, Any], line: str) -> None:
+        self.log.warning(f"worker stopped after the preemption notice at step {data.get('last_step')}")
+
+    def _on_phase(self, data: dict[str, Any], line: str) -> None:
+        if not line.startswith("[rank") or line.startswith("[rank 0]"):
+            self.startup = {"standby": bool(data.get("standby")), **(data.get("phases") or {})}
+
+    def _on_hardware(self, data: dict[str, Any], line: str) -> None:
+        hw = hardware.Hardware.from_dict(data)
+        self.hardware[int(data.get("rank") or 0)] = hw
+        names = ", ".join(dict.fromkeys(hw.names))
+        self.log.info(f"worker rank {data.get('rank') or 0} runs on {hw.describe()}" + (f" ({names})" if names else "") + f" [{hw.source}]")
+
+    def _on_log(self, data: dict[str, Any], line: str) -> None:
+        self.log.info(str(data.get("message")))
+
+    def _on_finished(self, data: dict[str, Any], line: str) -> None:
+        self.log.info(f"training function returned after step {data.get('last_step')}")
 
     def _log_startup(self, first_step_at: float | None) -> None:
         """One line: how long each start-up phase took, and the absolute times (JSON)."""
@@ -202,6 +226,11 @@ def _pod_and_node(report: WorkerReport | None, name: str) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- one attempt
+#
+# The steps of one attempt, each small; the attempt's durable record (planned -> admitted
+# -> launched -> running -> settled -> decided, gpu_ops.training.attempts) is written by
+# the AttemptRecorder before each step takes effect, so a step process that dies leaves a
+# record the next attempt (or the orphan sensor, or `gpu-ops validate`) settles.
 
 
 @dataclass
@@ -210,162 +239,346 @@ class AttemptResult:
     metadata: dict[str, Any]
 
 
-def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
-    """Run one training attempt for the current step; raise to retry or fail."""
+@dataclass
+class _Step:
+    """What one attempt's steps share (the Dagster side: context, resources)."""
+
+    context: Any
+    spec: TrainingSpec
+    asset_key: str
+    launch_key: list[str]
+    config: GpuOpsConfig
+    compute: GpuCompute
+    store: TableStore
+    run_id: str
+    attempt: int
+    partition_key: str | None
+    history: list[AttemptRecord] = field(default_factory=list)
+    exposure_s: float = 0.0
+    past_preemptions: int = 0
+    request: GpuRequest | None = None
+    notes: tuple[str, ...] = ()
+    ckpt_url: str = ""
+    ckpts: CheckpointStore | None = None
+    recorder: Any = None  # gpu_ops.training.recorder.AttemptRecorder
+
+    @property
+    def name(self) -> str:
+        return launch_name(self.run_id, self.launch_key, self.attempt - 1)  # as GpuCompute names it (launch_index)
+
+    @property
+    def log(self) -> Any:
+        return self.context.log
+
+
+@dataclass
+class _Launched:
+    sink: "_EventSink"
+    report: WorkerReport | None
+    error: Exception | None
+    ended_at: dt.datetime
+    lost_owner: str | None  # the run worker died / the run ended under the attempt
+
+
+def _open_step(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> _Step:
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import ledger
 
     if spec.settings_resource_key:
         config: GpuOpsConfig = getattr(context.resources, spec.settings_resource_key).load()
     else:
         config = load_config(spec.config_path)
-    compute = getattr(context.resources, spec.compute_resource_key)
-    store = TableStore.from_config(config)
-    run = context.run
-    run_id = run.run_id
-    attempt = int(context.retry_number) + 1
     partition_key = context.partition_key if getattr(context, "has_partition_key", False) else None
+    return _Step(
+        context, spec, asset_key, launch_key, config, getattr(context.resources, spec.compute_resource_key), TableStore.from_config(config),
+        context.run.run_id, int(context.retry_number) + 1, partition_key,
+    )
+
+
+def _settle_orphans(step: _Step) -> None:
+    """Attempts whose owner died (this run's previous step process, or any other) are
+    settled before this one plans: billed, workers stopped, leases released."""
+    from gpu_ops.training.settle import settle_orphans
+
+    ttl = step.config.compute.admission.lease_ttl_s
+    try:
+        found = settle_orphans(step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl, log=step.log)
+    except Exception as exc:  # noqa: BLE001 - the database is down: this attempt still runs
+        step.log.error(f"could not look for orphaned attempts: {type(exc).__name__}: {exc}")
+        return
+    for s in found:
+        step.log.warning(s.message)
+
+
+def _read_history(step: _Step) -> None:
+    from gpu_ops.training import ledger
 
     try:
-        history = ledger.run_history(store, run_id, asset_key)
-        exposure_s, past_preemptions = ledger.preemption_exposure(store, asset_key)
+        step.history = ledger.run_history(step.store, step.run_id, step.asset_key)
+        step.exposure_s, step.past_preemptions = ledger.preemption_exposure(step.store, step.asset_key)
     except Exception as exc:  # the ledger is down: train anyway; Dagster's count still caps retries
-        context.log.error(f"cannot read {ledger.LEDGER_TABLE} ({type(exc).__name__}: {exc}); planning attempt {attempt} without history")
-        history, exposure_s, past_preemptions = [], 0.0, 0
-    planned = plan_attempt(spec.policy, spec.request, history)
-    request = planned.request
+        step.log.error(f"cannot read {ledger.LEDGER_TABLE} ({type(exc).__name__}: {exc}); planning attempt {step.attempt} without history")
+    # Attempts retried inside one step process count too (the ledger has them all).
+    step.attempt = max(step.attempt, 1 + max((r.attempt for r in step.history), default=0))
+    planned = plan_attempt(step.spec.policy, step.spec.request, step.history)
+    step.request, step.notes = planned.request, planned.notes
 
-    scope = run.root_run_id or run_id  # a re-execution continues its parent's checkpoints
-    ckpt_url = checkpoint_url_for(checkpoint_root(config, spec.checkpoint_url), asset_key, partition_key, scope)
-    keep_last = spec.keep_last or config.training.keep_last
-    ckpts = CheckpointStore(ckpt_url, keep_last, log=context.log.warning)
-    removed = ckpts.remove_partial()  # no writer is alive between attempts
+
+def _prepare_checkpoints(step: _Step) -> None:
+    run = step.context.run
+    scope = run.root_run_id or step.run_id  # a re-execution continues its parent's checkpoints
+    step.ckpt_url = checkpoint_url_for(checkpoint_root(step.config, step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
+    step.ckpts = CheckpointStore(step.ckpt_url, step.spec.keep_last or step.config.training.keep_last, log=step.log.warning)
+    removed = step.ckpts.remove_partial()  # no writer is alive between attempts
     if removed:
-        context.log.info(f"removed {removed} partial checkpoint file(s) left by the previous attempt")
-    newest = next(iter(ckpts.list()), None)  # manifest only; the worker verifies the data
-    if getattr(compute, "backend", "local") != "local" and "://" not in ckpt_url:
-        context.log.warning(
-            f"checkpoints go to the path {ckpt_url} inside the worker pods: unless that is a mounted volume (PVC) "
+        step.log.info(f"removed {removed} partial checkpoint file(s) left by the previous attempt")
+    if not _is_local(step.compute) and "://" not in step.ckpt_url:
+        step.log.warning(
+            f"checkpoints go to the path {step.ckpt_url} inside the worker pods: unless that is a mounted volume (PVC) "
             "they die with the pod; set training.checkpoint_url to s3://, gs:// or a PVC mount"
         )
 
-    params = {**spec.params, **(_op_params(context))}
-    worker_spec = WorkerSpec(
-        fn_module=spec.fn_module,
-        fn_qualname=spec.fn_qualname,
-        run_id=run_id,
-        asset_key=asset_key,
-        attempt=attempt,
-        checkpoint_url=ckpt_url,
-        keep_last=keep_last,
-        params=params,
-        partition_key=partition_key,
-        checkpoint_interval=spec.policy.checkpoint_interval,
-        mtbp_prior_s=spec.policy.mtbp_prior_s,
-        past_exposure_s=exposure_s,
-        past_preemptions=past_preemptions,
-        spot_notice=spec.policy.spot_notice,
-        spot_notice_poll_s=spec.policy.spot_notice_poll_s,
-        kubernetes_notice=spec.policy.kubernetes_notice,
-        request=request.model_dump(mode="json"),
-    )
-    counts = Counts.of(history)
-    plan = "; ".join(planned.notes) or "as declared"
-    context.log.info(
-        f"attempt {attempt}: {request.gpus}× {request.gpu_type} x{request.workers} worker(s), capacity {request.capacity}, "
-        f"memory {request.memory} ({plan}); history: {counts.preemptions} preemption(s), {counts.ooms} OOM(s), "
-        f"{counts.infrastructure} infrastructure failure(s), {counts.user_errors} user error(s); "
-        + (f"newest checkpoint #{newest.seq} (step {newest.step})" if newest else "no checkpoint yet")
-        + f" in {ckpt_url}"
+
+def _is_local(compute: GpuCompute) -> bool:
+    return compute.backend == "local"
+
+
+def _worker_spec(step: _Step) -> WorkerSpec:
+    assert step.request is not None
+    spec = step.spec
+    return WorkerSpec(
+        fn_module=spec.fn_module, fn_qualname=spec.fn_qualname, run_id=step.run_id, asset_key=step.asset_key, attempt=step.attempt,
+        checkpoint_url=step.ckpt_url, keep_last=spec.keep_last or step.config.training.keep_last, params={**spec.params, **_op_params(step.context)},
+        partition_key=step.partition_key, checkpoint_interval=spec.policy.checkpoint_interval, mtbp_prior_s=spec.policy.mtbp_prior_s,
+        past_exposure_s=step.exposure_s, past_preemptions=step.past_preemptions, spot_notice=spec.policy.spot_notice,
+        spot_notice_poll_s=spec.policy.spot_notice_poll_s, kubernetes_notice=spec.policy.kubernetes_notice, request=step.request.model_dump(mode="json"),
     )
 
+
+def _log_plan(step: _Step) -> None:
+    assert step.request is not None and step.ckpts is not None
+    request, counts = step.request, Counts.of(step.history)
+    newest = next(iter(step.ckpts.list()), None)  # manifest only; the worker verifies the data
+    step.log.info(
+        f"attempt {step.attempt}: {request.gpus}× {request.gpu_type} x{request.workers} worker(s), capacity {request.capacity}, "
+        f"memory {request.memory} ({'; '.join(step.notes) or 'as declared'}); history: {counts.preemptions} preemption(s), {counts.ooms} OOM(s), "
+        f"{counts.infrastructure} infrastructure failure(s), {counts.user_errors} user error(s); "
+        + (f"newest checkpoint #{newest.seq} (step {newest.step})" if newest else "no checkpoint yet")
+        + f" in {step.ckpt_url}"
+    )
+
+
+def _plan_record(step: _Step) -> None:
+    from gpu_ops.training.recorder import AttemptRecorder
+
+    assert step.request is not None
+    inner = getattr(step.context, "op_execution_context", step.context)
+    step_key = getattr(inner, "op_handle", None) or step.launch_key[-1]
+    step.recorder = AttemptRecorder.plan(
+        step.store, run_id=step.run_id, step_key=str(step_key), asset_key=step.asset_key, attempt=step.attempt, launch_name=step.name,
+        bill=_bill(step.request, None, step.name, None, used_gpus=True), log_error=step.log.error, log=step.log,
+    )
+
+
+class _OwnerWatch(threading.Thread):
+    """Stops the workers when the run this step belongs to is gone: the run worker died
+    (the parent of a multiprocess step process) or the run ended (FAILURE, CANCELED)
+    while the attempt still ran. No orphan keeps training after its run."""
+
+    def __init__(self, step: _Step, sink: "_EventSink", every_s: float = 1.0):
+        super().__init__(name="gpu-ops-owner-watch", daemon=True)
+        self.step, self.sink, self.every_s = step, sink, every_s
+        self.lost: str | None = None
+        self._done = threading.Event()
+        self._parent = multiprocessing.parent_process()
+
+    def _why_lost(self) -> str | None:
+        if self._parent is not None and not self._parent.is_alive():
+            return f"the run worker (pid {self._parent.pid}) of run {self.step.run_id[:8]} died"
+        try:
+            run = self.step.context.instance.get_run_by_id(self.step.run_id)
+        except Exception:  # noqa: BLE001 - the run storage is unreachable for a moment
+            return None
+        if run is not None and run.is_finished:
+            return f"run {self.step.run_id[:8]} ended ({run.status.value}) while the attempt ran (its run worker died or it was terminated)"
+        return None
+
+    def run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.lost = self._why_lost()
+            if self.lost is not None:
+                for pid in self.sink.pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)  # the worker checkpoints and stops
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _launch(step: _Step) -> _Launched:
+    assert step.request is not None
+    spec, compute, recorder, request = step.spec, step.compute, step.recorder, step.request
     env = dict(spec.env)
     root = import_root(spec.fn_module)
-    if root and getattr(compute, "backend", "local") == "local":  # local workers import the function from where it was loaded
+    if root and _is_local(compute):  # local workers import the function from where it was loaded
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    name = launch_name(run_id, launch_key, int(context.retry_number))  # as GpuCompute names it
-    sink = _EventSink(context.log, attempt)
-    start = _utcnow()
-    report: WorkerReport | None = None
-    launch_error: Exception | None = None
+    sink = _EventSink(step.log, step.attempt, lambda t: recorder.running(t, _bill(request, None, step.name, sink.actual_hardware, True)))
+    watch = _OwnerWatch(step, sink)
+    watch.start()
+    report, error = None, None
     try:
         report = compute.launch(
-            context, request, run_training, args=(asdict(worker_spec),), env=env, log=sink, on_start=sink.on_start,
-            warm=(*spec.warm_imports, spec.fn_module),
+            step.context, step.request, run_training, args=(asdict(_worker_spec(step)),), env=env, log=sink, on_start=sink.on_start,
+            warm=(*spec.warm_imports, spec.fn_module), on_admitted=recorder.admitted, on_launched=recorder.launched, launch_index=step.attempt - 1,
         )
     except dg.Failure:
         # A deliberate refusal (a budget block names itself and how to lift it): no GPU
         # was used and nothing is retried, so it reaches the run as it is.
+        _settle_refused(step, "the launch was refused")
         raise
     except Exception as exc:
         # The launch itself failed (no capacity, image pull, controller timeout): the
         # classifier reads the exception chain; no GPU was used unless workers started.
-        launch_error = exc
+        error = exc
     except BaseException as exc:
         # Interrupted (run terminated, Ctrl-C): still account for the GPUs, then stop.
-        if sink.started_at is not None:
-            why = f"interrupted by {type(exc).__name__}"
-            _record(context, store, request, None, name, run_id, asset_key, attempt, Outcome.PREEMPTED, start, _utcnow(), ckpts, why, used_gpus=True, actual=sink.actual_hardware)
+        _settle(step, _Launched(sink, None, None, _utcnow(), None), Classification(Outcome.PREEMPTED, f"interrupted by {type(exc).__name__}"))
         raise
-    end = _utcnow()
+    finally:
+        watch.stop()
+    return _Launched(sink, report, error, _utcnow(), watch.lost)
 
-    if launch_error is not None:
-        classification = classify_exception(launch_error)
-        assert classification is not None
-        context.log.error(f"launch failed: {type(launch_error).__name__}: {launch_error}")
-    else:
-        assert report is not None
-        classification = classify_report(report)
-    used_gpus = launch_error is None or sink.started_at is not None
+
+def _settle_refused(step: _Step, why: str) -> None:
+    from gpu_ops.training.attempts import Decision as Final
+
+    step.recorder.settle(Outcome.INFRASTRUCTURE.value, why, time.time(), None, None, billed=False)
+    step.recorder.decide(Final.FAIL, why)
+
+
+def _classify(step: _Step, launched: _Launched) -> Classification:
+    if launched.error is not None:
+        c = classify_exception(launched.error)
+        assert c is not None
+        step.log.error(f"launch failed: {type(launched.error).__name__}: {launched.error}")
+        return c
+    assert launched.report is not None
+    c = classify_report(launched.report)
+    if launched.lost_owner is not None:
+        return Classification(Outcome.PREEMPTED, f"stopped because {launched.lost_owner}", c.evidence)
+    return c
+
+
+def _settle(step: _Step, launched: _Launched, c: Classification) -> tuple[float, float]:
+    """Write the settled record and the ledger row; (billed seconds, lost seconds)."""
+    assert step.request is not None and step.ckpts is not None
+    sink, request = launched.sink, step.request
+    actual = sink.actual_hardware or _reported_hardware(launched.report)
+    used_gpus = sink.started_at is not None
+    bill = _bill(request, launched.report, step.name, actual, used_gpus)
+    newest = next(iter(step.ckpts.list()), None)  # manifests only: the next attempt verifies the data
+    ended = launched.ended_at.timestamp()
+    recorded = launched.report.ended_at if launched.report is not None else None  # the workers' own record (this process may have been paused)
+    if recorded is not None and used_gpus:
+        ended = min(ended, max(recorded, step.recorder.record.launched_at or recorded))
+    row = step.recorder.settle(c.outcome.value, c.reason, ended, bill, newest.written_at_dt if newest else None)
+    if row is None and step.recorder.taken_over is not None:
+        step.log.warning(f"attempt {step.attempt} was settled by {step.recorder.taken_over.settled_by} while its step still ran")
+    if row is not None:
+        step.log.info(
+            f"ledger: attempt {step.attempt} {c.outcome.value} ({c.reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} "
+            f"{row.gpu_count}x {row.gpu_type} ({row.hardware_source}) for {row.duration_s:.1f} s of worker time, lost {row.lost_seconds:.1f} s of work"
+        )
+        return row.duration_s, row.lost_seconds
+    return 0.0, 0.0
+
+
+def _decide(step: _Step, launched: _Launched, c: Classification, seconds: tuple[float, float]) -> Decision:
+    from gpu_ops.training.attempts import Decision as Final
+
+    assert step.request is not None
+    this = AttemptRecord(step.attempt, c.outcome, _capacity_type(launched.report, step.request), *seconds)
+    decision = decide(step.spec.policy, step.spec.request, [*step.history, this], c, random.Random(), attempt=step.attempt)
+    if launched.lost_owner is not None and decision.action is Action.RETRY:
+        # The run itself is gone: its retry (run_retries) or a re-execution resumes from the checkpoint.
+        decision = Decision(Action.FAIL, f"{launched.lost_owner}; the run's retry or a re-execution from failure resumes from the newest checkpoint", 0.0, decision.counts)
+    final = {Action.RETRY: Final.RETRY, Action.COMPLETE: Final.DONE, Action.FAIL: Final.FAIL}[decision.action]
+    step.recorder.decide(final, decision.reason)
+    _log_decision(step.context, step.attempt, c, decision)
+    if decision.action is not Action.RETRY:
+        step.compute.discard_standbys(step.context)  # no attempt will claim them
+    return decision
+
+
+def _fail(step: _Step, launched: _Launched, c: Classification, decision: Decision) -> BaseException:
+    from gpu_ops.errors import TrainingFailed
+
+    err = launched.error
+    tb = c.traceback or (launched.report.traceback if launched.report else None) or ("".join(traceback.format_exception(err)) if err else None)
+    return TrainingFailed(
+        description=f"{step.asset_key}: attempt {step.attempt} {c.describe()}. Not retried: {decision.reason}.",
+        metadata={"outcome": c.outcome.value, "reason": c.reason, "decision": decision.reason, "attempts": step.attempt, "remote_traceback": dg.MetadataValue.text(tb or "(none)")},
+        allow_retries=False,
+    )
+
+
+def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResult:
+    assert launched.report is not None and step.request is not None  # a completed attempt has a report
+    report, request, sink = launched.report, step.request, launched.sink
+    returned = report.value if isinstance(report.value, dict) else {"value": report.value, "summary": {}}
+    value = returned.get("value")
     actual = sink.actual_hardware or _reported_hardware(report)
     warning = hardware.mismatch(request.gpu_type, request.total_gpus, request.mig_profile, actual) if actual else None
     if warning:
-        context.log.warning(f"attempt {attempt}: {warning}")
-    row = _record(
-        context, store, request, report, name, run_id, asset_key, attempt, classification.outcome, start, end, ckpts, classification.reason,
-        used_gpus=used_gpus, actual=actual,
-    )
-    this = AttemptRecord(attempt, classification.outcome, _capacity_type(report, request), (end - start).total_seconds(), row.lost_seconds)
-    decision = decide(spec.policy, spec.request, [*history, this], classification, random.Random(), attempt=attempt)
-    _log_decision(context, attempt, classification, decision)
-    if decision.action is not Action.RETRY and hasattr(compute, "discard_standbys"):
-        compute.discard_standbys(context)  # no attempt will claim them
-
-    if decision.action is Action.RETRY:
-        raise dg.RetryRequested(max_retries=int(context.retry_number) + 1, seconds_to_wait=decision.wait_s)
-    if decision.action is Action.FAIL:
-        tb = classification.traceback or (report.traceback if report else None) or (
-            "".join(traceback.format_exception(launch_error)) if launch_error else None
-        )
-        from gpu_ops.errors import TrainingFailed
-
-        raise TrainingFailed(
-            description=f"{asset_key}: attempt {attempt} {classification.describe()}. Not retried: {decision.reason}.",
-            metadata={
-                "outcome": classification.outcome.value,
-                "reason": classification.reason,
-                "decision": decision.reason,
-                "attempts": attempt,
-                "remote_traceback": dg.MetadataValue.text(tb or "(none)"),
-            },
-            allow_retries=False,
-        )
-    assert report is not None  # a completed attempt has a report
-
-    returned = report.value if isinstance(report.value, dict) else {"value": report.value, "summary": {}}
-    value = returned.get("value")
-    summary = returned.get("summary") or {}
-    metadata = _materialization_metadata(store, config, run_id, asset_key, decision, summary, value, ckpt_url, request, sink)
+        step.log.warning(f"attempt {step.attempt}: {warning}")
+    metadata = _materialization_metadata(step.store, step.config, step.run_id, step.asset_key, decision, returned.get("summary") or {}, value, step.ckpt_url, request, sink)
     metadata.update(_hardware_metadata(request, actual, warning))
     metadata.update(sink.worker_metadata())
-    admission = getattr(compute, "last_admission", None)
+    admission = step.compute.last_admission
     if admission is not None:
         from gpu_ops.compute.quota import Quotas, holders_markdown
 
-        quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
+        quotas = Quotas(team=dict(step.config.compute.quotas.team), pool=dict(step.config.compute.quotas.pool))
         metadata["gpu_quota"] = admission.reason
         metadata["gpu_quota_holders"] = dg.MetadataValue.md(holders_markdown(admission.holders, quotas))
     return AttemptResult(value, metadata)
+
+
+def _one_attempt(step: _Step) -> tuple[_Launched, Classification, Decision]:
+    _read_history(step)
+    _prepare_checkpoints(step)
+    _log_plan(step)
+    _plan_record(step)
+    try:
+        launched = _launch(step)
+        c = _classify(step, launched)
+        return launched, c, _decide(step, launched, c, _settle(step, launched, c))
+    finally:
+        step.recorder.stop()
+
+
+def _retry_here(step: _Step, launched: _Launched, decision: Decision) -> bool:
+    """A retry with nothing to wait for runs in this step process at once (its standby is
+    already warm here): a new Dagster step process would cost seconds of start-up. Retries
+    that wait (backoff) go back to Dagster (``RetryRequested``), as ``retry_in_step=False`` does."""
+    return decision.action is Action.RETRY and decision.wait_s == 0 and launched.lost_owner is None and step.spec.policy.retry_in_step
+
+
+def run_attempt(context: Any, spec: TrainingSpec, asset_key: str, launch_key: list[str]) -> AttemptResult:
+    """Run training attempts for the current step until one completes, fails, or a retry
+    must wait; raise to retry (through Dagster) or fail."""
+    step = _open_step(context, spec, asset_key, launch_key)
+    _settle_orphans(step)
+    launched, c, decision = _one_attempt(step)
+    while _retry_here(step, launched, decision):
+        step.log.info(f"attempt {step.attempt + 1} starts in this step process at once (nothing to wait for)")
+        step = dataclasses.replace(step, attempt=step.attempt + 1, history=[], recorder=None)
+        launched, c, decision = _one_attempt(step)
+    if decision.action is Action.RETRY:
+        raise dg.RetryRequested(max_retries=int(context.retry_number) + 1, seconds_to_wait=decision.wait_s)
+    if decision.action is Action.FAIL:
+        raise _fail(step, launched, c, decision)
+    return _result(step, launched, decision)
 
 
 def _hardware_metadata(request: GpuRequest, actual: hardware.Hardware | None, warning: str | None) -> dict[str, Any]:
@@ -386,71 +599,17 @@ def _op_params(context: Any) -> dict[str, Any]:
     return dict(cfg.get(PARAMS_CONFIG) or {})
 
 
-def _record(
-    context: Any,
-    store: TableStore,
-    request: GpuRequest,
-    report: WorkerReport | None,
-    name: str,
-    run_id: str,
-    asset_key: str,
-    attempt: int,
-    outcome: Outcome,
-    start: dt.datetime,
-    end: dt.datetime,
-    ckpts: CheckpointStore,
-    reason: str,
-    *,
-    used_gpus: bool,
-    actual: hardware.Hardware | None = None,
-) -> ledger.LedgerRow:
-    from gpu_ops.training import ledger
-
-    # Manifests only: the data is verified when the next attempt loads it.
-    newest = next(iter(ckpts.list()), None)
-    last_at = newest.written_at_dt if newest and newest.written_at_dt >= start else None
+def _bill(request: GpuRequest, report: WorkerReport | None, name: str, actual: hardware.Hardware | None, used_gpus: bool) -> dict[str, Any]:
+    """The ledger row's fixed part: what ran (or was declared), where, for whom."""
     pod, node = _pod_and_node(report, name)
-    labels = request.labels
-    used = _used_hardware(request, actual, used_gpus)
-    row = ledger.LedgerRow(
-        start=start,
-        end=end,
-        namespace=request.namespace,
-        pod=pod,
-        node=node,
-        team=labels.team,
-        project=labels.project,
-        cost_center=labels.cost_center,
-        experiment_id=labels.experiment_id,
-        gpu_type=used.gpu_type,
-        gpu_count=used.gpu_count,
-        capacity_type=_capacity_type(report, request),
-        sharing=used.sharing,
-        gpu_share=used.gpu_share,
-        run_id=run_id,
-        asset_key=asset_key,
-        attempt=attempt,
-        outcome=outcome.value,
-        last_checkpoint_at=last_at,
-        lost_seconds=ledger.lost_seconds(outcome, start, end, last_at) if used_gpus else 0.0,
-        declared_gpu_type=request.gpu_type,
-        declared_gpu_count=request.total_gpus,
-        hardware_source=used.source,
-    )
-    from gpu_ops.observability.hooks import attempt_settled  # issue 23: span, MLflow run and its experiment id (no-op when neither is set up)
+    labels, used = request.labels, _used_hardware(request, actual, used_gpus)
+    return {
+        "namespace": request.namespace, "pod": pod, "node": node, "team": labels.team, "project": labels.project, "cost_center": labels.cost_center,
+        "experiment_id": labels.experiment_id, "gpu_type": used.gpu_type, "gpu_count": used.gpu_count, "capacity_type": _capacity_type(report, request),
+        "sharing": used.sharing, "gpu_share": used.gpu_share, "declared_gpu_type": request.gpu_type, "declared_gpu_count": request.total_gpus,
+        "hardware_source": used.source,
+    }
 
-    row = attempt_settled(row, store=store, log=context.log)
-    try:
-        ledger.append(store, [row])
-    except Exception as exc:  # never lose the attempt's outcome because the ledger is down
-        context.log.error(f"could not append attempt {attempt} to {ledger.LEDGER_TABLE}: {type(exc).__name__}: {exc}; row: {row}")
-        return row
-    context.log.info(
-        f"ledger: attempt {attempt} {outcome.value} ({reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} "
-        f"{row.gpu_count}x {row.gpu_type} ({row.hardware_source}), "
-        f"lost {row.lost_seconds:.1f} s of work"
-    )
-    return row
 
 
 def _reported_hardware(report: WorkerReport | None) -> hardware.Hardware | None:
@@ -554,18 +713,17 @@ def _materialization_metadata(
             else "as run: the hardware each worker reported (CPU attempts are not priced)"
         ),
     }
-    if summary.get("checkpoint_seconds") is not None:
-        md["checkpoint_seconds"] = dg.MetadataValue.float(float(summary["checkpoint_seconds"]))
-    if summary.get("checkpoint_interval_s") is not None:
-        md["checkpoint_interval_s"] = dg.MetadataValue.float(float(summary["checkpoint_interval_s"]))
-    if summary.get("resumed_from_step") is not None:
-        md["resumed_from_step"] = dg.MetadataValue.int(int(summary["resumed_from_step"]))
+    md.update(_summary_metadata(summary))
     if isinstance(value, Mapping):
-        for k, v in value.items():
-            if not isinstance(v, (bool, int, float, str)):
-                continue  # only scalars are metadata; the rest stays the function's value
-            md[str(k)] = v
+        # only scalars are metadata; the rest stays the function's value
+        md.update({str(k): v for k, v in value.items() if isinstance(v, (bool, int, float, str))})
     return md
+
+
+def _summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
+    kinds = {"checkpoint_seconds": dg.MetadataValue.float, "checkpoint_interval_s": dg.MetadataValue.float, "resumed_from_step": dg.MetadataValue.int}
+    cast = {"checkpoint_seconds": float, "checkpoint_interval_s": float, "resumed_from_step": int}
+    return {k: kinds[k](cast[k](summary[k])) for k in kinds if summary.get(k) is not None}  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------- decorators
@@ -613,6 +771,11 @@ def _training_definition(
     if "retry_policy" in dagster_kwargs:
         raise TypeError(f"{decorator} decides retries itself (policy=PreemptionPolicy(...)); do not pass retry_policy")
     dagster_kwargs.setdefault("pool", GPU_POOL)
+    # Not a retry rule (run_attempt decides every retry itself, raising RetryRequested or a
+    # Failure that allows none): it is what makes Dagster retry the step when its process
+    # *dies* (SIGKILL, host OOM killer) under the multiprocess executor, at once; the next
+    # attempt settles the dead one and resumes from its checkpoint.
+    dagster_kwargs["retry_policy"] = dg.RetryPolicy(max_retries=max_attempts(spec.policy) - 1, delay=0)
     common = {
         "name": name or f.__name__,
         "required_resource_keys": keys,

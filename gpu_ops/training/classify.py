@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_ops.compute.backend import WorkerExit, WorkerReport
+from gpu_ops.compute.backend import OOM_TEXT, WorkerExit, WorkerReport
 
 
 class Outcome(str, enum.Enum):
@@ -223,6 +223,57 @@ def _has_spot_event(events: Sequence[Any]) -> bool:
 # --------------------------------------------------------------------------- exceptions
 
 
+def _pod_terminated(e: BaseException) -> Classification:
+    reason = str(getattr(e, "reason", "") or "")
+    evs = getattr(e, "events", None) or []
+    ev_reasons = [str(ev.get("reason", "")) for ev in evs if isinstance(ev, dict)]
+    facts = (f"PodTerminatedError reason={reason}",) + tuple(f"event {r}" for r in ev_reasons)
+    if reason == "OOMKilled" or any("OOMKilled" in r for r in ev_reasons):
+        return Classification(Outcome.OOM, f"pod {getattr(e, 'pod_name', '?')} was OOM-killed", facts)
+    # Raised from the pod's SIGTERM handler whatever the cause: a termination.
+    return Classification(Outcome.PREEMPTED, f"pod {getattr(e, 'pod_name', '?')} was terminated ({reason or 'unknown reason'})", facts)
+
+
+def _membership_changed(e: BaseException) -> Classification:
+    removed = getattr(e, "removed_ips", None) or set()
+    if removed:
+        return Classification(Outcome.PREEMPTED, f"{len(removed)} worker pod(s) disappeared during the run", (f"removed {sorted(removed)}",))
+    return Classification(Outcome.INFRASTRUCTURE, "the set of worker pods changed during the run", (str(e),))
+
+
+def _kubetorch_setup(e: BaseException, names: set[str], tb: str | None) -> Classification | None:
+    if names & _CONFIG_ERRORS:
+        kind = sorted(names & _CONFIG_ERRORS)[0]
+        return Classification(Outcome.USER_ERROR, f"the launch is misconfigured ({kind}): {e}", (kind,), traceback=tb)
+    if names & _INFRA_ERRORS:
+        kind = sorted(names & _INFRA_ERRORS)[0]
+        return Classification(Outcome.INFRASTRUCTURE, f"the workers could not be started ({kind}): {e}", (kind,))
+    return None
+
+
+def _one_exception(e: BaseException, tb: str | None) -> Classification | None:
+    """What one exception of the chain says by its class; None: nothing."""
+    names = _names(e)
+    if names & PREEMPTED_EXCEPTIONS:
+        return Classification(Outcome.PREEMPTED, f"the worker saved a checkpoint and stopped: {e}", (type(e).__name__,))
+    if "PodTerminatedError" in names:
+        return _pod_terminated(e)
+    if "WorkerMembershipChanged" in names:
+        return _membership_changed(e)
+    setup = _kubetorch_setup(e, names, tb)
+    if setup is not None:
+        return setup
+    if names & _TRANSPORT_ERRORS and _module_of(e, type(e).__name__).startswith(("httpx", "httpcore")):
+        return Classification(
+            Outcome.INFRASTRUCTURE,
+            f"the connection to the worker pod broke ({type(e).__name__}); the pod vanished or its node was lost",
+            (f"{type(e).__module__}.{type(e).__name__}: {e}",),
+        )
+    if names & _OOM_NAMES:
+        return Classification(Outcome.OOM, f"the worker ran out of memory ({type(e).__name__})", (f"{type(e).__name__}: {str(e)[:200]}",))
+    return None
+
+
 def classify_exception(exc: BaseException | None, traceback: str | None = None) -> Classification | None:
     """Classify the exception a backend raised or re-raised; None if there is none."""
     if exc is None:
@@ -230,40 +281,13 @@ def classify_exception(exc: BaseException | None, traceback: str | None = None) 
     chain = _chain(exc)
     tb = traceback or getattr(exc, "remote_traceback", None)
     for e in chain:
-        names = _names(e)
-        if names & PREEMPTED_EXCEPTIONS:
-            return Classification(Outcome.PREEMPTED, f"the worker saved a checkpoint and stopped: {e}", (type(e).__name__,))
-        if "PodTerminatedError" in names:
-            reason = str(getattr(e, "reason", "") or "")
-            evs = getattr(e, "events", None) or []
-            ev_reasons = [str(ev.get("reason", "")) for ev in evs if isinstance(ev, dict)]
-            facts = (f"PodTerminatedError reason={reason}",) + tuple(f"event {r}" for r in ev_reasons)
-            if reason == "OOMKilled" or any("OOMKilled" in r for r in ev_reasons):
-                return Classification(Outcome.OOM, f"pod {getattr(e, 'pod_name', '?')} was OOM-killed", facts)
-            # Raised from the pod's SIGTERM handler whatever the cause: a termination.
-            return Classification(Outcome.PREEMPTED, f"pod {getattr(e, 'pod_name', '?')} was terminated ({reason or 'unknown reason'})", facts)
-        if "WorkerMembershipChanged" in names:
-            removed = getattr(e, "removed_ips", None) or set()
-            if removed:
-                return Classification(Outcome.PREEMPTED, f"{len(removed)} worker pod(s) disappeared during the run", (f"removed {sorted(removed)}",))
-            return Classification(Outcome.INFRASTRUCTURE, "the set of worker pods changed during the run", (str(e),))
-        if names & _CONFIG_ERRORS:
-            kind = sorted(names & _CONFIG_ERRORS)[0]
-            return Classification(Outcome.USER_ERROR, f"the launch is misconfigured ({kind}): {e}", (kind,), traceback=tb)
-        if names & _INFRA_ERRORS:
-            kind = sorted(names & _INFRA_ERRORS)[0]
-            return Classification(Outcome.INFRASTRUCTURE, f"the workers could not be started ({kind}): {e}", (kind,))
-        if names & _TRANSPORT_ERRORS and _module_of(e, type(e).__name__).startswith(("httpx", "httpcore")):
-            return Classification(
-                Outcome.INFRASTRUCTURE,
-                f"the connection to the worker pod broke ({type(e).__name__}); the pod vanished or its node was lost",
-                (f"{type(e).__module__}.{type(e).__name__}: {e}",),
-            )
-        if names & _OOM_NAMES:
-            return Classification(Outcome.OOM, f"the worker ran out of memory ({type(e).__name__})", (f"{type(e).__name__}: {str(e)[:200]}",))
+        found = _one_exception(e, tb)
+        if found is not None:
+            return found
     head = chain[0]
-    if "CUDA out of memory" in str(head) or (tb and "OutOfMemoryError" in tb.splitlines()[-1] if tb and tb.strip() else False):
-        return Classification(Outcome.OOM, "the worker ran out of GPU memory", (str(head)[:200],))
+    last_line = tb.strip().splitlines()[-1] if tb and tb.strip() else ""
+    if OOM_TEXT.search(str(head)) or "OutOfMemoryError" in last_line:
+        return Classification(Outcome.OOM, "the worker ran out of memory", (str(head)[:200],))
     return Classification(Outcome.USER_ERROR, f"the training function raised {type(head).__name__}: {str(head)[:300]}", (type(head).__name__,), traceback=tb)
 
 
@@ -291,7 +315,7 @@ def _from_exit(exit: WorkerExit, code: int | None, report: WorkerReport, where: 
     text = f"{report.error_message or ''}\n{(report.traceback or '').strip().splitlines()[-1] if report.traceback and report.traceback.strip() else ''}"
     if name in PREEMPTED_EXCEPTIONS:
         return Classification(Outcome.PREEMPTED, f"{where} saved a checkpoint and stopped: {report.error_message or 'preemption notice'}", facts + (name,))
-    if name in _OOM_NAMES or "CUDA out of memory" in text:
+    if name in _OOM_NAMES or OOM_TEXT.search(text):
         return Classification(Outcome.OOM, f"{where} ran out of memory ({report.error_type})", facts + (f"{report.error_type}: {(report.error_message or '')[:200]}",))
     if code == 143:
         return Classification(Outcome.PREEMPTED, f"{where} exited 143 (SIGTERM)", facts)

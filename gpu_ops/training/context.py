@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL
+from gpu_ops.compute.fence import FenceCheck
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.training.checkpoint import CheckpointInfo, CheckpointStore
 from gpu_ops.training.interval import CheckpointSchedule
@@ -37,8 +38,13 @@ EVENT_PREFIX = "gpu_ops:"
 def emit(event: str, **fields: Any) -> None:
     """One structured line on stdout, flushed at once (the parent parses it)."""
     fields.setdefault("t", time.time())
-    sys.stdout.write(f"{EVENT_PREFIX}{event} {json.dumps(fields, default=str, separators=(',', ':'))}\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(f"{EVENT_PREFIX}{event} {json.dumps(fields, default=str, separators=(',', ':'))}\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        # The launcher is gone (its step process died): nobody reads the line. The worker
+        # is stopping anyway (its parent watch), and must still checkpoint on the way.
+        pass
 
 
 def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
@@ -98,7 +104,12 @@ class Checkpoints:
         self.resumed_from: CheckpointInfo | None = None
 
     def save(self, state: Any, *, step: int | None = None, metadata: dict[str, Any] | None = None) -> CheckpointInfo | None:
-        """Save ``state`` (rank 0 only; all ranks hold the same state in data parallelism)."""
+        """Save ``state`` (rank 0 only; all ranks hold the same state in data parallelism).
+
+        Not when the GPU lease was revoked (another holder may be training): None then."""
+        if self._ctx.fence.revoked():
+            self._ctx.notify_preempted(self._ctx.fence.lapsed() or "GPU lease revoked")
+            return None
         if self._ctx.rank != 0:
             self._ctx.schedule.record_save(self._ctx.schedule.cost_s())
             return None
@@ -150,6 +161,9 @@ class TrainingContext:
         )
         self.checkpoint = Checkpoints(CheckpointStore(spec.checkpoint_url, spec.keep_last, log=self.log), self)
         self._preempted = threading.Event()
+        # The launcher's GPU lease, as its fence file says (gpu_ops.compute.fence): read
+        # before each checkpoint and step batch; a lapsed lease stops the worker.
+        self.fence = FenceCheck()
         self._announced = False
         self.preempt_reason: str | None = None
         self._last_progress = 0.0
@@ -164,6 +178,7 @@ class TrainingContext:
         """True once SIGTERM or a spot notice arrived: save, then return."""
         if not self._preempted.is_set():
             self._check_kubetorch()
+            self._check_fence()
         if self._preempted.is_set() and not self._announced:
             self._announced = True
             emit("preempted", reason=self.preempt_reason)
@@ -176,6 +191,11 @@ class TrainingContext:
         if not self._preempted.is_set():
             self.preempt_reason = reason
             self._preempted.set()
+
+    def _check_fence(self) -> None:
+        lapsed = self.fence.lapsed()
+        if lapsed is not None:
+            self.notify_preempted(lapsed)
 
     def _check_kubetorch(self) -> None:
         # Inside a Kubetorch pod the server owns SIGTERM and sets its termination event.

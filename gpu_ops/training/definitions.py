@@ -4,6 +4,11 @@
 synthetic data; see :mod:`gpu_ops.training.demo`). Its size, checkpoint interval and
 retry backoff come from the ``training`` section of the configuration, so tests and
 the UI end-to-end test can shrink it. torch is imported inside the worker only.
+
+``gpu_orphaned_attempts_sensor``: every 30 s, settles training attempts whose owner (the
+step process) died without a next attempt to find them (a run worker SIGKILLed and not
+retried, a cancelled run): their workers stopped, their time billed, their leases
+released (:func:`gpu_ops.training.settle.settle_orphans`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,31 @@ def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
     )
 
 
+ATTEMPT_SENSOR = "gpu_orphaned_attempts_sensor"
+
+
+def build_attempt_sensor(config: GpuOpsConfig) -> dg.SensorDefinition:
+    stale_s = config.compute.admission.lease_ttl_s
+    source = str(config.source_path) if config.source_path else None
+
+    @dg.sensor(
+        name=ATTEMPT_SENSOR, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Settles training attempts whose step process died with no attempt after it: workers stopped, time billed, GPU leases released.",
+    )
+    def gpu_orphaned_attempts_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        from gpu_ops.config import load_config
+        from gpu_ops.storage.tables import TableStore
+        from gpu_ops.training.settle import settle_orphans
+
+        settled = settle_orphans(TableStore.from_config(load_config(source)), found_by="the orphaned-attempts sensor", stale_s=stale_s)
+        for s in settled:
+            context.log.warning(s.message)
+        return dg.SkipReason(f"{len(settled)} orphaned attempt(s) settled")
+
+    return gpu_orphaned_attempts_sensor
+
+
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
     # Launched as this job, the run carries the GPU tags the production run queue limits.
     job = dg.define_asset_job("train_demo_model_job", selection=["train_demo_model"], tags=gpu_run_tags(DEMO_REQUEST))
-    return dg.Definitions(assets=[demo_asset(config)], jobs=[job])
+    return dg.Definitions(assets=[demo_asset(config)], jobs=[job], sensors=[build_attempt_sensor(config)])

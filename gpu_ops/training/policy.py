@@ -43,6 +43,10 @@ class PreemptionPolicy(BaseModel):
     # attempt asks for on-demand (None: never). A request for "spot" never falls back:
     # on-demand costs about 3x more and was not asked for.
     fallback_after: NonNegativeInt | None = 3
+    # A retry with nothing to wait for (a preemption after progress) starts in the same
+    # Dagster step process at once; False: every retry is a Dagster step retry (under
+    # the multiprocess executor a new step process, seconds of start-up).
+    retry_in_step: bool = True
     # Seconds between checkpoints, or "auto" for Young/Daly sqrt(2 × cost × MTBP).
     checkpoint_interval: Union[PositiveFloat, Literal["auto"]] = "auto"
     # The MTBP assumed before any preemption of this asset has been seen.
@@ -142,9 +146,81 @@ def backoff_s(policy: PreemptionPolicy, nth: int, rng: random.Random | None = No
     return max(0.0, base * (1.0 + policy.jitter * (2 * r.random() - 1)))
 
 
+def preemptions_without_progress(history: Sequence[AttemptRecord]) -> int:
+    """Preemptions at the end of ``history`` in a row whose attempts saved no checkpoint
+    (all their time was lost): only those back off, so a preemption loop cannot spin."""
+    n = 0
+    for r in reversed(history):
+        if r.outcome is not Outcome.PREEMPTED or r.lost_seconds < r.duration_s - 1e-6:
+            break
+        n += 1
+    return n
+
+
 def max_attempts(policy: PreemptionPolicy) -> int:
     """Every retry budget spent, plus the first attempt: no run retries more than this."""
     return 1 + policy.max_preemptions + policy.max_oom_retries + policy.max_infrastructure_retries + policy.retry_user_errors
+
+
+@dataclass(frozen=True)
+class _Case:
+    """What every per-outcome rule needs."""
+
+    policy: PreemptionPolicy
+    base: GpuRequest
+    history: Sequence[AttemptRecord]
+    counts: Counts
+    rng: random.Random | None
+
+    def retry(self, nth: int, limit: int, what: str, extra: str = "") -> Decision:
+        wait = backoff_s(self.policy, nth, self.rng)
+        return Decision(Action.RETRY, f"{what} {nth} of at most {limit}: retrying in {wait:.1f} s from the newest checkpoint{extra}", wait, self.counts)
+
+    def fail(self, reason: str) -> Decision:
+        return Decision(Action.FAIL, reason, 0.0, self.counts)
+
+
+def _preempted(c: _Case) -> Decision:
+    p, n = c.policy, c.counts.preemptions
+    if n > p.max_preemptions:
+        return c.fail(f"preempted {n} times, more than max_preemptions={p.max_preemptions}")
+    nxt = plan_attempt(p, c.base, c.history)
+    extra = f"; next attempt: {'; '.join(nxt.notes)}" if nxt.notes else ""
+    idle = preemptions_without_progress(c.history)
+    if idle == 0:
+        # The preempted attempt had saved a checkpoint: nothing to wait for, resume now.
+        reason = f"preemption {n} of at most {p.max_preemptions}: retrying now from the newest checkpoint (the attempt had made progress; no backoff){extra}"
+        return Decision(Action.RETRY, reason, 0.0, c.counts)
+    return c.retry(idle, p.max_preemptions, "preemption", f" ({idle} in a row without a checkpoint){extra}")
+
+
+def _oom(c: _Case) -> Decision:
+    p, n = c.policy, c.counts.ooms
+    if n > p.max_oom_retries:
+        return c.fail(f"out of memory {n} times, more than max_oom_retries={p.max_oom_retries}")
+    before = plan_attempt(p, c.base, c.history[:-1]).request
+    after = plan_attempt(p, c.base, c.history).request
+    if after.memory_bytes <= before.memory_bytes:
+        return c.fail(f"out of memory at {before.memory}, already at the memory cap; more memory cannot be requested")
+    return c.retry(n, p.max_oom_retries, "OOM", f" with memory {before.memory} -> {after.memory}")
+
+
+def _infrastructure(c: _Case) -> Decision:
+    p, n = c.policy, c.counts.infrastructure
+    if n > p.max_infrastructure_retries:
+        return c.fail(f"{n} infrastructure failures, more than max_infrastructure_retries={p.max_infrastructure_retries}")
+    return c.retry(n, p.max_infrastructure_retries, "infrastructure failure")
+
+
+def _user_error(c: _Case) -> Decision:
+    p, n = c.policy, c.counts.user_errors
+    if n > p.retry_user_errors:
+        asked = f" (retry_user_errors={p.retry_user_errors})" if p.retry_user_errors else " (user errors are not retried unless retry_user_errors > 0)"
+        return c.fail(f"the training function failed{asked}")
+    return c.retry(n, p.retry_user_errors, "user error")
+
+
+_RULES = {Outcome.PREEMPTED: _preempted, Outcome.OOM: _oom, Outcome.INFRASTRUCTURE: _infrastructure, Outcome.USER_ERROR: _user_error}
 
 
 def decide(
@@ -163,33 +239,4 @@ def decide(
         return Decision(Action.COMPLETE, f"completed after {attempt or len(history)} attempt(s)", 0.0, counts)
     if attempt is not None and attempt >= max_attempts(policy):
         return Decision(Action.FAIL, f"{attempt} attempts, every retry budget of the policy spent ({max_attempts(policy)} attempts at most)", 0.0, counts)
-
-    def retry(nth: int, limit: int, what: str, extra: str = "") -> Decision:
-        wait = backoff_s(policy, nth, rng)
-        return Decision(Action.RETRY, f"{what} {nth} of at most {limit}: retrying in {wait:.1f} s from the newest checkpoint{extra}", wait, counts)
-
-    if outcome is Outcome.PREEMPTED:
-        if counts.preemptions > policy.max_preemptions:
-            return Decision(Action.FAIL, f"preempted {counts.preemptions} times, more than max_preemptions={policy.max_preemptions}", 0.0, counts)
-        nxt = plan_attempt(policy, base, history)
-        extra = f"; next attempt: {'; '.join(nxt.notes)}" if nxt.notes else ""
-        return retry(counts.preemptions, policy.max_preemptions, "preemption", extra)
-    if outcome is Outcome.OOM:
-        if counts.ooms > policy.max_oom_retries:
-            return Decision(Action.FAIL, f"out of memory {counts.ooms} times, more than max_oom_retries={policy.max_oom_retries}", 0.0, counts)
-        before = plan_attempt(policy, base, history[:-1]).request
-        after = plan_attempt(policy, base, history).request
-        if after.memory_bytes <= before.memory_bytes:
-            return Decision(Action.FAIL, f"out of memory at {before.memory}, already at the memory cap; more memory cannot be requested", 0.0, counts)
-        return retry(counts.ooms, policy.max_oom_retries, "OOM", f" with memory {before.memory} -> {after.memory}")
-    if outcome is Outcome.INFRASTRUCTURE:
-        if counts.infrastructure > policy.max_infrastructure_retries:
-            return Decision(
-                Action.FAIL, f"{counts.infrastructure} infrastructure failures, more than max_infrastructure_retries={policy.max_infrastructure_retries}", 0.0, counts
-            )
-        return retry(counts.infrastructure, policy.max_infrastructure_retries, "infrastructure failure")
-    # user_error
-    if counts.user_errors > policy.retry_user_errors:
-        asked = f" (retry_user_errors={policy.retry_user_errors})" if policy.retry_user_errors else " (user errors are not retried unless retry_user_errors > 0)"
-        return Decision(Action.FAIL, f"the training function failed{asked}", 0.0, counts)
-    return retry(counts.user_errors, policy.retry_user_errors, "user error")
+    return _RULES[outcome](_Case(policy, base, history, counts, rng))

@@ -9,7 +9,8 @@ import sys
 import dagster as dg
 
 from gpu_ops.compute.definitions import ORPHAN_SENSOR, build_defs
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.admission import BudgetGate, GpuAdmission
+from gpu_ops.compute.resource import GpuCompute, KubetorchGpuCompute
 from gpu_ops.config import parse_config
 
 
@@ -27,11 +28,15 @@ def test_build_defs_configures_the_resource_and_sensor(tmp_path) -> None:
     )
     defs = build_defs(cfg)
     compute = defs.resources["gpu_compute"]
-    assert isinstance(compute, GpuCompute)
-    assert (compute.backend, compute.namespace, compute.cleanup, compute.priority_class) == ("kubetorch", "ml", "on_exception", "gpu-training")
-    assert (compute.launch_timeout_s, compute.inactivity_ttl, compute.image) == (1200, "1h", "ghcr.io/acme/train:1")
-    assert (compute.pool_scope, compute.gpu_limit, compute.consolidate_after) == ("run", 16, "5m")
+    # One class per backend, its settings nested (GpuCompute is the abstract base).
+    assert isinstance(compute, KubetorchGpuCompute) and isinstance(compute, GpuCompute)
+    assert (compute.backend, compute.namespace, compute.lifecycle.cleanup, compute.kubetorch.priority_class) == ("kubetorch", "ml", "on_exception", "gpu-training")
+    assert (compute.kubetorch.launch_timeout_s, compute.kubetorch.inactivity_ttl, compute.kubetorch.image) == (1200, "1h", "ghcr.io/acme/train:1")
+    assert (compute.karpenter.pool_scope, compute.karpenter.gpu_limit, compute.karpenter.consolidate_after) == ("run", 16, "5m")
     assert compute.config_path == str(tmp_path / "gpu_ops.yaml")
+    # The quota admission and the budget gate are injected resources reading the same file.
+    assert isinstance(compute.admission, GpuAdmission) and compute.admission.config_path == compute.config_path
+    assert isinstance(compute.budget_gate, BudgetGate) and compute.budget_gate.config_path == compute.config_path
     (sensor,) = defs.sensors
     assert sensor.name == ORPHAN_SENSOR and sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert "2h" in sensor.description

@@ -183,3 +183,28 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
         assert compute.launch(context, other, worker_fns.add, args=(1, 2), log=lambda _l: None).ok
         ungated = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), budget_gate=False)
         assert ungated.launch(context, launch_assets.REQUEST, worker_fns.add, args=(1, 2), log=lambda _l: None).ok
+
+
+def test_one_class_per_backend_with_nested_settings_and_the_old_call_still_works(tmp_path: Path) -> None:
+    from gpu_ops.compute.admission import BudgetGate, GpuAdmission
+    from gpu_ops.compute.resource import KubetorchGpuCompute, KubetorchLaunch, Lifecycle, LocalGpuCompute, StandbySettings
+
+    # The author's call of before the split builds the backend's class (flat keywords are deprecated).
+    assert type(GpuCompute()) is LocalGpuCompute
+    with pytest.warns(DeprecationWarning, match="use LocalGpuCompute"):
+        old = GpuCompute(local_workdir=str(tmp_path), cleanup="never", standby=False, budget_gate=False)
+    assert isinstance(old, LocalGpuCompute) and old.lifecycle.cleanup == "never" and not old.standby.enabled and not old.budget_gate.enabled
+    with pytest.warns(DeprecationWarning):
+        kt = GpuCompute(backend="kubetorch", namespace="ml", image="img:1", pool_scope="run")
+    assert isinstance(kt, KubetorchGpuCompute) and (kt.namespace, kt.kubetorch.image, kt.karpenter.pool_scope) == ("ml", "img:1", "run")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        GpuCompute(nodes=3)
+
+    # The new shape: nested settings, the gates injected (and shared) as resources.
+    gate = BudgetGate(enabled=False)
+    new = LocalGpuCompute(local_workdir=str(tmp_path), lifecycle=Lifecycle(cleanup="always", grace_period_s=2), standby=StandbySettings(enabled=False), budget_gate=gate)
+    assert new.budget_gate is gate and isinstance(new.admission, GpuAdmission)
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([launch_assets.summed], resources={"gpu_compute": new}, instance=instance)
+    assert result.success and result.output_for_node("summed")["sum"] == 5
+    assert KubetorchGpuCompute(kubetorch=KubetorchLaunch(launch_timeout_s=60)).backend == "kubetorch"

@@ -292,3 +292,18 @@ def test_gpu_ops_preemption_raised_in_a_kubetorch_pod_after_a_spot_notice() -> N
     remote = type("TrainingPreempted", (Exception,), {})("spot interruption notice; checkpoint #4 at step 800")
     c = classify_report(WorkerReport(exit=WorkerExit.ERROR, exception=remote, pod=pod(phase="Running"), node=node(spot=True)))
     assert c.outcome is Outcome.PREEMPTED and c.spot is True
+
+
+HOST_OOM = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 17179869184 bytes. Error code 12 (Cannot allocate memory)"
+
+
+def test_host_out_of_memory_from_torch_is_oom_not_a_user_error() -> None:
+    """torch's CPU allocator raises a RuntimeError, not a MemoryError: it is still OOM."""
+    from gpu_ops.compute.worker import is_oom
+
+    assert is_oom(RuntimeError(HOST_OOM)) and is_oom(OSError(12, "Cannot allocate memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+    report = WorkerReport(exit=WorkerExit.ERROR, exit_code=1, error_type="RuntimeError", error_message=HOST_OOM, traceback=f"Traceback ...\nRuntimeError: {HOST_OOM}\n")
+    assert classify_report(report).outcome is Outcome.OOM
+    assert classify_exception(RuntimeError(HOST_OOM)).outcome is Outcome.OOM  # type: ignore[union-attr]
+    assert classify_exception(RuntimeError("shape mismatch")).outcome is Outcome.USER_ERROR  # type: ignore[union-attr]

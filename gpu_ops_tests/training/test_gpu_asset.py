@@ -18,7 +18,7 @@ import pytest
 
 from gpu_ops.compute import hardware
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, LocalGpuCompute
 from gpu_ops.config import load_config
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import ledger
@@ -184,7 +184,10 @@ def test_demo_survives_a_kill_at_a_random_point(config_path: Path, reference_sha
     md = metadata(result, "train_demo_model")
     assert md["weights_sha256"] == reference_sha  # same weights as the uninterrupted run
     assert md["attempts"] == 2 and md["preemptions"] == 1
-    assert len(events(instance, result.run_id, "STEP_UP_FOR_RETRY")) == 1  # Dagster really re-ran the step
+    # A preemption after progress has nothing to wait for: attempt 2 runs at once in the
+    # same step process (a new Dagster step process would cost seconds of start-up).
+    assert events(instance, result.run_id, "STEP_UP_FOR_RETRY") == []
+    assert "attempt 2 starts in this step process at once (nothing to wait for)" in messages(instance, result.run_id)
     rows = ledger_rows(config_path)
     assert list(rows["outcome"]) == ["preempted", "completed"] and list(rows["attempt"]) == [1, 2]
     assert rows.iloc[0]["lost_seconds"] >= 0 and rows.iloc[1]["lost_seconds"] == 0
@@ -274,11 +277,20 @@ def test_spot_preemptions_fall_back_to_on_demand(config_path: Path) -> None:
     assert list(rows["outcome"]) == ["preempted", "preempted", "completed"]
 
 
+def test_retry_in_step_false_leaves_every_retry_to_dagster(config_path: Path) -> None:
+    instance = dg.DagsterInstance.ephemeral()
+    result = run(counting_asset(config_path, "by_dagster", {"sigterm_self_on_attempts": 1, "steps": 10}, retry_in_step=False), instance)
+    assert result.success
+    assert len(events(instance, result.run_id, "STEP_UP_FOR_RETRY")) == 1  # Dagster re-ran the step
+    assert list(ledger_rows(config_path)["outcome"]) == ["preempted", "completed"]
+
+
 def test_max_preemptions_exhausted_fails_without_retry(config_path: Path) -> None:
     instance = dg.DagsterInstance.ephemeral()
     result = run(counting_asset(config_path, "always_preempted", {"sigterm_self_on_attempts": 9}, max_preemptions=1), instance)
     assert not result.success
-    assert len(events(instance, result.run_id, "STEP_UP_FOR_RETRY")) == 1
+    assert events(instance, result.run_id, "STEP_UP_FOR_RETRY") == []  # the one retry ran in the step process
+    assert "attempt 2 starts in this step process at once (nothing to wait for)" in messages(instance, result.run_id)
     failure = events(instance, result.run_id, "STEP_FAILURE")[0].dagster_event.step_failure_data
     assert "max_preemptions=1" in failure.error.message
 
@@ -359,7 +371,7 @@ def test_demo_with_an_injected_preemption_helper(config_path: Path, reference_sh
     assert os.environ["GPU_OPS_PIDFILE_DIR"] == str(config_path.parent / "pids")  # restored
 
 
-class NoCapacityOnce(GpuCompute):
+class NoCapacityOnce(LocalGpuCompute):
     """The first launch fails the way the Kubetorch backend reports missing capacity
     (its ComputeSetupError raised from kubetorch's ResourceNotAvailableError)."""
 

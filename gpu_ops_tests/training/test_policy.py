@@ -31,19 +31,32 @@ def cls(outcome: Outcome) -> Classification:
     return Classification(outcome, "test")
 
 
-def test_preemptions_retry_with_growing_jittered_backoff() -> None:
+def test_preemptions_without_progress_retry_with_growing_jittered_backoff() -> None:
+    """Attempts preempted before any checkpoint (all their time lost) back off, so a
+    preemption loop cannot spin."""
     policy = PreemptionPolicy(backoff_s=2, backoff_max_s=30, jitter=0.25, fallback_after=None)
     rng = random.Random(1)
     history: list[AttemptRecord] = []
     waits = []
     for n in range(1, 6):
-        history.append(rec(n, Outcome.PREEMPTED))
+        history.append(AttemptRecord(n, Outcome.PREEMPTED, "spot", 60.0, 60.0))
         d = decide(policy, BASE, history, cls(Outcome.PREEMPTED), rng)
         assert d.action is Action.RETRY
         nominal = min(30, 2 * 2 ** (n - 1))
         assert nominal * 0.75 <= d.wait_s <= nominal * 1.25
         waits.append(d.wait_s)
     assert waits[3] > waits[0]
+
+
+def test_a_preemption_after_progress_retries_at_once() -> None:
+    """The default backoff (5 s) must not stand between a preemption and its resume when the
+    attempt had saved a checkpoint: there is nothing to wait for."""
+    policy = PreemptionPolicy()
+    d = decide(policy, BASE, [AttemptRecord(1, Outcome.PREEMPTED, "spot", 60.0, 2.5)], cls(Outcome.PREEMPTED), random.Random(1))
+    assert d.action is Action.RETRY and d.wait_s == 0.0 and "no backoff" in d.reason
+    lost_all = [AttemptRecord(1, Outcome.PREEMPTED, "spot", 60.0, 2.5), AttemptRecord(2, Outcome.PREEMPTED, "spot", 3.0, 3.0)]
+    d = decide(policy, BASE, lost_all, cls(Outcome.PREEMPTED), random.Random(1))
+    assert 5 * 0.75 <= d.wait_s <= 5 * 1.25  # the second, without a checkpoint, backs off
 
 
 def test_preemptions_are_counted_separately_from_errors() -> None:

@@ -1,0 +1,125 @@
+"""The two gates a GPU launch passes, as Dagster resources that ``GpuCompute`` depends on.
+
+- :class:`BudgetGate`: an enforced budget that blocks or throttles the launch's scope
+  refuses it (``dg.Failure(allow_retries=False)`` saying how to lift it);
+- :class:`GpuAdmission`: the GPU quotas of ``compute.quotas``, held as fenced leases
+  (:mod:`gpu_ops.compute.quota`): waits while the quotas are full (the reason in the run
+  log), then returns the running :class:`~gpu_ops.compute.quota.Heartbeat` whose lease the
+  launch holds, or None when no quota applies.
+
+Both read the gpu_ops configuration from ``config_path`` (default ``$GPU_OPS_CONFIG``, then
+the bundled demo). They are ``dg.ResourceDependency``s of ``GpuCompute``: a deployment can
+share one instance between compute resources, or give a test its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from gpu_ops.compute.request import GpuRequest
+
+Say = Callable[[str], None]
+
+
+class BudgetGate(dg.ConfigurableResource):
+    """Refuses launches that an enforced budget blocks or throttles (``alerts.enforcement``)."""
+
+    enabled: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
+    config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the demo).")
+
+    def check(self, request: GpuRequest) -> None:
+        if not self.enabled:
+            return
+        from gpu_ops.alerts.enforcement import assert_launch_allowed
+        from gpu_ops.config import load_config
+
+        assert_launch_allowed(load_config(self.config_path), request)
+
+
+@dataclass
+class _Waiting:
+    """The admission loop's state: since when, the next pause, what was said last."""
+
+    started: float
+    wait_s: float
+    said: tuple[str | None, float] = (None, 0.0)
+
+    def waited(self) -> float:
+        return time.monotonic() - self.started
+
+
+class GpuAdmission(dg.ConfigurableResource):
+    """Takes a fenced lease on a launch's GPUs under ``compute.quotas`` (see the module docstring)."""
+
+    config_path: str | None = Field(default=None, description="gpu_ops YAML with compute.quotas and compute.admission (default: $GPU_OPS_CONFIG, then the demo).")
+
+    def admit(self, request: GpuRequest, *, pools: list[str], run_id: str, asset_key: str, info: Say, warn: Say, fence_path: str | None = None) -> Any:
+        from gpu_ops.config import load_config
+
+        config = load_config(self.config_path)
+        from gpu_ops.compute.quota import LeaseBook, Quotas
+        from gpu_ops.storage.tables import TableStore
+
+        quotas = Quotas(team=dict(config.compute.quotas.team), pool=dict(config.compute.quotas.pool))
+        if not quotas or request.total_gpus == 0:
+            return None
+        settings = config.compute.admission
+        book = LeaseBook(TableStore.from_config(config), settings.lease_ttl_s)
+        state = _Waiting(time.monotonic(), settings.backoff_s)
+        while True:
+            admission = _try(book, quotas, request, pools, run_id, asset_key)
+            _report_reclaimed(admission, settings.lease_ttl_s, warn)
+            if admission.granted and admission.lease is not None:
+                return _hold(book, admission, settings.lease_ttl_s, state, info, warn, fence_path)
+            _wait(admission.reason, state, settings, warn)
+
+
+def _try(book: Any, quotas: Any, request: GpuRequest, pools: list[str], run_id: str, asset_key: str) -> Any:
+    from gpu_ops.compute.quota import QuotaExceeded
+    from gpu_ops.errors import LaunchRefused
+
+    try:
+        return book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id, asset_key=asset_key)
+    except QuotaExceeded as exc:
+        raise LaunchRefused(f"launch refused: {exc} (compute.quotas)", metadata={"refused_by": "compute.quotas"}) from None
+
+
+def _report_reclaimed(admission: Any, ttl_s: float, warn: Say) -> None:
+    for lease in admission.reclaimed:
+        warn(f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {ttl_s:g} s")
+
+
+def _hold(book: Any, admission: Any, ttl_s: float, state: _Waiting, info: Say, warn: Say, fence_path: str | None) -> Any:
+    from gpu_ops.compute.quota import Heartbeat
+
+    waited = state.waited()
+    info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
+    # Renewed six times per TTL; each renewal is good for half the TTL in the workers'
+    # fence, so a launcher that cannot renew has its workers stopped before the lease can
+    # expire (gpu_ops.compute.fence).
+    heartbeat = Heartbeat(book, admission.lease, ttl_s / 6, on_error=warn, fence_path=fence_path)
+    heartbeat.admission = admission
+    heartbeat.start()
+    return heartbeat
+
+
+def _wait(reason: str, state: _Waiting, settings: Any, warn: Say) -> None:
+    from gpu_ops.errors import LaunchRefused
+
+    waited = state.waited()
+    if waited >= settings.wait_timeout_s:
+        raise LaunchRefused(f"launch not admitted after {waited:.0f} s (compute.admission.wait_timeout_s): {reason}", metadata={"refused_by": "compute.quotas"})
+    if reason != state.said[0] or time.monotonic() - state.said[1] >= 60:
+        warn(f"{reason} (waited {waited:.0f} s of at most {settings.wait_timeout_s:g} s)")
+        state.said = (reason, time.monotonic())
+    time.sleep(min(state.wait_s, max(0.0, settings.wait_timeout_s - waited)))
+    state.wait_s = min(state.wait_s * 1.5, settings.backoff_max_s)
+
+
+__all__ = ["BudgetGate", "GpuAdmission"]

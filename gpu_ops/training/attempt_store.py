@@ -1,0 +1,143 @@
+"""The attempt records' table, ``gpu_ops_training_attempts``, in the gpu_ops database.
+
+A thin store for :class:`gpu_ops.training.attempts.Attempt`: one row per attempt, written
+with the state it moves *from* as a condition (``UPDATE ... WHERE state = :previous``), so
+the owner and a settler that found the attempt orphaned cannot both move it: the second
+write reports ``False`` and its writer reads the record again. Times of the heartbeat
+(``beat_at``) come from the database's clock.
+
+:data:`on_settled` is the one place a settled or decided attempt is reported: callables
+``fn(attempt)`` appended there (OpenTelemetry spans, MLflow logging) are called after the
+record is committed; one that raises is logged through :data:`warn` and never changes the
+attempt. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from gpu_ops.compute.quota import db_clock
+from gpu_ops.training.attempts import OPEN_STATES, Attempt, Decision, Owner, State
+
+ATTEMPT_TABLE = "gpu_ops_training_attempts"
+
+# Observers of settled/decided attempts (see the module docstring).
+on_settled: list[Callable[[Attempt], None]] = []
+warn: list[Callable[[str], None]] = [print]
+
+
+def _report(attempt: Attempt) -> None:
+    for fn in list(on_settled):
+        try:
+            fn(attempt)
+        except Exception as exc:  # noqa: BLE001 - an observer never changes the attempt
+            for w in warn:
+                w(f"on_settled observer {getattr(fn, '__name__', fn)} failed: {type(exc).__name__}: {exc}")
+
+
+def _to_row(a: Attempt) -> dict[str, Any]:
+    return {
+        "attempt_id": a.attempt_id, "run_id": a.run_id, "asset_key": a.asset_key, "attempt": a.attempt, "state": a.state.value,
+        "owner_host": a.owner.host, "owner_pid": a.owner.pid, "owner_started": a.owner.started, "step_key": a.owner.step_key,
+        "launch_name": a.launch_name, "lease_id": a.lease_id, "token": a.token, "worker_host": a.worker_host,
+        "worker_pids": json.dumps(list(a.worker_pids)), "worker_started": json.dumps(list(a.worker_started)), "workdir": a.workdir,
+        "planned_at": a.planned_at, "launched_at": a.launched_at, "first_step_at": a.first_step_at, "ended_at": a.ended_at,
+        "outcome": a.outcome, "reason": a.reason, "decision": a.decision.value if a.decision else None,
+        "bill": json.dumps(dict(a.bill), default=str), "settled_by": a.settled_by,
+    }
+
+
+def _from_row(r: Any) -> Attempt:
+    owner = Owner(r["owner_host"], int(r["owner_pid"]), r["owner_started"], r["run_id"], r["step_key"] or "")
+    return Attempt(
+        attempt_id=r["attempt_id"], run_id=r["run_id"], asset_key=r["asset_key"], attempt=int(r["attempt"]), owner=owner,
+        state=State(r["state"]), launch_name=r["launch_name"] or "", lease_id=r["lease_id"], token=r["token"],
+        worker_host=r["worker_host"], worker_pids=tuple(json.loads(r["worker_pids"] or "[]")),
+        worker_started=tuple(json.loads(r["worker_started"] or "[]")), workdir=r["workdir"], planned_at=r["planned_at"],
+        launched_at=r["launched_at"], first_step_at=r["first_step_at"], ended_at=r["ended_at"], outcome=r["outcome"],
+        reason=r["reason"] or "", decision=Decision(r["decision"]) if r["decision"] else None,
+        bill=json.loads(r["bill"] or "{}"), settled_by=r["settled_by"],
+    )
+
+
+class AttemptStore:
+    """The attempt records of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
+
+    def __init__(self, store: Any):
+        import sqlalchemy as sa
+
+        self.store, self._sa = store, sa
+        self.db_now = db_clock(store.dialect)
+        self._created = False
+        F, T, I = sa.Float, sa.Text, sa.Integer  # noqa: E741, N806
+        self.table = sa.Table(
+            ATTEMPT_TABLE, sa.MetaData(),
+            sa.Column("attempt_id", sa.String(64), primary_key=True),
+            *(sa.Column(n, T, nullable=False) for n in ("run_id", "asset_key", "state", "owner_host")),
+            sa.Column("attempt", I, nullable=False), sa.Column("owner_pid", I, nullable=False),
+            *(sa.Column(n, T) for n in ("step_key", "launch_name", "lease_id", "worker_host", "worker_pids", "worker_started")),
+            *(sa.Column(n, T) for n in ("workdir", "outcome", "reason", "decision", "bill", "settled_by")),
+            sa.Column("token", I),
+            *(sa.Column(n, F) for n in ("owner_started", "planned_at", "launched_at", "first_step_at", "ended_at", "beat_at")),
+            # Finders read the open attempts, an attempt its run's: neither scans the history.
+            sa.Index(f"ix_{ATTEMPT_TABLE}_state", "state"),
+            sa.Index(f"ix_{ATTEMPT_TABLE}_run", "run_id", "asset_key"),
+        )
+
+    def _ensure(self, conn: Any) -> None:
+        if not self._created:
+            self.table.create(conn, checkfirst=True)
+            self._created = True
+
+    def create(self, a: Attempt) -> Attempt:
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            conn.execute(self.table.insert().values(**_to_row(a), beat_at=self.db_now))
+        return a
+
+    def move(self, previous: Attempt, new: Attempt) -> bool:
+        """Write ``new`` if the stored record is still in ``previous.state``; False when
+        someone else moved it first (read it again with :meth:`get`)."""
+        t = self.table
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            done = conn.execute(
+                t.update().where(t.c.attempt_id == new.attempt_id, t.c.state == previous.state.value).values(**_to_row(new), beat_at=self.db_now)
+            )
+        if done.rowcount and new.state in (State.SETTLED, State.DECIDED):
+            _report(new)
+        return bool(done.rowcount)
+
+    def beat(self, attempt_id: str) -> None:
+        """The owner is alive (database clock)."""
+        t = self.table
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            conn.execute(t.update().where(t.c.attempt_id == attempt_id).values(beat_at=self.db_now))
+
+    def get(self, attempt_id: str) -> Attempt | None:
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            row = conn.execute(self.table.select().where(self.table.c.attempt_id == attempt_id)).mappings().first()
+        return _from_row(row) if row is not None else None
+
+    def open_attempts(self) -> list[tuple[Attempt, float]]:
+        """Every attempt in a non-final state, with the seconds since its owner's last beat."""
+        t = self.table
+        states = [s.value for s in OPEN_STATES] + [State.SETTLED.value]
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            rows = conn.execute(self._sa.select(t, (self.db_now - t.c.beat_at).label("quiet_s")).where(t.c.state.in_(states))).mappings().all()
+        return [(_from_row(r), float(r["quiet_s"] or 0.0)) for r in rows]
+
+    def of_run(self, run_id: str, asset_key: str) -> list[Attempt]:
+        t = self.table
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            rows = conn.execute(t.select().where(t.c.run_id == run_id, t.c.asset_key == asset_key).order_by(t.c.attempt)).mappings().all()
+        return [_from_row(r) for r in rows]
+
+
+__all__ = ["ATTEMPT_TABLE", "AttemptStore", "on_settled"]

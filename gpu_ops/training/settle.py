@@ -1,0 +1,192 @@
+"""Settling attempts whose owner is gone: the worker stopped, the time that ran billed, the lease released.
+
+The owner of an attempt (the Dagster step process that drives it) settles it itself when
+it can. When it cannot (SIGKILL of the step process or of the run worker, a node lost)
+the attempt stays in a non-final state; whoever finds it there without a live owner
+settles it: the next attempt (:func:`settle_orphans` at its start), the orphan sensor and
+``gpu-ops validate`` (:func:`settle_orphans` with ``found_by``). An owner on this host is
+checked by pid and process start time; one on another host is taken for gone when it has
+not beaten for ``stale_s`` seconds (database clock).
+
+Billing (:func:`ledger_row`): from the workers' start (``launched_at``) to their end,
+never the quota wait. The end of a worker that is still running when the attempt is
+found is *now* (it is stopped first: SIGTERM, so it checkpoints, then SIGKILL after the
+grace period); of one already gone, the time its result file was written, or the owner's
+last heartbeat. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_ops.compute.local import recorded_end
+from gpu_ops.training.attempt_store import AttemptStore
+from gpu_ops.training.attempts import Attempt, Decision, State, decide, same_process, settle
+from gpu_ops.training.classify import Outcome
+
+ORPHANED = Outcome.PREEMPTED.value  # the orchestrator was lost: a preemption, not the user's error
+
+
+@dataclass(frozen=True)
+class Settled:
+    attempt: Attempt
+    message: str
+
+
+def owner_gone(a: Attempt, quiet_s: float, stale_s: float) -> bool:
+    here = a.owner.alive_here()
+    if here is not None:
+        return not here
+    return quiet_s > stale_s
+
+
+def _live_workers(a: Attempt) -> list[int]:
+    if a.worker_host != socket.gethostname():
+        return []
+    starts = list(a.worker_started) + [None] * (len(a.worker_pids) - len(a.worker_started))
+    return [pid for pid, st in zip(a.worker_pids, starts) if same_process(pid, st)]
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_workers(a: Attempt, grace_s: float) -> bool:
+    """Stop the attempt's live workers on this host (SIGTERM, SIGKILL after ``grace_s``);
+    True when any was still running."""
+    alive = _live_workers(a)
+    for pid in alive:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _live_workers(a) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _live_workers(a):
+        _signal(pid, signal.SIGKILL)
+    return bool(alive)
+
+
+def _result_written(a: Attempt) -> float | None:
+    return recorded_end(a.workdir)
+
+
+def workers_ended_at(a: Attempt, quiet_s: float, stopped_now: bool) -> float:
+    now = time.time()
+    if stopped_now:
+        return now
+    return _result_written(a) or (now - quiet_s)
+
+
+def ledger_row(a: Attempt, last_checkpoint_at: dt.datetime | None = None) -> Any:
+    """The usage-ledger row of a settled attempt: from its workers' start to their end. An
+    attempt that never launched a worker is a row without GPUs (``bill`` says so), kept
+    because the ledger is also the retry policy's memory."""
+    from gpu_ops.training import ledger
+
+    assert a.ended_at is not None and a.outcome is not None
+    utc = dt.timezone.utc
+    began = a.launched_at if a.launched_at is not None else min(a.planned_at or a.ended_at, a.ended_at)
+    start, end = dt.datetime.fromtimestamp(began, utc), dt.datetime.fromtimestamp(a.ended_at, utc)
+    last = last_checkpoint_at if last_checkpoint_at is not None and last_checkpoint_at >= start else None
+    outcome = Outcome(a.outcome)
+    return ledger.LedgerRow(
+        start=start, end=end, run_id=a.run_id, asset_key=a.asset_key, attempt=a.attempt, outcome=outcome.value,
+        last_checkpoint_at=last, lost_seconds=ledger.lost_seconds(outcome, start, end, last), **a.bill,
+    )
+
+
+def bill_once(table_store: Any, row: Any, log: Any = None) -> bool:
+    """Append ``row`` unless the ledger already has this run, asset and attempt (a settler
+    that died between writing the ledger and the record does not bill twice).
+
+    The one place every attempt's ledger row is written, by its owner or by whoever settled
+    it orphaned (``log``: a Dagster-style logger, when there is one): per-attempt
+    observers that need the row (a span, an MLflow run) hook in here."""
+    from gpu_ops.training import ledger
+
+    seen = ledger.read(table_store, run_id=row.run_id, asset_key=row.asset_key, attempt=row.attempt)
+    if not seen.empty:
+        return False
+    from gpu_ops.observability.hooks import attempt_settled  # span, MLflow run and its experiment id (no-op when neither is set up)
+
+    row = attempt_settled(row, store=table_store, log=log)
+    ledger.append(table_store, [row])
+    return True
+
+
+def _release(table_store: Any, lease_id: str | None) -> None:
+    if lease_id:
+        from gpu_ops.compute.quota import LeaseBook
+
+        LeaseBook(table_store).release_id(lease_id)
+
+
+def _decision_for(a: Attempt, successor: tuple[str, str] | None) -> tuple[Decision, str]:
+    if successor == (a.run_id, a.asset_key):
+        return Decision.RETRY, "the next attempt of the run resumes from the newest checkpoint"
+    return Decision.FAIL, "found orphaned outside its run (the run's own retry or re-execution resumes from the checkpoint)"
+
+
+def settle_orphan(
+    stores: tuple[AttemptStore, Any], a: Attempt, quiet_s: float, *, found_by: str, successor: tuple[str, str] | None, grace_s: float,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
+) -> Settled | None:
+    """Settle one orphaned attempt; None when someone else moved it first."""
+    attempts, table_store = stores
+    if a.state is State.SETTLED:
+        settled = a
+    else:
+        stopped = stop_workers(a, grace_s)
+        ended = workers_ended_at(a, quiet_s, stopped)
+        why = f"its owner (pid {a.owner.pid} on {a.owner.host}, step {a.owner.step_key or '?'}) died while the attempt was {a.state.value}"
+        settled = settle(a, ORPHANED, why, ended, by=found_by)
+        if not attempts.move(a, settled):
+            return None
+    if settled.held_hardware:
+        bill_once(table_store, ledger_row(settled, last_checkpoint(settled)), log)
+    # The GPUs go back at once only when no worker can still hold them: none started, or
+    # they ran here and were stopped above. A remote worker's lease expires on its own
+    # (its fence stops the worker first).
+    released = settled.lease_id is not None and (not settled.worker_pids or settled.worker_host == socket.gethostname())
+    if released:
+        _release(table_store, settled.lease_id)
+    decision, what = _decision_for(settled, successor)
+    final = decide(settled, decision)
+    attempts.move(settled, final)
+    secs = (settled.ended_at or 0) - (settled.launched_at or settled.ended_at or 0)
+    msg = (
+        f"attempt {a.attempt} of {a.asset_key} (run {a.run_id[:8]}): {settled.reason}; settled by {found_by} as {settled.outcome}"
+        + (f", {secs:.1f} s of worker time billed" if settled.held_hardware else ", no worker had started")
+        + (", lease released" if released else ", lease left to expire" if settled.lease_id else "") + f"; {decision.value}: {what}"
+    )
+    return Settled(final, msg)
+
+
+def settle_orphans(
+    table_store: Any, *, found_by: str, successor: tuple[str, str] | None = None, stale_s: float = 60.0, grace_s: float = 10.0,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
+) -> list[Settled]:
+    """Settle every attempt in a non-final state whose owner is gone; what was done, one message each."""
+    attempts = AttemptStore(table_store)
+    done = []
+    for a, quiet_s in attempts.open_attempts():
+        if not owner_gone(a, quiet_s, stale_s):
+            continue  # its owner is running it (or deciding, when settled)
+        found = settle_orphan(
+            (attempts, table_store), a, quiet_s, found_by=found_by, successor=successor, grace_s=grace_s, last_checkpoint=last_checkpoint, log=log
+        )
+        if found is not None:
+            done.append(found)
+    return done
+
+
+__all__ = ["Settled", "bill_once", "ledger_row", "owner_gone", "settle_orphan", "settle_orphans", "stop_workers"]
