@@ -74,6 +74,7 @@ CHECKS: list[str] = [
     "gpu_ops.compute.checks:check_karpenter",
     "gpu_ops.compute.checks:check_gpu",
     "gpu_ops.training.checks:check_checkpoints",
+    "gpu_ops.training.checks:check_orphaned_attempts",
     "gpu_ops.alerts.checks:check_channels",
     "gpu_ops.cost.checks:check_usage_sources",
 ]
@@ -121,7 +122,8 @@ _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
 @click.option("--only", help="run only the check with this name, as printed: " + ", ".join(check_names()))
-def validate(config_path: str | None, only: str | None) -> None:
+@click.option("--settle-orphans", is_flag=True, help="settle training attempts whose owner is gone (bill what ran, stop workers, release leases); validate writes nothing otherwise")
+def validate(config_path: str | None, only: str | None, settle_orphans: bool) -> None:
     """Check configuration, storage, cluster and GPU; say how to fix each problem."""
     try:
         config = load_config(config_path)
@@ -132,6 +134,11 @@ def validate(config_path: str | None, only: str | None) -> None:
         click.echo("     fix: correct the fields named above")
         raise SystemExit(1) from None
     click.echo(f"ok   config: {config.source_path}")
+    if settle_orphans:
+        from gpu_ops.training.checks import check_orphaned_attempts
+
+        settled = check_orphaned_attempts(config, settle=True)
+        click.echo(f"{_MARK[settled.status]} {settled.name}: {settled.detail}")
     try:
         results = run_checks(config, only)
     except UnknownCheck as exc:

@@ -33,3 +33,41 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     if not ok:
         return CheckResult("checkpoints", "failed", f"{url}: a probe written there read back differently", fix)
     return CheckResult("checkpoints", "ok", f"{url} is writable (keep_last={config.training.keep_last})")
+
+
+def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:
+    """Messages for attempts left in a non-final state by an owner that is gone (settled
+    when ``settle``), or why none could be looked for. Reads only, unless ``settle``."""
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training.attempt_store import ATTEMPT_TABLE, AttemptStore
+    from gpu_ops.training.settle import owner_gone, settle_orphans
+
+    url = config.storage.resolved_url() if isinstance(config.storage.url, str) else ""
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not Path(url[len("sqlite:///"):]).exists():
+        return [], "no training attempt recorded yet (the database does not exist)"
+    store = TableStore.from_config(config)
+    if not store.has_table(ATTEMPT_TABLE):
+        return [], "no training attempt recorded yet"
+    if settle:
+        return [s.message for s in settle_orphans(store, found_by="gpu-ops validate")], None
+    stale = [a for a, quiet_s in AttemptStore(store).open_attempts() if owner_gone(a, quiet_s, stale_s=60.0)]
+    return [f"{a.run_id} {a.asset_key} attempt {a.attempt} is {a.state.value} and its owner (pid {a.owner.pid} on {a.owner.host}) is gone" for a in stale], None
+
+
+def check_orphaned_attempts(config: GpuOpsConfig, settle: bool = False) -> CheckResult:
+    """Attempts whose owner died (a killed step process or run worker) and nobody settled yet."""
+    try:
+        found, nothing = _orphans(config, settle)
+    except Exception as exc:  # a storage problem is reported by the storage check too
+        return CheckResult("orphaned_attempts", "failed", f"could not read the attempt records: {type(exc).__name__}: {exc}", "see the storage check")
+    if nothing is not None:
+        return CheckResult("orphaned_attempts", "ok", nothing)
+    if settle:
+        return CheckResult("orphaned_attempts", "ok", f"settled {len(found)} orphaned attempt(s)" + "".join(f"\n     - {m}" for m in found))
+    if not found:
+        return CheckResult("orphaned_attempts", "ok", "every attempt in a non-final state has a live owner")
+    return CheckResult(
+        "orphaned_attempts", "failed", f"{len(found)} attempt(s) left by an owner that is gone:" + "".join(f"\n     - {m}" for m in found),
+        "gpu-ops validate --settle-orphans bills what ran, stops the workers and releases their leases "
+        "(gpu_orphaned_attempts_sensor does the same every 30 s where the Dagster daemon runs)",
+    )

@@ -166,3 +166,36 @@ def test_the_sensor_settles_an_attempt_whose_step_died_with_no_attempt_after_it(
     assert record.state is State.DECIDED and record.decision is Decision.FAIL and record.settled_by == "the orphaned-attempts sensor"
     (row,) = ledger.read(store).itertuples(index=False)
     assert row.outcome == "preempted" and 3.0 < (row.end - row.start).total_seconds() < 6.0  # up to its owner's last beat
+
+
+def test_validate_reports_an_orphaned_attempt_and_settles_it_only_when_asked(tmp_path: Path) -> None:
+    import yaml
+
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///c.db"}, "prices": {"source": "t", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.2}}}}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_OPS_CONFIG": str(cfg)}
+    validate = [sys.executable, "-m", "gpu_ops.cli", "validate", "--only", "orphaned_attempts"]
+    before = subprocess.run(validate, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert before.returncode == 0 and "no training attempt recorded yet" in before.stdout
+    assert not (tmp_path / "c.db").exists()  # validate writes nothing unless asked
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = tr.started_since_boot(dead.pid)
+    dead.wait()
+    owner = Owner(os.uname().nodename, dead.pid, started, "run-7", "train")
+    a = tr.plan("gone7", "run-7", "train", 1, owner, launch_name="l", bill=BILL, at=time.time() - 5)
+    a = tr.launch(a, host=os.uname().nodename, pids=(dead.pid,), started=(started,), at=time.time() - 4, workdir=None)
+    store = TableStore(f"sqlite:///{tmp_path / 'c.db'}")
+    AttemptStore(store).create(a)
+
+    found = subprocess.run(validate, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert found.returncode == 1, found.stdout
+    assert f"run-7 train attempt 1 is launched and its owner (pid {dead.pid} on" in found.stdout and "--settle-orphans" in found.stdout
+    assert ledger.read(store).empty and len(AttemptStore(store).open_attempts()) == 1  # reported, not touched
+
+    settled = subprocess.run([*validate, "--settle-orphans"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert settled.returncode == 0, settled.stdout
+    assert "settled 1 orphaned attempt(s)" in settled.stdout and "settled by gpu-ops validate as preempted" in settled.stdout
+    assert AttemptStore(store).open_attempts() == []
+    (row,) = ledger.read(store).itertuples(index=False)
+    assert row.outcome == "preempted" and row.run_id == "run-7"
