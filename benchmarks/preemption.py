@@ -219,7 +219,7 @@ def measure_recovery(sig: int, standby: bool, steps: int = 500, executor: str = 
     def first(pred) -> float:
         return next(e.timestamp for e in logs if e.message and pred(e.message)) - t0
 
-    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 start-up"))
+    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 startup_times="))
     times = json.loads(startup.split("startup_times=", 1)[1])
     out = {
         "retry_requested": first(lambda m: "-> retry:" in m),
@@ -253,7 +253,7 @@ def measure_death(death: str, executor: str, steps: int = 500) -> float:
         return t
 
     logs, t0, _ = _demo_with_preemption("", f"demo_steps: {steps}, demo_checkpoint_interval_s: 1.0", preempt, executor, backoff_zero=False)
-    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 start-up"))
+    startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 startup_times="))
     return float(json.loads(startup.split("startup_times=", 1)[1])["first_step"]) - t0
 
 

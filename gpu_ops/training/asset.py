@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from gpu_ops import formatting as fmt
+
 from gpu_ops.compute import hardware
 from gpu_ops.compute.backend import WorkerReport
 from gpu_ops.compute.catalog import gpu_share
@@ -201,7 +203,8 @@ class _EventSink:
         marks = [(k, times[k]) for k in order if isinstance(times.get(k), (int, float))]
         steps = ", ".join(f"{k} +{t - prev:.2f} s" for (_, prev), (k, t) in zip(marks, marks[1:]))
         who = "a standby worker (warm before the attempt began)" if times.get("standby") else "a new worker"
-        self.log.info(f"attempt {self.attempt} start-up on {who}: {steps}; startup_times={json.dumps(times)}")
+        self.log.info(f"attempt {self.attempt} start-up on {who}: {steps}")
+        self.log.debug(f"attempt {self.attempt} startup_times={json.dumps(times)}")  # absolute times, for benchmarks/preemption.py
 
 
 def _fmt(v: Any) -> str:
@@ -486,7 +489,7 @@ def _settle(step: _Step, launched: _Launched, c: Classification) -> tuple[float,
         step.log.warning(f"attempt {step.attempt} was settled by {step.recorder.taken_over.settled_by} while its step still ran")
     if row is not None:
         step.log.info(
-            f"ledger: attempt {step.attempt} {c.outcome.value} ({c.reason}); {row.gpu_hours:.6f} GPU-h on {row.capacity_type} "
+            f"ledger: attempt {step.attempt} {c.outcome.value} ({c.reason}); {fmt.gpu_hours(row.gpu_hours)} on {row.capacity_type} "
             f"{row.gpu_count}x {row.gpu_type} ({row.hardware_source}) for {row.duration_s:.1f} s of worker time, lost {row.lost_seconds:.1f} s of work"
         )
         return row.duration_s, row.lost_seconds
@@ -696,11 +699,11 @@ def _materialization_metadata(
         "preemptions": dg.MetadataValue.int(outcomes.count(Outcome.PREEMPTED.value)),
         "oom_retries": dg.MetadataValue.int(outcomes.count(Outcome.OOM.value)),
         "infrastructure_retries": dg.MetadataValue.int(outcomes.count(Outcome.INFRASTRUCTURE.value)),
-        "gpu_hours": dg.MetadataValue.float(gpu_hours),
+        "gpu_hours": dg.MetadataValue.float(fmt.round_hours(gpu_hours) or 0.0),
         "lost_gpu_hours": dg.MetadataValue.float(
-            float(sum(r.gpu_count * r.gpu_share * r.lost_seconds / 3600.0 for r in rows.itertuples(index=False))) if not rows.empty else 0.0
+            fmt.round_hours(sum(r.gpu_count * r.gpu_share * r.lost_seconds / 3600.0 for r in rows.itertuples(index=False))) or 0.0
         ),
-        "cost_usd": dg.MetadataValue.float(cost) if cost is not None else dg.MetadataValue.text(f"unknown: no price for {', '.join(sorted(set(missing)))}"),
+        "cost_usd": dg.MetadataValue.float(fmt.round_money(cost) or 0.0) if cost is not None else dg.MetadataValue.text(f"unknown: no price for {', '.join(sorted(set(missing)))}"),
         "currency": config.prices.currency,
         "decision": decision.reason,
         "attempt_history": dg.MetadataValue.md("\n".join(lines)),

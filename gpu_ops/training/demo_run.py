@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gpu_ops import formatting as fmt
+
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"  # where the local backend writes worker pid files
 
 
@@ -91,7 +93,7 @@ def materialize_with_preemption(
     injected = f"{name} to worker pid {injector.killed_pid}" if injector.killed_pid else "no signal (training ended first)"
     echo(
         f"train_demo_model: injected {injected}; {md.get('attempts')} attempt(s), {md.get('preemptions')} preemption(s), "
-        f"final_loss {md.get('final_loss'):.4f}, {md.get('gpu_hours'):.5f} GPU-h, cost {md.get('cost_usd')} {md.get('currency', '')}, "
+        f"final_loss {md.get('final_loss'):.4f}, {fmt.gpu_hours(md.get('gpu_hours'))}, cost {fmt.money(md.get('cost_usd'), str(md.get('currency', 'USD')))}, "
         f"weights_sha256 {str(md.get('weights_sha256'))[:16]}…"
     )
     md["run_id"] = result.run_id
