@@ -119,7 +119,9 @@ def test_dg_project_trains_through_a_killed_worker_then_materializes_the_cost_da
     assert killer.killed_pid is not None, "the worker was never seen training"
     md = _metadata(tmp_path / "home", "train_small")
     assert md["attempts"] == 2 and md["preemptions"] == 1
-    assert md["gpu_hours"] > 0 and md["cost_usd"] > 0 and len(md["weights_sha256"]) == 64
+    assert md["gpu_hours"] > 0 and md["cost_usd"] == round(md["cost_usd"], 2) and len(md["weights_sha256"]) == 64
+    # cost to the cent (issue 22): the simulated T4 (demo prices $0.21 spot .. $0.53 on-demand) times the GPU-hours, rounded
+    assert 0.21 * md["gpu_hours"] - 0.01 <= md["cost_usd"] <= 0.53 * md["gpu_hours"] + 0.01
     from gpu_ops_tests.training.test_gpu_asset import uninterrupted_sha
 
     assert md["weights_sha256"] == uninterrupted_sha(tmp_path / "ref")

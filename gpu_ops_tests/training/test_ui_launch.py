@@ -208,7 +208,9 @@ def test_materialize_from_the_ui_survives_a_killed_worker(dagster_ui: tuple[str,
     assert mats and mats[0]["runId"] == run_id
     md = {e["label"]: e.get("intValue", e.get("floatValue", e.get("text"))) for e in mats[0]["metadataEntries"]}
     assert md["attempts"] == 2 and md["preemptions"] == 1
-    assert md["gpu_hours"] > 0 and md["cost_usd"] > 0 and md["final_loss"] > 0
+    assert md["gpu_hours"] > 0 and md["cost_usd"] == round(md["cost_usd"], 2) and md["final_loss"] > 0
+    # cost to the cent (issue 22): the simulated T4 (demo prices $0.21 spot .. $0.53 on-demand) times the GPU-hours, rounded
+    assert 0.21 * md["gpu_hours"] - 0.01 <= md["cost_usd"] <= 0.53 * md["gpu_hours"] + 0.01
     assert md["declared_gpu"] == "1x t4" and md["actual_gpu"] and md["pricing"]
     assert len(md["weights_sha256"]) == 64
 
