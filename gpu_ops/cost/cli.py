@@ -159,14 +159,9 @@ class Inputs:
         """Priced usage of the window. With ``keep`` (only sums by those columns are
         needed) file sources are streamed in batches: memory bounded by ``batch_rows``."""
         from gpu_ops.cost.pipeline import load_raw, price_window
-        from gpu_ops.cost.stream import DEFAULT_BATCH_ROWS, stream_priced, streamable
         from gpu_ops.cost.usage import UsageSourceError
 
         try:
-            if keep is not None and streamable(self.sources):
-                rows = batch_rows or (self.config.usage.batch_rows if self.config else DEFAULT_BATCH_ROWS)
-                engine = engine or (self.config.usage.engine if self.config else "auto")
-                return stream_priced(self.sources, self.prices, window_start, window_end, as_of, keep, columns, rows, self.store(), engine=engine)
             raw, inventory = load_raw(self.sources, self.store(), columns)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None

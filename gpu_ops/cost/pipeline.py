@@ -88,14 +88,14 @@ def price_window(
     ``keep_columns`` drops every other column before the split: at ten million rows each
     column carried through the split costs a full copy.
     """
+    from gpu_ops.cost.engine import validate
+
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate_usage(raw_usage, prices)
-    rows = dedupe_intervals(v.rows) if dedupe else v.rows
+    v = validate([raw_usage], prices)
+    rows = v.rows
     if keep_columns is not None:
         rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
-    # Coded prices (no per-row dollars) only where nothing downstream needs them per row.
-    per_row = drop_empty or raw_inventory is not None
-    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty), per_row=per_row)
+    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty))
     return with_idle(PricedUsage(pieces, quarantine_in_window(v.quarantine, ws, we), ws, we, asof), raw_inventory, prices)
 
 
