@@ -26,11 +26,11 @@ result to the pandas consumers (split, attribution) until those move here too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost import rules as R
+from gpu_ops.cost.read import FileRows
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
@@ -51,6 +51,8 @@ class Part:
     source: str
     location: str | None  # None: the table has a location column
     has_row: bool
+    labels: dict[str, R.Stored]  # label:<name> columns
+    has_source: bool
 
 
 @dataclass
@@ -70,9 +72,9 @@ def stored(t: Any) -> R.Stored:
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
         return R.Stored(R.STORED_BINARY)
     if pa.types.is_timestamp(t):
-        return R.Stored(R.STORED_TIME, timestamp_tz_ns=t.unit == "ns" and t.tz is not None)
+        return R.Stored(R.STORED_TIME, unit=t.unit)
     if pa.types.is_date(t):
-        return R.Stored(R.STORED_TIME)
+        return R.Stored(R.STORED_TIME, unit="day" if pa.types.is_date32(t) else "ms")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         return R.Stored(R.STORED_NUMBER)
     if pa.types.is_null(t):
@@ -128,6 +130,11 @@ class UsageEngine:
         import pyarrow as pa
 
         table = _text_as_binary_where_invalid(table)
+        layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
+        labels = {f.name: stored(f.type) for f in table.schema if f.name.startswith("label:")}
+        if labels:
+            layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
+        table = _times_as_integers(table)
         n = table.num_rows
         if rows is not None:
             table = _set(table, "__row", pa.array(np.asarray(rows, np.int64)))
@@ -142,8 +149,7 @@ class UsageEngine:
             table = _set(table, "__source", table.column("source").cast(pa.string()))
         name = f"part_{len(self.parts)}"
         self.con.register(name, table)
-        layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names))
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names))
 
     def add_problem(self, location: str, reason: str, source: str = "file", row: int | None = None) -> None:
         """A file or pattern that gave no rows (no ``row``), or one CSV line (``row``)."""
@@ -156,14 +162,11 @@ class UsageEngine:
         selects = []
         for i, p in enumerate(self.parts):
             loc = "__location" if p.location is None else R.literal(p.location)
-            src = "__source" if any(f == "__source" for f in self._columns(p)) else R.literal(p.source)
+            src = "__source" if p.has_source else R.literal(p.source)
             row = "__row" if p.has_row else f"row_number() OVER (PARTITION BY {loc} ORDER BY __pos)"
-            cols = [*R.raw_select(p.layout), *R.number_text_flags(p.layout)]
+            cols = [*R.raw_select(p.layout, p.labels), *R.number_text_flags(p.layout)]
             selects.append(f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name}")
         return " UNION ALL BY NAME ".join(selects)
-
-    def _columns(self, p: Part) -> list[str]:
-        return [r[0] for r in self.con.execute(f"DESCRIBE {p.name}").fetchall()]
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
@@ -269,8 +272,7 @@ class UsageEngine:
         got = self.con.execute(sql).fetchnumpy()
         out: dict[str, Any] = {}
         for c in times:
-            us = np.asarray(got[c])
-            ns = _us_to_ns(us)
+            ns = _us_to_ns(got[c])
             out[{"start_us": "start", "end_us": "end", "last_checkpoint_us": "last_checkpoint_at"}[c]] = utc_series(ns)
         for c in text:
             out[c] = pd.Series(np.asarray(got[c], dtype=object), dtype=object)
@@ -297,6 +299,19 @@ class UsageEngine:
             "FROM superseded s JOIN good USING (ord, pos) ORDER BY ord, pos"
         ).replace("{lo}", str(R.TIME_MIN_US)).replace("{hi}", str(R.TIME_MAX_US))
         return _quarantine_frame(self.problems, self.con.execute(sql).fetchnumpy())
+
+
+def _times_as_integers(table: Any) -> Any:
+    """Timestamp and date columns as their integers (unit in the layout): any value, even
+    past what DuckDB's timestamps hold, reaches the rule book, which judges it."""
+    import pyarrow as pa
+
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type) or pa.types.is_date64(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.int64()))
+        elif pa.types.is_date32(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.int32()).cast(pa.int64()))
+    return table
 
 
 def _set(table: Any, name: str, values: Any) -> Any:
@@ -400,14 +415,35 @@ def _arrow_column(s: Any) -> Any:
         return pa.array([None if v is None or (isinstance(v, float) and v != v) else str(v) for v in s], pa.string())
 
 
-def validate(raw_frames: Iterable[Any], prices: PriceMatrix, tables: Sequence[tuple[Any, str, str | None]] = ()) -> EngineResult:
-    """The engine over raw pandas frames and Arrow ``tables`` ((table, source, location))."""
+@dataclass
+class UsageInput:
+    """What a read found: files as Arrow, tables (ledger, collected pods) as raw frames,
+    and the patterns or files that gave nothing (location, reason)."""
+
+    files: list[FileRows] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def add_to(self, engine: "UsageEngine") -> None:
+        for location, reason in self.problems:
+            engine.add_problem(location, reason)
+        for f in self.files:
+            engine.add_arrow(f.table, "file", str(f.path), f.rows)
+            for row, why in f.bad_lines:
+                engine.add_problem(str(f.path), why, row=row)
+        for raw in self.frames:
+            add_frame(engine, raw)
+
+
+def validate(usage: Any, prices: PriceMatrix) -> EngineResult:
+    """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list)."""
     engine = UsageEngine(prices)
     try:
-        for table, source, location in tables:
-            engine.add_arrow(table, source, location)
-        for raw in raw_frames:
-            add_frame(engine, raw)
+        if isinstance(usage, UsageInput):
+            usage.add_to(engine)
+        else:
+            for raw in usage if isinstance(usage, (list, tuple)) else [usage]:
+                add_frame(engine, raw)
         return engine.run()
     finally:
         engine.close()

@@ -19,18 +19,20 @@ from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F4
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
+from gpu_ops.cost.engine import UsageInput
+from gpu_ops.cost.read import read_file
 from gpu_ops.cost.usage import (
+    UsageSourceError,
+    _distinct_files as distinct_files,
     concat_raw,
-    dedupe_intervals,
     empty_quarantine,
     quarantine_in_window,
     read_intervals,
     read_inventory_files,
     read_ledger,
-    read_usage_files,
+    require_usage_columns,
     running_starts,
     validate_inventory,
-    validate_usage,
 )
 
 PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
@@ -73,7 +75,7 @@ def default_as_of(day: dt.date, now: dt.datetime | None = None) -> pd.Timestamp:
 
 
 def price_window(
-    raw_usage: pd.DataFrame,
+    raw_usage: Any,
     raw_inventory: pd.DataFrame | None,
     prices: PriceMatrix,
     window_start: Any,
@@ -91,7 +93,7 @@ def price_window(
     from gpu_ops.cost.engine import validate
 
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate([raw_usage], prices)
+    v = validate(raw_usage, prices)
     rows = v.rows
     if keep_columns is not None:
         rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
@@ -171,8 +173,8 @@ def load_raw(
     now: dt.datetime | None = None,
     window: Window | None = None,
     stats: ReadStats | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(raw usage, raw inventory or None) from every configured source.
+) -> tuple[UsageInput, pd.DataFrame | None]:
+    """(what every usage source holds, as the engine takes it; raw inventory or None).
 
     Kubernetes sources are collected now and recorded in ``store`` (see
     :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
@@ -181,24 +183,48 @@ def load_raw(
     everything would) and ``stats`` records what was read; Parquet footer summaries are
     then cached in ``store`` (:mod:`gpu_ops.cost.footers`).
     """
-    frames = []
+    usage = UsageInput()
     if sources.usage_files:
-        # Row numbers are only needed by bad rows when nothing else is read (the CLI's fast path).
-        row_numbers = columns is None or sources.count > 1
-        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers, window, sources.lookback_days, stats, _footers(store, window)))
+        _read_files(usage, sources, columns, window, stats, _footers(store, window))
     if sources.ledger:
         if store is None:
             raise ValueError("usage source 'ledger' needs the storage database (storage.url)")
-        frames.append(read_ledger(store, window, stats))
+        usage.frames.append(read_ledger(store, window, stats))
     collect(sources, store, core_api_factory, now)
     if sources.kubernetes:
         from gpu_ops.cost import kubernetes as k8s
 
-        frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
-    raw = concat_raw(frames)
-    if window is not None and sources.count > 1:
-        raw = _with_closed_twins(raw, sources, store, window)
-    return raw, load_inventory(sources, store, window, stats)
+        usage.frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
+    usage.frames = [f for f in usage.frames if len(f.columns)]
+    if window is not None and usage.frames and (sources.ledger or sources.kubernetes):
+        usage.frames = [_with_closed_twins(concat_raw(usage.frames), sources, store, window)]
+    return usage, load_inventory(sources, store, window, stats)
+
+
+def _read_files(usage: UsageInput, sources: SourceSet, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: Any) -> None:
+    """Each file the patterns match, once, as Arrow (what cannot be read: a problem)."""
+    from gpu_ops.cost import window as win
+    from gpu_ops.cost.columns import parquet_columns
+
+    files = list(distinct_files(sources.usage_files, sources.base_dir, window, sources.lookback_days, stats))
+    if footers is not None:
+        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
+    for path, problem in files:
+        try:
+            if problem is not None:
+                raise problem
+            assert path is not None
+            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
+            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
+                require_usage_columns(path, parquet_columns(cached, columns))
+                continue
+            usage.files.append(read_file(path, columns, window, stats, footers))
+        except UsageSourceError as exc:
+            usage.problems.append((exc.location, exc.reason))
+    if footers is not None:
+        footers.save()
+        if footers.problem and stats is not None:
+            stats.footer_cache_problem = footers.problem
 
 
 def _footers(store: Any, window: Window | None) -> Any:

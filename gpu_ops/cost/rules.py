@@ -99,7 +99,7 @@ class Stored:
 
     kind: str
     nested: str = ""
-    timestamp_tz_ns: bool = False
+    unit: str = ""  # times: the integer unit they are handed over in (s, ms, us, ns, day)
 
 
 def raw_text(col: str, stored: Stored) -> str:
@@ -110,14 +110,26 @@ def raw_text(col: str, stored: Stored) -> str:
     if stored.kind == STORED_BINARY:
         return f"try(decode({c}))"
     if stored.kind == STORED_TIME:
-        return f"strftime({_as_timestamp(c, stored)}, '%Y-%m-%dT%H:%M:%S')"
+        us = _epoch_us(c, stored)
+        return f"CASE WHEN {us} IS NOT NULL THEN strftime(make_timestamp({us}), '%Y-%m-%dT%H:%M:%S') ELSE CAST({c} AS VARCHAR) || ' {stored.unit} since 1970-01-01' END"
     if stored.kind in (STORED_NUMBER, STORED_OTHER):
         return f"CAST({c} AS VARCHAR)"
     return "CAST(NULL AS VARCHAR)"
 
 
-def _as_timestamp(c: str, stored: Stored) -> str:
-    return f"CAST({c} AS TIMESTAMPTZ)" if stored.timestamp_tz_ns else c
+_US_PER = {"s": 10**6, "ms": 10**3, "us": 1, "day": 86_400 * 10**6}
+# The largest magnitude per unit that DuckDB can still hold as a timestamp (year 294,247).
+_DUCK_MAX_US = 9_000_000_000_000_000_000  # about year 287,000
+
+
+def _epoch_us(c: str, stored: Stored) -> str:
+    """SQL: an integer time of ``stored.unit`` as microseconds (NULL past what DuckDB holds)."""
+    if stored.unit == "ns":
+        return f"({c} // 1000)"
+    scale = _US_PER[stored.unit]
+    if scale == 1:
+        return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US} THEN {c} END)"
+    return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US // scale} THEN {c} * {scale} END)"
 
 
 def raw_problems(col: str, stored: Stored) -> list[tuple[str, str, str]]:
@@ -134,7 +146,7 @@ def parsed_time(col: str, stored: Stored) -> str:
     """SQL: a time column as UTC microseconds (NULL when missing or unparseable)."""
     c = quote(col)
     if stored.kind == STORED_TIME:
-        return f"epoch_us({_as_timestamp(c, stored)})"
+        return f"coalesce({_epoch_us(c, stored)}, CASE WHEN {c} IS NOT NULL THEN {TIME_MAX_US} * 2 * sign({c}) END)"
     if stored.kind in (STORED_TEXT, STORED_BINARY, STORED_NUMBER, STORED_OTHER):
         return f"epoch_us(TRY_CAST(nullif({_trim(raw_text(col, stored))}, '') AS TIMESTAMPTZ))"
     return "CAST(NULL AS BIGINT)"
@@ -150,12 +162,28 @@ def parsed_number(col: str, stored: Stored) -> str:
     return "CAST(NULL AS DOUBLE)"
 
 
-def raw_select(layout: dict[str, Stored]) -> list[str]:
+def labels_text(layout: dict[str, Stored], label_columns: dict[str, Stored]) -> str:
+    """SQL: the ``labels`` JSON object with the ``label:<name>`` columns merged in (a
+    non-blank cell each); a ``labels`` cell that is not a JSON object is kept as written
+    (its rule quarantines it)."""
+    base = raw_text("labels", layout.get("labels", Stored(STORED_NULL)))
+    if not label_columns:
+        return base
+    pairs = ", ".join(
+        f"{{'k': {literal(c[len('label:'):])}, 'v': {_trim(raw_text(c, st))}}}" for c, st in label_columns.items()
+    )
+    extra = f"CAST(to_json(map_from_entries(list_filter([{pairs}], lambda x: coalesce(x.v, '') <> ''))) AS VARCHAR)"
+    b = f"coalesce(nullif({_trim(base)}, ''), '{{}}')"
+    return f"CASE WHEN json_valid({b}) THEN (CASE WHEN json_type({b}) = 'OBJECT' THEN CAST(json_merge_patch({b}, {extra}) AS VARCHAR) ELSE {base} END) ELSE {base} END"
+
+
+def raw_select(layout: dict[str, Stored], label_columns: dict[str, Stored] | None = None) -> list[str]:
     """The raw layer's select list for a source whose columns are stored as ``layout``."""
     out = []
     for col in ALL_COLUMNS:
         stored = layout.get(col, Stored(STORED_NULL))
-        out.append(f"{raw_text(col, stored)} AS {quote('r_' + col)}")
+        text = labels_text(layout, label_columns) if col == "labels" and label_columns else raw_text(col, stored)
+        out.append(f"{text} AS {quote('r_' + col)}")
         if col in TIME_COLUMNS:
             out.append(f"{parsed_time(col, stored)} AS {quote('p_' + col)}")
             out.append(f"{'true' if stored.kind == STORED_TIME else 'false'} AS {quote('typed_' + col)}")
