@@ -125,11 +125,12 @@ class Inputs:
         self.config = cfg
         self.idle = idle or (cfg.usage.idle if cfg else "row")
         self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by else (list(cfg.usage.group_by) if cfg else ["team", "project"])
-        from gpu_ops.config import GROUPING_KEYS
+        from gpu_ops.config import check_group_by
 
-        for key in self.group_by:
-            if key not in GROUPING_KEYS and not key.startswith("label:"):
-                raise click.BadParameter(f"unknown grouping key {key!r}: use {', '.join(GROUPING_KEYS)} or label:<name>", param_hint="--by")
+        try:
+            self.group_by = check_group_by(self.group_by)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--by") from None
 
     def data_range(self) -> tuple[Any, Any] | None:
         """(first start, last end) of the usage in the file and ledger sources, or None."""
@@ -160,9 +161,14 @@ class Inputs:
         needed) file sources are streamed in batches: memory bounded by ``batch_rows``."""
         from gpu_ops.cost.pipeline import load_raw, price_window
         from gpu_ops.cost.usage import UsageSourceError
+        from gpu_ops.cost.window import ReadStats, Window
 
+        stats = ReadStats()
         try:
-            raw, inventory = load_raw(self.sources, self.store(), columns)
+            # The same bounded read as the daily asset: what is priced is what it prices.
+            raw, inventory = load_raw(self.sources, self.store(), columns, window=Window(window_start, window_end), stats=stats)
+            if stats.files_beyond_lookback:
+                click.echo(f"warning: {stats.lookback_warning()}", err=True)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
         return price_window(raw, inventory, self.prices, window_start, window_end, as_of, dedupe=self.sources.count > 1, keep_columns=keep, drop_empty=drop_empty)

@@ -83,8 +83,10 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
 
 def _csv_header(path: Path) -> list[str]:
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the first name
-            header = next(csv.reader(f), None)
+        with path.open("rb") as f:  # the header line only: a bad byte further down costs its row
+            first = f.readline(1 << 20)
+        text = first.decode("utf-8-sig")  # a byte-order mark is not part of the first name
+        header = next(csv.reader([text.rstrip("\r\n")]), None)
     except UnicodeDecodeError as exc:
         raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
     except (OSError, csv.Error) as exc:
@@ -94,15 +96,30 @@ def _csv_header(path: Path) -> list[str]:
     return header
 
 
+def _not_text(path: Path) -> None:
+    """Raise "not UTF-8 text" when the file's first 64 KiB are not UTF-8."""
+    with path.open("rb") as f:
+        head = f.read(1 << 16)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not just a character cut at the block's end
+            raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
+
+
 def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None) -> FileRows:
     import numpy as np
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     header = _csv_header(path)
-    _unique_names(path, header)
     present = [c for c in header if columns is None or c in columns or c.startswith("label:")]
-    require_usage_columns(path, present)
+    try:
+        require_usage_columns(path, present)
+    except UsageSourceError:
+        _not_text(path)  # bytes that are no text at all say so, rather than "missing columns"
+        raise
+    _unique_names(path, header)
     # Cells as bytes: the rule book decodes them, so one bad byte costs one row.
     opts = pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}, include_columns=present, strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
     read = pacsv.ReadOptions(column_names=header, skip_rows=1, use_threads=False, block_size=1 << 24)
