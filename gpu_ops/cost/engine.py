@@ -90,8 +90,8 @@ def _text_as_binary_where_invalid(table: Any) -> Any:
     values row by row); DuckDB refuses such text outright."""
     import pyarrow as pa
 
-    for i, field in enumerate(table.schema):
-        t = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+    for i, fld in enumerate(table.schema):
+        t = fld.type.value_type if pa.types.is_dictionary(fld.type) else fld.type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             continue
         col = table.column(i)
@@ -99,9 +99,9 @@ def _text_as_binary_where_invalid(table: Any) -> Any:
             for chunk in col.chunks:
                 chunk.validate(full=True)
         except pa.ArrowInvalid:
-            plain = col.cast(t) if pa.types.is_dictionary(field.type) else col
+            plain = col.cast(t) if pa.types.is_dictionary(fld.type) else col
             binary = pa.large_binary() if pa.types.is_large_string(t) else pa.binary()
-            table = table.set_column(i, pa.field(field.name, binary), plain.cast(binary))
+            table = table.set_column(i, pa.field(fld.name, binary), plain.cast(binary))
     return table
 
 
@@ -175,7 +175,8 @@ class UsageEngine:
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
         gpu_raw = [r[0] for r in self.con.execute("SELECT DISTINCT gpu_type_raw FROM typed").fetchall()]
-        canon, errors = [], []
+        canon: list[str | None] = []
+        errors: list[str | None] = []
         for g in gpu_raw:
             try:
                 canon.append(canonical_gpu_type(g) if g else None)
@@ -280,7 +281,7 @@ class UsageEngine:
             out[c] = np.asarray(pd.array(got[c], dtype="Float64").to_numpy(dtype=float, na_value=np.nan), float)
         out["source"] = pd.Series(np.asarray(got["source"], dtype=object))
         out["location"] = pd.Series(np.asarray(got["location"], dtype=object))
-        out["row"] = pd.array(got["row"], dtype="Int64")
+        out["row"] = _int64(got["row"])
         return pd.DataFrame(out)
 
     def _quarantine(self) -> Any:
@@ -306,11 +307,11 @@ def _times_as_integers(table: Any) -> Any:
     past what DuckDB's timestamps hold, reaches the rule book, which judges it."""
     import pyarrow as pa
 
-    for i, field in enumerate(table.schema):
-        if pa.types.is_timestamp(field.type) or pa.types.is_date64(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(pa.int64()))
-        elif pa.types.is_date32(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(pa.int32()).cast(pa.int64()))
+    for i, fld in enumerate(table.schema):
+        if pa.types.is_timestamp(fld.type) or pa.types.is_date64(fld.type):
+            table = table.set_column(i, fld.name, table.column(i).cast(pa.int64()))
+        elif pa.types.is_date32(fld.type):
+            table = table.set_column(i, fld.name, table.column(i).cast(pa.int32()).cast(pa.int64()))
     return table
 
 
@@ -331,6 +332,16 @@ def _us_to_ns(us: Any) -> Any:
             vals = np.array([nat if v is None or v != v else int(v) for v in vals], dtype=np.int64)
     vals = np.asarray(vals, np.int64)
     return np.where(vals == nat, nat, vals * 1000)
+
+
+def _int64(values: Any) -> Any:
+    """A fetched integer column (NULLs masked) as pandas Int64."""
+    import numpy as np
+    import pandas as pd
+
+    if np.ma.isMaskedArray(values):
+        return pd.arrays.IntegerArray(np.asarray(values.data, np.int64), np.ma.getmaskarray(values).copy())
+    return pd.array(np.asarray(values, np.int64), dtype="Int64")
 
 
 def _empty_rows() -> Any:
@@ -365,7 +376,7 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
     if got is not None and len(got["source"]):
         frames.append(pd.DataFrame({
             "source": np.asarray(got["source"], dtype=object), "location": np.asarray(got["location"], dtype=object),
-            "row": pd.array(np.ma.filled(got["row"].astype(object), None) if np.ma.isMaskedArray(got["row"]) else got["row"], dtype="Int64"),
+            "row": _int64(got["row"]),
             "field": np.asarray(got["field"], dtype=object), "reason": np.asarray(got["reason"], dtype=object), "record": np.asarray(got["record"], dtype=object),
             "start": utc_series(_us_to_ns(got["start_us"])), "end": utc_series(_us_to_ns(got["end_us"])),
         }))

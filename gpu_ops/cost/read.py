@@ -63,9 +63,12 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
     from gpu_ops.cost import window as win
 
     try:
-        schema = pq.read_schema(path)
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
     except Exception as exc:  # any reader error names the file
         raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+    if footers is not None and window is not None:  # remembered even when its columns are wrong
+        footers.remember(path, win.FooterSummary.of(schema, pf.metadata))
     _unique_names(path, schema.names)
     present = parquet_columns(schema.names, columns)
     require_usage_columns(path, present)
