@@ -196,8 +196,8 @@ def load_raw(
 
         usage.frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
     usage.frames = [f for f in usage.frames if len(f.columns)]
-    if window is not None and usage.frames and (sources.ledger or sources.kubernetes):
-        usage.frames = [_with_closed_twins(concat_raw(usage.frames), sources, store, window)]
+    if window is not None and (sources.ledger or sources.kubernetes):
+        usage.frames = _with_closed_twins(usage, sources, store, window)
     return usage, load_inventory(sources, store, window, stats)
 
 
@@ -236,23 +236,40 @@ def _footers(store: Any, window: Window | None) -> Any:
     return FooterCache(store)
 
 
-def _with_closed_twins(raw: pd.DataFrame, sources: SourceSet, store: Any, window: Window) -> pd.DataFrame:
-    """``raw`` plus the table rows that ended before ``window`` but share (namespace, pod,
-    start) with a running row read for it: de-duplication keeps the row that saw the
-    interval end, so a bounded read must see it too. (File sources are not searched: a
-    billing export and a table seeing the same pod is rare; the tables are the pair.)"""
+def _with_closed_twins(usage: UsageInput, sources: SourceSet, store: Any, window: Window) -> list[pd.DataFrame]:
+    """The table frames plus the table rows that ended before ``window`` but share
+    (namespace, pod, start) with a running row read for it (from a file or a table): the
+    closed record supersedes the open one, so a bounded read must see it too."""
     from gpu_ops.cost import kubernetes as k8s
 
-    starts = running_starts(raw, window.start)
-    if not starts:
-        return raw
+    flat = sorted({t for f in usage.frames for t in running_starts(f, window.start)} | set(_file_running_starts(usage, window)))
+    if not flat:
+        return usage.frames
     twins = []
     if sources.ledger:
-        twins.append(read_ledger(store, window, twins_of=starts))
+        twins.append(read_ledger(store, window, twins_of=flat))
     if sources.kubernetes:
-        twins.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, twins_of=starts))
-    twins = [t for t in twins if len(t)]
-    return concat_raw([raw, *twins]) if twins else raw
+        twins.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, twins_of=flat))
+    return [*usage.frames, *(t for t in twins if len(t))]
+
+
+def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp]:
+    """Start times of the named, still-running rows of the files (their closed twin may be
+    in a table, outside the window's range query)."""
+    import pyarrow as pa
+
+    out = []
+    for f in usage.files:
+        if not {"start", "end", "pod"} <= set(f.table.column_names):
+            continue
+        sub = f.table.select(["start", "end", "pod"])
+        try:
+            cols = {c: (sub.column(c).cast(pa.string()) if pa.types.is_binary(sub.column(c).type) else sub.column(c)) for c in ("start", "end", "pod")}
+            frame = pa.table(cols).to_pandas()
+        except (pa.ArrowException, UnicodeDecodeError, ValueError):  # not text: the rule book quarantines it
+            continue
+        out.extend(running_starts(frame, window.start))
+    return out
 
 
 def load_inventory(sources: SourceSet, store: Any = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame | None:

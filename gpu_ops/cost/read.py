@@ -71,7 +71,12 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
         footers.remember(path, win.FooterSummary.of(schema, pf.metadata))
     _unique_names(path, schema.names)
     present = parquet_columns(schema.names, columns)
-    require_usage_columns(path, present)
+    try:
+        require_usage_columns(path, present)
+    except UsageSourceError:
+        if stats is not None and window is not None:  # counted as a read of its footer counts them
+            stats.row_groups_total += pf.metadata.num_row_groups
+        raise
     try:
         if window is None:
             table = pq.read_table(path, columns=present)
