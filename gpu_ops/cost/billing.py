@@ -31,7 +31,7 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG
 from gpu_ops.errors import GpuOpsError
-from gpu_ops.cost.usage import _expand, _Problems, concat_raw, empty_quarantine, parse_times, read_table_file
+from gpu_ops.cost.usage import Problems as _Problems, concat_raw, empty_quarantine, expand_pattern as _expand, parse_times, read_table_file
 
 START = "line_item_usage_start_date"
 RESOURCE = "line_item_resource_id"

@@ -23,7 +23,7 @@ from gpu_ops.cost.engine import UsageInput
 from gpu_ops.cost.read import read_file
 from gpu_ops.cost.usage import (
     UsageSourceError,
-    _distinct_files as distinct_files,
+    distinct_files,
     concat_raw,
     empty_quarantine,
     quarantine_in_window,

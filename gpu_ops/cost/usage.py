@@ -267,7 +267,7 @@ def number_problem(value: Any) -> str:
 # --------------------------------------------------------------------------- sources
 
 
-def _expand(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
+def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
     """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
     file; matching nothing is an error, or no files with ``missing_ok``."""
     p = Path(pattern).expanduser()
@@ -290,7 +290,7 @@ def _expand(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> li
     return [p]
 
 
-def _distinct_files(
+def distinct_files(
     patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
 ) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
     """Each file the patterns match, once (by real path); a pattern matching nothing is an
@@ -500,7 +500,7 @@ def _read_files(
     from gpu_ops.cost.columns import parquet_columns
 
     frames = []
-    files = list(_distinct_files(patterns, base_dir, window, lookback_days, stats))
+    files = list(distinct_files(patterns, base_dir, window, lookback_days, stats))
     footers = footers if window is not None else None
     if footers is not None:
         footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
@@ -559,7 +559,7 @@ def probe_files(
     import csv
 
     problems, seen = [], 0
-    for path, problem in _distinct_files(patterns, base_dir):
+    for path, problem in distinct_files(patterns, base_dir):
         if problem is not None:
             problems.append(str(problem))
             continue
@@ -748,7 +748,7 @@ def _json_object(text: Any) -> Any:
 # --------------------------------------------------------------------------- validation
 
 
-class _Problems:
+class Problems:
     """Per-row problems, collected as (mask, field, message-per-row) and rendered once."""
 
     def __init__(self, n: int):
@@ -936,7 +936,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         file_q = _file_quarantine(raw[failed])
         raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
     n = len(raw)
-    problems = _Problems(n)
+    problems = Problems(n)
     _cell_errors(raw, problems)  # first: a blanked list cell is reported as such, not as "missing"
     out: dict[str, Any] = {}
 
@@ -1056,7 +1056,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     return Validated(rows.reset_index(drop=True), quarantine)
 
 
-def _number_column(raw: pd.DataFrame, col: str, problems: _Problems, required: bool, with_blank: bool = False) -> Any:
+def _number_column(raw: pd.DataFrame, col: str, problems: Problems, required: bool, with_blank: bool = False) -> Any:
     """A numeric column with its blank (when required) and bad values reported."""
     n = len(raw)
     vals, blank, bad = _numbers(raw[col]) if col in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
@@ -1066,7 +1066,7 @@ def _number_column(raw: pd.DataFrame, col: str, problems: _Problems, required: b
     return (vals, blank) if with_blank else vals
 
 
-def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
+def _cell_errors(raw: pd.DataFrame, problems: Problems) -> None:
     """Report the list/struct/map cells the reader recorded (:data:`CELL_ERRORS`), per field."""
     if CELL_ERRORS not in raw:
         return
@@ -1079,7 +1079,7 @@ def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
         problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])  # type: ignore[misc]
 
 
-def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems) -> None:
+def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: Problems) -> None:
     """Quarantine good rows identical (after parsing) to an earlier good row: counted once."""
     good = np.flatnonzero(~problems.bad)
     cols = [c for c in typed.columns if c not in PROVENANCE_COLUMNS and c != CELL_ERRORS]

@@ -138,7 +138,7 @@ def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookb
     ``{date}`` is replaced by each day of :meth:`Window.file_days`; without a window it
     matches every day (a glob ``*``). Hive day folders outside those days are dropped.
     """
-    from gpu_ops.cost.usage import _expand as expand_pattern
+    from gpu_ops.cost.usage import expand_pattern
 
     if DATE_PLACEHOLDER not in pattern:
         paths = expand_pattern(pattern, base_dir)
@@ -173,7 +173,7 @@ def _older_reaching(pattern: str, base_dir: Path | None, window: Window, lo: dt.
     days cannot be judged without reading them and follow ``lookback_days``."""
     import fnmatch
 
-    from gpu_ops.cost.usage import _expand as expand_pattern
+    from gpu_ops.cost.usage import expand_pattern
 
     out = []
     for path in expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir, missing_ok=True):
