@@ -410,12 +410,9 @@ class UsageConfig(_Model):
     # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
     idle: Literal["row", "share"] = "row"
     group_by: list[str] = ["team", "project"]
-    # Rows per batch when large usage files are streamed (`gpu-ops cost attribution`):
-    # peak memory follows this, not the size of the files.
+    # Deprecated, no effect (accepted so that existing files still load): every read goes
+    # through the one DuckDB engine (gpu_ops.cost.engine); there are no batches to size.
     batch_rows: int = Field(default=262_144, gt=0)
-    # What sums large Parquet usage files for `gpu-ops cost attribution`: DuckDB
-    # (gpu_ops.cost.engine, where installed and the files are ones it models), the
-    # batch reader (arrow), or DuckDB where it applies and batches elsewhere (auto).
     engine: Literal["auto", "duckdb", "arrow"] = "auto"
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
