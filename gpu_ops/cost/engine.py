@@ -26,6 +26,7 @@ result to the pandas consumers (split, attribution) until those move here too.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,15 +159,17 @@ class UsageEngine:
 
     # ------------------------------------------------------------------ the query
 
+    def _part_sql(self, i: int, p: Part, record: bool = False, where: str = "") -> str:
+        loc = "__location" if p.location is None else R.literal(p.location)
+        src = "__source" if p.has_source else R.literal(p.source)
+        row = "__row" if p.has_row else f"row_number() OVER (PARTITION BY {loc} ORDER BY __pos)"
+        cols = R.raw_select(p.layout, p.labels, record=record)
+        if not record:
+            cols += R.number_text_flags(p.layout)
+        return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
+
     def _raw_sql(self) -> str:
-        selects = []
-        for i, p in enumerate(self.parts):
-            loc = "__location" if p.location is None else R.literal(p.location)
-            src = "__source" if p.has_source else R.literal(p.source)
-            row = "__row" if p.has_row else f"row_number() OVER (PARTITION BY {loc} ORDER BY __pos)"
-            cols = [*R.raw_select(p.layout, p.labels), *R.number_text_flags(p.layout)]
-            selects.append(f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name}")
-        return " UNION ALL BY NAME ".join(selects)
+        return " UNION ALL BY NAME ".join(self._part_sql(i, p) for i, p in enumerate(self.parts))
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
@@ -203,45 +206,50 @@ class UsageEngine:
             "price_error": pa.array([self.prices.describe_missing(r[0], r[1]) for r in rows], pa.string()),
         }))
 
-    def run(self) -> EngineResult:
+    def run(self, keep: Sequence[str] | None = None) -> EngineResult:
         """Validate, de-duplicate and price everything added; the quarantine is not yet
-        limited to a window (see :func:`quarantine_touching`)."""
+        limited to a window. ``keep``: the text columns the good rows need (None: all)."""
         if not self.parts:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE raw AS {self._raw_sql()}")
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE typed AS SELECT *, {', '.join(R.typed_select())} FROM raw")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW raw AS {self._raw_sql()}")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS SELECT *, {', '.join(R.typed_select())} FROM raw")
         self._lookups()
-        checked = (
-            "SELECT t.* EXCLUDE (gpu_type_raw), t.gpu_type_raw, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
+        joined = (
+            "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
             "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
             "FROM typed t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
             "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
         )
         problems = f"list_concat(storage_problems, {R.rules_select()})"
-        # One reason per field (the first, most specific one).
+        # One reason per field (the first, most specific one); built for bad rows only.
         first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE checked AS SELECT *, {first_per_field} AS problems FROM ({checked})")
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos", "p_start", "p_end"))
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {cols}, bad, CASE WHEN bad THEN {first_per_field} END AS problems "
+            f"FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({joined}))"
+        )
         self._identity()
-        return EngineResult(self._good_rows(), self._quarantine())
+        return EngineResult(self._good_rows(keep), self._quarantine())
 
     def _identity(self) -> None:
         """Duplicates (identical typed rows: the first counts) and superseded records
         (same identity key: the closed, latest-ending, last-delivered record wins)."""
         ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
+        window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE good AS SELECT *, "
-            f"row_number() OVER (PARTITION BY {ident} ORDER BY ord, pos) AS copy_n, "
-            f"first_value(location) OVER (PARTITION BY {ident} ORDER BY ord, pos) AS first_location, "
-            f"first_value(row) OVER (PARTITION BY {ident} ORDER BY ord, pos) AS first_row "
-            "FROM checked WHERE len(problems) = 0"
+            "CREATE OR REPLACE TEMP TABLE good AS SELECT * EXCLUDE (bad, problems, p_start, p_end), "
+            f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
+            "FROM checked WHERE NOT bad"
         )
         key = "namespace, ikey, start_us, gpu_type"
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
-            f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank "
+            f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
+            f"count(*) OVER (PARTITION BY {key}) AS records "
             "FROM (SELECT *, CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END AS ikey "
             "FROM good WHERE copy_n = 1) WHERE ikey IS NOT NULL"
         )
+        self.con.execute("DELETE FROM keyed WHERE records = 1")
         diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE superseded AS SELECT l.ord, l.pos, "
@@ -256,50 +264,57 @@ class UsageEngine:
     def _present(self) -> set[str]:
         return {c for p in self.parts for c in p.layout}
 
-    def _good_rows(self) -> Any:
-        import numpy as np
+    def _good_rows(self, keep: Sequence[str] | None = None) -> Any:
         import pandas as pd
 
         from gpu_ops.cost.usage import utc_series
 
         present = self._present()
-        text = [*_ALWAYS, *(c for c in _OPTIONAL_TEXT if c in present)]
-        numbers = ["gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", *(c for c in ("attempt", "lost_seconds") if c in present)]
-        times = ["start_us", "end_us", *(["last_checkpoint_us"] if "last_checkpoint_at" in present else [])]
-        cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, "source", "location", "row"))
-        sql = (
-            f"SELECT {cols} FROM good g WHERE copy_n = 1 AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
-        )
-        got = self.con.execute(sql).fetchnumpy()
+        text = [c for c in (*_ALWAYS, *(c for c in _OPTIONAL_TEXT if c in present)) if keep is None or c in keep]
+        numbers = ["gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", *(c for c in ("attempt", "lost_seconds") if c in present and (keep is None or c in keep))]
+        times = {"start_us": "start", "end_us": "end", **({"last_checkpoint_us": "last_checkpoint_at"} if "last_checkpoint_at" in present and keep is None else {})}
+        prov = ["source", "location", "row"] if keep is None else []
+        cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
+        sql = f"SELECT {cols} FROM good g WHERE copy_n = 1 AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
+        got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
-        for c in times:
-            ns = _us_to_ns(got[c])
-            out[{"start_us": "start", "end_us": "end", "last_checkpoint_us": "last_checkpoint_at"}[c]] = utc_series(ns)
-        for c in text:
-            out[c] = pd.Series(np.asarray(got[c], dtype=object), dtype=object)
+        for c, name in times.items():
+            out[name] = utc_series(_us_to_ns(got.column(c)))
+        for c in [*text, *(c for c in prov if c != "row")]:
+            out[c] = _categorical(got.column(c))
         for c in numbers:
-            out[c] = np.asarray(pd.array(got[c], dtype="Float64").to_numpy(dtype=float, na_value=np.nan), float)
-        out["source"] = pd.Series(np.asarray(got["source"], dtype=object))
-        out["location"] = pd.Series(np.asarray(got["location"], dtype=object))
-        out["row"] = _int64(got["row"])
+            out[c] = got.column(c).to_numpy(zero_copy_only=False).astype(float)
+        if prov:
+            out["row"] = pd.array(got.column("row").to_pylist(), dtype="Int64") if got.num_rows < 100_000 else got.column("row").to_pandas().astype("Int64")
         return pd.DataFrame(out)
 
     def _quarantine(self) -> Any:
-        present = [c for c in R.ALL_COLUMNS if c in self._present()]
-        record = "json_object(" + ", ".join(f"{R.literal(c)}, {R.quote('r_' + c)}" for c in present) + ")" if present else "'{}'"
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
         dup = (
             "'duplicate of ' || (CASE WHEN first_location = location THEN '' ELSE first_location || ' ' END) || 'row ' || coalesce(CAST(first_row AS VARCHAR), '?') "
             "|| ': identical in every column, counted once'"
         )
-        sql = (
-            f"SELECT source, location, row, problems[1].field AS field, {reason} AS reason, CAST({record} AS VARCHAR) AS record, "
-            "CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos FROM checked WHERE len(problems) > 0 "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, CAST({record} AS VARCHAR), start_us, end_us, ord, pos FROM good WHERE copy_n > 1 "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, CAST({record} AS VARCHAR), start_us, end_us, ord, pos "
-            "FROM superseded s JOIN good USING (ord, pos) ORDER BY ord, pos"
-        ).replace("{lo}", str(R.TIME_MIN_US)).replace("{hi}", str(R.TIME_MAX_US))
+        lo, hi = R.TIME_MIN_US, R.TIME_MAX_US
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE quarantined AS SELECT source, location, row, problems[1].field AS field, {reason} AS reason, "
+            f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos FROM checked WHERE bad "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good WHERE copy_n > 1 "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
+        )
+        records = self._records()
+        sql = f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
         return _quarantine_frame(self.problems, self.con.execute(sql).fetchnumpy())
+
+    def _records(self) -> str:
+        """SQL: the raw record (JSON of each column's text) of every quarantined row,
+        computed for those rows only."""
+        present = [c for c in R.ALL_COLUMNS if c in self._present()]
+        record = "json_object(" + ", ".join(f"{R.literal(c)}, {R.quote('r_' + c)}" for c in present) + ")" if present else "'{}'"
+        parts = [
+            f"SELECT ord, pos, CAST({record} AS VARCHAR) AS record FROM ({self._part_sql(i, p, record=True, where=f'WHERE __pos IN (SELECT pos FROM quarantined WHERE ord = {i})')})"
+            for i, p in enumerate(self.parts)
+        ]
+        return " UNION ALL ".join(parts)
 
 
 def _times_as_integers(table: Any) -> Any:
@@ -324,6 +339,9 @@ def _us_to_ns(us: Any) -> Any:
     import numpy as np
 
     nat = np.iinfo(np.int64).min
+    if hasattr(us, "fill_null"):  # Arrow
+        vals = us.fill_null(nat).to_numpy()
+        return np.where(vals == nat, nat, vals * 1000)
     if np.ma.isMaskedArray(us):
         vals = np.ma.filled(us.astype(np.int64), nat)
     else:
@@ -342,6 +360,17 @@ def _int64(values: Any) -> Any:
     if np.ma.isMaskedArray(values):
         return pd.arrays.IntegerArray(np.asarray(values.data, np.int64), np.ma.getmaskarray(values).copy())
     return pd.array(np.asarray(values, np.int64), dtype="Int64")
+
+
+def _categorical(col: Any) -> Any:
+    """A text column as a pandas Categorical (its few distinct values once each)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    d = pc.dictionary_encode(col.cast(pa.string()).fill_null(""))
+    return pd.Categorical.from_codes(d.indices.to_numpy(zero_copy_only=False).astype("int32"), categories=pd.Index(d.dictionary.to_pylist(), dtype=object))
 
 
 def _empty_rows() -> Any:
@@ -446,8 +475,9 @@ class UsageInput:
             add_frame(engine, raw)
 
 
-def validate(usage: Any, prices: PriceMatrix) -> EngineResult:
-    """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list)."""
+def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None) -> EngineResult:
+    """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list);
+    ``keep``: the text columns the good rows need (None: all)."""
     engine = UsageEngine(prices)
     try:
         if isinstance(usage, UsageInput):
@@ -455,7 +485,7 @@ def validate(usage: Any, prices: PriceMatrix) -> EngineResult:
         else:
             for raw in usage if isinstance(usage, (list, tuple)) else [usage]:
                 add_frame(engine, raw)
-        return engine.run()
+        return engine.run(keep)
     finally:
         engine.close()
 

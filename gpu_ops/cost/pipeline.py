@@ -93,7 +93,7 @@ def price_window(
     from gpu_ops.cost.engine import validate
 
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate(raw_usage, prices)
+    v = validate(raw_usage, prices, keep=list(keep_columns) if keep_columns is not None else None)
     rows = v.rows
     if keep_columns is not None:
         rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]

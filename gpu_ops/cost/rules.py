@@ -85,8 +85,16 @@ def _show(expr: str) -> str:
     return f"('''' || {expr} || '''')"
 
 
+_SPACE_CODES = ", ".join(str(ord(c)) for c in SPACES)
+
+
 def _trim(expr: str) -> str:
-    return f"trim({expr}, {literal(SPACES)})"
+    """What ``str.strip`` removes, trimmed; values with no space at either edge (nearly
+    all) are left as they are without the per-character scan."""
+    return (
+        f"(CASE WHEN ord(left({expr}, 1)) IN ({_SPACE_CODES}) OR ord(right({expr}, 1)) IN ({_SPACE_CODES}) "
+        f"THEN trim({expr}, {literal(SPACES)}) ELSE {expr} END)"
+    )
 
 
 # --------------------------------------------------------------------------- layer 1: raw
@@ -145,8 +153,8 @@ def raw_problems(col: str, stored: Stored) -> list[tuple[str, str, str]]:
 def parsed_time(col: str, stored: Stored) -> str:
     """SQL: a time column as UTC microseconds (NULL when missing or unparseable)."""
     c = quote(col)
-    if stored.kind == STORED_TIME:
-        return f"coalesce({_epoch_us(c, stored)}, CASE WHEN {c} IS NOT NULL THEN {TIME_MAX_US} * 2 * sign({c}) END)"
+    if stored.kind == STORED_TIME:  # past what DuckDB holds: the largest it does (out of range either way)
+        return f"coalesce({_epoch_us(c, stored)}, CASE WHEN {c} IS NOT NULL THEN CAST({_DUCK_MAX_US} AS BIGINT) * sign({c}) END)"
     if stored.kind in (STORED_TEXT, STORED_BINARY, STORED_NUMBER, STORED_OTHER):
         return f"epoch_us(TRY_CAST(nullif({_trim(raw_text(col, stored))}, '') AS TIMESTAMPTZ))"
     return "CAST(NULL AS BIGINT)"
@@ -177,21 +185,30 @@ def labels_text(layout: dict[str, Stored], label_columns: dict[str, Stored]) -> 
     return f"CASE WHEN json_valid({b}) THEN (CASE WHEN json_type({b}) = 'OBJECT' THEN CAST(json_merge_patch({b}, {extra}) AS VARCHAR) ELSE {base} END) ELSE {base} END"
 
 
-def raw_select(layout: dict[str, Stored], label_columns: dict[str, Stored] | None = None) -> list[str]:
-    """The raw layer's select list for a source whose columns are stored as ``layout``."""
+def raw_select(layout: dict[str, Stored], label_columns: dict[str, Stored] | None = None, record: bool = False) -> list[str]:
+    """The raw layer's select list for a source whose columns are stored as ``layout``.
+    Typed times have no text here (their rules read the parsed value) unless ``record``:
+    the text of every column, for the quarantine's record of the rows it holds."""
     out = []
     for col in ALL_COLUMNS:
         stored = layout.get(col, Stored(STORED_NULL))
         text = labels_text(layout, label_columns) if col == "labels" and label_columns else raw_text(col, stored)
+        if stored.kind == STORED_TIME and not record or stored.kind == STORED_NUMBER and col in NUMBER_COLUMNS and not record:
+            text = "CAST(NULL AS VARCHAR)"  # their rules read the parsed value
         out.append(f"{text} AS {quote('r_' + col)}")
+        if record:
+            continue
         if col in TIME_COLUMNS:
             out.append(f"{parsed_time(col, stored)} AS {quote('p_' + col)}")
             out.append(f"{'true' if stored.kind == STORED_TIME else 'false'} AS {quote('typed_' + col)}")
         elif col in NUMBER_COLUMNS:
             out.append(f"{parsed_number(col, stored)} AS {quote('p_' + col)}")
         out.append(f"{'true' if col in layout else 'false'} AS {quote('has_' + col)}")
+    if record:
+        return out
     storage = [p for col, stored in layout.items() if col in ALL_COLUMNS for p in raw_problems(col, stored)]
     out.append(_problem_list(storage) + " AS storage_problems")
+    out.append(("(" + " OR ".join(f"coalesce({cond}, false)" for _, cond, _ in storage) + ")" if storage else "false") + " AS storage_bad")
     return out
 
 
@@ -237,11 +254,15 @@ def typed_select() -> list[str]:
 # --------------------------------------------------------------------------- layer 3: rules
 
 
+def _time_display(p: str) -> str:
+    return f"CASE WHEN abs({p}) < {_DUCK_MAX_US} THEN strftime(make_timestamp({p}), '%Y-%m-%dT%H:%M:%S') ELSE 'a time past the year 287,000' END"
+
+
 def _time_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
     p, r, typed = quote("p_" + col), quote("r_" + col), quote("typed_" + col)
-    blank = f"nullif({_trim(r)}, '') IS NULL"
+    blank = f"(CASE WHEN {typed} THEN {p} IS NULL ELSE nullif({_trim(r)}, '') IS NULL END)"
     outside = f"{p} IS NOT NULL AND NOT {_in_range(p)}"
-    shown = f"CASE WHEN {typed} THEN {r} ELSE {_show(_trim(r))} END"
+    shown = f"CASE WHEN {typed} THEN {_time_display(p)} ELSE {_show(_trim(r))} END"
     rules = [
         (col, outside, f"{shown} || ' is outside the range of supported times ({TIME_RANGE}); a \"still running\" interval has an empty end'"),
         (col, f"{p} IS NULL AND NOT ({blank})", f"'unparseable time ' || {_show(_trim(r))}"),
@@ -249,6 +270,11 @@ def _time_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
     if required:
         rules.append((col, f"{p} IS NULL AND {blank}", "'missing'"))
     return rules
+
+
+def _num_shown(col: str) -> str:
+    p, r = quote("p_" + col), quote("r_" + col)
+    return f"CASE WHEN has_text_{col} THEN {_show(_trim(r))} ELSE {_show(f'CAST({p} AS VARCHAR)')} END"
 
 
 def _number_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
@@ -260,7 +286,7 @@ def _number_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
     rules += [
         (col, f"{p} IS NULL AND nullif({_trim(r)}, '') IS NOT NULL", f"'not a number: ' || {_show(_trim(r))}"),
         (col, f"{p} IS NOT NULL AND isnan({p}) AND has_text_{col}", f"'not a number: ' || {_show(_trim(r))}"),
-        (col, f"{p} IS NOT NULL AND isinf({p})", f"'not a finite number: ' || {_show(_trim(r))}"),
+        (col, f"{p} IS NOT NULL AND isinf({p})", f"'not a finite number: ' || {_num_shown(col)}"),
     ]
     return rules
 
@@ -303,7 +329,7 @@ ROW_RULES: list[tuple[str, str, str]] = [
     ("labels", "CASE WHEN labels <> '' AND json_valid(labels) THEN json_type(labels) <> 'OBJECT' OR list_has_any(json_type(labels, '$.*'), ['OBJECT', 'ARRAY']) ELSE false END",
      f"'must be a JSON object of label names to values, got ' || {_show('labels')}"),
     ("lost_seconds", "p_lost_seconds IS NULL AND nullif(trim(r_lost_seconds), '') IS NOT NULL OR isinf(p_lost_seconds) OR p_lost_seconds < 0 OR isnan(p_lost_seconds) AND has_text_lost_seconds",
-     f"'must be a finite number >= 0, got ' || {_show(_trim('r_lost_seconds'))}"),
+     f"'must be a finite number >= 0, got ' || {_num_shown('lost_seconds')}"),
     *[(c, f"regexp_matches({c}, '{CONTROL}')", f"'contains a control character (NUL or another) at character ' || CAST({_control_position(c)} AS VARCHAR)") for c in TEXT_COLUMNS],
 ]
 
@@ -314,6 +340,14 @@ def rules_select() -> str:
     for field, cond, reason in ROW_RULES:
         items.append((field, f"coalesce({cond}, false)", reason))
     return _problem_list(items)
+
+
+def rules_bad() -> str:
+    """Whether any rule fails (cheap: no reason is built; one look for control
+    characters across every text column instead of one per column)."""
+    conds = [f"coalesce({cond}, false)" for field, cond, _ in ROW_RULES if not cond.startswith("regexp_matches(")]
+    conds.append(f"regexp_matches(concat({', '.join(TEXT_COLUMNS)}), '{CONTROL}')")
+    return "(" + " OR ".join(conds) + ")"
 
 
 def number_text_flags(layout: dict[str, Stored]) -> list[str]:
