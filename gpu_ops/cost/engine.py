@@ -38,6 +38,7 @@ QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", 
 # Good-row columns handed on (optional ones only when some source has them).
 _ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
 _OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
+_IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END"
 _IDENTITY_COLUMNS = (
     "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
 )
@@ -236,18 +237,25 @@ class UsageEngine:
         (same identity key: the closed, latest-ending, last-delivered record wins)."""
         ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE good AS SELECT * EXCLUDE (bad, problems, p_start, p_end), "
-            f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
-            "FROM checked WHERE NOT bad"
-        )
         key = "namespace, ikey, start_us, gpu_type"
+        # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
+        # rows whose key repeats are compared column by column (rows without a pod or
+        # attempt share a NULL key with their copies and are compared too).
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE good AS SELECT *, count(*) OVER (PARTITION BY namespace, ikey, start_us, gpu_type) AS n_key "
+            f"FROM (SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad)"
+        )
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
+            f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
+            "FROM good WHERE n_key > 1"
+        )
+        self.con.execute("DELETE FROM copies WHERE copy_n = 1")
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
             f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
             f"count(*) OVER (PARTITION BY {key}) AS records "
-            "FROM (SELECT *, CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END AS ikey "
-            "FROM good WHERE copy_n = 1) WHERE ikey IS NOT NULL"
+            "FROM good g WHERE n_key > 1 AND ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
         )
         self.con.execute("DELETE FROM keyed WHERE records = 1")
         diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
@@ -275,7 +283,10 @@ class UsageEngine:
         times = {"start_us": "start", "end_us": "end", **({"last_checkpoint_us": "last_checkpoint_at"} if "last_checkpoint_at" in present and keep is None else {})}
         prov = ["source", "location", "row"] if keep is None else []
         cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
-        sql = f"SELECT {cols} FROM good g WHERE copy_n = 1 AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
+        sql = (
+            f"SELECT {cols} FROM good g WHERE NOT (n_key > 1 AND (EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "OR EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos))) ORDER BY ord, pos"
+        )
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
         for c, name in times.items():
@@ -298,7 +309,7 @@ class UsageEngine:
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE quarantined AS SELECT source, location, row, problems[1].field AS field, {reason} AS reason, "
             f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos FROM checked WHERE bad "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good WHERE copy_n > 1 "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos) "
             f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
         )
         records = self._records()
