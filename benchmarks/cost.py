@@ -10,10 +10,9 @@ Per size, each contender is a whole process (interpreter start and imports inclu
 interleaved ``--repeat`` times; the best wall time and the highest peak RSS (max RSS of the
 process) are reported, and every answer (per-team GPU-hours and cost) must agree with the
 floor's to 1e-6:
-  1. `gpu-ops cost attribution --by team` (the real CLI: validation, quarantine, the
-     identical-row rule, day split, pricing, grouping; its default engine, DuckDB:
-     gpu_ops/cost/engine.py),
-  1b. (10M only) the same with ``--engine arrow``, the batch reader (gpu_ops/cost/stream.py),
+  1. `gpu-ops cost attribution --by team` (the real CLI: the rule book compiled to SQL,
+     quarantine, identical rows and superseded records, day split, pricing, grouping:
+     gpu_ops/cost/rules.py, engine.py),
   2. DuckDB: one SQL query over the file (join with a price table, GROUP BY team),
   2b. DuckDB with the CLI's duplicate rule: the same query over SELECT DISTINCT of the
      columns the CLI compares (identical rows counted once), i.e. the CLI's work,
@@ -204,7 +203,6 @@ PANDAS = textwrap.dedent(
 )
 
 CLI = "gpu-ops cost attribution"
-BATCHES = "CLI --engine arrow"
 DISTINCT = "DuckDB, duplicates once"
 
 
@@ -241,7 +239,6 @@ def contenders(path: Path, rows: int, batch_rows: int | None) -> list[tuple[str,
         ("Polars (streaming)", [py, "-c", POLARS, *peer_args]),
     ]
     if rows <= 10_000_000:
-        out.append((BATCHES, [*cli, "--engine", "arrow"]))
         out.append(("pandas merge+groupby", [py, "-c", PANDAS, str(path), str(PRICES), DAY, AS_OF]))
     return out
 
@@ -251,7 +248,7 @@ def totals(name: str, stdout: str) -> dict[str, list[float]]:
         data = json.loads(stdout)
     except json.JSONDecodeError:
         raise SystemExit(f"{name} printed no JSON answer: {stdout[:500]!r}") from None
-    if name in (CLI, BATCHES):
+    if name == CLI:
         return {r["team"]: [r["gpu_hours"], r["cost_usd"]] for r in data}
     return data
 
@@ -261,7 +258,7 @@ def load() -> str:
 
 
 def bench_size(rows: int, data: Path, repeat: int, batch_rows: int | None) -> dict[str, tuple[float, float, float]]:
-    path = data / f"usage-{rows // 1_000_000}M.parquet"
+    path = data / (f"usage-{rows // 1_000_000}M.parquet" if rows % 1_000_000 == 0 else f"usage-{rows}.parquet")
     if not path.exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--generate", str(path), str(rows)], check=True)
@@ -311,7 +308,8 @@ def main() -> None:
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     for size in args.rows.split(","):
-        rows = int(float(size.strip().upper().rstrip("M")) * 1_000_000) if size.strip().upper().endswith("M") else int(size)
+        text = size.strip().upper()
+        rows = int(float(text[:-1]) * (1_000_000 if text.endswith("M") else 1_000)) if text[-1:] in ("M", "K") else int(text)
         bench_size(rows, data, args.repeat, args.batch_rows)
 
 

@@ -31,6 +31,7 @@ import datetime as dt
 import os
 import tempfile
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,7 +75,7 @@ def write_usage_day(path: Path, day: dt.date, n: int, seed: int = 0, **shape: An
     pq.write_table(usage_day(day, n, seed, **shape), path, row_group_size=256_000)
 
 
-def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, first_h: int = -2, last_h: int = 23, max_h: float | None = None) -> pa.Table:
+def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, first_h: int = -2, last_h: int = 23, max_h: float | None = None, keys: str = "nested") -> pa.Table:
     """``n`` intervals that start in ``[day + first_h, day + last_h)`` (by default some from
     the evening before), ``open_share`` of them still open, at most ``max_h`` hours long,
     keyed the way a fleet is: each project belongs to one team, namespace and cost
@@ -87,6 +88,12 @@ def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, fir
     open_ = rng.random(n) < open_share
     project = rng.integers(0, PROJECTS, n)
     team = project % TEAMS
+    # "independent": team, namespace and cost center vary on their own (as real clusters
+    # have them), so the combinations of keys are as many as the day's intervals allow.
+    namespace = rng.integers(0, 400, n) if keys == "independent" else team
+    cost_center = rng.integers(0, 50, n) if keys == "independent" else team % 10
+    if keys == "independent":
+        team = rng.integers(0, TEAMS, n)
     sharing = rng.choice(4, n, p=[0.85, 0.07, 0.04, 0.04])
     share = np.choose(sharing, [np.ones(n), np.full(n, 1 / 7), np.full(n, 0.5), np.full(n, 0.25)])
 
@@ -97,12 +104,12 @@ def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, fir
         {
             "start": pa.array(start, pa.timestamp("us", tz="UTC")),
             "end": pa.array(np.where(open_, 0, end), pa.timestamp("us", tz="UTC"), mask=open_),
-            "namespace": coded(team, [f"ml-team-{i:02d}" for i in range(TEAMS)]),
+            "namespace": coded(namespace, [f"ns-{i:03d}" for i in range(400)]),
             "pod": pa.array([f"pod-{day:%m%d}-{i}" for i in range(n)]),
             "node": coded(rng.integers(0, 2000, n), [f"node-{i}" for i in range(2000)]),
             "team": coded(team, [f"team-{i:02d}" for i in range(TEAMS)]),
             "project": coded(project, [f"proj-{i:03d}" for i in range(PROJECTS)]),
-            "cost_center": coded(team % 10, [f"cc-{i}" for i in range(10)]),
+            "cost_center": coded(cost_center, [f"cc-{i}" for i in range(50)]),
             "experiment_id": coded(rng.integers(0, 5000, n), [f"exp-{i}" for i in range(5000)]),
             "gpu_type": coded(rng.integers(0, len(GPU_TYPES), n), GPU_TYPES),
             "gpu_count": pa.array(np.where(sharing == 0, rng.choice([1, 2, 4, 8], n), 1).astype(np.int64)),
@@ -301,6 +308,83 @@ def section_daily_job(args: argparse.Namespace) -> None:
     print(f"\nattributed cost of the 2 days: {totals} ({'equal to the cent' if same else 'DIFFERENT'})")
 
 
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants now (from /proc), MiB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total / 2**20
+
+
+def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Run ``cmd`` (a whole process tree) sampling its summed RSS every 50 ms:
+    (wall s, process-tree peak MiB, output)."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    peak, out = 0.0, []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
+    while proc.poll() is None:
+        peak = max(peak, tree_rss_mib(proc.pid))
+        time.sleep(0.05)
+    reader.join()
+    text = out[0].decode(errors="replace") if out else ""
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{text[-3000:]}")
+    return time.perf_counter() - t0, peak, text
+
+
+COST_ASSETS = "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_roi_report,gpu_budget_status"
+
+
+def section_daily_job_mp(args: argparse.Namespace) -> None:
+    """The real daily cost job as Dagster runs it: `dagster asset materialize` of every
+    cost asset for one partition, the code location's default (multiprocess) executor, a
+    persistent instance, PostgreSQL; wall time and the peak RSS of the whole process tree
+    (every step process included). Day 1 of a month, then day 30 with the 28 days between
+    present in gpu_cost_daily (copies of day 1's), for both key layouts."""
+    from gpu_ops.storage.tables import TableStore
+
+    n = args.intervals
+    print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets; {load_note()}")
+    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24}")
+    for layout in ("nested", "independent"):
+        with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
+            tmp = Path(tmp_)
+            last = MONTH + dt.timedelta(days=29)
+            for d in (MONTH, last):
+                pq.write_table(usage_day(d, n, keys=layout), tmp / f"usage-{d}.parquet", row_group_size=256_000)
+            config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets())
+            home = tmp / "dagster_home"
+            home.mkdir()
+            (home / "dagster.yaml").write_text("telemetry: {enabled: false}\n")
+            env = {**os.environ, "DAGSTER_HOME": str(home), "GPU_OPS_CONFIG": str(config), "PYTHONPATH": str(REPO)}
+            dagster = str(Path(sys.executable).with_name("dagster"))
+            store = TableStore(url)
+            for d in (MONTH, last):
+                if d == last:  # the days between, as day 1 left them
+                    daily = store.read("gpu_cost_daily", partition_keys=[MONTH.isoformat()]).drop(columns=["partition_key"], errors="ignore")
+                    for i in range(1, 29):
+                        other = MONTH + dt.timedelta(days=i)
+                        store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
+                cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
+                wall, peak, _ = run_job_tree(cmd, env)
+                rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
+                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,}", flush=True)
+            TableStore.dispose_all()
+    print(load_note())
+
+
 # ------------------------------------------------------------------ reads against history
 
 DAY = dt.date(2026, 11, 1)  # the day priced: the last day of a year of history (a past day)
@@ -484,6 +568,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "usage_ledger": section_usage_ledger,
     "budget_status": section_budget_status,
     "daily_job": section_daily_job,
+    "daily_job_mp": section_daily_job_mp,
 }
 
 

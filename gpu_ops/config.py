@@ -47,6 +47,26 @@ SharingMode = Literal["none", "mig", "mps", "timeslice"]
 GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
 
 
+def group_column(key: str) -> str:
+    """Grouping key -> output column: ``label:team-tier`` -> ``label_team_tier``."""
+    if key.startswith("label:"):
+        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key[len("label:") :])
+    return key
+
+
+def check_group_by(keys: list[str]) -> list[str]:
+    """Known keys whose output columns are distinct; a clear error otherwise."""
+    seen: dict[str, str] = {}
+    for key in keys:
+        if key not in GROUPING_KEYS and not key.startswith("label:"):
+            raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
+        col = group_column(key)
+        if col in seen and seen[col] != key:
+            raise ValueError(f"grouping keys {seen[col]} and {key} both become the column {col!r}: group by one of them")
+        seen[col] = key
+    return list(dict.fromkeys(keys))
+
+
 class ConfigError(GpuOpsError, ValueError):
     """One or more problems in a configuration file; each line names file and field."""
 
@@ -432,12 +452,9 @@ class UsageConfig(_Model):
     # How idle fleet cost is reported: an explicit __idle__ row, or shared by weight.
     idle: Literal["row", "share"] = "row"
     group_by: list[str] = ["team", "project"]
-    # Rows per batch when large usage files are streamed (`gpu-ops cost attribution`):
-    # peak memory follows this, not the size of the files.
+    # Deprecated, no effect (accepted so that existing files still load): every read goes
+    # through the one DuckDB engine (gpu_ops.cost.engine); there are no batches to size.
     batch_rows: int = Field(default=262_144, gt=0)
-    # What sums large Parquet usage files for `gpu-ops cost attribution`: DuckDB
-    # (gpu_ops.cost.engine, where installed and the files are ones it models), the
-    # batch reader (arrow), or DuckDB where it applies and batches elsewhere (auto).
     engine: Literal["auto", "duckdb", "arrow"] = "auto"
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
@@ -451,10 +468,7 @@ class UsageConfig(_Model):
     @field_validator("group_by")
     @classmethod
     def _known_keys(cls, keys: list[str]) -> list[str]:
-        for key in keys:
-            if key not in GROUPING_KEYS and not key.startswith("label:"):
-                raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
-        return keys
+        return check_group_by(keys)
 
 
 # --------------------------------------------------------------------------- budgets

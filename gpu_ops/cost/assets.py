@@ -233,7 +233,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         import pandas as pd
 
         from gpu_ops.cost.attribution import attribute, conservation
-        from gpu_ops.cost.budgets import daily_costs, scope_label_keys
+        from gpu_ops.cost.budgets import daily_costs, scope_keys, scope_label_keys
         from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
         from gpu_ops.cost.utilization import coverage, group_efficiency
 
@@ -242,7 +242,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         per_day = usage_by_day(gpu_usage, keys)
         days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
         table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
-        daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets))
+        daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
         daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
         t = _sum_totals([r.totals for _, r in days])
         verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]

@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
+from gpu_ops.config import group_column
 from gpu_ops.cost.usage import NS_PER_HOUR, as_floats, const_column, utc_series
 
 DAY_NS = 86_400 * 10**9
@@ -30,9 +30,7 @@ _NAT = np.iinfo(np.int64).min
 
 def key_column(key: str) -> str:
     """Grouping key -> output column: ``label:team-tier`` -> ``label_team_tier``."""
-    if key.startswith("label:"):
-        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key[len("label:") :])
-    return key
+    return group_column(key)
 
 
 def utc(ts: Any) -> pd.Timestamp:

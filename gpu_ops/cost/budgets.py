@@ -65,6 +65,13 @@ def scope_label_keys(budgets: Sequence[Budget]) -> list[str]:
     return sorted({k for b in budgets for k in b.scope.labels})
 
 
+def scope_keys(budgets: Sequence[Budget]) -> list[str]:
+    """The grouping keys some budget's scope filters on: the only keys the daily table
+    keeps, so that its size follows the budgets' scopes, not the product of every key
+    (100k independent team × project × namespace × cost-center combinations a day)."""
+    return [k for k in DAILY_KEYS if any(k in b.scope.as_filters() for b in budgets)]
+
+
 def _scoped_labels(labels: pd.Series, keys: Sequence[str]) -> pd.Series:
     """The ``labels`` JSON of each row reduced to ``keys`` (sorted JSON, "{}" when none)."""
     if not keys or not len(labels):
@@ -75,16 +82,20 @@ def _scoped_labels(labels: pd.Series, keys: Sequence[str]) -> pd.Series:
     return pd.Series(np.asarray(text, dtype=object)[codes], index=labels.index)
 
 
-def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequence[str] = ()) -> pd.DataFrame:
+def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequence[str] = (), keys: Sequence[str] | None = None) -> pd.DataFrame:
     """Priced pieces (allocated and idle rows with a ``day`` column) -> one row per day,
     kind and scope-key combination (:data:`DAILY_COLUMNS`): the compact table that budget
     periods are summed from.
 
     Every day of ``days`` gets at least one row (kind :data:`NO_USAGE` when it had no
     usage). ``on_demand_usd`` is NaN for a group with any piece without an on-demand price.
+    ``keys``: the grouping keys kept (:func:`scope_keys`; None: all of :data:`DAILY_KEYS`);
+    the others are "" and recorded as not kept, so that a budget scoping on one later
+    sees those days as lacking, never as zero.
     """
     label_keys = sorted(label_keys)
-    marker = json.dumps(label_keys)
+    kept = list(DAILY_KEYS) if keys is None else [k for k in DAILY_KEYS if k in keys]
+    marker = json.dumps(label_keys) if keys is None else json.dumps({"labels": label_keys, "keys": kept})
     n = len(rows)
     # The columns as they are (no conversion to Python objects: tz-aware days would become
     # a Timestamp per row), defaults where a column is absent.
@@ -95,7 +106,7 @@ def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequenc
         {
             "day": column("day", ""),
             "kind": column("kind", ""),
-            **{k: column(k, "") for k in DAILY_KEYS},
+            **{k: column(k, "") if k in kept else pd.Series(np.full(n, "", dtype=object), index=rows.index) for k in DAILY_KEYS},
             "labels": _scoped_labels(rows["labels"], label_keys) if "labels" in rows else column("labels", "{}"),
         }
     )
@@ -151,17 +162,18 @@ class SpendBook:
 
     @staticmethod
     def _recorded_label_keys(daily: pd.DataFrame, days: pd.Series) -> dict[dt.date, set[str]]:
+        """Per day, what its aggregate kept: label names, and ``key:<name>`` per grouping key."""
         if "label_keys" not in daily or not len(daily):
-            return {d: set() for d in set(days)}
+            return {d: {f"key:{k}" for k in DAILY_KEYS} for d in set(days)}
         out: dict[dt.date, set[str]] = {}
         for d, marker in zip(days, daily["label_keys"]):
             if d not in out:
-                out[d] = set(json.loads(marker)) if isinstance(marker, str) and marker else set()
+                out[d] = _kept(marker)
         return out
 
     def lacking(self, filters: dict[str, str]) -> set[dt.date]:
-        """Days present whose aggregate was built without a label this scope filters on."""
-        need = {k[len("label:") :] for k in filters if k.startswith("label:")}
+        """Days present whose aggregate was built without a key or label this scope filters on."""
+        need = {k[len("label:") :] if k.startswith("label:") else f"key:{k}" for k in filters}
         return {d for d, have in self._label_keys.items() if need - have} if need else set()
 
     def _table(self, keys: tuple[str, ...]) -> tuple[dict[tuple[str, ...], int], np.ndarray]:
@@ -191,6 +203,15 @@ class SpendBook:
             return np.zeros(len(self.days))
         scoped = matrix[row]
         return scoped + scoped * self._share if self.idle == "share" else scoped
+
+
+def _kept(marker: Any) -> set[str]:
+    """A day's ``label_keys`` marker: a JSON list of labels (every key kept) or
+    ``{"labels": [...], "keys": [...]}``."""
+    value = json.loads(marker) if isinstance(marker, str) and marker else []
+    if isinstance(value, dict):
+        return set(value.get("labels", [])) | {f"key:{k}" for k in value.get("keys", [])}
+    return set(value) | {f"key:{k}" for k in DAILY_KEYS}
 
 
 def _days(start: dt.date, end: dt.date) -> list[dt.date]:

@@ -125,11 +125,12 @@ class Inputs:
         self.config = cfg
         self.idle = idle or (cfg.usage.idle if cfg else "row")
         self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by else (list(cfg.usage.group_by) if cfg else ["team", "project"])
-        from gpu_ops.config import GROUPING_KEYS
+        from gpu_ops.config import check_group_by
 
-        for key in self.group_by:
-            if key not in GROUPING_KEYS and not key.startswith("label:"):
-                raise click.BadParameter(f"unknown grouping key {key!r}: use {', '.join(GROUPING_KEYS)} or label:<name>", param_hint="--by")
+        try:
+            self.group_by = check_group_by(self.group_by)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--by") from None
 
     def data_range(self) -> tuple[Any, Any] | None:
         """(first start, last end) of the usage in the file and ledger sources, or None."""
@@ -155,19 +156,19 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
-    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True, batch_rows: int | None = None, engine: str | None = None) -> Any:
-        """Priced usage of the window. With ``keep`` (only sums by those columns are
-        needed) file sources are streamed in batches: memory bounded by ``batch_rows``."""
+    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True) -> Any:
+        """Priced usage of the window, read as the daily asset reads it (``keep``: only
+        sums by those columns are needed)."""
         from gpu_ops.cost.pipeline import load_raw, price_window
-        from gpu_ops.cost.stream import DEFAULT_BATCH_ROWS, stream_priced, streamable
         from gpu_ops.cost.usage import UsageSourceError
+        from gpu_ops.cost.window import ReadStats, Window
 
+        stats = ReadStats()
         try:
-            if keep is not None and streamable(self.sources):
-                rows = batch_rows or (self.config.usage.batch_rows if self.config else DEFAULT_BATCH_ROWS)
-                engine = engine or (self.config.usage.engine if self.config else "auto")
-                return stream_priced(self.sources, self.prices, window_start, window_end, as_of, keep, columns, rows, self.store(), engine=engine)
-            raw, inventory = load_raw(self.sources, self.store(), columns)
+            # The same bounded read as the daily asset: what is priced is what it prices.
+            raw, inventory = load_raw(self.sources, self.store(), columns, window=Window(window_start, window_end), stats=stats)
+            if stats.files_beyond_lookback:
+                click.echo(f"warning: {stats.lookback_warning()}", err=True)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
         return price_window(raw, inventory, self.prices, window_start, window_end, as_of, dedupe=self.sources.count > 1, keep_columns=keep, drop_empty=drop_empty)
@@ -255,8 +256,9 @@ def cost() -> None:
 @common
 @click.option("--by", help="Grouping keys, e.g. team,project or team,label:tier (default: the config's usage.group_by).")
 @click.option("--idle", type=click.Choice(["row", "share"]), help="Idle fleet cost as an __idle__ row or shared by weight.")
-@click.option("--batch-rows", type=click.IntRange(min=1), help="Rows per batch when usage files are streamed (default: the config's usage.batch_rows, else 262144); peak memory follows it.")
-@click.option("--engine", type=click.Choice(["auto", "duckdb", "arrow"]), help="What sums Parquet usage files: DuckDB, the batch reader (arrow), or DuckDB where it applies (auto; default: the config's usage.engine).")
+# Deprecated (no effect): every read goes through the one DuckDB engine; kept so that scripts keep working.
+@click.option("--batch-rows", type=click.IntRange(min=1), hidden=True, help="Deprecated, no effect.")
+@click.option("--engine", type=click.Choice(["auto", "duckdb", "arrow"]), hidden=True, help="Deprecated, no effect.")
 def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None, engine: str | None) -> None:
     """Cost per group for one UTC day."""
     from gpu_ops.cost.columns import needed_columns
@@ -269,7 +271,7 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     cols = needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
     # Only sums are printed, so out-of-day rows may stay in with zero hours (no copy).
-    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False, batch_rows=batch_rows, engine=engine)
+    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False)
     result = attribute(priced.rows, inputs.group_by, inputs.idle)
     t = result.totals
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""

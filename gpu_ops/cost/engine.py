@@ -1,475 +1,505 @@
-"""The DuckDB engine: one day's priced cells from large Parquet usage files, with the
-quarantine and duplicate rule of :func:`~gpu_ops.cost.usage.validate_usage`, exactly.
+"""The cost engine: every usage source through one DuckDB query built from the rule book.
 
-DuckDB does the work per row, in C++ on every core, and Python only what is small:
+Sources are handed over as Arrow tables (files read by :mod:`gpu_ops.cost.read`, the
+ledger and collected tables, raw frames of a caller) with their provenance (source,
+location, row). One pass compiles :mod:`gpu_ops.cost.rules` for the way each source
+stores its columns and yields, from the same tables:
 
-1. **Cells** (one query per file): the rows that pass the row checks that need no
-   catalog (times, counts, shares: :data:`_ROW_OK`) are summed into GPU-hours of the day
-   per *combination* of the raw text columns that are validated, priced or grouped on
-   (team, gpu type, capacity type, sharing, region, the group-by keys).
-2. **Combinations** (a few thousand rows, Python): each combination is validated and
-   priced by :func:`validate_usage` itself, so a gpu-type alias, a blank team or a
-   missing price means here what it means everywhere else.
-3. **Quarantine**: rows that failed a check are read back with pyarrow, as the batch
-   reader reads them, a row group at a time, and validated by :func:`validate_usage`
-   for their exact reasons. If any of them turns out good, DuckDB and Python disagree
-   and the read falls back to the batch reader (never a silent difference).
-4. **Identical rows**: a 64-bit hash per good row that touches the day, of the columns
-   whose raw value decides its parsed value (times, count, share, and the text columns
-   whose spellings do not collapse); hashes are kept in partitions spilled to disk, so
-   memory is bounded by ``batch_rows``. Rows whose hash repeats are read back and put
-   through :func:`validate_usage` together, in reading order: it finds the true copies
-   (all columns, pod included) and names the first; their files' cells are summed again
-   without them.
+- **good rows**: typed, canonical (catalog names), priced per GPU-hour (price table ×
+  region multiplier), each interval once (see *identity* below);
+- **quarantine rows**: source, location, row, field, reason, the raw record and the
+  parsed times (which place the row in its day); file-level problems (a pattern that
+  matches nothing, an unreadable file) and CSV lines that could not be split come in as
+  ready-made quarantine rows.
 
-Anything the engine does not model (CSV, labels, checkpoint columns, several windows, a
-file that cannot be read, mixed schemas) raises :class:`NotApplicable`, and the caller
-uses the batch reader (:mod:`gpu_ops.cost.stream`). ``duckdb`` is optional: it is
-imported only here, only when the engine runs.
+*Identity*: a good row identical in every typed column to an earlier one is a
+``duplicate``; good rows with the same :data:`~gpu_ops.cost.rules.IDENTITY_KEY`
+(namespace, pod — or run and attempt —, start, GPU type) are one interval seen several
+times: the closed record supersedes the open one, the latest end the earlier ends, and
+among equal ends the last delivered; the others are quarantined as ``superseded``,
+naming the winning record and the fields in which the two differ.
+
+``duckdb`` and ``pyarrow`` are imported when the engine runs; pandas only to hand the
+result to the pandas consumers (split, attribution) until those move here too.
 """
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Collection, Sequence
-from pathlib import Path
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from gpu_ops.cost import rules as R
+from gpu_ops.cost.read import FileRows
+from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
 
-from gpu_ops.cost.attribution import DAY_NS
-from gpu_ops.cost.columns import parquet_columns
-from gpu_ops.cost.pricing import PriceMatrix
-from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.texthash import SPACES
-from gpu_ops.errors import GpuOpsError
-from gpu_ops.cost.usage import (
-    ATTRIBUTE_COLUMNS,
-    DUPLICATE_FIELD,
-    MAX_GPUS_PER_ROW,
-    _distinct_files,
-    arrow_to_frame,
-    concat_raw,
-    empty_quarantine,
-    quarantine_in_window,
-    usage_frame,
-    validate_usage,
+QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
+# Good-row columns handed on (optional ones only when some source has them).
+_ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
+_OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
+_IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END"
+_IDENTITY_COLUMNS = (
+    "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
 )
 
-_TEXT_CHECKED = ("team", "gpu_type", "capacity_type", "sharing", "region", "labels")  # validated or priced per value
-_NUMBERS = ("gpu_count", "gpu_share")
-_TIMES = ("start", "end")
-_SUPPORTED = frozenset((*_TIMES, *_NUMBERS, *_TEXT_CHECKED, *ATTRIBUTE_COLUMNS))
-# What pandas' datetime64[ns] holds (validate_usage quarantines the rest), in ns.
-_NS_MIN, _NS_MAX = pd.Timestamp.min.value, pd.Timestamp.max.value
+
+@dataclass
+class Part:
+    """One source table registered in the engine."""
+
+    name: str
+    layout: dict[str, R.Stored]
+    source: str
+    location: str | None  # None: the table has a location column
+    has_row: bool
+    labels: dict[str, R.Stored]  # label:<name> columns
+    has_source: bool
 
 
-class NotApplicable(GpuOpsError):
-    """This read is not one the engine models; use the batch reader."""
+@dataclass
+class EngineResult:
+    rows: Any  # pandas DataFrame of good rows (validate_usage's layout)
+    quarantine: Any  # pandas DataFrame, QUARANTINE_COLUMNS
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-class _Layout:
-    """The columns of the files (all alike) and the SQL over them."""
-
-    def __init__(self, paths: list[Path], columns: Sequence[str] | None, keys: Sequence[str]):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        metas: list[Any] = []
-        for path in paths:
-            if path.suffix.lower() not in (".parquet", ".pq"):
-                raise NotApplicable(f"{path.name}: not Parquet")
-            try:
-                metas.append(pq.ParquetFile(path))  # the footer, read once: schema and row count
-            except Exception:
-                raise NotApplicable(f"{path.name}: unreadable footer") from None
-        schemas = [m.schema_arrow for m in metas]
-        present = parquet_columns(schemas[0].names, columns)
-        for s in schemas[1:]:
-            if parquet_columns(s.names, columns) != present or any(s.field(c).type != schemas[0].field(c).type for c in present):
-                raise NotApplicable("files with different columns or types")
-        types = {c: schemas[0].field(c).type for c in present}
-        if not {"start", "end", "team", "gpu_type", "gpu_count", "capacity_type"} <= set(present):
-            raise NotApplicable("a required column is missing")
-        for c, t in types.items():
-            text = pa.types.is_string(t) or pa.types.is_large_string(t) or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type))
-            ok = pa.types.is_timestamp(t) if c in _TIMES else (pa.types.is_integer(t) or pa.types.is_floating(t)) if c in _NUMBERS else text
-            if c not in _SUPPORTED or not ok:
-                raise NotApplicable(f"column {c} ({t}) is not modelled")
-        self.paths, self.present, self.types, self.schema = paths, present, types, schemas[0]
-        self.rows = sum(m.metadata.num_rows for m in metas)
-        # Grouped on: the checked text columns and the keys (as they are spelled in the file).
-        self.combo = [c for c in (*_TEXT_CHECKED, *keys) if c in present and c not in ("start", "end")]
-        self.combo = list(dict.fromkeys(self.combo))
-        self.identity = [c for c in ATTRIBUTE_COLUMNS if c in present and c not in self.combo]
-
-        self.unit = "ns" if any(self.types[c].unit == "ns" for c in _TIMES) else "us"  # times are compared and summed in this unit
-        self.per_hour = 3_600 * (10**9 if self.unit == "ns" else 10**6)
-
-    def time(self, col: str) -> str:
-        """A time column as an integer in ``unit``; NULL where a coarser value is outside
-        what ns can hold (its check is then on the raw column: see ``ok``)."""
-        c = _quote(col)
-        if self.unit == "us" or self.types[col].unit == "ns":
-            return f"epoch_{self.unit}({c})"
-        return f"CASE WHEN epoch_us({c}) BETWEEN {_NS_MIN // 1000 + 1} AND {_NS_MAX // 1000} THEN epoch_us({c}) * 1000 END"
-
-    def source(self, path: Path) -> str:
-        """The rows of one file with their times (integers in ``unit``), whether the share
-        is missing, and the row check ``ok``: what validate_usage checks without a catalog."""
-        share = "gpu_share" in self.present
-        share_null = ("gpu_share IS NULL" + (" OR isnan(gpu_share)" if _is_float(self.types["gpu_share"]) else "")) if share else "true"
-        # What datetime64[ns] holds (validate_usage quarantines the rest): any ns value.
-        lo, hi = (_NS_MIN, _NS_MAX) if self.unit == "ns" else (_NS_MIN // 1000 + 1, _NS_MAX // 1000)
-        ok = " AND ".join(
-            [
-                f"s BETWEEN {lo} AND {hi}",
-                f'coalesce(e BETWEEN s AND {hi}, "end" IS NULL)',  # e is NULL when end is, or is out of range (ns unit)
-                # isfinite first: DuckDB orders NaN above every number, and a range test can be rewritten.
-                ("isfinite(gpu_count) AND gpu_count = floor(gpu_count) AND " if _is_float(self.types["gpu_count"]) else "") + f"gpu_count > 0 AND gpu_count <= {MAX_GPUS_PER_ROW}",
-                ("(share_null OR (isfinite(gpu_share) AND gpu_share > 0 AND gpu_share <= 1))" if _is_float(self.types["gpu_share"]) else "(share_null OR (gpu_share > 0 AND gpu_share <= 1))") if share else "true",
-            ]
-        )
-        cols = ", ".join(_quote(c) for c in self.present)
-        return (
-            f"(SELECT *, coalesce({ok}, false) AS ok FROM (SELECT {cols}, file_row_number AS rn, {self.time('start')} AS s, "
-            f"{self.time('end')} AS e, ({share_null}) AS share_null FROM read_parquet({_literal(str(path))}, file_row_number = true)))"
-        )
-
-    def share_lt1(self) -> str:
-        return "(NOT share_null AND gpu_share < 1)" if "gpu_share" in self.present else "false"
-
-    def share_value(self) -> str:
-        return "CASE WHEN share_null THEN 1.0 ELSE gpu_share::DOUBLE END" if "gpu_share" in self.present else "1.0"
-
-
-def _is_float(t: Any) -> bool:
+def stored(t: Any) -> R.Stored:
+    """How an Arrow type stores a usage column."""
     import pyarrow as pa
 
-    return bool(pa.types.is_floating(t))
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return R.Stored(R.STORED_TEXT)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
+        return R.Stored(R.STORED_BINARY)
+    if pa.types.is_timestamp(t):
+        return R.Stored(R.STORED_TIME, unit=t.unit)
+    if pa.types.is_date(t):
+        return R.Stored(R.STORED_TIME, unit="day" if pa.types.is_date32(t) else "ms")
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return R.Stored(R.STORED_NUMBER)
+    if pa.types.is_null(t):
+        return R.Stored(R.STORED_NULL)
+    if pa.types.is_nested(t):
+        kind = "struct" if pa.types.is_struct(t) else "map" if pa.types.is_map(t) else "list"
+        return R.Stored(R.STORED_NESTED, nested=kind)
+    return R.Stored(R.STORED_OTHER)
 
 
-class _Day:
-    def __init__(self, window_start: pd.Timestamp, window_end: pd.Timestamp, as_of: pd.Timestamp):
-        self.window = (window_start, window_end)  # what quarantine_in_window keeps
-        self.lo, self.end = window_start.value, window_end.value
-        self.hi = min(window_end.value, as_of.value)  # priced up to here
-
-    def bounds(self, lay: _Layout, hi: int | None = None) -> tuple[int, int]:
-        scale = 1 if lay.unit == "ns" else 1000
-        return self.lo // scale, -(-(self.hi if hi is None else hi) // scale)
-
-    def hours(self, lay: _Layout) -> str:
-        """GPU-hours of a row inside the day, as split_by_day and price_pieces count them."""
-        lo, hi = self.bounds(lay)
-        pe, ps = f"least(coalesce(e, {hi}), {hi})", f"greatest(s, {lo})"
-        return f"gpu_count::DOUBLE * {lay.share_value()} * (greatest({pe}, {ps}) - {ps}) / {lay.per_hour:.1f}"
-
-    def touching(self, lay: _Layout) -> str:
-        """As SeenRows and quarantine_in_window keep them (to the window's end, not as_of)."""
-        lo, hi = self.bounds(lay, self.end)
-        return f"(s < {hi} AND (e IS NULL OR e >= {lo}))"
-
-
-# --------------------------------------------------------------------------- combinations
-
-
-class _Combos:
-    """The distinct combinations of the grouped text columns, validated and priced once each."""
-
-    def __init__(self, lay: _Layout, cells: pd.DataFrame, prices: PriceMatrix, keys: Sequence[str], day: _Day):
-        distinct = cells.drop_duplicates("ch").reset_index(drop=True)
-        if len(distinct) != len(cells.drop_duplicates([*lay.combo, "share_null", "share_lt1"])):
-            raise NotApplicable("two combinations share a hash")
-        raw = pd.DataFrame({c: distinct[c].astype(object).where(distinct[c].notna(), None) for c in lay.combo})
-        n = len(raw)
-        # Stand-in numbers that pass every row check: only the text columns (and whether
-        # the share is missing or below 1) decide what validate_usage says of a combination.
-        raw["start"] = pd.to_datetime(day.lo + np.arange(n), utc=True)  # distinct: no two are duplicates
-        raw["end"] = raw["start"] + pd.Timedelta(hours=1)
-        raw["gpu_count"] = np.ones(n, np.int64)
-        raw["gpu_share"] = np.where(distinct["share_null"], np.nan, np.where(distinct["share_lt1"], 0.5, 1.0))
-        v = validate_usage(usage_frame(raw, Path("<combinations>")), prices)
-        good = v.rows["row"].to_numpy() - 1
-        self.valid = np.zeros(n, bool)
-        self.valid[good] = True
-        self.hashes = pd.Index(distinct["ch"].to_numpy(np.uint64))
-        self.bad = self.hashes.to_numpy()[~self.valid]
-        priced = pd.DataFrame({k: v.rows[k].astype(str).to_numpy() for k in keys})
-        for col in ("price_per_gpu_hour", "on_demand_price_per_gpu_hour"):
-            priced[col] = v.rows[col].to_numpy(dtype=float)
-        priced.index = good
-        self.priced = priced
-        # A column's raw spellings may stand in for its parsed value in the duplicate hash
-        # when no two of them parse to the same value.
-        self.hashable = [c for c in lay.combo if _injective(distinct[c].to_numpy()[good], v.rows[c].astype(str).to_numpy())]
-
-    def of(self, cells: pd.DataFrame) -> np.ndarray:
-        """Each cell's combination number."""
-        return self.hashes.get_indexer(cells["ch"].to_numpy(np.uint64))
-
-
-def _injective(raw: np.ndarray, typed: np.ndarray) -> bool:
-    pairs = pd.DataFrame({"raw": pd.Series(raw, dtype=object).fillna("\x00<null>"), "typed": typed}).drop_duplicates()
-    return not pairs["typed"].duplicated().any()
-
-
-# --------------------------------------------------------------------------- identical rows
-
-
-class HashSpill:
-    """64-bit hashes kept in ``2**bits`` partitions by their top bits, each partition in a
-    file once more than ``memory_rows`` hashes are expected: finding repeated hashes then
-    holds one partition at a time."""
-
-    def __init__(self, expected: int, memory_rows: int):
-        self.bits = 0
-        while (expected >> self.bits) > memory_rows and self.bits < 8:  # at most 256 files open
-            self.bits += 1
-        self.tmp = tempfile.TemporaryDirectory(prefix="gpu_ops-hashes-") if self.bits else None
-        self.parts: list[list[np.ndarray]] = [[] for _ in range(1 << self.bits)]
-        self.files = [open(Path(self.tmp.name) / f"{i}.u64", "wb") for i in range(1 << self.bits)] if self.tmp else []
-
-    def add(self, h: np.ndarray) -> None:
-        if not len(h):
-            return
-        if not self.bits:
-            self.parts[0].append(h)
-            return
-        part = (h >> np.uint64(64 - self.bits)).astype(np.uint16)
-        if self.bits <= 2:  # a few masks cost less than a sort
-            for i, f in enumerate(self.files):
-                h[part == i].tofile(f)
-            return
-        order = np.argsort(part, kind="stable")
-        bounds = np.searchsorted(part[order], np.arange((1 << self.bits) + 1))
-        h = h[order]
-        for i, f in enumerate(self.files):
-            if bounds[i] < bounds[i + 1]:
-                h[bounds[i] : bounds[i + 1]].tofile(f)
-
-    def repeated(self) -> tuple[np.ndarray, int]:
-        """The hashes that occur more than once, and how many rows have one of them."""
-        out, rows = [], 0
-        for i in range(1 << self.bits):
-            if self.bits:
-                self.files[i].close()
-                h = np.fromfile(Path(self.tmp.name) / f"{i}.u64", dtype=np.uint64)  # type: ignore[union-attr]
-            else:
-                h = np.concatenate(self.parts[0]) if self.parts[0] else np.empty(0, np.uint64)
-                self.parts[0] = []
-            h.sort()
-            same = h[1:] == h[:-1]
-            if same.any():
-                values = np.unique(h[1:][same])
-                out.append(values)
-                rows += int(same.sum()) + len(values)
-        if self.tmp:
-            self.tmp.cleanup()
-        return (np.concatenate(out) if out else np.empty(0, np.uint64)), rows
-
-
-# --------------------------------------------------------------------------- reading rows back
-
-
-def read_rows(path: Path, lay: _Layout, row_numbers: np.ndarray, batch_rows: int) -> Any:
-    """Batches of the rows ``row_numbers`` (0-based, sorted) of a Parquet file, read as the
-    batch reader reads them, visiting only the row groups that hold them: (table, rows)."""
+def _text_as_binary_where_invalid(table: Any) -> Any:
+    """Text columns with invalid UTF-8 become BINARY (the rule book quarantines the bad
+    values row by row); DuckDB refuses such text outright."""
     import pyarrow as pa
 
-    from gpu_ops.cost.stream import usage_parquet
-
-    pf = usage_parquet(path, lay.schema, lay.present)
-    starts = np.cumsum([0] + [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)])
-    groups = np.unique(np.searchsorted(starts, row_numbers, side="right") - 1)
-    for g in groups.tolist():
-        lo, hi = int(starts[g]), int(starts[g + 1])
-        at = row_numbers[(row_numbers >= lo) & (row_numbers < hi)]
-        group = pf.read_row_group(g, columns=list(lay.present))
-        for chunk in range(0, len(at), batch_rows):
-            mine = at[chunk : chunk + batch_rows]
-            yield group.take(pa.array(mine - lo)), mine
-
-
-def _raw(path: Path, table: Any, rows: np.ndarray) -> pd.DataFrame:
-    raw = usage_frame(arrow_to_frame(table), path, first_row=1)
-    raw["row"] = rows + 1
-    return raw
+    for i, fld in enumerate(table.schema):
+        t = fld.type.value_type if pa.types.is_dictionary(fld.type) else fld.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            continue
+        col = table.column(i)
+        try:
+            for chunk in col.chunks:
+                chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            plain = col.cast(t) if pa.types.is_dictionary(fld.type) else col
+            binary = pa.large_binary() if pa.types.is_large_string(t) else pa.binary()
+            table = table.set_column(i, pa.field(fld.name, binary), plain.cast(binary))
+    return table
 
 
-# --------------------------------------------------------------------------- the read
+class UsageEngine:
+    """Collects sources, then :meth:`run` validates, de-duplicates and prices them at once."""
 
-
-def day_parts(
-    sources: SourceSet,
-    prices: PriceMatrix,
-    window_start: pd.Timestamp,
-    window_end: pd.Timestamp,
-    as_of: pd.Timestamp,
-    keys: Sequence[str],
-    columns: Sequence[str] | None,
-    batch_rows: int,
-    identity: Collection[str],
-) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
-    """Per file: (its priced cells keyed by ``keys``, its quarantined rows of the day), as
-    :class:`gpu_ops.cost.stream` sums them. Raises :class:`NotApplicable`."""
-    try:
+    def __init__(self, prices: PriceMatrix):
         import duckdb
-    except ImportError:
-        raise NotApplicable("duckdb is not installed") from None
-    day = _Day(window_start, window_end, as_of)
-    if (day.hi - 1) // DAY_NS != day.lo // DAY_NS:
-        raise NotApplicable("a window of more than one day")
-    paths: list[Path] = []
-    for path, problem in _distinct_files(sources.usage_files, sources.base_dir):
-        if path is None:
-            raise NotApplicable(str(problem))
-        paths.append(path)
-    lay = _Layout(paths, columns, keys)
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")
-    con.execute("SET preserve_insertion_order = false")  # results are sums and sorted row numbers: no order to keep
-    # Memory follows the setting, not the files: 1 KiB per batch row (256 MiB by default).
-    con.execute(f"SET memory_limit = '{max(128 << 20, batch_rows << 10)}B'")
-    con.execute(f"SET temp_directory = {_literal(str(Path(tempfile.gettempdir()) / 'gpu_ops-duckdb'))}")
-    try:
-        return _Read(con, lay, day, prices, list(keys), batch_rows, identity).parts()
-    except duckdb.Error as exc:  # a file DuckDB reads differently: the batch reader decides
-        raise NotApplicable(f"DuckDB: {str(exc).splitlines()[0]}") from None
-    finally:
-        con.close()
 
+        self.prices = prices
+        self.con = duckdb.connect()
+        self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET enable_progress_bar = false")
+        self.parts: list[Part] = []
+        self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
 
-class _Read:
-    def __init__(self, con: Any, lay: _Layout, day: _Day, prices: PriceMatrix, keys: list[str], batch_rows: int, identity: Collection[str]):
-        self.con, self.lay, self.day, self.prices, self.keys = con, lay, day, prices, keys
-        self.batch_rows, self.identity = batch_rows, identity
-        combo = ", ".join(_quote(c) for c in lay.combo)
-        # The same hash of a combination per cell (share_lt1 a column) and per row (an expression).
-        self.combo_hash = f"hash({combo}{', ' if combo else ''}share_null, share_lt1)"
-        self.row_combo_hash = self.combo_hash.replace("share_lt1)", f"{lay.share_lt1()})")
-        self.bad = np.empty(0, np.uint64)  # combination hashes that fail validation
+    def close(self) -> None:
+        self.con.close()
 
-    def parts(self) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
-        cells = [self.cells(p) for p in self.lay.paths]
-        ok = pd.concat([c[c["ok"]] for c in cells], ignore_index=True)
-        self.combos = _Combos(self.lay, ok, self.prices, self.keys, self.day)
-        self.bad = self.combos.bad
-        if len(self.bad):  # named by the row filters below
-            self.register("bad_combos", "ch", self.bad)
-        quarantine = [self.quarantine(p, c) for p, c in zip(self.lay.paths, cells)]
-        for i, (path, dups) in enumerate(zip(self.lay.paths, self.duplicates())):
-            if len(dups):
-                cells[i] = self.cells(path, without=dups["row"].to_numpy(np.int64) - 1)
-                both = [q for q in (quarantine[i], dups) if len(q)]
-                quarantine[i] = pd.concat(both, ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True) if len(both) > 1 else both[0]
-        return [(self.priced(c), q) for c, q in zip(cells, quarantine)]  # both kinds of quarantine row are of the day already
+    # ------------------------------------------------------------------ input
 
-    def register(self, name: str, column: str, values: np.ndarray) -> None:
+    def add_arrow(self, table: Any, source: str = "file", location: str | None = None, rows: Any = None) -> None:
+        """A source table (any subset of the usage columns; provenance columns ``source``,
+        ``location``, ``row`` are used when present). ``rows``: 1-based row numbers."""
+        import numpy as np
         import pyarrow as pa
 
-        self.con.register(name, pa.table({column: values}))
+        table = _text_as_binary_where_invalid(table)
+        layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
+        labels = {f.name: stored(f.type) for f in table.schema if f.name.startswith("label:")}
+        if labels:
+            layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
+        table = _times_as_integers(table)
+        n = table.num_rows
+        if rows is not None:
+            table = _set(table, "__row", pa.array(np.asarray(rows, np.int64)))
+        elif "row" in table.column_names:
+            table = _set(table, "__row", table.column("row").cast(pa.int64()))
+        table = _set(table, "__pos", pa.array(np.arange(n, dtype=np.int64)))
+        if location is None and "location" not in table.column_names:
+            location = "<table>"
+        if "location" in table.column_names and location is None:
+            table = _set(table, "__location", table.column("location").cast(pa.string()))
+        if "source" in table.column_names:
+            table = _set(table, "__source", table.column("source").cast(pa.string()))
+        name = f"part_{len(self.parts)}"
+        self.con.register(name, table)
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names))
 
-    def cells(self, path: Path, without: np.ndarray | None = None) -> pd.DataFrame:
-        """GPU-hours of the day per (combination, share missing, share below 1, row check)."""
-        combo = ", ".join(_quote(c) for c in self.lay.combo)
-        where = ""
-        if without is not None:
-            self.register("without_rows", "rn", without)
-            where = "WHERE rn NOT IN (SELECT rn FROM without_rows)"
-        q = (
-            f"SELECT *, {self.combo_hash} AS ch FROM (SELECT {combo}{', ' if combo else ''}share_null, {self.lay.share_lt1()} AS share_lt1, ok, "
-            f"sum({self.day.hours(self.lay)}) AS gpu_hours{self.decoded()} FROM {self.lay.source(path)} {where} GROUP BY ALL)"
+    def add_problem(self, location: str, reason: str, source: str = "file", row: int | None = None) -> None:
+        """A file or pattern that gave no rows (no ``row``), or one CSV line (``row``)."""
+        field = R.FILE_FIELD if row is None else R.LINE_FIELD
+        self.problems.append({"source": source, "location": location, "row": row, "field": field, "reason": reason, "record": "", "start": None, "end": None})
+
+    # ------------------------------------------------------------------ the query
+
+    def _part_sql(self, i: int, p: Part, record: bool = False, where: str = "") -> str:
+        loc = "__location" if p.location is None else R.literal(p.location)
+        src = "__source" if p.has_source else R.literal(p.source)
+        row = "__row" if p.has_row else f"row_number() OVER (PARTITION BY {loc} ORDER BY __pos)"
+        cols = R.raw_select(p.layout, p.labels, record=record)
+        if not record:
+            cols += R.number_text_flags(p.layout)
+        return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
+
+    def _raw_sql(self) -> str:
+        return " UNION ALL BY NAME ".join(self._part_sql(i, p) for i, p in enumerate(self.parts))
+
+    def _lookups(self) -> None:
+        """The catalog, region and price tables of the values present (a few rows each)."""
+        import pyarrow as pa
+
+        from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
+
+        gpu_raw = [r[0] for r in self.con.execute("SELECT DISTINCT gpu_type_raw FROM typed").fetchall()]
+        canon: list[str | None] = []
+        errors: list[str | None] = []
+        for g in gpu_raw:
+            try:
+                canon.append(canonical_gpu_type(g) if g else None)
+                errors.append(None)
+            except UnknownGpuType as exc:
+                canon.append(None)
+                errors.append(str(exc))
+        self.con.register("gpu_map", pa.table({"gpu_type_raw": pa.array(gpu_raw, pa.string()), "gpu_type": pa.array(canon, pa.string()), "gpu_type_error": pa.array(errors, pa.string())}))
+        regions = [r[0] for r in self.con.execute("SELECT DISTINCT region FROM typed").fetchall()]
+        mult = [self.prices.region_multiplier(r) for r in regions]
+        known = sorted(self.prices.regions)
+        self.con.register("region_map", pa.table({
+            "region": pa.array(regions, pa.string()),
+            "region_multiplier": pa.array([None if m != m else m for m in mult], pa.float64()),
+            "region_error": pa.array([f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)], pa.string()),
+        }))
+        gpus = sorted({c for c in canon if c})
+        rows = [(g, c, self.prices.price(g, c), self.prices.price(g, "on-demand")) for g in gpus for c in CAPACITY_TYPES]
+        self.con.register("price_map", pa.table({
+            "gpu_type": pa.array([r[0] for r in rows], pa.string()),
+            "capacity_type": pa.array([r[1] for r in rows], pa.string()),
+            "base_price": pa.array([None if r[2] != r[2] else r[2] for r in rows], pa.float64()),
+            "base_on_demand": pa.array([None if r[3] != r[3] else r[3] for r in rows], pa.float64()),
+            "price_error": pa.array([self.prices.describe_missing(r[0], r[1]) for r in rows], pa.string()),
+        }))
+
+    def run(self, keep: Sequence[str] | None = None) -> EngineResult:
+        """Validate, de-duplicate and price everything added; the quarantine is not yet
+        limited to a window. ``keep``: the text columns the good rows need (None: all)."""
+        if not self.parts:
+            return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW raw AS {self._raw_sql()}")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS SELECT *, {', '.join(R.typed_select())} FROM raw")
+        self._lookups()
+        joined = (
+            "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
+            "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
+            "FROM typed t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
+            "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
         )
-        return self.con.execute(q).df()
+        problems = f"list_concat(storage_problems, {R.rules_select()})"
+        # One reason per field (the first, most specific one); built for bad rows only.
+        first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos", "p_start", "p_end"))
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {cols}, bad, CASE WHEN bad THEN {first_per_field} END AS problems "
+            f"FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({joined}))"
+        )
+        self._identity()
+        return EngineResult(self._good_rows(keep), self._quarantine())
 
-    def decoded(self) -> str:
-        """Aggregates that make DuckDB decode the columns the sums do not need: a corrupt
-        page anywhere fails the read here, as it fails the batch reader (never priced)."""
-        return "".join(f", max(length({_quote(c)})) AS {_quote('decoded ' + c)}" for c in self.lay.identity)
+    def _identity(self) -> None:
+        """Duplicates (identical typed rows: the first counts) and superseded records
+        (same identity key: the closed, latest-ending, last-delivered record wins)."""
+        ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
+        window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
+        key = "namespace, ikey, start_us, gpu_type"
+        # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
+        # rows whose key repeats are compared column by column (rows without a pod or
+        # attempt share a NULL key with their copies and are compared too).
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE good AS SELECT *, count(*) OVER (PARTITION BY namespace, ikey, start_us, gpu_type) AS n_key "
+            f"FROM (SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad)"
+        )
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
+            f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
+            "FROM good WHERE n_key > 1"
+        )
+        self.con.execute("DELETE FROM copies WHERE copy_n = 1")
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
+            f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
+            f"count(*) OVER (PARTITION BY {key}) AS records "
+            "FROM good g WHERE n_key > 1 AND ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
+        )
+        self.con.execute("DELETE FROM keyed WHERE records = 1")
+        diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE superseded AS SELECT l.ord, l.pos, "
+            "'superseded by ' || (CASE WHEN w.location = l.location THEN '' ELSE w.location || ' ' END) || 'row ' || coalesce(CAST(w.row AS VARCHAR), '?') || "
+            "': the same interval (namespace, pod, start, gpu_type) ' || (CASE WHEN l.end_us IS NULL AND w.end_us IS NOT NULL THEN 'closed there, open here' "
+            "WHEN l.end_us < w.end_us THEN 'ending later there' ELSE 'delivered again later' END) || '; counted once; differs in: ' || "
+            f"coalesce(nullif(array_to_string(list_filter([{diff}], lambda x: x IS NOT NULL), ', '), ''), 'nothing else') AS reason "
+            "FROM keyed l JOIN keyed w ON w.rank = 1 AND l.namespace = w.namespace AND l.ikey = w.ikey AND l.start_us = w.start_us AND l.gpu_type = w.gpu_type "
+            "WHERE l.rank > 1"
+        )
 
-    def priced(self, cells: pd.DataFrame) -> pd.DataFrame:
-        """Cells of good rows as (keys, price, on-demand price, GPU-hours)."""
-        ok = cells[cells["ok"].to_numpy()]
-        combo = self.combos.of(ok)
-        valid = self.combos.valid[combo]
-        p = self.combos.priced.loc[combo[valid]].reset_index(drop=True)
-        p["gpu_hours"] = ok["gpu_hours"].to_numpy(float)[valid]
-        if not np.isfinite(p["gpu_hours"].to_numpy()).all():  # a value the row check let through
-            raise NotApplicable("GPU-hours that are not a finite number")
-        return p
+    def _present(self) -> set[str]:
+        return {c for p in self.parts for c in p.layout}
 
-    def bad_rows_sql(self, path: Path) -> str:
-        cond = "NOT ok"
-        if len(self.bad):
-            cond += f" OR {self.row_combo_hash} IN (SELECT ch FROM bad_combos)"
-        return f"SELECT rn FROM {self.lay.source(path)} WHERE {cond} ORDER BY rn"
+    def _good_rows(self, keep: Sequence[str] | None = None) -> Any:
+        import pandas as pd
 
-    def quarantine(self, path: Path, cells: pd.DataFrame) -> pd.DataFrame:
-        """The file's rows that fail validation, with validate_usage's reasons."""
-        if cells["ok"].all() and not cells["ch"].isin(self.bad).any():
-            return empty_quarantine()
-        rows = self.con.execute(self.bad_rows_sql(path)).fetchnumpy()["rn"].astype(np.int64)
-        out = []
-        for table, at in read_rows(path, self.lay, rows, self.batch_rows):
-            v = validate_usage(_raw(path, table, at), self.prices, identity=self.identity)
-            if len(v.rows):
-                raise NotApplicable(f"{len(v.rows)} row(s) DuckDB rejects validate_usage accepts")
-            out.append(quarantine_in_window(v.quarantine, *self.day.window))
-        return pd.concat(out, ignore_index=True) if out else empty_quarantine()
+        from gpu_ops.cost.usage import utc_series
 
-    def dedupe_hash(self, full: bool) -> str:
-        """A hash equal for rows validate_usage parses alike. Not ``full``: cheap, from the
-        raw columns whose spellings cannot collapse (more rows may share it). ``full``: with
-        the other text columns stripped as ``str.strip`` strips them (DuckDB's trim with
-        the same characters), for files where many rows differ only there."""
-        cols = ["s", "e", "gpu_count::DOUBLE", self.lay.share_value(), *(_quote(c) for c in self.combos.hashable)]
-        if full:
-            cols += [f"coalesce(trim({_quote(c)}, {_literal(SPACES)}), '')" for c in self.lay.identity]
-        return f"hash({', '.join(cols)})"
+        present = self._present()
+        text = [c for c in (*_ALWAYS, *(c for c in _OPTIONAL_TEXT if c in present)) if keep is None or c in keep]
+        numbers = ["gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", *(c for c in ("attempt", "lost_seconds") if c in present and (keep is None or c in keep))]
+        times = {"start_us": "start", "end_us": "end", **({"last_checkpoint_us": "last_checkpoint_at"} if "last_checkpoint_at" in present and keep is None else {})}
+        prov = ["source", "location", "row"] if keep is None else []
+        cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
+        sql = (
+            f"SELECT {cols} FROM good g WHERE NOT (n_key > 1 AND (EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "OR EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos))) ORDER BY ord, pos"
+        )
+        got: Any = self.con.sql(sql).to_arrow_table()
+        out: dict[str, Any] = {}
+        for c, name in times.items():
+            out[name] = utc_series(_us_to_ns(got.column(c)))
+        for c in [*text, *(c for c in prov if c != "row")]:
+            out[c] = _categorical(got.column(c))
+        for c in numbers:
+            out[c] = got.column(c).to_numpy(zero_copy_only=False).astype(float)
+        if prov:
+            out["row"] = pd.array(got.column("row").to_pylist(), dtype="Int64") if got.num_rows < 100_000 else got.column("row").to_pandas().astype("Int64")
+        return pd.DataFrame(out)
 
-    def good_touching(self) -> str:
-        cond = f"ok AND {self.day.touching(self.lay)}"
-        if len(self.bad):
-            cond += f" AND {self.row_combo_hash} NOT IN (SELECT ch FROM bad_combos)"
-        return cond
+    def _quarantine(self) -> Any:
+        reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
+        dup = (
+            "'duplicate of ' || (CASE WHEN first_location = location THEN '' ELSE first_location || ' ' END) || 'row ' || coalesce(CAST(first_row AS VARCHAR), '?') "
+            "|| ': identical in every column, counted once'"
+        )
+        lo, hi = R.TIME_MIN_US, R.TIME_MAX_US
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE quarantined AS SELECT source, location, row, problems[1].field AS field, {reason} AS reason, "
+            f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos FROM checked WHERE bad "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos) "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
+        )
+        records = self._records()
+        sql = f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
+        return _quarantine_frame(self.problems, self.con.execute(sql).fetchnumpy())
 
-    def repeated(self, hash_sql: str) -> tuple[np.ndarray, int]:
-        spill = HashSpill(self.lay.rows, max(32 * self.batch_rows, 1 << 20))
-        for path in self.lay.paths:
-            rel = self.con.sql(f"SELECT {hash_sql} AS h FROM {self.lay.source(path)} WHERE {self.good_touching()}")
-            reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader  # DuckDB 2 / 1.x
-            for batch in reader(1 << 20):
-                spill.add(np.asarray(batch.column(0)).astype(np.uint64, copy=False))
-        return spill.repeated()
+    def _records(self) -> str:
+        """SQL: the raw record (JSON of each column's text) of every quarantined row,
+        computed for those rows only."""
+        present = [c for c in R.ALL_COLUMNS if c in self._present()]
+        record = "json_object(" + ", ".join(f"{R.literal(c)}, {R.quote('r_' + c)}" for c in present) + ")" if present else "'{}'"
+        parts = [
+            f"SELECT ord, pos, CAST({record} AS VARCHAR) AS record FROM ({self._part_sql(i, p, record=True, where=f'WHERE __pos IN (SELECT pos FROM quarantined WHERE ord = {i})')})"
+            for i, p in enumerate(self.parts)
+        ]
+        return " UNION ALL ".join(parts)
 
-    def duplicates(self) -> list[pd.DataFrame]:
-        """Per file, its rows identical to an earlier good row (quarantine rows)."""
-        limit = max(4 * self.batch_rows, 1 << 16)  # rows compared in memory at most
-        hash_sql = self.dedupe_hash(full=False)
-        repeated, rows = self.repeated(hash_sql)
-        if rows > limit:  # e.g. hourly exports: times and teams alike, pods not
-            hash_sql = self.dedupe_hash(full=True)
-            repeated, rows = self.repeated(hash_sql)
-        if rows > limit:
-            raise NotApplicable(f"{rows:,} rows alike to compare (at most {limit:,} in memory)")
-        if not len(repeated):
-            return [empty_quarantine() for _ in self.lay.paths]
-        self.register("repeated", "h", repeated)
-        raw: list[pd.DataFrame] = []
-        for path in self.lay.paths:
-            at = self.con.execute(f"SELECT rn FROM {self.lay.source(path)} WHERE {self.good_touching()} AND {hash_sql} IN (SELECT h FROM repeated) ORDER BY rn").fetchnumpy()["rn"].astype(np.int64)
-            raw.extend(_raw(path, t, got) for t, got in read_rows(path, self.lay, at, len(at) or 1))
-        q = validate_usage(concat_raw(raw), self.prices, identity=self.identity).quarantine
-        if len(q) and (q["field"] != DUPLICATE_FIELD).any():
-            raise NotApplicable("a row DuckDB accepts validate_usage rejects")
-        return [q[q["location"] == str(path)].reset_index(drop=True) for path in self.lay.paths]
+
+def _times_as_integers(table: Any) -> Any:
+    """Timestamp and date columns as their integers (unit in the layout): any value, even
+    past what DuckDB's timestamps hold, reaches the rule book, which judges it."""
+    import pyarrow as pa
+
+    for i, fld in enumerate(table.schema):
+        if pa.types.is_timestamp(fld.type) or pa.types.is_date64(fld.type):
+            table = table.set_column(i, fld.name, table.column(i).cast(pa.int64()))
+        elif pa.types.is_date32(fld.type):
+            table = table.set_column(i, fld.name, table.column(i).cast(pa.int32()).cast(pa.int64()))
+    return table
+
+
+def _set(table: Any, name: str, values: Any) -> Any:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
+
+
+def _us_to_ns(us: Any) -> Any:
+    import numpy as np
+
+    nat = np.iinfo(np.int64).min
+    if hasattr(us, "fill_null"):  # Arrow
+        vals = us.fill_null(nat).to_numpy()
+        return np.where(vals == nat, nat, vals * 1000)
+    if np.ma.isMaskedArray(us):
+        vals = np.ma.filled(us.astype(np.int64), nat)
+    else:
+        vals = np.asarray(us)
+        if vals.dtype.kind == "f" or vals.dtype == object:
+            vals = np.array([nat if v is None or v != v else int(v) for v in vals], dtype=np.int64)
+    vals = np.asarray(vals, np.int64)
+    return np.where(vals == nat, nat, vals * 1000)
+
+
+def _int64(values: Any) -> Any:
+    """A fetched integer column (NULLs masked) as pandas Int64."""
+    import numpy as np
+    import pandas as pd
+
+    if np.ma.isMaskedArray(values):
+        return pd.arrays.IntegerArray(np.asarray(values.data, np.int64), np.ma.getmaskarray(values).copy())
+    return pd.array(np.asarray(values, np.int64), dtype="Int64")
+
+
+def _categorical(col: Any) -> Any:
+    """A text column as a pandas Categorical (its few distinct values once each)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    d = pc.dictionary_encode(col.cast(pa.string()).fill_null(""))
+    return pd.Categorical.from_codes(d.indices.to_numpy(zero_copy_only=False).astype("int32"), categories=pd.Index(d.dictionary.to_pylist(), dtype=object))
+
+
+def _empty_rows() -> Any:
+    import pandas as pd
+
+    from gpu_ops.cost.usage import utc_series
+    import numpy as np
+
+    out: dict[str, Any] = {"start": utc_series(np.empty(0, np.int64)), "end": utc_series(np.empty(0, np.int64))}
+    for c in _ALWAYS:
+        out[c] = pd.Series([], dtype=object)
+    for c in ("gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"):
+        out[c] = pd.Series([], dtype=float)
+    out.update(source=pd.Series([], dtype=object), location=pd.Series([], dtype=object), row=pd.array([], dtype="Int64"))
+    return pd.DataFrame(out)
+
+
+def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    from gpu_ops.cost.usage import utc_series
+
+    frames = []
+    if problems:
+        f = pd.DataFrame(problems)
+        frames.append(pd.DataFrame({
+            "source": f["source"].astype(object), "location": f["location"].astype(object), "row": pd.array(f["row"].tolist(), dtype="Int64"),
+            "field": f["field"].astype(object), "reason": f["reason"].astype(object), "record": f["record"].astype(object),
+            "start": utc_series(np.full(len(f), np.iinfo(np.int64).min)), "end": utc_series(np.full(len(f), np.iinfo(np.int64).min)),
+        }))
+    if got is not None and len(got["source"]):
+        frames.append(pd.DataFrame({
+            "source": np.asarray(got["source"], dtype=object), "location": np.asarray(got["location"], dtype=object),
+            "row": _int64(got["row"]),
+            "field": np.asarray(got["field"], dtype=object), "reason": np.asarray(got["reason"], dtype=object), "record": np.asarray(got["record"], dtype=object),
+            "start": utc_series(_us_to_ns(got["start_us"])), "end": utc_series(_us_to_ns(got["end_us"])),
+        }))
+    if not frames:
+        from gpu_ops.cost.usage import empty_quarantine
+
+        return empty_quarantine()
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+# --------------------------------------------------------------------------- raw frames
+
+
+def add_frame(engine: UsageEngine, raw: Any) -> None:
+    """A raw pandas frame (the usage format plus provenance; file-level rows carry a
+    ``file_error``) into the engine."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from gpu_ops.cost.usage import FILE_ERROR
+
+    if FILE_ERROR in raw:
+        failed = raw[FILE_ERROR].notna().to_numpy()
+        for rec in raw[failed].to_dict("records"):
+            row = rec.get("row")
+            engine.add_problem(str(rec.get("location", "")), str(rec[FILE_ERROR]), str(rec.get("source", "file")), None if row is None or pd.isna(row) else int(row))
+        raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
+    if not len(raw.columns):
+        return
+    arrays, names = [], []
+    for c in raw.columns:
+        arrays.append(_arrow_column(raw[c]))
+        names.append(str(c))
+    table = pa.Table.from_arrays(arrays, names=names)
+    engine.add_arrow(table, source=str(raw["source"].iloc[0]) if "source" in raw and len(raw) else "file", location=None if "location" in raw else "<frame>")
+
+
+def _arrow_column(s: Any) -> Any:
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        s = s.astype(object)
+    try:
+        return pa.array(s, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return pa.array([None if v is None or (isinstance(v, float) and v != v) else str(v) for v in s], pa.string())
+
+
+@dataclass
+class UsageInput:
+    """What a read found: files as Arrow, tables (ledger, collected pods) as raw frames,
+    and the patterns or files that gave nothing (location, reason)."""
+
+    files: list[FileRows] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def add_to(self, engine: "UsageEngine") -> None:
+        for location, reason in self.problems:
+            engine.add_problem(location, reason)
+        for f in self.files:
+            engine.add_arrow(f.table, "file", str(f.path), f.rows)
+            for row, why in f.bad_lines:
+                engine.add_problem(str(f.path), why, row=row)
+        for raw in self.frames:
+            add_frame(engine, raw)
+
+
+def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None) -> EngineResult:
+    """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list);
+    ``keep``: the text columns the good rows need (None: all)."""
+    engine = UsageEngine(prices)
+    try:
+        if isinstance(usage, UsageInput):
+            usage.add_to(engine)
+        else:
+            for raw in usage if isinstance(usage, (list, tuple)) else [usage]:
+                add_frame(engine, raw)
+        return engine.run(keep)
+    finally:
+        engine.close()
+
+
+def record_json(values: dict[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True, default=str)

@@ -19,18 +19,20 @@ from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F4
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
+from gpu_ops.cost.engine import UsageInput
+from gpu_ops.cost.read import read_file
 from gpu_ops.cost.usage import (
+    UsageSourceError,
+    distinct_files,
     concat_raw,
-    dedupe_intervals,
     empty_quarantine,
     quarantine_in_window,
     read_intervals,
     read_inventory_files,
     read_ledger,
-    read_usage_files,
+    require_usage_columns,
     running_starts,
     validate_inventory,
-    validate_usage,
 )
 
 PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
@@ -73,7 +75,7 @@ def default_as_of(day: dt.date, now: dt.datetime | None = None) -> pd.Timestamp:
 
 
 def price_window(
-    raw_usage: pd.DataFrame,
+    raw_usage: Any,
     raw_inventory: pd.DataFrame | None,
     prices: PriceMatrix,
     window_start: Any,
@@ -88,14 +90,14 @@ def price_window(
     ``keep_columns`` drops every other column before the split: at ten million rows each
     column carried through the split costs a full copy.
     """
+    from gpu_ops.cost.engine import validate
+
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate_usage(raw_usage, prices)
-    rows = dedupe_intervals(v.rows) if dedupe else v.rows
+    v = validate(raw_usage, prices, keep=list(keep_columns) if keep_columns is not None else None)
+    rows = v.rows
     if keep_columns is not None:
         rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
-    # Coded prices (no per-row dollars) only where nothing downstream needs them per row.
-    per_row = drop_empty or raw_inventory is not None
-    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty), per_row=per_row)
+    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty))
     return with_idle(PricedUsage(pieces, quarantine_in_window(v.quarantine, ws, we), ws, we, asof), raw_inventory, prices)
 
 
@@ -171,8 +173,8 @@ def load_raw(
     now: dt.datetime | None = None,
     window: Window | None = None,
     stats: ReadStats | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(raw usage, raw inventory or None) from every configured source.
+) -> tuple[UsageInput, pd.DataFrame | None]:
+    """(what every usage source holds, as the engine takes it; raw inventory or None).
 
     Kubernetes sources are collected now and recorded in ``store`` (see
     :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
@@ -181,24 +183,48 @@ def load_raw(
     everything would) and ``stats`` records what was read; Parquet footer summaries are
     then cached in ``store`` (:mod:`gpu_ops.cost.footers`).
     """
-    frames = []
+    usage = UsageInput()
     if sources.usage_files:
-        # Row numbers are only needed by bad rows when nothing else is read (the CLI's fast path).
-        row_numbers = columns is None or sources.count > 1
-        frames.append(read_usage_files(sources.usage_files, sources.base_dir, columns, row_numbers, window, sources.lookback_days, stats, _footers(store, window)))
+        _read_files(usage, sources, columns, window, stats, _footers(store, window))
     if sources.ledger:
         if store is None:
             raise ValueError("usage source 'ledger' needs the storage database (storage.url)")
-        frames.append(read_ledger(store, window, stats))
+        usage.frames.append(read_ledger(store, window, stats))
     collect(sources, store, core_api_factory, now)
     if sources.kubernetes:
         from gpu_ops.cost import kubernetes as k8s
 
-        frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
-    raw = concat_raw(frames)
-    if window is not None and sources.count > 1:
-        raw = _with_closed_twins(raw, sources, store, window)
-    return raw, load_inventory(sources, store, window, stats)
+        usage.frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
+    usage.frames = [f for f in usage.frames if len(f.columns)]
+    if window is not None and (sources.ledger or sources.kubernetes):
+        usage.frames = _with_closed_twins(usage, sources, store, window)
+    return usage, load_inventory(sources, store, window, stats)
+
+
+def _read_files(usage: UsageInput, sources: SourceSet, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: Any) -> None:
+    """Each file the patterns match, once, as Arrow (what cannot be read: a problem)."""
+    from gpu_ops.cost import window as win
+    from gpu_ops.cost.columns import parquet_columns
+
+    files = list(distinct_files(sources.usage_files, sources.base_dir, window, sources.lookback_days, stats))
+    if footers is not None:
+        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
+    for path, problem in files:
+        try:
+            if problem is not None:
+                raise problem
+            assert path is not None
+            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
+            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
+                require_usage_columns(path, parquet_columns(cached, columns))
+                continue
+            usage.files.append(read_file(path, columns, window, stats, footers))
+        except UsageSourceError as exc:
+            usage.problems.append((exc.location, exc.reason))
+    if footers is not None:
+        footers.save()
+        if footers.problem and stats is not None:
+            stats.footer_cache_problem = footers.problem
 
 
 def _footers(store: Any, window: Window | None) -> Any:
@@ -210,23 +236,40 @@ def _footers(store: Any, window: Window | None) -> Any:
     return FooterCache(store)
 
 
-def _with_closed_twins(raw: pd.DataFrame, sources: SourceSet, store: Any, window: Window) -> pd.DataFrame:
-    """``raw`` plus the table rows that ended before ``window`` but share (namespace, pod,
-    start) with a running row read for it: de-duplication keeps the row that saw the
-    interval end, so a bounded read must see it too. (File sources are not searched: a
-    billing export and a table seeing the same pod is rare; the tables are the pair.)"""
+def _with_closed_twins(usage: UsageInput, sources: SourceSet, store: Any, window: Window) -> list[pd.DataFrame]:
+    """The table frames plus the table rows that ended before ``window`` but share
+    (namespace, pod, start) with a running row read for it (from a file or a table): the
+    closed record supersedes the open one, so a bounded read must see it too."""
     from gpu_ops.cost import kubernetes as k8s
 
-    starts = running_starts(raw, window.start)
-    if not starts:
-        return raw
+    flat = sorted({t for f in usage.frames for t in running_starts(f, window.start)} | set(_file_running_starts(usage, window)))
+    if not flat:
+        return usage.frames
     twins = []
     if sources.ledger:
-        twins.append(read_ledger(store, window, twins_of=starts))
+        twins.append(read_ledger(store, window, twins_of=flat))
     if sources.kubernetes:
-        twins.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, twins_of=starts))
-    twins = [t for t in twins if len(t)]
-    return concat_raw([raw, *twins]) if twins else raw
+        twins.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, twins_of=flat))
+    return [*usage.frames, *(t for t in twins if len(t))]
+
+
+def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp]:
+    """Start times of the named, still-running rows of the files (their closed twin may be
+    in a table, outside the window's range query)."""
+    import pyarrow as pa
+
+    out = []
+    for f in usage.files:
+        if not {"start", "end", "pod"} <= set(f.table.column_names):
+            continue
+        sub = f.table.select(["start", "end", "pod"])
+        try:
+            cols = {c: (sub.column(c).cast(pa.string()) if pa.types.is_binary(sub.column(c).type) else sub.column(c)) for c in ("start", "end", "pod")}
+            frame = pa.table(cols).to_pandas()
+        except (pa.ArrowException, UnicodeDecodeError, ValueError):  # not text: the rule book quarantines it
+            continue
+        out.extend(running_starts(frame, window.start))
+    return out
 
 
 def load_inventory(sources: SourceSet, store: Any = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame | None:

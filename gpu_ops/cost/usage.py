@@ -17,7 +17,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,6 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
-from gpu_ops.cost.texthash import EMPTY_TEXT_HASH, text_hashes
 from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:
@@ -152,20 +151,6 @@ def _as_text(s: pd.Series) -> pd.Series:
     return pd.Series(pd.Categorical.from_codes(lut[codes], categories=list(labels)), index=s.index)
 
 
-def text_identity(s: pd.Series) -> np.ndarray:
-    """A 64-bit hash per value of the text :func:`_as_text` makes of it (stripped, missing
-    as ""), from Arrow's buffers where the column is Arrow text (see
-    :mod:`gpu_ops.cost.texthash`); categories are hashed once each."""
-    import pyarrow as pa
-
-    arrow = getattr(s.array, "_pa_array", None)  # Arrow-backed text: hashed in place
-    if arrow is not None and (pa.types.is_string(arrow.type) or pa.types.is_large_string(arrow.type)):
-        return text_hashes(arrow)
-    text = _as_text(s)  # categories, stripped, missing as ""
-    per_value = text_hashes(pa.array([str(c) for c in text.cat.categories], pa.large_string()))
-    return per_value[text.cat.codes.to_numpy()]
-
-
 def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
     """Any time column -> UTC datetime64[ns]; returns (parsed, bad mask).
 
@@ -282,7 +267,7 @@ def number_problem(value: Any) -> str:
 # --------------------------------------------------------------------------- sources
 
 
-def _expand(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
+def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
     """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
     file; matching nothing is an error, or no files with ``missing_ok``."""
     p = Path(pattern).expanduser()
@@ -305,7 +290,7 @@ def _expand(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> li
     return [p]
 
 
-def _distinct_files(
+def distinct_files(
     patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
 ) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
     """Each file the patterns match, once (by real path); a pattern matching nothing is an
@@ -515,7 +500,7 @@ def _read_files(
     from gpu_ops.cost.columns import parquet_columns
 
     frames = []
-    files = list(_distinct_files(patterns, base_dir, window, lookback_days, stats))
+    files = list(distinct_files(patterns, base_dir, window, lookback_days, stats))
     footers = footers if window is not None else None
     if footers is not None:
         footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
@@ -574,7 +559,7 @@ def probe_files(
     import csv
 
     problems, seen = [], 0
-    for path, problem in _distinct_files(patterns, base_dir):
+    for path, problem in distinct_files(patterns, base_dir):
         if problem is not None:
             problems.append(str(problem))
             continue
@@ -763,7 +748,7 @@ def _json_object(text: Any) -> Any:
 # --------------------------------------------------------------------------- validation
 
 
-class _Problems:
+class Problems:
     """Per-row problems, collected as (mask, field, message-per-row) and rendered once."""
 
     def __init__(self, n: int):
@@ -928,7 +913,7 @@ _REQUIRED_TEXT = {
 }
 
 
-def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",), seen: "SeenRows | None" = None, identity: Collection[str] = ()) -> Validated:
+def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
     """Check every row; return typed, priced rows and the quarantined ones with reasons.
 
     Rules: ``start`` required and ``end`` optional, both parseable and within what
@@ -951,7 +936,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         file_q = _file_quarantine(raw[failed])
         raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
     n = len(raw)
-    problems = _Problems(n)
+    problems = Problems(n)
     _cell_errors(raw, problems)  # first: a blanked list cell is reported as such, not as "missing"
     out: dict[str, Any] = {}
 
@@ -967,10 +952,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     out["start"], out["end"] = start, end
 
     for col in ATTRIBUTE_COLUMNS:
-        if col in identity:
-            out[col] = pd.Series(text_identity(raw[col]) if col in raw else np.full(n, EMPTY_TEXT_HASH), index=raw.index, copy=False)
-        else:
-            out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
+        out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
     for col in required:
         problems.add(_blank(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
 
@@ -1065,7 +1047,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
             out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
 
     typed = pd.DataFrame(out, index=raw.index, copy=False)
-    _duplicates(typed, raw, problems, seen)
+    _duplicates(typed, raw, problems)
     quarantine = problems.render(raw, start, end)
     if len(file_q):
         quarantine = pd.concat([file_q, quarantine], ignore_index=True) if len(quarantine) else file_q
@@ -1074,7 +1056,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     return Validated(rows.reset_index(drop=True), quarantine)
 
 
-def _number_column(raw: pd.DataFrame, col: str, problems: _Problems, required: bool, with_blank: bool = False) -> Any:
+def _number_column(raw: pd.DataFrame, col: str, problems: Problems, required: bool, with_blank: bool = False) -> Any:
     """A numeric column with its blank (when required) and bad values reported."""
     n = len(raw)
     vals, blank, bad = _numbers(raw[col]) if col in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
@@ -1084,7 +1066,7 @@ def _number_column(raw: pd.DataFrame, col: str, problems: _Problems, required: b
     return (vals, blank) if with_blank else vals
 
 
-def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
+def _cell_errors(raw: pd.DataFrame, problems: Problems) -> None:
     """Report the list/struct/map cells the reader recorded (:data:`CELL_ERRORS`), per field."""
     if CELL_ERRORS not in raw:
         return
@@ -1097,7 +1079,7 @@ def _cell_errors(raw: pd.DataFrame, problems: _Problems) -> None:
         problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])  # type: ignore[misc]
 
 
-def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, seen: "SeenRows | None" = None) -> None:
+def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: Problems) -> None:
     """Quarantine good rows identical (after parsing) to an earlier good row: counted once."""
     good = np.flatnonzero(~problems.bad)
     cols = [c for c in typed.columns if c not in PROVENANCE_COLUMNS and c != CELL_ERRORS]
@@ -1125,12 +1107,6 @@ def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: _Problems, see
         numbers: Any = _row_numbers(raw, first) if len(first) else []
         for i, _j, n, li, lj in zip(later.tolist(), first.tolist(), numbers, loc(later), loc(first)):
             earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
-    if seen is not None:
-        rest = good[~dup]
-        times = (typed["start"].array.asi8[rest], typed["end"].array.asi8[rest])
-        again, refs = seen.check_and_add(hashes[~dup], loc(rest), _row_numbers(raw, rest) if len(rest) else np.empty(0, np.int64), times)
-        for i, (where, n), li in zip(rest[again].tolist(), refs, loc(rest[again])):
-            earlier[i] = f"row {n}" if where == li else f"{where} row {n}"
     if not earlier:
         return
     mask = np.zeros(len(typed), bool)
@@ -1153,105 +1129,6 @@ def _same_values(sub: pd.DataFrame, later: np.ndarray, first: np.ndarray) -> np.
     return same
 
 
-class SeenRows:
-    """Good rows of the earlier batches of one read, by hash, for reads validated batch by
-    batch (:mod:`gpu_ops.cost.stream`): a row identical to one of an earlier batch is
-    counted once there too. 16 bytes a row (hash, and where its first copy is); rows are
-    matched by their 64-bit hash alone across batches (within a batch values are compared).
-
-    Hashes are split by their top bits into partitions, each a sorted array plus a small
-    sorted buffer that is merged in when it reaches an eighth of the array: a batch costs
-    a look-up per partition and each row is copied a few times over the read, never the
-    whole set once per batch (which made a 100M-row read quadratic); the largest
-    temporary is one partition.
-
-    With a ``window`` (UTC nanoseconds ``[start, end)``) only rows that touch it are
-    remembered and looked up: an identical copy has the same times, so a row outside the
-    window and its copies are all outside it, priced at zero hours and not reported
-    (:func:`quarantine_in_window`). A month-long file then costs one day's rows.
-    """
-
-    PARTITION_BITS = 6
-
-    def __init__(self, window: tuple[int, int] | None = None) -> None:
-        self.window = window
-        n = 1 << self.PARTITION_BITS
-        self.hashes = [np.empty(0, np.uint64) for _ in range(n)]
-        self.refs = [np.empty(0, np.int64) for _ in range(n)]  # location index << 40 | row
-        self.buf_hashes = [np.empty(0, np.uint64) for _ in range(n)]
-        self.buf_refs = [np.empty(0, np.int64) for _ in range(n)]
-        self.locations: list[str] = []
-
-    def __len__(self) -> int:
-        return sum(len(h) + len(b) for h, b in zip(self.hashes, self.buf_hashes))
-
-    def check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, list[tuple[str, int]]]:
-        """-> (which rows were seen before, (location, row) of each one's first copy); the
-        others are remembered. ``times``: the rows' (start, end) in ns (NaT: open), needed
-        with a window."""
-        if self.window is not None and times is not None:
-            lo, hi = self.window
-            start, end = times
-            touching = (start < hi) & ((end == _NAT) | (end >= lo))  # as quarantine_in_window keeps them
-            if not touching.all():
-                again = np.zeros(len(touching), bool)
-                again[touching], earlier = self._check_and_add(np.asarray(hashes)[touching], np.asarray(locations)[touching], np.asarray(rows)[touching])
-                return again, earlier
-        return self._check_and_add(hashes, locations, rows)
-
-    def _check_and_add(self, hashes: np.ndarray, locations: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str, int]]]:
-        hashes = np.asarray(hashes, np.uint64)
-        n = len(hashes)
-        again, found = np.zeros(n, bool), np.zeros(n, np.int64)
-        if not n:
-            return again, []
-        locations = np.asarray(locations, dtype=object)
-        if locations[0] is locations[-1] and (locations == locations[0]).all():  # one file: the usual batch
-            inverse, names = np.zeros(n, np.int64), [locations[0]]
-        else:
-            inverse, names = pd.factorize(locations)
-        for name in names:
-            if name not in self.locations:
-                self.locations.append(name)
-        codes = np.array([self.locations.index(name) for name in names], np.int64)[inverse]
-        refs_in = (codes << 40) | np.asarray(rows, np.int64)
-        order = np.argsort(hashes, kind="stable")
-        sh = hashes[order]
-        bounds = np.searchsorted(sh >> np.uint64(64 - self.PARTITION_BITS), np.arange((1 << self.PARTITION_BITS) + 1, dtype=np.uint64))
-        for part in range(1 << self.PARTITION_BITS):
-            lo, hi = int(bounds[part]), int(bounds[part + 1])
-            if lo == hi:
-                continue
-            q, at = sh[lo:hi], order[lo:hi]
-            seen_here = np.zeros(hi - lo, bool)
-            for arr, refs in ((self.hashes[part], self.refs[part]), (self.buf_hashes[part], self.buf_refs[part])):
-                if len(arr):
-                    pos = np.minimum(np.searchsorted(arr, q), len(arr) - 1)
-                    hit = (arr[pos] == q) & ~seen_here
-                    found[at[hit]] = refs[pos[hit]]
-                    seen_here |= hit
-            again[at] = seen_here
-            self._add(part, q[~seen_here], refs_in[at[~seen_here]])
-        earlier = [(self.locations[int(r) >> 40], int(r) & ((1 << 40) - 1)) for r in found[again]] if again.any() else []
-        return again, earlier
-
-    def _add(self, part: int, h: np.ndarray, r: np.ndarray) -> None:
-        """Sorted hashes ``h`` (refs ``r``) into the partition's buffer; the buffer into the
-        partition when it has grown to an eighth of it."""
-        if not len(h):
-            return
-        bh, br = np.concatenate([self.buf_hashes[part], h]), np.concatenate([self.buf_refs[part], r])
-        o = np.argsort(bh, kind="stable")
-        bh, br = bh[o], br[o]
-        main = self.hashes[part]
-        if len(bh) * 8 < len(main):
-            self.buf_hashes[part], self.buf_refs[part] = bh, br
-            return
-        at = np.searchsorted(main, bh)
-        self.hashes[part], self.refs[part] = np.insert(main, at, bh), np.insert(self.refs[part], at, br)
-        self.buf_hashes[part], self.buf_refs[part] = bh[:0], br[:0]
-
-
 def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:
     """Reader problems: a whole file or pattern (no row: ``<file>``) or a CSV line (``<line>``)."""
     n = len(failed)
@@ -1269,26 +1146,6 @@ def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:
             "end": pd.Series(pd.NaT, index=range(n), dtype=q["end"].dtype),
         }
     )
-
-
-def dedupe_intervals(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per (namespace, pod, start) across sources, keeping the latest known end.
-
-    The collector and the ledger can both see the same pod; counting it twice is the
-    overcount the gpuautoscaler seed made with cumulative snapshots. Rows without a pod
-    name cannot be matched and are kept as they are.
-    """
-    if rows.empty or "pod" not in rows:
-        return rows
-    named = rows["pod"].astype(str) != ""
-    if not named.any():
-        return rows
-    keyed = rows[named].copy()
-    # A source that saw the pod end knows more than one that still has it running.
-    keyed["_end_sort"] = keyed["end"].fillna(pd.Timestamp("1970-01-01", tz="UTC"))
-    # Stable: among equal ends the last source read wins, whatever else was read with it.
-    keyed = keyed.sort_values("_end_sort", kind="stable").drop_duplicates(["namespace", "pod", "start"], keep="last").drop(columns="_end_sort")
-    return pd.concat([rows[~named], keyed], ignore_index=True) if (~named).any() else keyed.reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- inventory

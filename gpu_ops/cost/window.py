@@ -96,6 +96,8 @@ class ReadStats:
     files_skipped_by_summary: list[str] = field(default_factory=list)  # cached footer summary rules it out: stat'ed, never opened
     files_skipped_by_date: int = 0  # hive day folders outside the window: never opened
     days_without_files: list[str] = field(default_factory=list)  # `{date}` days with no file
+    # `{date}` files of days before lookback_days whose footer says they reach the window: read too.
+    files_beyond_lookback: list[str] = field(default_factory=list)
     row_groups_total: int = 0
     row_groups_read: int = 0
     rows_read: int = 0  # rows decoded from files
@@ -115,7 +117,16 @@ class ReadStats:
             **{f"{t}_rows_read": n for t, n in sorted(self.table_rows.items())},
             **({"days_without_files": ", ".join(self.days_without_files)} if self.days_without_files else {}),
             **({"footer_cache_problem": self.footer_cache_problem} if self.footer_cache_problem else {}),
+            **({"lookback_warning": self.lookback_warning()} if self.files_beyond_lookback else {}),
         }
+
+    def lookback_warning(self) -> str:
+        """What a read of files older than ``lookback_days`` says (CLI: stderr; asset: metadata)."""
+        names = ", ".join(self.files_beyond_lookback[:5]) + (" …" if len(self.files_beyond_lookback) > 5 else "")
+        return (
+            f"{len(self.files_beyond_lookback)} file(s) older than lookback_days hold intervals that reach this window and were read "
+            f"(their footers say so): {names}; raise the source's lookback_days so that they are listed directly"
+        )
 
 
 # --------------------------------------------------------------------------- listing
@@ -127,7 +138,7 @@ def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookb
     ``{date}`` is replaced by each day of :meth:`Window.file_days`; without a window it
     matches every day (a glob ``*``). Hive day folders outside those days are dropped.
     """
-    from gpu_ops.cost.usage import _expand as expand_pattern
+    from gpu_ops.cost.usage import expand_pattern
 
     if DATE_PLACEHOLDER not in pattern:
         paths = expand_pattern(pattern, base_dir)
@@ -135,13 +146,14 @@ def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookb
         paths = expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir)
     else:
         lo, hi = window.file_days(lookback_days)
-        paths = []
+        paths = _older_reaching(pattern, base_dir, window, lo, stats)
         for i in range((hi - lo).days + 1):
             day = (lo + i * _DAY).isoformat()
             found = expand_pattern(pattern.replace(DATE_PLACEHOLDER, day), base_dir, missing_ok=True)
             if not found and stats is not None:
                 stats.days_without_files.append(day)
             paths.extend(found)
+        return paths
     if window is None:
         return paths
     lo, hi = window.file_days(lookback_days)
@@ -149,6 +161,52 @@ def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookb
     if stats is not None:
         stats.files_skipped_by_date += len(paths) - len(kept)
     return kept
+
+
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _older_reaching(pattern: str, base_dir: Path | None, window: Window, lo: dt.date, stats: ReadStats | None) -> list[Path]:
+    """Parquet files of ``{date}`` days before ``lo`` (the lookback) whose footer says
+    some interval reaches ``window``: an interval longer than ``lookback_days`` is read
+    (and reported) rather than silently priced at $0. Footers only; CSV files of those
+    days cannot be judged without reading them and follow ``lookback_days``."""
+    import fnmatch
+
+    from gpu_ops.cost.usage import expand_pattern
+
+    out = []
+    for path in expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir, missing_ok=True):
+        if path.suffix.lower() not in (".parquet", ".pq"):
+            continue
+        text = str(path)
+        days = [m.group(0) for m in _ISO_DAY.finditer(text) if fnmatch.fnmatch(text, str(_rooted(pattern.replace(DATE_PLACEHOLDER, m.group(0)), base_dir)))]
+        try:
+            day = dt.date.fromisoformat(days[0]) if days else None
+        except ValueError:
+            day = None
+        if day is None or day >= lo:
+            continue
+        if _footer_reaches(path, window):
+            out.append(path)
+            if stats is not None:
+                stats.files_beyond_lookback.append(str(path))
+    return out
+
+
+def _rooted(pattern: str, base_dir: Path | None) -> Path:
+    p = Path(pattern).expanduser()
+    return base_dir / p if not p.is_absolute() and base_dir is not None else p
+
+
+def _footer_reaches(path: Path, window: Window) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        return FooterSummary.of(pf.schema_arrow, pf.metadata).may_touch(window)
+    except Exception:  # an unreadable file of an old day: the read of its own day reports it
+        return False
 
 
 def hive_day(path: Path) -> dt.date | None:

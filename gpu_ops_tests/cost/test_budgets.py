@@ -282,3 +282,27 @@ def test_a_frame_that_is_neither_the_daily_table_nor_priced_usage_is_refused():
     # Guessing would read "no usage" into it: every day present at zero cost.
     with pytest.raises(ValueError, match="gpu_cost_daily"):
         evaluate_budgets([BUDGET], pd.DataFrame(), dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
+
+
+def test_the_daily_table_keeps_only_the_keys_budgets_scope_on_whatever_the_days_keys():
+    """Issue 19: with independent team, project, namespace and cost center, the product of
+    every key is as big as the day; kept at the budgets' grain it is one row per team."""
+    from gpu_ops.cost.budgets import scope_keys
+
+    rows = priced([
+        spend_on("2026-10-01", 10 + i, project=f"p{i}", namespace=f"ns{i % 7}", cost_center=f"cc{i % 5}", team=("nlp" if i % 2 else "vision"), pod=f"pod{i}")
+        for i in range(40)
+    ])
+    budgets = [BUDGET, Budget(name="all", amount_usd=1e6)]
+    assert scope_keys(budgets) == ["team"]
+    full = daily_costs(rows, days("2026-10-01", "2026-10-01"))
+    lean = daily_costs(rows, days("2026-10-01", "2026-10-01"), [], scope_keys(budgets))
+    assert len(full) == 40 and len(lean) == 2  # one row per team, not per key combination
+    assert set(lean["project"]) == {""} and lean["cost_usd"].sum() == pytest.approx(full["cost_usd"].sum())
+    day = dt.date(2026, 10, 1)
+    at = pd.Timestamp("2026-10-02", tz="UTC")
+    assert evaluate_budget(BUDGET, SpendBook(lean), day, at)["spend_usd"] == pytest.approx(evaluate_budget(BUDGET, SpendBook(full), day, at)["spend_usd"])
+    # A budget on a key the day was not kept at sees the day as missing, never as $0.
+    by_project = Budget(name="p1", amount_usd=100, scope={"project": "p1"})
+    s = evaluate_budget(by_project, SpendBook(lean), day, at)
+    assert s["_missing"] == [day] and s["spend_usd"] == 0

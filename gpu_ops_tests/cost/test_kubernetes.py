@@ -144,8 +144,8 @@ def test_load_raw_collects_through_the_factory_and_records(tmp_path):
     from gpu_ops.config import KubernetesSource
 
     sources = SourceSet(kubernetes=[KubernetesSource(type="kubernetes", namespaces=["ml"])], inventory_karpenter=True)
-    raw, inv = load_raw(sources, store, core_api_factory=lambda: StandInCoreV1(NODES, PODS), now=T0 + dt.timedelta(hours=1))
-    assert set(raw["pod"]) == {"train-0", "mig-0", "orphan-0", "nb-0"}
+    usage, inv = load_raw(sources, store, core_api_factory=lambda: StandInCoreV1(NODES, PODS), now=T0 + dt.timedelta(hours=1))
+    assert set(pd.concat(usage.frames)["pod"]) == {"train-0", "mig-0", "orphan-0", "nb-0"}
     assert store.has_table(k8s.COLLECTED_PODS_TABLE) and store.has_table(k8s.COLLECTED_NODES_TABLE)
     assert set(inv["node"]) == {"spot-a100", "od-a100-mig", "ts-l4"}
 

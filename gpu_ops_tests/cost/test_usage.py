@@ -11,7 +11,8 @@ import pytest
 
 from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.pipeline import price_window
-from gpu_ops.cost.usage import USAGE_COLUMNS, dedupe_intervals, read_usage_files, validate_usage
+from gpu_ops.cost.engine import validate
+from gpu_ops.cost.usage import USAGE_COLUMNS, read_usage_files, validate_usage
 
 from .helpers import MATRIX, raw, row
 
@@ -128,8 +129,7 @@ def test_a_file_matched_by_several_patterns_is_read_once(tmp_path):
 def test_the_same_pod_from_two_sources_is_counted_once():
     a = raw([row("2026-10-02T00:00:00Z", "", pod="p1")])
     b = raw([row("2026-10-02T00:00:00Z", "2026-10-02T05:00:00Z", pod="p1"), row("2026-10-02T00:00:00Z", "2026-10-02T01:00:00Z", pod="")])
-    v = validate_usage(pd.concat([a, b], ignore_index=True), MATRIX)
-    d = dedupe_intervals(v.rows)
+    d = validate(pd.concat([a, b], ignore_index=True), MATRIX).rows  # the engine's interval identity
     assert len(d) == 2
     kept = d[d["pod"].astype(str) == "p1"].iloc[0]
     assert kept["end"] == pd.Timestamp("2026-10-02T05:00:00Z")

@@ -91,6 +91,13 @@ PARQUET: dict[str, Callable[[Path], None]] = {
     "duplicate_rows.parquet": lambda p: pq.write_table(_table(pod=pa.array(["p0", "p0"])), p),
     "missing_columns.parquet": lambda p: pq.write_table(_table().drop_columns(["gpu_count", "capacity_type"]), p),
     "corrupt_page.parquet": _corrupt,
+    # Issue 19: one bad value takes down its row, not its file or day.
+    "year_75000_us.parquet": lambda p: pq.write_table(_table(end=pa.array([int(T2.timestamp() * 1e6), YEAR_75000_US], pa.int64()).cast(pa.timestamp("us", tz="UTC"))), p),
+    "bad_utf8_team.parquet": lambda p: pq.write_table(_table(team=_bad_utf8_text([b"nlp", b"n\xfflp"])), p),
+    "binary_team.parquet": lambda p: pq.write_table(_table(team=pa.array([b"nlp", b"vision"], pa.binary())), p),
+    "binary_team_bad_utf8.parquet": lambda p: pq.write_table(_table(team=pa.array([b"nlp", b"\xff"], pa.binary())), p),
+    "nul_team.parquet": lambda p: pq.write_table(_table(team=pa.array(["nlp", "nl\x00p"]).dictionary_encode()), p),
+    "dup_columns.parquet": lambda p: pq.write_table(pa.Table.from_arrays([*_table().columns, pa.array(["x", "y"])], names=[*_table().column_names, "team"]), p),
     "truncated.parquet": _truncated,
     "csv_named_parquet.parquet": lambda p: p.write_text("start,end\n2026-10-01,2026-10-02\n"),
 }
@@ -110,13 +117,51 @@ def _big_csv(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-GENERATED_CSV: dict[str, Callable[[Path], None]] = {"big_with_problems.csv": _big_csv}
+HEADER = "start,end,namespace,pod,node,team,project,cost_center,experiment_id,gpu_type,gpu_count,capacity_type,sharing,gpu_share"
+GOOD_LINE = "2026-10-01T00:00:00Z,2026-10-01T02:00:00Z,ml,p1,n1,nlp,llm,,,a100-80gb,1,on-demand,none,"
+
+
+def _nul_team(path: Path) -> None:
+    """Row 2's team has a NUL byte inside: refused before any database sees it."""
+    path.write_bytes(f"{HEADER}\n{GOOD_LINE}\n".encode() + GOOD_LINE.replace("p1", "p2").replace(",nlp,", ",nl\x00p,").encode() + b"\n")
+
+
+GENERATED_CSV: dict[str, Callable[[Path], None]] = {"big_with_problems.csv": _big_csv, "nul_team.csv": _nul_team}
+YEAR_75000_US = 2_304_000_000_000_000_000  # a seconds value written as microseconds, roughly
+
+
+def _bad_utf8_text(values: list[bytes]) -> pa.Array:
+    """A string (UTF-8 annotated) column holding bytes that are not UTF-8."""
+    return pa.array(values, pa.binary()).cast(pa.string(), safe=False)
+
+
+def _day_file(name: str, **override: pa.Array) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_table(1, **override), path)
+
+    return write
+
+
+D = dt.timedelta
+# Files in date folders (sources with a `{date}` path): written under parquet/.
+DAY_FILES: dict[str, Callable[[Path], None]] = {
+    # The same interval exported while running (no end), then finished: billed once.
+    "snap/day=2026-10-01/export-0800.parquet": _day_file("a", pod=pa.array(["snap1"]), end=pa.array([None], pa.timestamp("us", tz="UTC"))),
+    "snap/day=2026-10-01/export-2359.parquet": _day_file("b", pod=pa.array(["snap1"])),
+    # An interval of four days, exported once in the file of the day it started: longer
+    # than lookback_days (1). 2026-10-01 holds 24 of its hours: $96.00.
+    "long/day=2026-09-28/export.parquet": _day_file(
+        "long", start=pa.array([T0 - D(days=3)], pa.timestamp("us", tz="UTC")), end=pa.array([T0 + D(days=1)], pa.timestamp("us", tz="UTC")),
+    ),
+    "long/day=2026-10-01/export.parquet": _day_file("other", start=pa.array([T0 + D(hours=5)], pa.timestamp("us", tz="UTC")), end=pa.array([T0 + D(hours=7)], pa.timestamp("us", tz="UTC"))),
+}
 
 
 def build(folder: Path) -> None:
     out = folder / "parquet"
     out.mkdir(parents=True, exist_ok=True)
-    for name, write in PARQUET.items():
+    for name, write in {**PARQUET, **DAY_FILES}.items():
         write(out / name)
     for name, write in GENERATED_CSV.items():
         write(folder / "csv" / name)

@@ -51,7 +51,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _argv(case: dict[str, Any], corpus: Path, qpath: Path) -> list[str]:
-    argv = ["cost", "attribution", "--date", case.get("date", DAY), "--format", "json", "--by", "team", "--quarantine", str(qpath)]
+    argv = ["cost", "attribution", "--date", case.get("date", DAY), "--format", "json", "--by", case.get("by", "team"), "--quarantine", str(qpath)]
     if "batch_rows" in case:
         argv += ["--batch-rows", str(case["batch_rows"])]
     if "config" in case:
@@ -97,6 +97,13 @@ def _match_quarantine(actual: pd.DataFrame, expected: list[dict[str, Any]]) -> N
             raise AssertionError(f"no quarantined row like {exp}; got:\n{shown}")
 
 
+def _teams(case: dict[str, Any], table: pd.DataFrame) -> None:
+    """Cost per team, to the cent: a team stored as BINARY is priced under its text."""
+    if "teams" in case:
+        got = {str(k): round(float(v), 2) for k, v in table.groupby("team")["cost_usd"].sum().items()} if len(table) else {}
+        assert got == {k: pytest.approx(v, abs=0.001) for k, v in case["teams"].items()}, got
+
+
 def _total(case: dict[str, Any], value: float) -> None:
     assert round(value, 2) == pytest.approx(case["total_usd"], abs=0.001), f"priced ${value:.4f}, expected ${case['total_usd']:.2f}"
 
@@ -108,9 +115,12 @@ def test_cli(case: dict[str, Any], cli_results: dict[str, dict[str, Any]], corpu
     assert r["exit"] == case.get("exit", 0), f"exit {r['exit']}; stderr:\n{r['stderr']}"
     if "error" in case:
         assert case["error"] in r["stderr"], r["stderr"]
+    if "warning" in case:
+        assert case["warning"] in r["stderr"], r["stderr"]
     if "total_usd" in case:
         table = json.loads(r["stdout"])
         _total(case, sum(row["cost_usd"] for row in table))
+        _teams(case, pd.DataFrame(table))
         qpath = corpus / "out" / f"{case['id']}.quarantine.csv"
         _match_quarantine(pd.read_csv(qpath) if qpath.exists() else None, case.get("quarantine", []))
     else:
@@ -183,6 +193,9 @@ def test_asset(case: dict[str, Any], corpus: Path, dagster_env: Any, tmp_path: P
     store = TableStore(url)
     usage = store.read("gpu_usage")
     _total(expect, float(usage["cost_usd"].sum()) if len(usage) else 0.0)
+    _teams(expect, usage)
+    if "warning" in expect:
+        assert any(expect["warning"] in str(v) for e in result.get_asset_materialization_events() for v in (e.materialization.metadata or {}).values()), "no warning in gpu_usage's metadata"
     _match_quarantine(store.read("gpu_usage_quarantine", missing_ok=True), expect.get("quarantine", []))
 
 

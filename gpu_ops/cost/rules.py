@@ -1,0 +1,361 @@
+"""The usage rule book: what a valid usage interval is, written once, compiled to DuckDB SQL.
+
+Pure data and string building (no DuckDB, pandas or Dagster import). The engine
+(:mod:`gpu_ops.cost.engine`) runs what :func:`compile_checks` builds over every source
+(Parquet, CSV, the ledger and collected tables handed over as Arrow).
+
+Three layers, each a pure function of the one before:
+
+1. **Raw** (per source, depends on how a column is stored): each column's value as text
+   (``r_<col>``, for messages and for text columns) and, for times and numbers, its parsed
+   value. Storage problems are row problems here: invalid UTF-8 in a BINARY column, a
+   list/struct/map cell where the format has one value.
+2. **Typed** (:data:`COLUMNS`): times as UTC microseconds, numbers as DOUBLE, text
+   trimmed (what ``str.strip`` removes), choices lower-cased, blanks given their meaning
+   (``sharing`` blank = ``none``, ``gpu_share`` blank = 1 for an unshared GPU).
+3. **Rules** (:data:`ROW_RULES`): ``(field, condition, reason)``. A row failing any rule
+   is quarantined with every failing field's reason (``field: reason; ...``) and the
+   first failing field named; it is never priced. Catalog and price rules
+   (``gpu_type``, ``region``, ``price``) join small tables the engine builds from the
+   catalog and the price table.
+
+Identity rules (:data:`IDENTITY_KEY`, run by the engine after the row rules): a row
+identical to an earlier good row in every typed column is a ``duplicate`` (counted once);
+good rows with the same identity key are one interval seen several times, the closed
+record superseding the open one, the latest end the earlier ends, and among equal ends
+the last delivered (reading order) the others; the losers are quarantined as
+``superseded``, naming the record that won and the fields in which they differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What pandas' datetime64[ns] holds, in whole microseconds: the supported time range.
+# (DuckDB holds more; a "9999-12-31" running sentinel or a year-75,000 unit error is
+# still an error, reported on its own row.)
+TIME_MIN_US = -9_223_372_036_854_775 + 1  # 1677-09-21T00:12:43.145225
+TIME_MAX_US = 9_223_372_036_854_775  # 2262-04-11T23:47:16.854775
+TIME_RANGE = "1677-09-21 to 2262-04-11"
+MAX_GPUS_PER_ROW = 100_000
+CAPACITY_TYPES = ("spot", "on-demand", "reserved")
+SHARING_MODES = ("none", "mig", "mps", "timeslice")
+# Exactly the characters str.isspace() accepts (what str.strip removes).
+SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+# Control characters left inside text after trimming (NUL first of all) are refused
+# before any database sees them.
+CONTROL = "[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]"
+
+FILE_FIELD = "<file>"  # a file or pattern that gave no rows
+LINE_FIELD = "<line>"  # a CSV line that could not be split into the header's fields
+ROW_FIELD = "<row>"  # a duplicate or superseded row
+
+# Text columns: trimmed, missing = "".
+TEXT_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "region", "labels", "run_id", "asset_key", "outcome", "instance_type")
+TIME_COLUMNS = ("start", "end", "last_checkpoint_at")
+NUMBER_COLUMNS = ("gpu_count", "gpu_share", "attempt", "lost_seconds")
+CHOICE_COLUMNS = ("gpu_type", "capacity_type", "sharing")
+USAGE_COLUMNS = (
+    "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
+    "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
+)
+OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds", "instance_type")
+ALL_COLUMNS = (*USAGE_COLUMNS, *OPTIONAL_COLUMNS)
+REQUIRED_COLUMNS = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
+# An interval's identity: the same interval exported several times has the same key.
+# ``pod`` stands for the attempt where a row has no pod (a ledger row: run_id/attempt).
+IDENTITY_KEY = ("namespace", "pod", "start", "gpu_type")
+
+# How a column is stored in a source; the engine says which (from the Arrow type).
+STORED_TEXT, STORED_BINARY, STORED_TIME, STORED_NUMBER, STORED_NESTED, STORED_NULL, STORED_OTHER = (
+    "text", "binary", "time", "number", "nested", "null", "other",
+)
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _show(expr: str) -> str:
+    """SQL for Python's repr of a text value (quoted), as reasons show raw values."""
+    return f"('''' || {expr} || '''')"
+
+
+_SPACE_CODES = ", ".join(str(ord(c)) for c in SPACES)
+
+
+def _trim(expr: str) -> str:
+    """What ``str.strip`` removes, trimmed; values with no space at either edge (nearly
+    all) are left as they are without the per-character scan."""
+    return (
+        f"(CASE WHEN ord(left({expr}, 1)) IN ({_SPACE_CODES}) OR ord(right({expr}, 1)) IN ({_SPACE_CODES}) "
+        f"THEN trim({expr}, {literal(SPACES)}) ELSE {expr} END)"
+    )
+
+
+# --------------------------------------------------------------------------- layer 1: raw
+
+
+@dataclass(frozen=True)
+class Stored:
+    """How one column is stored in one source (``kind``: a STORED_* name; ``nested``: the
+    kind of cell, list/struct/map, for nested columns)."""
+
+    kind: str
+    nested: str = ""
+    unit: str = ""  # times: the integer unit they are handed over in (s, ms, us, ns, day)
+
+
+def raw_text(col: str, stored: Stored) -> str:
+    """SQL: the column's value as text (NULL when missing or not text)."""
+    c = quote(col)
+    if stored.kind == STORED_TEXT:
+        return c
+    if stored.kind == STORED_BINARY:
+        return f"try(decode({c}))"
+    if stored.kind == STORED_TIME:
+        us = _epoch_us(c, stored)
+        return f"CASE WHEN {us} IS NOT NULL THEN strftime(make_timestamp({us}), '%Y-%m-%dT%H:%M:%S') ELSE CAST({c} AS VARCHAR) || ' {stored.unit} since 1970-01-01' END"
+    if stored.kind in (STORED_NUMBER, STORED_OTHER):
+        return f"CAST({c} AS VARCHAR)"
+    return "CAST(NULL AS VARCHAR)"
+
+
+_US_PER = {"s": 10**6, "ms": 10**3, "us": 1, "day": 86_400 * 10**6}
+# The largest magnitude per unit that DuckDB can still hold as a timestamp (year 294,247).
+_DUCK_MAX_US = 9_000_000_000_000_000_000  # about year 287,000
+
+
+def _epoch_us(c: str, stored: Stored) -> str:
+    """SQL: an integer time of ``stored.unit`` as microseconds (NULL past what DuckDB holds)."""
+    if stored.unit == "ns":
+        return f"({c} // 1000)"
+    scale = _US_PER[stored.unit]
+    if scale == 1:
+        return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US} THEN {c} END)"
+    return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US // scale} THEN {c} * {scale} END)"
+
+
+def raw_problems(col: str, stored: Stored) -> list[tuple[str, str, str]]:
+    """(field, condition, reason) for how the value is stored, before any parsing."""
+    c = quote(col)
+    if stored.kind == STORED_BINARY:
+        return [(col, f"{c} IS NOT NULL AND try(decode({c})) IS NULL", "'not UTF-8 text: ' || CAST({c} AS VARCHAR)".replace("{c}", c))]
+    if stored.kind == STORED_NESTED:
+        return [(col, f"{c} IS NOT NULL", f"'a {stored.nested} cell ' || CAST(to_json({c}) AS VARCHAR) || ', where the usage format has one value'")]
+    return []
+
+
+def parsed_time(col: str, stored: Stored) -> str:
+    """SQL: a time column as UTC microseconds (NULL when missing or unparseable)."""
+    c = quote(col)
+    if stored.kind == STORED_TIME:  # past what DuckDB holds: the largest it does (out of range either way)
+        return f"coalesce({_epoch_us(c, stored)}, CASE WHEN {c} IS NOT NULL THEN CAST({_DUCK_MAX_US} AS BIGINT) * sign({c}) END)"
+    if stored.kind in (STORED_TEXT, STORED_BINARY, STORED_NUMBER, STORED_OTHER):
+        return f"epoch_us(TRY_CAST(nullif({_trim(raw_text(col, stored))}, '') AS TIMESTAMPTZ))"
+    return "CAST(NULL AS BIGINT)"
+
+
+def parsed_number(col: str, stored: Stored) -> str:
+    """SQL: a number column as DOUBLE (NULL when missing or unparseable; NaN stays NaN)."""
+    c = quote(col)
+    if stored.kind == STORED_NUMBER:
+        return f"CAST({c} AS DOUBLE)"
+    if stored.kind in (STORED_TEXT, STORED_BINARY, STORED_OTHER):
+        return f"TRY_CAST(nullif({_trim(raw_text(col, stored))}, '') AS DOUBLE)"
+    return "CAST(NULL AS DOUBLE)"
+
+
+def labels_text(layout: dict[str, Stored], label_columns: dict[str, Stored]) -> str:
+    """SQL: the ``labels`` JSON object with the ``label:<name>`` columns merged in (a
+    non-blank cell each); a ``labels`` cell that is not a JSON object is kept as written
+    (its rule quarantines it)."""
+    base = raw_text("labels", layout.get("labels", Stored(STORED_NULL)))
+    if not label_columns:
+        return base
+    pairs = ", ".join(
+        f"{{'k': {literal(c[len('label:'):])}, 'v': {_trim(raw_text(c, st))}}}" for c, st in label_columns.items()
+    )
+    extra = f"CAST(to_json(map_from_entries(list_filter([{pairs}], lambda x: coalesce(x.v, '') <> ''))) AS VARCHAR)"
+    b = f"coalesce(nullif({_trim(base)}, ''), '{{}}')"
+    return f"CASE WHEN json_valid({b}) THEN (CASE WHEN json_type({b}) = 'OBJECT' THEN CAST(json_merge_patch({b}, {extra}) AS VARCHAR) ELSE {base} END) ELSE {base} END"
+
+
+def raw_select(layout: dict[str, Stored], label_columns: dict[str, Stored] | None = None, record: bool = False) -> list[str]:
+    """The raw layer's select list for a source whose columns are stored as ``layout``.
+    Typed times have no text here (their rules read the parsed value) unless ``record``:
+    the text of every column, for the quarantine's record of the rows it holds."""
+    out = []
+    for col in ALL_COLUMNS:
+        stored = layout.get(col, Stored(STORED_NULL))
+        text = labels_text(layout, label_columns) if col == "labels" and label_columns else raw_text(col, stored)
+        if stored.kind == STORED_TIME and not record or stored.kind == STORED_NUMBER and col in NUMBER_COLUMNS and not record:
+            text = "CAST(NULL AS VARCHAR)"  # their rules read the parsed value
+        out.append(f"{text} AS {quote('r_' + col)}")
+        if record:
+            continue
+        if col in TIME_COLUMNS:
+            out.append(f"{parsed_time(col, stored)} AS {quote('p_' + col)}")
+            out.append(f"{'true' if stored.kind == STORED_TIME else 'false'} AS {quote('typed_' + col)}")
+        elif col in NUMBER_COLUMNS:
+            out.append(f"{parsed_number(col, stored)} AS {quote('p_' + col)}")
+        out.append(f"{'true' if col in layout else 'false'} AS {quote('has_' + col)}")
+    if record:
+        return out
+    storage = [p for col, stored in layout.items() if col in ALL_COLUMNS for p in raw_problems(col, stored)]
+    out.append(_problem_list(storage) + " AS storage_problems")
+    out.append(("(" + " OR ".join(f"coalesce({cond}, false)" for _, cond, _ in storage) + ")" if storage else "false") + " AS storage_bad")
+    return out
+
+
+def _problem_list(items: list[tuple[str, str, str]]) -> str:
+    if not items:
+        return "CAST([] AS STRUCT(field VARCHAR, reason VARCHAR)[])"
+    parts = ", ".join(f"CASE WHEN {cond} THEN {{'field': {literal(field)}, 'reason': {reason}}} END" for field, cond, reason in items)
+    return f"list_filter([{parts}], lambda x: x IS NOT NULL)"
+
+
+# --------------------------------------------------------------------------- layer 2: typed
+
+
+def _text(col: str) -> str:
+    return f"coalesce({_trim(quote('r_' + col))}, '')"
+
+
+def _in_range(expr: str) -> str:
+    return f"({expr} BETWEEN {TIME_MIN_US} AND {TIME_MAX_US})"
+
+
+TYPED: dict[str, str] = {
+    **{c: _text(c) for c in TEXT_COLUMNS},
+    "gpu_type_raw": _text("gpu_type"),
+    "capacity_type": f"lower({_text('capacity_type')})",
+    "sharing": f"coalesce(nullif(lower({_text('sharing')}), ''), 'none')",
+    "start_us": "CASE WHEN " + _in_range("p_start") + " THEN p_start END",
+    "end_us": "CASE WHEN " + _in_range('p_end') + " THEN p_end END",
+    "last_checkpoint_us": "CASE WHEN " + _in_range('p_last_checkpoint_at') + " THEN p_last_checkpoint_at END",
+    "gpu_count": "CASE WHEN isfinite(p_gpu_count) THEN p_gpu_count END",
+    # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
+    "gpu_share": "CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN coalesce(nullif(lower(" + _text('sharing') + "), ''), 'none') = 'none' THEN 1.0 END) "
+    "WHEN isfinite(p_gpu_share) THEN p_gpu_share END",
+    "attempt": "CASE WHEN isfinite(p_attempt) THEN p_attempt END",
+    "lost_seconds": "CASE WHEN isfinite(p_lost_seconds) AND p_lost_seconds >= 0 THEN p_lost_seconds ELSE 0.0 END",
+}
+
+
+def typed_select() -> list[str]:
+    return [f"{expr} AS {quote(name)}" for name, expr in TYPED.items()]
+
+
+# --------------------------------------------------------------------------- layer 3: rules
+
+
+def _time_display(p: str) -> str:
+    return f"CASE WHEN abs({p}) < {_DUCK_MAX_US} THEN strftime(make_timestamp({p}), '%Y-%m-%dT%H:%M:%S') ELSE 'a time past the year 287,000' END"
+
+
+def _time_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
+    p, r, typed = quote("p_" + col), quote("r_" + col), quote("typed_" + col)
+    blank = f"(CASE WHEN {typed} THEN {p} IS NULL ELSE nullif({_trim(r)}, '') IS NULL END)"
+    outside = f"{p} IS NOT NULL AND NOT {_in_range(p)}"
+    shown = f"CASE WHEN {typed} THEN {_time_display(p)} ELSE {_show(_trim(r))} END"
+    rules = [
+        (col, outside, f"{shown} || ' is outside the range of supported times ({TIME_RANGE}); a \"still running\" interval has an empty end'"),
+        (col, f"{p} IS NULL AND NOT ({blank})", f"'unparseable time ' || {_show(_trim(r))}"),
+    ]
+    if required:
+        rules.append((col, f"{p} IS NULL AND {blank}", "'missing'"))
+    return rules
+
+
+def _num_shown(col: str) -> str:
+    p, r = quote("p_" + col), quote("r_" + col)
+    return f"CASE WHEN has_text_{col} THEN {_show(_trim(r))} ELSE {_show(f'CAST({p} AS VARCHAR)')} END"
+
+
+def _number_rules(col: str, required: bool) -> list[tuple[str, str, str]]:
+    p, r = quote("p_" + col), quote("r_" + col)
+    blank = f"({p} IS NULL AND nullif({_trim(r)}, '') IS NULL) OR ({p} IS NOT NULL AND isnan({p}) AND NOT has_text_{col})"
+    rules = []
+    if required:
+        rules.append((col, blank, "'missing'"))
+    rules += [
+        (col, f"{p} IS NULL AND nullif({_trim(r)}, '') IS NOT NULL", f"'not a number: ' || {_show(_trim(r))}"),
+        (col, f"{p} IS NOT NULL AND isnan({p}) AND has_text_{col}", f"'not a number: ' || {_show(_trim(r))}"),
+        (col, f"{p} IS NOT NULL AND isinf({p})", f"'not a finite number: ' || {_num_shown(col)}"),
+    ]
+    return rules
+
+
+def _control_position(col: str) -> str:
+    """SQL: 1-based position of the first control character of ``col``."""
+    return f"(length(regexp_extract({col}, '^[^{CONTROL[1:-1]}]*')) + 1)"
+
+
+def _fmt(expr: str) -> str:
+    """SQL: a DOUBLE shown as Python's ``%g`` shows it (integers without a point)."""
+    return f"CASE WHEN {expr} = floor({expr}) AND abs({expr}) < 1e15 THEN CAST(CAST({expr} AS BIGINT) AS VARCHAR) ELSE CAST({expr} AS VARCHAR) END"
+
+
+ROW_RULES: list[tuple[str, str, str]] = [
+    *_time_rules("start", required=True),
+    *_time_rules("end", required=False),
+    ("end", "start_us IS NOT NULL AND end_us IS NOT NULL AND end_us < start_us",
+     "strftime(make_timestamp(end_us), '%Y-%m-%dT%H:%M:%S') || '+00:00 is before start ' || strftime(make_timestamp(start_us), '%Y-%m-%dT%H:%M:%S') || '+00:00'"),
+    ("team", "team = ''", "'missing (every interval must name the team that pays)'"),
+    ("gpu_type", "gpu_type_raw = ''", "'missing'"),
+    ("gpu_type", "gpu_type_raw <> '' AND gpu_type IS NULL", "gpu_type_error"),
+    *_number_rules("gpu_count", required=True),
+    ("gpu_count", "gpu_count <= 0", f"'must be > 0, got ' || {_fmt('gpu_count')}"),
+    ("gpu_count", f"gpu_count > {MAX_GPUS_PER_ROW}", f"'implausibly large: ' || {_fmt('gpu_count')} || ' GPUs in one interval (at most {MAX_GPUS_PER_ROW:,})'"),
+    ("gpu_count", "gpu_count <> floor(gpu_count)",
+     f"'must be a whole number of GPUs, got ' || {_fmt('gpu_count')} || ' (a fraction of a GPU is gpu_share with sharing mig, mps or timeslice)'"),
+    ("capacity_type", "capacity_type = ''", "'missing (spot, on-demand or reserved)'"),
+    ("capacity_type", f"capacity_type <> '' AND capacity_type NOT IN ({', '.join(literal(c) for c in CAPACITY_TYPES)})",
+     f"{_show(_text('capacity_type'))} || ' is not one of {', '.join(CAPACITY_TYPES)}'"),
+    ("sharing", f"sharing NOT IN ({', '.join(literal(c) for c in SHARING_MODES)})", f"{_show(_text('sharing'))} || ' is not one of {', '.join(SHARING_MODES)}'"),
+    ("gpu_share", "sharing IN ('mig', 'mps', 'timeslice') AND (p_gpu_share IS NULL AND nullif(trim(r_gpu_share), '') IS NULL OR isnan(p_gpu_share) AND NOT has_text_gpu_share)",
+     "'missing (required when sharing is mig, mps or timeslice)'"),
+    *[r for r in _number_rules("gpu_share", required=False)],
+    ("gpu_share", "gpu_share <= 0 OR gpu_share > 1", f"'must be in (0, 1], got ' || {_fmt('gpu_share')}"),
+    ("gpu_share", "sharing = 'none' AND gpu_share < 1", f"{_fmt('gpu_share')} || ' but sharing is none: a share below 1 needs sharing mig, mps or timeslice'"),
+    ("region", "region_multiplier IS NULL", "region_error"),
+    ("price", "gpu_type IS NOT NULL AND capacity_type IN ('spot', 'on-demand', 'reserved') AND region_multiplier IS NOT NULL AND price_per_gpu_hour IS NULL", "price_error"),
+    ("labels", "labels <> '' AND NOT json_valid(labels)", f"'not valid JSON: ' || {_show('labels')}"),
+    ("labels", "CASE WHEN labels <> '' AND json_valid(labels) THEN json_type(labels) <> 'OBJECT' OR list_has_any(json_type(labels, '$.*'), ['OBJECT', 'ARRAY']) ELSE false END",
+     f"'must be a JSON object of label names to values, got ' || {_show('labels')}"),
+    ("lost_seconds", "p_lost_seconds IS NULL AND nullif(trim(r_lost_seconds), '') IS NOT NULL OR isinf(p_lost_seconds) OR p_lost_seconds < 0 OR isnan(p_lost_seconds) AND has_text_lost_seconds",
+     f"'must be a finite number >= 0, got ' || {_num_shown('lost_seconds')}"),
+    *[(c, f"regexp_matches({c}, '{CONTROL}')", f"'contains a control character (NUL or another) at character ' || CAST({_control_position(c)} AS VARCHAR)") for c in TEXT_COLUMNS],
+]
+
+
+def rules_select() -> str:
+    """The rule layer: a list of (field, reason) per row, in rule order."""
+    items = []
+    for field, cond, reason in ROW_RULES:
+        items.append((field, f"coalesce({cond}, false)", reason))
+    return _problem_list(items)
+
+
+def rules_bad() -> str:
+    """Whether any rule fails (cheap: no reason is built; one look for control
+    characters across every text column instead of one per column)."""
+    conds = [f"coalesce({cond}, false)" for field, cond, _ in ROW_RULES if not cond.startswith("regexp_matches(")]
+    conds.append(f"regexp_matches(concat({', '.join(TEXT_COLUMNS)}), '{CONTROL}')")
+    return "(" + " OR ".join(conds) + ")"
+
+
+def number_text_flags(layout: dict[str, Stored]) -> list[str]:
+    """Whether a number column is stored as text (a NaN there is the text 'nan', an error;
+    a NaN in a float column is a missing value)."""
+    return [f"{'true' if layout.get(c, Stored(STORED_NULL)).kind not in (STORED_NUMBER,) else 'false'} AS has_text_{c}" for c in NUMBER_COLUMNS]
+
+
+def describe() -> list[tuple[str, str]]:
+    """(field, condition) of every row rule, for the documentation."""
+    return [(f, c) for f, c, _ in ROW_RULES]
