@@ -141,7 +141,7 @@ def _lease(row: Mapping[str, Any]) -> Lease:
 
 # The database's clock as seconds since the epoch, per dialect. PostgreSQL's
 # clock_timestamp() moves during a transaction (now() is the transaction's start).
-_DB_NOW = {
+DB_NOW_SQL = {
     "postgresql": "extract(epoch from clock_timestamp())",
     "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
 }
@@ -152,7 +152,7 @@ def db_clock(dialect: str) -> Any:
     every time the leases and the attempt records keep is on it."""
     import sqlalchemy as sa
 
-    return sa.literal_column(_DB_NOW[dialect], sa.Float)
+    return sa.literal_column(DB_NOW_SQL[dialect], sa.Float)
 
 
 class LeaseBook:

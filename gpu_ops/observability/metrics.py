@@ -124,6 +124,9 @@ CATALOG: dict[str, MetricDef] = {
         _m("gpu_ops_quota_gpus_limit", GAUGE, "", ("scope", "name"), "compute.quotas", "Each quota's limit in GPUs."),
         _m("gpu_ops_quota_leases", GAUGE, "", ("team", "state"), "gpu_ops_gpu_leases",
            "Lease rows per team; state live, or expired (holder stopped renewing; reclaimed at the next admission)."),
+        _m("gpu_ops_quota_waiting_attempts", GAUGE, "", ("team",), "gpu_ops_training_attempts",
+           "Training attempts waiting for GPU quota admission (state planned, owner live)."),
+        _m("gpu_ops_quota_waiting_gpus", GAUGE, "", ("team",), "gpu_ops_training_attempts", "GPUs the waiting attempts ask for."),
         # freshness and quarantine
         _m("gpu_ops_cost_partition_timestamp_seconds", GAUGE, "seconds", ("table",), "cost tables",
            "Start (UTC midnight, Unix time) of the newest materialized daily partition of each cost table."),
@@ -166,6 +169,7 @@ class Snapshot:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     leases: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[dict[str, Any]] = field(default_factory=list)
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
@@ -307,7 +311,16 @@ def quota_families(s: Snapshot) -> list[Family]:
         counts[key] = counts.get(key, 0) + 1
     for (team, state), n in sorted(counts.items()):
         leases.add({"team": team, "state": state}, n)
-    return [held, limit, leases]
+    return [held, limit, leases, *waiting_families(s)]
+
+
+def waiting_families(s: Snapshot) -> list[Family]:
+    attempts, gpus = Family(CATALOG["gpu_ops_quota_waiting_attempts"]), Family(CATALOG["gpu_ops_quota_waiting_gpus"])
+    for team in sorted({r["team"] for r in s.waiting}):
+        mine = [r for r in s.waiting if r["team"] == team]
+        attempts.add({"team": team}, len(mine))
+        gpus.add({"team": team}, sum(int(r["gpus"]) for r in mine))
+    return [attempts, gpus]
 
 
 def health_families(s: Snapshot) -> list[Family]:

@@ -18,11 +18,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from gpu_ops.compute.quota import DB_NOW_SQL
 from gpu_ops.observability.metrics import FRESHNESS_TABLES, Snapshot, month_start
 from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
 
 LEDGER = "gpu_usage_ledger"
 LEASES = "gpu_ops_gpu_leases"
+ATTEMPTS = "gpu_ops_training_attempts"  # gpu_ops.training.attempt_store.ATTEMPT_TABLE
+# An attempt whose owner beat within this many seconds is live (owners beat every 2 s).
+LIVE_OWNER_S = 30.0
 DELIVERIES = "gpu_alert_deliveries"
 DEAD_LETTERS = "gpu_alert_dead_letters"
 
@@ -33,11 +37,6 @@ _EPOCH = {
     "sqlite": "ROUND((julianday({c}) - 2440587.5) * 86400.0, 3)",
     "postgresql": "EXTRACT(EPOCH FROM {c})",
 }
-_DB_NOW = {
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "postgresql": "EXTRACT(EPOCH FROM clock_timestamp())",
-}
-
 
 def _q(name: str) -> str:
     return f'"{name}"'
@@ -61,7 +60,7 @@ class Reader:
         self._history: tuple[float, dict[str, Any]] | None = None
         self.quotas = {k: dict(v) for k, v in (quotas or {}).items()}
         self.epoch = _EPOCH[store.dialect]
-        self.db_now = _DB_NOW[store.dialect]
+        self.db_now = DB_NOW_SQL[store.dialect]  # the clock the leases and attempt records keep
 
     # ---- helpers
 
@@ -94,6 +93,7 @@ class Reader:
             DEAD_LETTERS: self._dead_letters,
             LEDGER: self._ledger,
             LEASES: self._leases,
+            ATTEMPTS: self._waiting,
             "gpu_usage_quarantine": self._quarantine,
         }
         reuse = self._history is not None and time.monotonic() - self._history[0] < self.history_s
@@ -217,8 +217,21 @@ class Reader:
             for r in rows
         ]
 
+    def _waiting(self, conn: sa.Connection, s: Snapshot) -> None:
+        """Attempts still ``planned`` (waiting for GPU quota admission) whose owner is live."""
+        if self._columns(conn, ATTEMPTS) is None:
+            return
+        sql = f'SELECT "bill" FROM {_q(ATTEMPTS)} WHERE "state" = \'planned\' AND {self.db_now} - "beat_at" < :live'
+        s.waiting = [_bill_team_gpus(r["bill"]) for r in self._rows(conn, sql, live=LIVE_OWNER_S)]
+
     def _quarantine(self, conn: sa.Connection, s: Snapshot) -> None:
         newest = s.newest.get("gpu_usage")  # the day the usage figures are of
         if newest is None:
             return
         s.quarantine = self._grouped(conn, "gpu_usage_quarantine", ["source", "field"], {"n": "COUNT(*)"}, f"WHERE {_q(PARTITION_COLUMN)} = :p", p=newest)
+
+
+def _bill_team_gpus(bill: str | None) -> dict[str, Any]:
+    """The team and GPU count of an attempt record's bill (JSON)."""
+    data = json.loads(bill or "{}")
+    return {"team": str(data.get("team") or ""), "gpus": int(data.get("gpu_count") or 0)}

@@ -5,6 +5,7 @@ a database that is down is a 0 on gpu_ops_exporter_read_ok and a reason, not a t
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -125,3 +126,29 @@ def test_the_exporter_command_says_why_it_cannot_listen(tmp_path: Path) -> None:
     bad.write_text("storage: {url: 42}\n")
     out = CliRunner().invoke(main, ["exporter", "--config", str(bad)])
     assert out.exit_code == 1 and str(bad) in out.output and "Traceback" not in out.output
+
+
+def test_attempts_waiting_for_quota_are_counted_per_team_from_the_attempt_records(tmp_path: Path) -> None:
+    import time
+
+    from gpu_ops.training import attempts as tr
+    from gpu_ops.training.attempt_store import AttemptStore
+    from gpu_ops.training.attempts import Owner
+
+    store = TableStore(f"sqlite:///{tmp_path / 'c.db'}")
+    records = AttemptStore(store)
+    bill = {"team": "nlp", "gpu_count": 4, "gpu_type": "h100"}
+    for i, run in enumerate(("w1", "w2")):  # planned: waiting for admission, owned by this (live) process
+        records.create(tr.plan(f"a{i}", run, "train", 1, Owner.this_process(run, "train"), launch_name="l", bill=bill, at=time.time()))
+    running = tr.plan("a9", "r9", "train", 1, Owner.this_process("r9", "train"), launch_name="l", bill={**bill, "team": "cv"}, at=time.time())
+    records.create(tr.launch(running, host=os.uname().nodename, pids=(os.getpid(),), started=(None,), at=time.time(), workdir=None))
+    got = figures_of(store)
+    assert got[("gpu_ops_quota_waiting_attempts", ("nlp",))] == 2
+    assert got[("gpu_ops_quota_waiting_gpus", ("nlp",))] == 8
+    assert not any(name.startswith("gpu_ops_quota_waiting") and labels == ("cv",) for name, labels in got)  # launched: not waiting
+
+
+def figures_of(store: TableStore) -> dict[tuple, float]:
+    snap = Reader(store, quotas={}).read()
+    assert snap.errors == {}
+    return {(f.metric.name, labels): value for f in families(snap) for labels, value in f.samples}
