@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,7 +211,7 @@ def _disrupted_taint(e: _PodEvidence) -> Classification | None:
     )
 
 
-def _first_event(events: Sequence[Any], matches: Any) -> tuple[Any, str] | None:
+def _first_event(events: Sequence[Any], matches: Callable[[str, str], bool]) -> tuple[Any, str] | None:
     """The first event whose reason (and message) ``matches``, with its reason."""
     for ev in events:
         reason = ev.reason or ""
