@@ -379,6 +379,39 @@ def print_table(title: str, rows: list[dict[str, float]]) -> None:
     print(f"auto / Young-Daly bound: worst {worst:.3f}x (goal <= 1.2x) -> {'met' if worst <= 1.2 else 'NOT met'}")
 
 
+def print_recoveries(device: str, *, multiprocess_only: bool) -> float:
+    """Recovery from kill to the first resumed step, per executor, with and without a
+    standby; the restart cost the simulation uses (in-process, SIGKILL, with a standby)."""
+    restart = 5.0
+    print(f"recovery, kill -> first resumed step (local backend, backoff 0, {device}); phases as seconds after the kill:")
+    about = {
+        "multiprocess": " (the default: each attempt a new step process, spawned; UI launches, dagster asset materialize)",
+        "multiprocess_forkserver": f" (start_method forkserver, preload_modules {FORKSERVER_PRELOAD}: run config only)",
+    }
+    for executor in list(EXECUTORS)[1 if multiprocess_only else 0 :]:
+        print(f" {executor} executor" + about.get(executor, ""))
+        for standby in (False, True):
+            for name, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM))[: 1 if executor != "in_process" else 2]:
+                r = measure_recovery(sig, standby, executor=executor)
+                print_recovery(name, r)
+                if sig == signal.SIGKILL and standby and executor == "in_process":
+                    restart = r["first_step"]
+    return restart
+
+
+def print_lost_work(cost: float, device: str) -> None:
+    """Work lost to a preemption 3 s after a checkpoint, with notices of several lengths and none."""
+    print(f"lost work when the preemption comes 3 s after a checkpoint (checkpoint every 10 s, save {cost * 1000:.0f} ms, {device}):")
+    for notice_s in (None, 0.2, 1.0, 5.0):
+        measured = measure_lost_work(notice_s)
+        what = "no notice (SIGKILL only)" if notice_s is None else f"notice {notice_s:g} s before the SIGKILL"
+        if measured is None:
+            print(f"  {what}: the run finished before the kill; no figure")
+            continue
+        lost, redone = measured
+        print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds: attempt end - last checkpoint), >= {redone} logged step(s) redone by attempt 2")
+
+
 def main() -> None:
     import warnings
 
@@ -404,29 +437,9 @@ def main() -> None:
 
     restart = 5.0
     if not args.quick and not args.notices_only:
-        print(f"recovery, kill -> first resumed step (local backend, backoff 0, {device}); phases as seconds after the kill:")
-        about = {
-            "multiprocess": " (the default: each attempt a new step process, spawned; UI launches, dagster asset materialize)",
-            "multiprocess_forkserver": f" (start_method forkserver, preload_modules {FORKSERVER_PRELOAD}: run config only)",
-        }
-        for executor in list(EXECUTORS)[1 if args.multiprocess_only else 0 :]:
-            print(f" {executor} executor" + about.get(executor, ""))
-            for standby in (False, True):
-                for name, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM))[: 1 if executor != "in_process" else 2]:
-                    r = measure_recovery(sig, standby, executor=executor)
-                    print_recovery(name, r)
-                    if sig == signal.SIGKILL and standby and executor == "in_process":
-                        restart = r["first_step"]
+        restart = print_recoveries(device, multiprocess_only=args.multiprocess_only)
     if not args.quick and not args.multiprocess_only:
-        print(f"lost work when the preemption comes 3 s after a checkpoint (checkpoint every 10 s, save {cost * 1000:.0f} ms, {device}):")
-        for notice_s in (None, 0.2, 1.0, 5.0):
-            measured = measure_lost_work(notice_s)
-            what = "no notice (SIGKILL only)" if notice_s is None else f"notice {notice_s:g} s before the SIGKILL"
-            if measured is None:
-                print(f"  {what}: the run finished before the kill; no figure")
-                continue
-            lost, redone = measured
-            print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds: attempt end - last checkpoint), >= {redone} logged step(s) redone by attempt 2")
+        print_lost_work(cost, device)
     print(f"restart cost used in the simulation: R = {restart:.2f} s")
 
     work = args.work_hours * HOUR

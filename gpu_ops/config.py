@@ -789,29 +789,37 @@ def gpu_ops_home() -> Path:
 # --------------------------------------------------------------------------- loading
 
 
+# Pydantic error types and how they read in a config error.
+_FIXED_MESSAGES = {
+    "missing": "is required",
+    "extra_forbidden": "unknown field",
+    "finite_number": "must be a finite number (not .inf or .nan)",
+    "union_tag_not_found": "needs a 'type'",
+}
+_BOUND_SYMBOLS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _bound_message(sym: str, ctx: Mapping[str, Any]) -> str:
+    bound = ctx[next(k for k in ("gt", "ge", "lt", "le") if k in ctx)]
+    return f"must be {sym} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sym} {bound}"
+
+
 def _friendly(err: Mapping[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     kind = err["type"]
-    if kind == "missing":
-        return "is required"
-    if kind == "extra_forbidden":
-        return "unknown field"
-    for op, sym in (("greater_than", ">"), ("greater_than_equal", ">="), ("less_than", "<"), ("less_than_equal", "<=")):
-        if kind == op:
-            bound = ctx[next(k for k in ("gt", "ge", "lt", "le") if k in ctx)]
-            return f"must be {sym} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sym} {bound}"
-    if kind == "finite_number":
-        return "must be a finite number (not .inf or .nan)"
+    if kind in _FIXED_MESSAGES:
+        return _FIXED_MESSAGES[kind]
+    if kind in _BOUND_SYMBOLS:
+        return _bound_message(_BOUND_SYMBOLS[kind], ctx)
     if kind in ("float_parsing", "float_type"):
         return f"must be a number, got {err.get('input')!r}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
     if kind == "union_tag_invalid":
         return f"unknown type {ctx.get('tag')!r}: expected one of {ctx.get('expected_tags')}"
-    if kind == "union_tag_not_found":
-        return "needs a 'type'"
     msg = err["msg"]
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
+
 
 
 def _field_path(loc: tuple[Any, ...], data: Any) -> str:
@@ -911,16 +919,10 @@ def _validated_once(model: type[_Model], raw: Any, cache: dict[Any, Any]) -> Any
     return hit[0]
 
 
-def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
-    """Validate a parsed mapping; ``source`` names the file in errors and anchors paths."""
-    label = str(source) if source else "<config>"
-    problems: list[str] = []
-    if not isinstance(data, Mapping):
-        raise ConfigError([f"{label}: the file must be a mapping of sections, got {type(data).__name__}"])
-    data = dict(data)
-    base = source.parent if source else Path.cwd()
+def _load_prices(data: Mapping[str, Any], label: str, base: Path, problems: list[str]) -> tuple[Any, str, str]:
+    """prices: a path to a YAML file (its own errors name that file) or inline.
 
-    # prices: a path to a YAML file (its own errors name that file) or inline.
+    Returns the validated table (None when it has problems) and the label and prefix its errors use."""
     prices = data.get("prices")
     prices_label, prices_prefix = label, "prices"
     if isinstance(prices, str):
@@ -935,8 +937,11 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
     price_table = None
     if prices is not None:
         price_table = _validate_section(PriceTable, prices, prices_label, prices_prefix, problems)
+    return price_table, prices_label, prices_prefix
 
-    # budgets and channels may also live in a file of their own.
+
+def _read_section_files(data: dict[str, Any], base: Path, problems: list[str]) -> None:
+    """budgets and channels may also live in a file of their own: read them in place."""
     for section in ("budgets", "channels"):
         if isinstance(data.get(section), str):
             p = base / data[section]
@@ -944,6 +949,58 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
             if isinstance(loaded, Mapping) and section in loaded:
                 loaded = loaded[section]
             data[section] = loaded if loaded is not None else ([] if section == "budgets" else {})
+
+
+def _check_budgets(cfg: GpuOpsConfig, label: str, problems: list[str]) -> None:
+    """Budget names are unique and every channel a budget names is defined."""
+    first_index: dict[str, int] = {}
+    for i, b in enumerate(cfg.budgets):
+        if first_index.setdefault(b.name, i) != i:
+            problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget (budgets[{first_index[b.name]}])")
+        for j, ch in enumerate(b.channels):
+            if ch not in cfg.channels:
+                known = ", ".join(sorted(cfg.channels)) or "none defined"
+                problems.append(f"{label}: budgets[{i}].channels[{j}]: no channel named {ch!r} (channels: {known})")
+
+
+def _check_sources(cfg: GpuOpsConfig, label: str, base: Path, problems: list[str]) -> None:
+    """A usage file named without wildcards must exist."""
+    for i, src in enumerate(cfg.usage.sources):
+        if isinstance(src, FileSource) and not any(c in src.path for c in "*?[{") and not (base / src.path).exists():
+            problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
+
+
+def _check_from_bill(cfg: GpuOpsConfig, price_table: Any, prices_label: str, prices_prefix: str, problems: list[str]) -> None:
+    """Prices taken from the bill need the bill and the inventory it pays for."""
+    if price_table is not None and price_table.from_bill and (cfg.usage.billing is None or cfg.usage.inventory is None):
+        problems.append(f"{prices_label}: {prices_prefix + '.' if prices_prefix else ''}from_bill: needs usage.billing (the bill) and usage.inventory (the nodes it pays for)")
+
+
+def _anchor_storage_paths(cfg: GpuOpsConfig, source: Path | None, base: Path) -> GpuOpsConfig:
+    """A relative SQLite URL is anchored at the config file (the bundled one's at gpu_ops_home());
+    the row-level path is resolved like every other path."""
+    url = cfg.storage.url
+    if isinstance(url, str) and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rel = url[len("sqlite:///") :]
+        if rel and rel != ":memory:":
+            anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
+            cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": f"sqlite:///{(anchor / rel).resolve()}"})})
+    if cfg.storage.row_level_path:
+        cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"row_level_path": str(cfg.resolve_path(cfg.storage.row_level_path))})})
+    return cfg
+
+
+def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
+    """Validate a parsed mapping; ``source`` names the file in errors and anchors paths."""
+    label = str(source) if source else "<config>"
+    problems: list[str] = []
+    if not isinstance(data, Mapping):
+        raise ConfigError([f"{label}: the file must be a mapping of sections, got {type(data).__name__}"])
+    data = dict(data)
+    base = source.parent if source else Path.cwd()
+
+    price_table, prices_label, prices_prefix = _load_prices(data, label, base, problems)
+    _read_section_files(data, base, problems)
 
     # The rest is validated with a stand-in price table so that its problems are
     # reported together with the prices' own.
@@ -954,34 +1011,15 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
     cfg = _validate_section(GpuOpsConfig, {**rest, "prices": stand_in}, label, "", problems)
 
     if cfg is not None:
-        first_index: dict[str, int] = {}
-        for i, b in enumerate(cfg.budgets):
-            if first_index.setdefault(b.name, i) != i:
-                problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget (budgets[{first_index[b.name]}])")
-            for j, ch in enumerate(b.channels):
-                if ch not in cfg.channels:
-                    known = ", ".join(sorted(cfg.channels)) or "none defined"
-                    problems.append(f"{label}: budgets[{i}].channels[{j}]: no channel named {ch!r} (channels: {known})")
-        for i, src in enumerate(cfg.usage.sources):
-            if isinstance(src, FileSource) and not any(c in src.path for c in "*?[{") and not (base / src.path).exists():
-                problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
-
-        if price_table is not None and price_table.from_bill and (cfg.usage.billing is None or cfg.usage.inventory is None):
-            problems.append(f"{prices_label}: {prices_prefix + '.' if prices_prefix else ''}from_bill: needs usage.billing (the bill) and usage.inventory (the nodes it pays for)")
+        _check_budgets(cfg, label, problems)
+        _check_sources(cfg, label, base, problems)
+        _check_from_bill(cfg, price_table, prices_label, prices_prefix, problems)
 
     if problems:
         raise ConfigError(problems)
     assert cfg is not None and price_table is not None
     cfg = cfg.model_copy(update={"prices": price_table, "source_path": source})
-    url = cfg.storage.url
-    if isinstance(url, str) and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        rel = url[len("sqlite:///") :]
-        if rel and rel != ":memory:":
-            anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
-            cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": f"sqlite:///{(anchor / rel).resolve()}"})})
-    if cfg.storage.row_level_path:
-        cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"row_level_path": str(cfg.resolve_path(cfg.storage.row_level_path))})})
-    return cfg
+    return _anchor_storage_paths(cfg, source, base)
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:

@@ -48,6 +48,15 @@ def load_yaml(text: str) -> Any:
 
 def _from_events(loader: Any) -> Any:
     get = loader.get_event
+    get()  # StreamStart
+    if isinstance(get(), ev.StreamEndEvent):
+        return None  # an empty stream
+    return _document(loader)
+
+
+def _document(loader: Any) -> Any:
+    """The objects of the one document that starts at the loader's next event."""
+    get = loader.get_event
     scalar, mapping_start, sequence_start = ev.ScalarEvent, ev.MappingStartEvent, ev.SequenceStartEvent
     mapping_end, sequence_end, document_end = ev.MappingEndEvent, ev.SequenceEndEvent, ev.DocumentEndEvent
     plain: dict[str, Any] = {}  # the text of a plain untagged scalar -> its object
@@ -59,21 +68,14 @@ def _from_events(loader: Any) -> Any:
     is_map = False
     key: Any = _NO_KEY
     stack: list[tuple[Any, bool, Any]] = []
-    get()  # StreamStart
-    if isinstance(get(), ev.StreamEndEvent):
-        return None
     while True:
         event = get()
         kind = type(event)
         if kind is scalar:
-            if event.tag is None and event.implicit[0]:  # plain and untagged: most of a file
-                obj = plain.get(event.value, _NO_KEY)
-                if obj is _NO_KEY:
-                    obj = plain[event.value] = _scalar(loader, event, tags, scalars)
-            elif event.tag is None:
-                obj = event.value  # quoted and untagged: a string
-            else:
-                obj = _scalar(loader, event, tags, scalars)
+            # A plain untagged scalar seen before (most of a file) is a lookup; the rest are built.
+            obj = plain.get(event.value, _NO_KEY) if event.tag is None and event.implicit[0] else _NO_KEY
+            if obj is _NO_KEY:
+                obj = _scalar_object(loader, event, plain, tags, scalars)
             if is_map and key is _NO_KEY:
                 key = obj
                 continue
@@ -87,12 +89,8 @@ def _from_events(loader: Any) -> Any:
         elif kind is mapping_end or kind is sequence_end:
             obj = cur
             cur, is_map, key = stack.pop()
-        elif kind is document_end:
-            if not isinstance(get(), ev.StreamEndEvent):
-                raise _Fallback  # a second document: PyYAML's error
-            return cur[0] if cur else None
         else:
-            raise _Fallback  # an alias
+            return _end_of_document(get, event, document_end, cur)
         if is_map:
             cur[key] = obj
             key = _NO_KEY
@@ -101,6 +99,27 @@ def _from_events(loader: Any) -> Any:
 
 
 _NO_KEY = object()
+
+
+def _end_of_document(get: Any, event: Any, document_end: type, root: list[Any]) -> Any:
+    """The document's object at its end; an alias (the only other event here) or a
+    second document is left to PyYAML's loader."""
+    if type(event) is not document_end:
+        raise _Fallback  # an alias
+    if not isinstance(get(), ev.StreamEndEvent):
+        raise _Fallback  # a second document: PyYAML's error
+    return root[0] if root else None
+
+
+def _scalar_object(loader: Any, event: Any, plain: dict[str, Any], tags: dict[tuple[str, bool], str], scalars: dict[tuple[str, str], Any]) -> Any:
+    """A scalar not yet in ``plain``: a plain untagged one is resolved and remembered there,
+    a quoted untagged one is a string, a tagged one is built by PyYAML's constructor."""
+    if event.tag is None and event.implicit[0]:
+        obj = plain[event.value] = _scalar(loader, event, tags, scalars)
+        return obj
+    if event.tag is None:
+        return event.value  # quoted and untagged: a string
+    return _scalar(loader, event, tags, scalars)
 
 
 def _scalar(loader: Any, event: Any, tags: dict[tuple[str, bool], str], scalars: dict[tuple[str, str], Any]) -> Any:

@@ -280,19 +280,36 @@ def evaluate(
         if budget is None or row.budget in seen:
             continue  # a budget no longer configured (handled below), or a duplicate row
         seen.add(row.budget)
-        st = state.get(row.budget)
-        if st is not None and row.period_start < st.period_start:
+        st = _state_for_row(out, state, row)
+        if st is None:
             continue  # an older period's row (a backfill): never re-arm backwards
-        if st is None or row.period_start > st.period_start:
-            if st is not None:
-                st = state[row.budget] = st.copy()
-                _revert_enforcement(out, row.budget, st, f"period {st.period_start} ended; a new period started {row.period_start}")
-            st = state[row.budget] = BudgetState(row.period_start, row.period_end)
-        else:
-            st = state[row.budget] = st.copy()
         _advance_thresholds(out, budget, keys_of(budget.name), row, st)
         _advance_enforcement(out, budget, row, st, now)
 
+    _settle_without_rows(out, state, budgets, seen, now)
+    return out
+
+
+def _state_for_row(out: Evaluation, state: dict[str, BudgetState], row: StatusRow) -> BudgetState | None:
+    """The budget's state that ``row`` advances, copied into ``state`` (a fresh one when a
+    new period starts, after reverting the old period's enforcement); None for a row of
+    an older period."""
+    st = state.get(row.budget)
+    if st is not None and row.period_start < st.period_start:
+        return None
+    if st is None or row.period_start > st.period_start:
+        if st is not None:
+            st = state[row.budget] = st.copy()
+            _revert_enforcement(out, row.budget, st, f"period {st.period_start} ended; a new period started {row.period_start}")
+        st = state[row.budget] = BudgetState(row.period_start, row.period_end)
+    else:
+        st = state[row.budget] = st.copy()
+    return st
+
+
+def _settle_without_rows(out: Evaluation, state: dict[str, BudgetState], budgets: Mapping[str, Budget], seen: set[str], now: dt.datetime) -> None:
+    """Budgets removed from the configuration are reverted and forgotten; a budget with no
+    row this evaluation is reverted when its period has ended, and forgotten when empty."""
     for name in [n for n in state if n not in budgets]:
         _revert_enforcement(out, name, state[name].copy(), f"budget {name} was removed from the configuration")
         del state[name]
@@ -304,7 +321,6 @@ def evaluate(
             _revert_enforcement(out, name, st, f"period {st.period_start} ended at {st.period_end}")
         if st.empty:
             del state[name]
-    return out
 
 
 # --------------------------------------------------------------------------- at fleet scale
@@ -537,43 +553,62 @@ def _advance_thresholds(out: Evaluation, budget: Budget, keys: tuple[str, ...], 
 
 def _advance_enforcement(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState, now: dt.datetime) -> None:
     enf = budget.enforcement
-    current = st.enforcement
-    if current and current[3] != enf.action:
-        # The action changed (or went back to plain alerts): undo what was done first.
-        _revert_enforcement(out, budget.name, st, f"enforcement of {budget.name} changed from {current[3]} to {enf.action}")
-        if st.enforcement:
-            # Keep the episode count: a later apply needs a run key not used before.
-            st.enforcement = ["reverted", st.enforcement[1], st.enforcement[2], enf.action]
-        current = st.enforcement
+    current = _follow_action_change(out, budget, st)
     if enf.action == "alert":
         return
     line = budget.amount_usd * enf.threshold_percent / 100.0
     over = row.spend_usd >= line and not period_end_passed(row.period_end, now)
     if over:
-        if current is None or current[0] == "reverted":
-            episode = 1 if current is None else current[1] + 1
-            current = st.enforcement = ["pending", episode, _iso_now(now), enf.action]
-        if current[0] == "pending":
-            since = dt.datetime.fromisoformat(current[2])
-            if now - since >= enf.grace:
-                st.enforcement = ["active", current[1], current[2], enf.action]
-                out.enforcement.append(
-                    EnforcementEvent(
-                        "apply", budget.name, enf.action, current[1], row.period_start, row.period_end,
-                        f"spend {money(row.spend_usd)} is over {enf.threshold_percent:g}% of {money(budget.amount_usd)}"
-                        f" since {current[2]} (grace {enf.grace_period})",
-                        row,
-                    )
-                )
+        _enforce_over_line(out, budget, row, st, current, now)
     elif current is not None:
-        if current[0] == "pending":
-            st.enforcement = None if current[1] <= 1 else ["reverted", current[1] - 1, current[2], current[3]]
-        elif current[0] == "active":
-            _revert_enforcement(
-                out, budget.name, st,
-                f"spend {money(row.spend_usd)} is back under {enf.threshold_percent:g}% of {money(budget.amount_usd)}",
-                row,
+        _relax_under_line(out, budget, row, st, current)
+
+
+def _follow_action_change(out: Evaluation, budget: Budget, st: BudgetState) -> list[Any] | None:
+    """When the action changed (or went back to plain alerts), undo what was done first;
+    the budget's enforcement state afterwards."""
+    enf = budget.enforcement
+    current = st.enforcement
+    if current and current[3] != enf.action:
+        _revert_enforcement(out, budget.name, st, f"enforcement of {budget.name} changed from {current[3]} to {enf.action}")
+        if st.enforcement:
+            # Keep the episode count: a later apply needs a run key not used before.
+            st.enforcement = ["reverted", st.enforcement[1], st.enforcement[2], enf.action]
+        current = st.enforcement
+    return current
+
+
+def _enforce_over_line(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState, current: list[Any] | None, now: dt.datetime) -> None:
+    """Spend is over the line: a new episode starts pending, and applies once the grace has passed."""
+    enf = budget.enforcement
+    if current is None or current[0] == "reverted":
+        episode = 1 if current is None else current[1] + 1
+        current = st.enforcement = ["pending", episode, _iso_now(now), enf.action]
+    if current[0] == "pending":
+        since = dt.datetime.fromisoformat(current[2])
+        if now - since >= enf.grace:
+            st.enforcement = ["active", current[1], current[2], enf.action]
+            out.enforcement.append(
+                EnforcementEvent(
+                    "apply", budget.name, enf.action, current[1], row.period_start, row.period_end,
+                    f"spend {money(row.spend_usd)} is over {enf.threshold_percent:g}% of {money(budget.amount_usd)}"
+                    f" since {current[2]} (grace {enf.grace_period})",
+                    row,
+                )
             )
+
+
+def _relax_under_line(out: Evaluation, budget: Budget, row: StatusRow, st: BudgetState, current: list[Any]) -> None:
+    """Spend is back under the line: a pending episode is dropped, an active one reverted."""
+    enf = budget.enforcement
+    if current[0] == "pending":
+        st.enforcement = None if current[1] <= 1 else ["reverted", current[1] - 1, current[2], current[3]]
+    elif current[0] == "active":
+        _revert_enforcement(
+            out, budget.name, st,
+            f"spend {money(row.spend_usd)} is back under {enf.threshold_percent:g}% of {money(budget.amount_usd)}",
+            row,
+        )
 
 
 def _revert_enforcement(out: Evaluation, name: str, st: BudgetState, reason: str, row: StatusRow | None = None) -> None:

@@ -142,21 +142,7 @@ def check_karpenter(config: GpuOpsConfig, api_client: Any = None) -> CheckResult
     if failed:
         return failed
     try:
-        ext = client.ApiextensionsV1Api(api_client)
-        missing, found = [], []
-        for name, kind in CRDS.items():
-            try:
-                crd = ext.read_custom_resource_definition(name, _request_timeout=_TIMEOUT_S)
-            except Exception as exc:
-                if getattr(exc, "status", None) == 404:
-                    missing.append(kind)
-                    continue
-                raise
-            served = [v.name for v in crd.spec.versions if v.served]
-            if "v1" not in served:
-                missing.append(f"{kind} v1 (served: {', '.join(served)})")
-            else:
-                found.append(kind)
+        missing, found = _karpenter_crds(client.ApiextensionsV1Api(api_client))
     except Exception as exc:
         return CheckResult("karpenter", "failed", f"cannot read CRDs: {_reason(exc)}", "check cluster access (`gpu-ops validate --only kubeconfig`) and RBAC to read customresourcedefinitions")
     if missing:
@@ -167,6 +153,25 @@ def check_karpenter(config: GpuOpsConfig, api_client: Any = None) -> CheckResult
             "install Karpenter v1 (helm chart oci://public.ecr.aws/karpenter/karpenter with its CRDs), or set compute.karpenter.manage_nodepools: false",
         )
     return CheckResult("karpenter", "ok", f"Karpenter v1 CRDs installed ({', '.join(found)})")
+
+
+def _karpenter_crds(ext: Any) -> tuple[list[str], list[str]]:
+    """Karpenter's CRDs that are missing (or do not serve v1), and those that are there."""
+    missing, found = [], []
+    for name, kind in CRDS.items():
+        try:
+            crd = ext.read_custom_resource_definition(name, _request_timeout=_TIMEOUT_S)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                missing.append(kind)
+                continue
+            raise
+        served = [v.name for v in crd.spec.versions if v.served]
+        if "v1" not in served:
+            missing.append(f"{kind} v1 (served: {', '.join(served)})")
+        else:
+            found.append(kind)
+    return missing, found
 
 
 def check_gpu(config: GpuOpsConfig) -> CheckResult:

@@ -132,37 +132,57 @@ def _nvml(visible: list[str] | None) -> Hardware:
 
     pynvml.nvmlInit()
     try:
-        devices: list[tuple[str, str, float]] = []  # (name, uuid, memory GiB) of every GPU and MIG device
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name, uuid = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h))
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30
-            devices.append((name, uuid, mem))
-            try:
-                mig_on = pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-            except pynvml.NVMLError:
-                mig_on = False
-            if mig_on:
-                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-                    try:
-                        mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-                    except pynvml.NVMLError:
-                        continue
-                    devices.append((_text(pynvml.nvmlDeviceGetName(mh)), _text(pynvml.nvmlDeviceGetUUID(mh)), pynvml.nvmlDeviceGetMemoryInfo(mh).total / 2**30))
+        devices = _nvml_devices(pynvml)
     finally:
         pynvml.nvmlShutdown()
+    chosen = _chosen_devices(devices, visible)
+    return from_devices([d[0] for d in chosen], [d[1] for d in chosen], chosen[0][2] if chosen else None, "nvml")
+
+
+def _nvml_devices(pynvml: Any) -> list[tuple[str, str, float]]:
+    """(name, uuid, memory GiB) of every GPU and, after each MIG-enabled one, its MIG devices."""
+    devices: list[tuple[str, str, float]] = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name, uuid = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h))
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30
+        devices.append((name, uuid, mem))
+        devices.extend(_mig_devices(pynvml, h))
+    return devices
+
+
+def _mig_devices(pynvml: Any, h: Any) -> list[tuple[str, str, float]]:
+    """The MIG devices of the GPU ``h``; none when MIG is off or NVML cannot tell."""
+    try:
+        mig_on = pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError:
+        mig_on = False
+    if not mig_on:
+        return []
+    out = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+        except pynvml.NVMLError:
+            continue
+        out.append((_text(pynvml.nvmlDeviceGetName(mh)), _text(pynvml.nvmlDeviceGetUUID(mh)), pynvml.nvmlDeviceGetMemoryInfo(mh).total / 2**30))
+    return out
+
+
+def _chosen_devices(devices: list[tuple[str, str, float]], visible: list[str] | None) -> list[tuple[str, str, float]]:
+    """The devices CUDA_VISIBLE_DEVICES names: an index counts whole GPUs only; a UUID
+    (or its prefix) names a GPU or a MIG device. Unset: every whole GPU."""
     whole = [d for d in devices if not d[1].startswith("MIG-")]
     if visible is None:
-        chosen = whole
-    else:
-        chosen = []
-        for entry in visible:
-            if entry.isdigit():
-                if int(entry) < len(whole):
-                    chosen.append(whole[int(entry)])
-            else:
-                chosen += [d for d in devices if d[1] == entry or d[1].startswith(entry)]
-    return from_devices([d[0] for d in chosen], [d[1] for d in chosen], chosen[0][2] if chosen else None, "nvml")
+        return whole
+    chosen = []
+    for entry in visible:
+        if entry.isdigit():
+            if int(entry) < len(whole):
+                chosen.append(whole[int(entry)])
+        else:
+            chosen += [d for d in devices if d[1] == entry or d[1].startswith(entry)]
+    return chosen
 
 
 def _torch() -> Hardware:

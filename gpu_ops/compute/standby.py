@@ -399,25 +399,25 @@ class _Keeper:
             if parked_at is not None and time.monotonic() - parked_at >= float(self.spec["idle_s"]):
                 return None
             watch: list[Any] = [self.listener, out] + ([sys.stdin] if holder_open else [])
-            try:
-                ready, _, _ = select.select(watch, [], [], _TICK_S)
-            except InterruptedError:
-                continue
-            if sys.stdin in ready and holder_open:
-                data = os.read(sys.stdin.fileno(), 4096)
-                if not data:  # the holder's attempt is over (or it died): count idle time from now
-                    holder_open, parked_at = False, time.monotonic()
+            ready, _, _ = _select(watch, _TICK_S)  # interrupted: nothing ready, look again
+            if holder_open and sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+                # the holder's attempt is over (or it died): count idle time from now
+                holder_open, parked_at = False, time.monotonic()
             if out in ready:
-                data = os.read(out.fileno(), 65536)
-                self.early += data
-                del self.early[:-65536]
-                if not data:
-                    time.sleep(_TICK_S)  # the worker is ending; poll() says so next turn
+                self._keep_early_output(out)
             if self.listener in ready:
                 conn, _ = self.listener.accept()
                 if self._accept(conn):
                     return conn
         return None
+
+    def _keep_early_output(self, out: Any) -> None:
+        """The worker's output before a claim: its last 64 KiB are kept for the claimant."""
+        data = os.read(out.fileno(), 65536)
+        self.early += data
+        del self.early[:-65536]
+        if not data:
+            time.sleep(_TICK_S)  # the worker is ending; poll() says so next turn
 
     def _accept(self, conn: socket.socket) -> bool:
         try:
@@ -463,20 +463,10 @@ class _Keeper:
             elif self.worker.poll() is not None:
                 open_ = False  # exited; a grandchild may hold the pipe: do not wait for EOF
             *lines, pending = pending.split(b"\n")
-            try:
-                for line in lines:
-                    _send(conn, {"line": line.decode("utf-8", "replace").rstrip("\r")})
-            except OSError:
+            if not _send_lines(conn, lines):
                 self._stop_worker()
                 return
-        code = self.worker.wait()
-        try:
-            if pending:
-                _send(conn, {"line": pending.decode("utf-8", "replace")})
-            _send(conn, {"exit": code})
-        except OSError:
-            pass
-        conn.close()
+        _send_end(conn, pending, self.worker.wait())
 
     def _stop_worker(self) -> None:
         if self.worker.poll() is not None:
@@ -497,6 +487,27 @@ class _Keeper:
 
 def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
     conn.sendall((json.dumps(msg) + "\n").encode())
+
+
+def _send_lines(conn: socket.socket, lines: list[bytes]) -> bool:
+    """Each of the worker's lines to the claimant; False when it cannot be reached."""
+    try:
+        for line in lines:
+            _send(conn, {"line": line.decode("utf-8", "replace").rstrip("\r")})
+    except OSError:
+        return False
+    return True
+
+
+def _send_end(conn: socket.socket, pending: bytes, code: int) -> None:
+    """The worker's last, unterminated line and its exit status, then the connection closes."""
+    try:
+        if pending:
+            _send(conn, {"line": pending.decode("utf-8", "replace")})
+        _send(conn, {"exit": code})
+    except OSError:
+        pass
+    conn.close()
 
 
 def _select(fds: list[Any], timeout: float) -> tuple[list[Any], list[Any], list[Any]]:

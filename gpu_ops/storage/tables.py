@@ -100,27 +100,35 @@ def unavailable_reason(exc: BaseException, url: str | URL, connect_timeout_s: fl
 # --------------------------------------------------------------------------- column kinds
 
 
+# A column's kind from its dtype, first match wins; an object column's from its values.
+_DTYPE_KINDS = (
+    (pd.api.types.is_bool_dtype, "bool"),
+    (pd.api.types.is_integer_dtype, "int"),
+    (pd.api.types.is_float_dtype, "float"),
+    (pd.api.types.is_datetime64_any_dtype, "datetime"),
+)
+
+
 def column_kind(series: pd.Series) -> str:
     dtype = series.dtype
-    if pd.api.types.is_bool_dtype(dtype):
-        return "bool"
-    if pd.api.types.is_integer_dtype(dtype):
-        return "int"
-    if pd.api.types.is_float_dtype(dtype):
-        return "float"
-    if pd.api.types.is_datetime64_any_dtype(dtype):
-        return "datetime"
+    for is_kind, kind in _DTYPE_KINDS:
+        if is_kind(dtype):
+            return kind
     sample = series.dropna()
-    if len(sample):
-        first = sample.iloc[0]
-        if isinstance(first, (list, dict, tuple)):
-            return "json"
-        if isinstance(first, dt.datetime) or isinstance(first, pd.Timestamp):
-            return "datetime"
-        if isinstance(first, dt.date):
-            return "date"
-        if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in sample):
-            return "bool"
+    return _values_kind(sample) if len(sample) else "str"
+
+
+def _values_kind(sample: pd.Series) -> str:
+    """The kind of an object column's non-null values, judged by the first (bools: all)."""
+    first = sample.iloc[0]
+    if isinstance(first, (list, dict, tuple)):
+        return "json"
+    if isinstance(first, dt.datetime) or isinstance(first, pd.Timestamp):
+        return "datetime"
+    if isinstance(first, dt.date):
+        return "date"
+    if isinstance(first, (bool, np.bool_)) and all(isinstance(v, (bool, np.bool_)) for v in sample):
+        return "bool"
     return "str"
 
 
@@ -376,41 +384,33 @@ class TableStore:
 
     def _ensure_table(self, conn: sa.Connection, name: str, kinds: Mapping[str, str], index_on: str | None) -> sa.Table:
         known = self._kinds(conn, name)
-        exists = sa.inspect(conn).has_table(name)
-        if not exists:
-            meta = sa.MetaData()
-            table = sa.Table(name, meta, *(sa.Column(c, _sql_type(k)) for c, k in kinds.items()))
-            if index_on:
-                sa.Index(f"ix_{name}_{index_on}"[:63], table.c[index_on])
-            meta.create_all(conn)
+        if not sa.inspect(conn).has_table(name):
+            _create_table(conn, name, kinds, index_on)
             known = {}
         else:
-            present = {c["name"] for c in sa.inspect(conn).get_columns(name)}
-            for col, kind in kinds.items():
-                if col not in present:
-                    coltype = _sql_type(kind).compile(dialect=conn.dialect)
-                    conn.execute(sa.text(f'ALTER TABLE "{name}" ADD COLUMN "{col}" {coltype}'))
-                    continue
-                old = known.get(col)
-                if old is None or old == kind or kind == "str" and old == "json":
-                    continue
-                if old == "int" and kind == "float":
-                    if self.dialect == "postgresql":
-                        conn.execute(sa.text(f'ALTER TABLE "{name}" ALTER COLUMN "{col}" TYPE DOUBLE PRECISION'))
-                    continue
-                if old == "float" and kind == "int":
-                    continue  # ints fit a float column; the recorded kind stays float
-                raise StorageError(f"table {name}, column {col}: was {old}, the new rows have {kind}; migrate the table or rename the column")
-        for col, kind in kinds.items():
-            old = known.get(col)
-            if old == "float" and kind == "int":
-                continue
-            if old != kind:
-                conn.execute(
-                    sa.text(f"DELETE FROM {_COLUMNS_TABLE} WHERE table_name = :t AND column_name = :c"), {"t": name, "c": col}
-                )
-                conn.execute(sa.text(f"INSERT INTO {_COLUMNS_TABLE} VALUES (:t, :c, :k)"), {"t": name, "c": col, "k": kind})
+            self._fit_columns(conn, name, kinds, known)
+        _record_kinds(conn, name, kinds, known)
         return sa.Table(name, sa.MetaData(), autoload_with=conn)
+
+    def _fit_columns(self, conn: sa.Connection, name: str, kinds: Mapping[str, str], known: Mapping[str, str]) -> None:
+        """An existing table takes the new rows' columns: a missing one is added, an int
+        column widens to float; any other change of kind is refused."""
+        present = {c["name"] for c in sa.inspect(conn).get_columns(name)}
+        for col, kind in kinds.items():
+            if col not in present:
+                coltype = _sql_type(kind).compile(dialect=conn.dialect)
+                conn.execute(sa.text(f'ALTER TABLE "{name}" ADD COLUMN "{col}" {coltype}'))
+                continue
+            old = known.get(col)
+            if old is None or old == kind or kind == "str" and old == "json":
+                continue
+            if old == "int" and kind == "float":
+                if self.dialect == "postgresql":
+                    conn.execute(sa.text(f'ALTER TABLE "{name}" ALTER COLUMN "{col}" TYPE DOUBLE PRECISION'))
+                continue
+            if old == "float" and kind == "int":
+                continue  # ints fit a float column; the recorded kind stays float
+            raise StorageError(f"table {name}, column {col}: was {old}, the new rows have {kind}; migrate the table or rename the column")
 
     def _lock(self, conn: sa.Connection, name: str) -> None:
         if self.dialect == "postgresql":
@@ -436,14 +436,7 @@ class TableStore:
         _check_name(name)
         df = df.copy(deep=False)  # a new column must not touch the caller's frame; the data is not copied
         if partition_keys is not None:
-            keys = list(partition_keys)
-            if PARTITION_COLUMN not in df.columns:
-                if len(keys) != 1:
-                    raise StorageError(f"table {name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
-                df[PARTITION_COLUMN] = keys[0]
-            stray = set(df[PARTITION_COLUMN].astype(str)) - set(keys)
-            if stray:
-                raise StorageError(f"table {name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
+            _stamp_partitions(name, df, list(partition_keys))
         for col in df.columns:
             _check_name(col)
         kinds = {c: column_kind(df[c]) for c in df.columns}
@@ -612,6 +605,37 @@ class TableStore:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.text(f'SELECT DISTINCT "{PARTITION_COLUMN}" FROM "{name}" ORDER BY 1'))
             return [r[0] for r in rows]
+
+
+def _create_table(conn: sa.Connection, name: str, kinds: Mapping[str, str], index_on: str | None) -> None:
+    meta = sa.MetaData()
+    table = sa.Table(name, meta, *(sa.Column(c, _sql_type(k)) for c, k in kinds.items()))
+    if index_on:
+        sa.Index(f"ix_{name}_{index_on}"[:63], table.c[index_on])
+    meta.create_all(conn)
+
+
+def _record_kinds(conn: sa.Connection, name: str, kinds: Mapping[str, str], known: Mapping[str, str]) -> None:
+    """Record each column's kind where it changed (a float column written with ints stays float)."""
+    for col, kind in kinds.items():
+        old = known.get(col)
+        if old == "float" and kind == "int":
+            continue
+        if old != kind:
+            conn.execute(sa.text(f"DELETE FROM {_COLUMNS_TABLE} WHERE table_name = :t AND column_name = :c"), {"t": name, "c": col})
+            conn.execute(sa.text(f"INSERT INTO {_COLUMNS_TABLE} VALUES (:t, :c, :k)"), {"t": name, "c": col, "k": kind})
+
+
+def _stamp_partitions(name: str, df: pd.DataFrame, keys: list[str]) -> None:
+    """The frame carries ``partition_key`` (a single key is stamped onto every row), and
+    only the partitions being written."""
+    if PARTITION_COLUMN not in df.columns:
+        if len(keys) != 1:
+            raise StorageError(f"table {name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
+        df[PARTITION_COLUMN] = keys[0]
+    stray = set(df[PARTITION_COLUMN].astype(str)) - set(keys)
+    if stray:
+        raise StorageError(f"table {name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
 
 
 def _index_name(table: str, column: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,83 +136,167 @@ def _node_is_spot(node: Any, pod: Any) -> bool | None:
     return None
 
 
-def classify_pod(pod: Any = None, node: Any = None, events: Sequence[Any] = ()) -> Classification | None:
-    """Classify from a ``V1Pod``, its ``V1Node`` and ``CoreV1Event`` list; None if they say nothing."""
-    name = _get(pod, "metadata", "name") or "the pod"
-    spot = _node_is_spot(node, pod)
-    events = list(events or [])
+@dataclass(frozen=True)
+class _PodEvidence:
+    """What the rules below read: the pod, its node, their events, and two facts derived once."""
 
-    # 1. An OOM-killed container is the most specific fact there is.
-    for container, term in _terminations(pod):
+    pod: Any
+    node: Any
+    events: list[Any]
+    name: str
+    spot: bool | None
+
+    @property
+    def node_name(self) -> Any:
+        return _get(self.node, "metadata", "name")
+
+
+def _event_fact(ev: Any, reason: str) -> str:
+    return f"event {reason}: {ev.message or ''}".strip()
+
+
+def _oom_killed_container(e: _PodEvidence) -> Classification | None:
+    """An OOM-killed container is the most specific fact there is."""
+    for container, term in _terminations(e.pod):
         if term.reason == "OOMKilled":
             return Classification(
                 Outcome.OOM,
-                f"container {container} of {name} was OOM-killed (exit {term.exit_code})",
+                f"container {container} of {e.name} was OOM-killed (exit {term.exit_code})",
                 (f"containerStatuses[{container}].terminated.reason=OOMKilled", f"exitCode={term.exit_code}"),
-                spot,
+                e.spot,
             )
+    return None
 
-    # 2. The DisruptionTarget condition says who removed the pod.
-    for cond in _get(pod, "status", "conditions") or []:
-        if cond.type == "DisruptionTarget" and str(cond.status) == "True":
-            reason = cond.reason or ""
-            facts = (f"condition DisruptionTarget reason={reason}",) + ((f"message={cond.message}",) if cond.message else ())
-            pressure = _MEMORY_PRESSURE.search(cond.message or "") or _MEMORY_PRESSURE.search(_get(pod, "status", "message") or "")
-            if reason == "TerminationByKubelet" and pressure:
-                return Classification(Outcome.OOM, f"{name} was evicted by the kubelet under node memory pressure", facts, spot)
-            meaning = DISRUPTION_REASONS.get(reason, f"disrupted ({reason or 'no reason given'})")
-            spot_now = True if _has_spot_event(events) else spot
-            return Classification(Outcome.PREEMPTED, f"{name} was {meaning}", facts, spot_now)
 
-    # 3. status.reason Evicted (node pressure, API eviction) / Terminated (node shutdown).
-    status_reason = _get(pod, "status", "reason")
-    status_message = _get(pod, "status", "message") or ""
-    if status_reason in ("Evicted", "Terminated", "Preempting", "NodeLost", "Shutdown", "NodeShutdown"):
-        facts = (f"status.reason={status_reason}",) + ((f"status.message={status_message}",) if status_message else ())
-        if status_reason == "Evicted" and _MEMORY_PRESSURE.search(status_message):
-            return Classification(Outcome.OOM, f"{name} was evicted under node memory pressure", facts, spot)
-        return Classification(Outcome.PREEMPTED, f"{name} ended with status {status_reason}", facts, spot)
+def _disruption_target(e: _PodEvidence) -> Classification | None:
+    """The DisruptionTarget condition says who removed the pod."""
+    cond = next((c for c in _get(e.pod, "status", "conditions") or [] if c.type == "DisruptionTarget" and str(c.status) == "True"), None)
+    if cond is None:
+        return None
+    reason = cond.reason or ""
+    facts = (f"condition DisruptionTarget reason={reason}",) + ((f"message={cond.message}",) if cond.message else ())
+    pressure = _MEMORY_PRESSURE.search(cond.message or "") or _MEMORY_PRESSURE.search(_get(e.pod, "status", "message") or "")
+    if reason == "TerminationByKubelet" and pressure:
+        return Classification(Outcome.OOM, f"{e.name} was evicted by the kubelet under node memory pressure", facts, e.spot)
+    meaning = DISRUPTION_REASONS.get(reason, f"disrupted ({reason or 'no reason given'})")
+    spot_now = True if _has_spot_event(e.events) else e.spot
+    return Classification(Outcome.PREEMPTED, f"{e.name} was {meaning}", facts, spot_now)
 
-    # 4. The node is being reclaimed: Karpenter's taint, interruption events.
-    for taint in _get(node, "spec", "taints") or []:
-        if taint.key == DISRUPTED_TAINT:
-            return Classification(
-                Outcome.PREEMPTED,
-                f"node {_get(node, 'metadata', 'name')} is being disrupted by Karpenter",
-                (f"node taint {taint.key}={taint.value or ''}:{taint.effect}",),
-                spot,
-            )
+
+_ENDED_STATUS_REASONS = ("Evicted", "Terminated", "Preempting", "NodeLost", "Shutdown", "NodeShutdown")
+
+
+def _ended_status(e: _PodEvidence) -> Classification | None:
+    """status.reason Evicted (node pressure, API eviction) / Terminated (node shutdown)."""
+    status_reason = _get(e.pod, "status", "reason")
+    if status_reason not in _ENDED_STATUS_REASONS:
+        return None
+    status_message = _get(e.pod, "status", "message") or ""
+    facts = (f"status.reason={status_reason}",) + ((f"status.message={status_message}",) if status_message else ())
+    if status_reason == "Evicted" and _MEMORY_PRESSURE.search(status_message):
+        return Classification(Outcome.OOM, f"{e.name} was evicted under node memory pressure", facts, e.spot)
+    return Classification(Outcome.PREEMPTED, f"{e.name} ended with status {status_reason}", facts, e.spot)
+
+
+def _disrupted_taint(e: _PodEvidence) -> Classification | None:
+    """The node is being reclaimed: Karpenter's taint."""
+    taint = next((t for t in _get(e.node, "spec", "taints") or [] if t.key == DISRUPTED_TAINT), None)
+    if taint is None:
+        return None
+    return Classification(
+        Outcome.PREEMPTED,
+        f"node {e.node_name} is being disrupted by Karpenter",
+        (f"node taint {taint.key}={taint.value or ''}:{taint.effect}",),
+        e.spot,
+    )
+
+
+def _first_event(events: Sequence[Any], matches: Callable[[str, str], bool]) -> tuple[Any, str] | None:
+    """The first event whose reason (and message) ``matches``, with its reason."""
     for ev in events:
         reason = ev.reason or ""
-        if reason in _SPOT_EVENTS:
-            is_spot = _SPOT_EVENTS[reason] if _SPOT_EVENTS[reason] is not None else spot
-            obj = _get(ev, "involved_object", "kind") or "object"
-            return Classification(Outcome.PREEMPTED, f"{obj} event {reason}: the instance is being reclaimed", (f"event {reason}: {ev.message or ''}".strip(),), is_spot)
-    for ev in events:
-        reason = ev.reason or ""
-        if reason in ("OOMKilling", "OOMKilled") or (reason == "Evicted" and _MEMORY_PRESSURE.search(ev.message or "")):
-            return Classification(Outcome.OOM, f"event {reason}: the worker ran out of memory", (f"event {reason}: {ev.message or ''}".strip(),), spot)
-    for ev in events:
-        reason = ev.reason or ""
-        if reason in _PREEMPTION_EVENTS:
-            return Classification(Outcome.PREEMPTED, f"event {reason} on {name}", (f"event {reason}: {ev.message or ''}".strip(),), spot)
+        if matches(reason, ev.message or ""):
+            return ev, reason
+    return None
 
-    # 5. Exit codes: 143 = SIGTERM (graceful termination), 137 = SIGKILL (grace expired or node gone).
-    for container, term in _terminations(pod):
-        if term.exit_code == 143:
-            return Classification(Outcome.PREEMPTED, f"container {container} was terminated by SIGTERM (exit 143)", (f"exitCode=143 reason={term.reason}",), spot)
-        if term.exit_code == 137:
-            return Classification(Outcome.PREEMPTED, f"container {container} was killed by SIGKILL without an OOM (exit 137)", (f"exitCode=137 reason={term.reason}",), spot)
 
-    # 6. The node went away or stopped reporting.
-    for cond in _get(node, "status", "conditions") or []:
-        if cond.type == "Ready" and str(cond.status) != "True":
-            return Classification(
-                Outcome.PREEMPTED if spot else Outcome.INFRASTRUCTURE,
-                f"node {_get(node, 'metadata', 'name')} is not ready ({cond.reason or cond.status})",
-                (f"node condition Ready={cond.status} reason={cond.reason}",),
-                spot,
-            )
+def _spot_interruption_event(e: _PodEvidence) -> Classification | None:
+    """Interruption events on the pod, its Node or NodeClaim."""
+    found = _first_event(e.events, lambda reason, _msg: reason in _SPOT_EVENTS)
+    if found is None:
+        return None
+    ev, reason = found
+    is_spot = _SPOT_EVENTS[reason] if _SPOT_EVENTS[reason] is not None else e.spot
+    obj = _get(ev, "involved_object", "kind") or "object"
+    return Classification(Outcome.PREEMPTED, f"{obj} event {reason}: the instance is being reclaimed", (_event_fact(ev, reason),), is_spot)
+
+
+def _is_oom_event(reason: str, message: str) -> bool:
+    return reason in ("OOMKilling", "OOMKilled") or (reason == "Evicted" and bool(_MEMORY_PRESSURE.search(message)))
+
+
+def _oom_event(e: _PodEvidence) -> Classification | None:
+    found = _first_event(e.events, _is_oom_event)
+    if found is None:
+        return None
+    ev, reason = found
+    return Classification(Outcome.OOM, f"event {reason}: the worker ran out of memory", (_event_fact(ev, reason),), e.spot)
+
+
+def _preemption_event(e: _PodEvidence) -> Classification | None:
+    found = _first_event(e.events, lambda reason, _msg: reason in _PREEMPTION_EVENTS)
+    if found is None:
+        return None
+    ev, reason = found
+    return Classification(Outcome.PREEMPTED, f"event {reason} on {e.name}", (_event_fact(ev, reason),), e.spot)
+
+
+# Exit codes: 143 = SIGTERM (graceful termination), 137 = SIGKILL (grace expired or node gone).
+_SIGNAL_EXITS = {143: "was terminated by SIGTERM (exit 143)", 137: "was killed by SIGKILL without an OOM (exit 137)"}
+
+
+def _signal_exit(e: _PodEvidence) -> Classification | None:
+    for container, term in _terminations(e.pod):
+        if term.exit_code in _SIGNAL_EXITS:
+            what = _SIGNAL_EXITS[term.exit_code]
+            return Classification(Outcome.PREEMPTED, f"container {container} {what}", (f"exitCode={term.exit_code} reason={term.reason}",), e.spot)
+    return None
+
+
+def _node_not_ready(e: _PodEvidence) -> Classification | None:
+    """The node went away or stopped reporting."""
+    cond = next((c for c in _get(e.node, "status", "conditions") or [] if c.type == "Ready" and str(c.status) != "True"), None)
+    if cond is None:
+        return None
+    return Classification(
+        Outcome.PREEMPTED if e.spot else Outcome.INFRASTRUCTURE,
+        f"node {e.node_name} is not ready ({cond.reason or cond.status})",
+        (f"node condition Ready={cond.status} reason={cond.reason}",),
+        e.spot,
+    )
+
+
+# The pod's evidence rules, most reliable first: the first that speaks decides.
+_POD_RULES = (
+    _oom_killed_container,
+    _disruption_target,
+    _ended_status,
+    _disrupted_taint,
+    _spot_interruption_event,
+    _oom_event,
+    _preemption_event,
+    _signal_exit,
+    _node_not_ready,
+)
+
+
+def classify_pod(pod: Any = None, node: Any = None, events: Sequence[Any] = ()) -> Classification | None:
+    """Classify from a ``V1Pod``, its ``V1Node`` and ``CoreV1Event`` list; None if they say nothing."""
+    evidence = _PodEvidence(pod, node, list(events or []), _get(pod, "metadata", "name") or "the pod", _node_is_spot(node, pod))
+    for rule in _POD_RULES:
+        found = rule(evidence)
+        if found is not None:
+            return found
     return None
 
 

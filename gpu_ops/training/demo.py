@@ -77,18 +77,7 @@ def train_demo(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps)))
     loss_fn = nn.CrossEntropyLoss()
 
-    start = 0
-    state = ctx.checkpoint.load(map_location=device)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["rng"].cpu())
-        if device.startswith("cuda") and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
-        start = state["step"]
-        if divmod(start, batches_per_epoch) != (state["data"]["epoch"], state["data"]["batch"]):
-            raise RuntimeError(f"checkpoint data position {state['data']} does not match step {start}")
+    start = _resume(ctx, device, model, optimizer, schedule, batches_per_epoch)
 
     def snapshot(step: int) -> dict[str, Any]:
         epoch, batch = divmod(step, batches_per_epoch)
@@ -135,3 +124,24 @@ def train_demo(
         "device": device,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def _resume(ctx: TrainingContext, device: str, model: Any, optimizer: Any, schedule: Any, batches_per_epoch: int) -> int:
+    """Restore model, optimizer, schedule and RNG state from the latest checkpoint; the
+    step to start from (0 without one). A checkpoint whose data position does not match
+    its step is refused."""
+    import torch
+
+    state = ctx.checkpoint.load(map_location=device)
+    if state is None:
+        return 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    torch.set_rng_state(state["rng"].cpu())
+    if device.startswith("cuda") and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    start: int = state["step"]
+    if divmod(start, batches_per_epoch) != (state["data"]["epoch"], state["data"]["batch"]):
+        raise RuntimeError(f"checkpoint data position {state['data']} does not match step {start}")
+    return start

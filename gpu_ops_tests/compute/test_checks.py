@@ -25,6 +25,41 @@ def _config(backend: str, **compute):
     return parse_config({"prices": PRICES, "compute": {"backend": backend, **compute}}, None)
 
 
+_NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
+_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "gitCommit": "abc", "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.22", "compiler": "gc", "platform": "linux/amd64"}
+_HEALTH = "/api/v1/namespaces/kubetorch/services/kubetorch-controller:8080/proxy/health"
+_CRD_PREFIX = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+
+
+class _StubHandler(BaseHTTPRequestHandler):
+    """The API server's answers; what it knows is the StubApiServer at ``self.server.stub``."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        stub = self.server.stub
+        path = unquote(self.path.split("?")[0])
+        if path.rstrip("/") == "/version":
+            return self._send(200, _VERSION)
+        if path == _HEALTH:
+            if stub.controller_version is None:
+                return self._send(404, _NOT_FOUND)
+            return self._send(200, {"status": "healthy", "version": stub.controller_version})
+        if path.startswith(_CRD_PREFIX) and path[len(_CRD_PREFIX):] in stub.crds:
+            return self._send(200, stub.crds[path[len(_CRD_PREFIX):]])
+        return self._send(404, _NOT_FOUND)
+
+
 class StubApiServer:
     """Answers the few GETs the checks make, with what a real API server returns."""
 
@@ -35,36 +70,8 @@ class StubApiServer:
             for path in CRD_DIR.glob("*.yaml"):
                 crd = yaml.safe_load(path.read_text())
                 self.crds[crd["metadata"]["name"]] = crd
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                path = unquote(self.path.split("?")[0])
-                not_found = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
-                if path.rstrip("/") == "/version":
-                    return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "gitCommit": "abc", "gitTreeState": "clean",
-                                            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.22", "compiler": "gc", "platform": "linux/amd64"})
-                if path == "/api/v1/namespaces/kubetorch/services/kubetorch-controller:8080/proxy/health":
-                    if stub.controller_version is None:
-                        return self._send(404, not_found)
-                    return self._send(200, {"status": "healthy", "version": stub.controller_version})
-                prefix = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                if path.startswith(prefix) and path[len(prefix):] in stub.crds:
-                    return self._send(200, stub.crds[path[len(prefix):]])
-                return self._send(404, not_found)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _StubHandler)
+        self.server.stub = self
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
