@@ -55,6 +55,7 @@ class Part:
     has_row: bool
     labels: dict[str, R.Stored]  # label:<name> columns
     has_source: bool
+    clean: frozenset[str] = frozenset()  # text columns no value of which needs a trim or holds a control character
 
 
 @dataclass
@@ -151,7 +152,8 @@ class UsageEngine:
             table = _set(table, "__source", table.column("source").cast(pa.string()))
         name = f"part_{len(self.parts)}"
         self.con.register(name, table)
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names))
+        clean = clean_text_columns(table, layout, bool(labels))
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean))
 
     def add_problem(self, location: str, reason: str, source: str = "file", row: int | None = None) -> None:
         """A file or pattern that gave no rows (no ``row``), or one CSV line (``row``)."""
@@ -169,8 +171,13 @@ class UsageEngine:
             cols += R.number_text_flags(p.layout)
         return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
 
-    def _raw_sql(self) -> str:
-        return " UNION ALL BY NAME ".join(self._part_sql(i, p) for i, p in enumerate(self.parts))
+    def _typed_sql(self) -> str:
+        """Raw and typed layers per part (each compiled for its own clean columns), then one union."""
+        parts = [
+            f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({self._part_sql(i, p)}))"
+            for i, p in enumerate(self.parts)
+        ]
+        return " UNION ALL BY NAME ".join(parts)
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
@@ -212,8 +219,7 @@ class UsageEngine:
         limited to a window. ``keep``: the text columns the good rows need (None: all)."""
         if not self.parts:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW raw AS {self._raw_sql()}")
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS SELECT *, {', '.join(R.typed_select())} FROM raw")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
         joined = (
             "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
@@ -239,23 +245,24 @@ class UsageEngine:
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         key = "namespace, ikey, start_us, gpu_type"
         # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
-        # rows whose key repeats are compared column by column (rows without a pod or
-        # attempt share a NULL key with their copies and are compared too).
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE good AS SELECT *, count(*) OVER (PARTITION BY namespace, ikey, start_us, gpu_type) AS n_key "
-            f"FROM (SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad)"
-        )
+        # rows whose key repeats (found by one narrow aggregate) are kept in ``good`` and
+        # compared column by column (rows without a pod or attempt share a NULL key with
+        # their copies and are compared too).
+        good = f"SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad"
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE repeated AS SELECT {key} FROM ({good}) GROUP BY ALL HAVING count(*) > 1")
+        same = " AND ".join(f"g.{c} IS NOT DISTINCT FROM k.{c}" for c in key.split(", "))
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE good AS SELECT g.* FROM ({good}) g JOIN repeated k ON {same}")
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
             f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
-            "FROM good WHERE n_key > 1"
+            "FROM good"
         )
         self.con.execute("DELETE FROM copies WHERE copy_n = 1")
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
             f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
             f"count(*) OVER (PARTITION BY {key}) AS records "
-            "FROM good g WHERE n_key > 1 AND ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
+            "FROM good g WHERE ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
         )
         self.con.execute("DELETE FROM keyed WHERE records = 1")
         diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
@@ -284,8 +291,8 @@ class UsageEngine:
         prov = ["source", "location", "row"] if keep is None else []
         cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
         sql = (
-            f"SELECT {cols} FROM good g WHERE NOT (n_key > 1 AND (EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
-            "OR EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos))) ORDER BY ord, pos"
+            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
         )
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
@@ -326,6 +333,25 @@ class UsageEngine:
             for i, p in enumerate(self.parts)
         ]
         return " UNION ALL ".join(parts)
+
+
+def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
+    """The text columns (stored as text) no value of which needs a trim or holds a control
+    character: checked once per distinct value where the column is dictionary-encoded
+    (as Parquet hands most text over), once per value otherwise."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pattern = R.clean_pattern()
+    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
+    for col in R.CLEAN_COLUMNS:
+        if layout.get(col) != R.Stored(R.STORED_TEXT) or col == "labels" and has_label_columns or col not in table.column_names:
+            continue
+        chunks = table.column(col).chunks
+        values = [c.dictionary if pa.types.is_dictionary(c.type) else c for c in chunks]
+        if not any(pc.any(pc.match_substring_regex(v, pattern)).as_py() for v in values if len(v)):
+            out.add(col)
+    return frozenset(out)
 
 
 def _times_as_integers(table: Any) -> Any:
