@@ -171,12 +171,15 @@ class UsageEngine:
             cols += R.number_text_flags(p.layout)
         return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
 
-    def _typed_sql(self) -> str:
-        """Raw and typed layers per part (each compiled for its own clean columns), then one union."""
-        parts = [
-            f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({self._part_sql(i, p)}))"
-            for i, p in enumerate(self.parts)
-        ]
+    def _typed_sql(self, positions: str = "") -> str:
+        """Raw and typed layers per part (each compiled for its own clean columns), then one
+        union. ``positions``: a table of (ord, pos); only those rows of parts whose row
+        numbers are given (the others are computed whole: their numbers count every row)."""
+        parts = []
+        for i, p in enumerate(self.parts):
+            where = f"WHERE __pos IN (SELECT pos FROM {positions} WHERE ord = {i})" if positions and p.has_row else ""
+            raw = self._part_sql(i, p, where=where)
+            parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
         return " UNION ALL BY NAME ".join(parts)
 
     def _lookups(self) -> None:
@@ -221,22 +224,21 @@ class UsageEngine:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        joined = (
-            "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
-            "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
-            "FROM typed t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
-            "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
-        )
         problems = f"list_concat(storage_problems, {R.rules_select()})"
         # One reason per field (the first, most specific one); built for bad rows only.
         first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
-        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos", "p_start", "p_end"))
+        # Narrow: what the good rows hand on, the identity key, and for bad rows only
+        # their problems, times and provenance (the full typed record of the few rows
+        # whose key repeats is computed again for them alone, see _identity).
+        times, text, numbers, prov = self._out_columns(keep)
+        out = dict.fromkeys((*times, *text, *numbers, "namespace", "start_us", "gpu_type", "ord", "pos"))
+        when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {cols}, bad, CASE WHEN bad THEN {first_per_field} END AS problems "
-            f"FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({joined}))"
+            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, {_IKEY} AS ikey, {when_bad}, bad, "
+            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({_joined('typed')}))"
         )
         self._identity()
-        return EngineResult(self._good_rows(keep), self._quarantine())
+        return EngineResult(self._good_rows(times, text, numbers, prov), self._quarantine())
 
     def _identity(self) -> None:
         """Duplicates (identical typed rows: the first counts) and superseded records
@@ -248,10 +250,15 @@ class UsageEngine:
         # rows whose key repeats (found by one narrow aggregate) are kept in ``good`` and
         # compared column by column (rows without a pod or attempt share a NULL key with
         # their copies and are compared too).
-        good = f"SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad"
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE repeated AS SELECT {key} FROM ({good}) GROUP BY ALL HAVING count(*) > 1")
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE repeated AS SELECT {key} FROM checked WHERE NOT bad GROUP BY ALL HAVING count(*) > 1")
         same = " AND ".join(f"g.{c} IS NOT DISTINCT FROM k.{c}" for c in key.split(", "))
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE good AS SELECT g.* FROM ({good}) g JOIN repeated k ON {same}")
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT g.ord, g.pos FROM checked g JOIN repeated k ON {same} WHERE NOT g.bad")
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
+        typed = "(" + self._typed_sql("colliding") + ")"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE good AS SELECT {cols}, {_IKEY} AS ikey FROM ({_joined(typed)}) "
+            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding)"
+        )
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
             f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
@@ -279,16 +286,20 @@ class UsageEngine:
     def _present(self) -> set[str]:
         return {c for p in self.parts for c in p.layout}
 
-    def _good_rows(self, keep: Sequence[str] | None = None) -> Any:
-        import pandas as pd
-
-        from gpu_ops.cost.usage import utc_series
-
+    def _out_columns(self, keep: Sequence[str] | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+        """The good rows' columns: (times: engine name -> name, text, numbers, provenance)."""
         present = self._present()
         text = [c for c in (*_ALWAYS, *(c for c in _OPTIONAL_TEXT if c in present)) if keep is None or c in keep]
         numbers = ["gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", *(c for c in ("attempt", "lost_seconds") if c in present and (keep is None or c in keep))]
         times = {"start_us": "start", "end_us": "end", **({"last_checkpoint_us": "last_checkpoint_at"} if "last_checkpoint_at" in present and keep is None else {})}
         prov = ["source", "location", "row"] if keep is None else []
+        return times, text, numbers, prov
+
+    def _good_rows(self, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        import pandas as pd
+
+        from gpu_ops.cost.usage import utc_series
+
         cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
         sql = (
             f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
@@ -352,6 +363,16 @@ def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_column
         if not any(pc.any(pc.match_substring_regex(v, pattern)).as_py() for v in values if len(v)):
             out.add(col)
     return frozenset(out)
+
+
+def _joined(typed: str) -> str:
+    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices."""
+    return (
+        "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
+        "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
+        f"FROM {typed} t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
+        "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
+    )
 
 
 def _times_as_integers(table: Any) -> Any:
