@@ -231,10 +231,10 @@ class UsageEngine:
         # their problems, times and provenance (the full typed record of the few rows
         # whose key repeats is computed again for them alone, see _identity).
         times, text, numbers, prov = self._out_columns(keep)
-        out = dict.fromkeys((*times, *text, *numbers, "namespace", "start_us", "gpu_type", "ord", "pos"))
+        out = dict.fromkeys((*times, *text, *numbers, "ord", "pos"))
         when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, {_IKEY} AS ikey, {when_bad}, bad, "
+            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, hash(namespace, {_IKEY}, start_us, gpu_type) AS key_hash, {when_bad}, bad, "
             f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({_joined('typed')}))"
         )
         self._identity()
@@ -247,17 +247,19 @@ class UsageEngine:
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         key = "namespace, ikey, start_us, gpu_type"
         # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
-        # rows whose key repeats (found by one narrow aggregate) are kept in ``good`` and
-        # compared column by column (rows without a pod or attempt share a NULL key with
-        # their copies and are compared too).
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE repeated AS SELECT {key} FROM checked WHERE NOT bad GROUP BY ALL HAVING count(*) > 1")
-        same = " AND ".join(f"g.{c} IS NOT DISTINCT FROM k.{c}" for c in key.split(", "))
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT g.ord, g.pos FROM checked g JOIN repeated k ON {same} WHERE NOT g.bad")
+        # rows whose key repeats are kept in ``good`` and compared column by column (rows
+        # without a pod or attempt share a NULL key with their copies and are compared
+        # too). Candidates first, by a hash of the key (one narrow integer aggregate);
+        # their full records are computed again and the key itself decides.
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM checked WHERE NOT bad "
+            "AND key_hash IN (SELECT key_hash FROM checked WHERE NOT bad GROUP BY key_hash HAVING count(*) > 1)"
+        )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         typed = "(" + self._typed_sql("colliding") + ")"
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE good AS SELECT {cols}, {_IKEY} AS ikey FROM ({_joined(typed)}) "
-            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding)"
+            f"CREATE OR REPLACE TEMP TABLE good AS SELECT * EXCLUDE (n_key) FROM (SELECT *, count(*) OVER (PARTITION BY {key}) AS n_key "
+            f"FROM (SELECT {cols}, {_IKEY} AS ikey FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding))) WHERE n_key > 1"
         )
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
