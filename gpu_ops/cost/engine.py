@@ -317,7 +317,7 @@ class UsageEngine:
             out[c] = got.column(c).to_numpy(zero_copy_only=False).astype(float)
         if prov:
             out["row"] = pd.array(got.column("row").to_pylist(), dtype="Int64") if got.num_rows < 100_000 else got.column("row").to_pandas().astype("Int64")
-        return pd.DataFrame(out)
+        return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
