@@ -55,6 +55,7 @@ class Part:
     has_row: bool
     labels: dict[str, R.Stored]  # label:<name> columns
     has_source: bool
+    clean: frozenset[str] = frozenset()  # text columns no value of which needs a trim or holds a control character
 
 
 @dataclass
@@ -151,7 +152,8 @@ class UsageEngine:
             table = _set(table, "__source", table.column("source").cast(pa.string()))
         name = f"part_{len(self.parts)}"
         self.con.register(name, table)
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names))
+        clean = clean_text_columns(table, layout, bool(labels))
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean))
 
     def add_problem(self, location: str, reason: str, source: str = "file", row: int | None = None) -> None:
         """A file or pattern that gave no rows (no ``row``), or one CSV line (``row``)."""
@@ -169,8 +171,16 @@ class UsageEngine:
             cols += R.number_text_flags(p.layout)
         return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
 
-    def _raw_sql(self) -> str:
-        return " UNION ALL BY NAME ".join(self._part_sql(i, p) for i, p in enumerate(self.parts))
+    def _typed_sql(self, positions: str = "") -> str:
+        """Raw and typed layers per part (each compiled for its own clean columns), then one
+        union. ``positions``: a table of (ord, pos); only those rows of parts whose row
+        numbers are given (the others are computed whole: their numbers count every row)."""
+        parts = []
+        for i, p in enumerate(self.parts):
+            where = f"WHERE __pos IN (SELECT pos FROM {positions} WHERE ord = {i})" if positions and p.has_row else ""
+            raw = self._part_sql(i, p, where=where)
+            parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
+        return " UNION ALL BY NAME ".join(parts)
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
@@ -212,25 +222,23 @@ class UsageEngine:
         limited to a window. ``keep``: the text columns the good rows need (None: all)."""
         if not self.parts:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW raw AS {self._raw_sql()}")
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS SELECT *, {', '.join(R.typed_select())} FROM raw")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        joined = (
-            "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
-            "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
-            "FROM typed t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
-            "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
-        )
         problems = f"list_concat(storage_problems, {R.rules_select()})"
         # One reason per field (the first, most specific one); built for bad rows only.
         first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
-        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos", "p_start", "p_end"))
+        # Narrow: what the good rows hand on, the identity key, and for bad rows only
+        # their problems, times and provenance (the full typed record of the few rows
+        # whose key repeats is computed again for them alone, see _identity).
+        times, text, numbers, prov = self._out_columns(keep)
+        out = dict.fromkeys((*times, *text, *numbers, "ord", "pos"))
+        when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {cols}, bad, CASE WHEN bad THEN {first_per_field} END AS problems "
-            f"FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({joined}))"
+            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, hash(namespace, {_IKEY}, start_us, gpu_type) AS key_hash, {when_bad}, bad, "
+            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({_joined('typed')}))"
         )
         self._identity()
-        return EngineResult(self._good_rows(keep), self._quarantine())
+        return EngineResult(self._good_rows(times, text, numbers, prov), self._quarantine())
 
     def _identity(self) -> None:
         """Duplicates (identical typed rows: the first counts) and superseded records
@@ -239,23 +247,31 @@ class UsageEngine:
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         key = "namespace, ikey, start_us, gpu_type"
         # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
-        # rows whose key repeats are compared column by column (rows without a pod or
-        # attempt share a NULL key with their copies and are compared too).
+        # rows whose key repeats are kept in ``good`` and compared column by column (rows
+        # without a pod or attempt share a NULL key with their copies and are compared
+        # too). Candidates first, by a hash of the key (one narrow integer aggregate);
+        # their full records are computed again and the key itself decides.
         self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE good AS SELECT *, count(*) OVER (PARTITION BY namespace, ikey, start_us, gpu_type) AS n_key "
-            f"FROM (SELECT * EXCLUDE (bad, problems, p_start, p_end), {_IKEY} AS ikey FROM checked WHERE NOT bad)"
+            "CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM checked WHERE NOT bad "
+            "AND key_hash IN (SELECT key_hash FROM checked WHERE NOT bad GROUP BY key_hash HAVING count(*) > 1)"
+        )
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
+        typed = "(" + self._typed_sql("colliding") + ")"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE good AS SELECT * EXCLUDE (n_key) FROM (SELECT *, count(*) OVER (PARTITION BY {key}) AS n_key "
+            f"FROM (SELECT {cols}, {_IKEY} AS ikey FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding))) WHERE n_key > 1"
         )
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
             f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
-            "FROM good WHERE n_key > 1"
+            "FROM good"
         )
         self.con.execute("DELETE FROM copies WHERE copy_n = 1")
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
             f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
             f"count(*) OVER (PARTITION BY {key}) AS records "
-            "FROM good g WHERE n_key > 1 AND ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
+            "FROM good g WHERE ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
         )
         self.con.execute("DELETE FROM keyed WHERE records = 1")
         diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
@@ -272,20 +288,24 @@ class UsageEngine:
     def _present(self) -> set[str]:
         return {c for p in self.parts for c in p.layout}
 
-    def _good_rows(self, keep: Sequence[str] | None = None) -> Any:
-        import pandas as pd
-
-        from gpu_ops.cost.usage import utc_series
-
+    def _out_columns(self, keep: Sequence[str] | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+        """The good rows' columns: (times: engine name -> name, text, numbers, provenance)."""
         present = self._present()
         text = [c for c in (*_ALWAYS, *(c for c in _OPTIONAL_TEXT if c in present)) if keep is None or c in keep]
         numbers = ["gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", *(c for c in ("attempt", "lost_seconds") if c in present and (keep is None or c in keep))]
         times = {"start_us": "start", "end_us": "end", **({"last_checkpoint_us": "last_checkpoint_at"} if "last_checkpoint_at" in present and keep is None else {})}
         prov = ["source", "location", "row"] if keep is None else []
+        return times, text, numbers, prov
+
+    def _good_rows(self, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        import pandas as pd
+
+        from gpu_ops.cost.usage import utc_series
+
         cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
         sql = (
-            f"SELECT {cols} FROM good g WHERE NOT (n_key > 1 AND (EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
-            "OR EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos))) ORDER BY ord, pos"
+            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
         )
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
@@ -297,7 +317,7 @@ class UsageEngine:
             out[c] = got.column(c).to_numpy(zero_copy_only=False).astype(float)
         if prov:
             out["row"] = pd.array(got.column("row").to_pylist(), dtype="Int64") if got.num_rows < 100_000 else got.column("row").to_pandas().astype("Int64")
-        return pd.DataFrame(out)
+        return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
@@ -326,6 +346,35 @@ class UsageEngine:
             for i, p in enumerate(self.parts)
         ]
         return " UNION ALL ".join(parts)
+
+
+def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
+    """The text columns (stored as text) no value of which needs a trim or holds a control
+    character: checked once per distinct value where the column is dictionary-encoded
+    (as Parquet hands most text over), once per value otherwise."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pattern = R.clean_pattern()
+    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
+    for col in R.CLEAN_COLUMNS:
+        if layout.get(col) != R.Stored(R.STORED_TEXT) or col == "labels" and has_label_columns or col not in table.column_names:
+            continue
+        chunks = table.column(col).chunks
+        values = [c.dictionary if pa.types.is_dictionary(c.type) else c for c in chunks]
+        if not any(pc.any(pc.match_substring_regex(v, pattern)).as_py() for v in values if len(v)):
+            out.add(col)
+    return frozenset(out)
+
+
+def _joined(typed: str) -> str:
+    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices."""
+    return (
+        "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
+        "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
+        f"FROM {typed} t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
+        "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
+    )
 
 
 def _times_as_integers(table: Any) -> Any:

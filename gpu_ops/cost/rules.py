@@ -222,33 +222,62 @@ def _problem_list(items: list[tuple[str, str, str]]) -> str:
 # --------------------------------------------------------------------------- layer 2: typed
 
 
-def _text(col: str) -> str:
-    return f"coalesce({_trim(quote('r_' + col))}, '')"
+def _text(col: str, clean: frozenset[str] = frozenset()) -> str:
+    """SQL: a text column trimmed, missing = "" (``clean``: columns known to need no trim)."""
+    raw = quote("r_" + col)
+    return f"coalesce({raw}, '')" if col in clean else f"coalesce({_trim(raw)}, '')"
 
 
 def _in_range(expr: str) -> str:
     return f"({expr} BETWEEN {TIME_MIN_US} AND {TIME_MAX_US})"
 
 
-TYPED: dict[str, str] = {
-    **{c: _text(c) for c in TEXT_COLUMNS},
-    "gpu_type_raw": _text("gpu_type"),
-    "capacity_type": f"lower({_text('capacity_type')})",
-    "sharing": f"coalesce(nullif(lower({_text('sharing')}), ''), 'none')",
-    "start_us": "CASE WHEN " + _in_range("p_start") + " THEN p_start END",
-    "end_us": "CASE WHEN " + _in_range('p_end') + " THEN p_end END",
-    "last_checkpoint_us": "CASE WHEN " + _in_range('p_last_checkpoint_at') + " THEN p_last_checkpoint_at END",
-    "gpu_count": "CASE WHEN isfinite(p_gpu_count) THEN p_gpu_count END",
-    # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
-    "gpu_share": "CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN coalesce(nullif(lower(" + _text('sharing') + "), ''), 'none') = 'none' THEN 1.0 END) "
-    "WHEN isfinite(p_gpu_share) THEN p_gpu_share END",
-    "attempt": "CASE WHEN isfinite(p_attempt) THEN p_attempt END",
-    "lost_seconds": "CASE WHEN isfinite(p_lost_seconds) AND p_lost_seconds >= 0 THEN p_lost_seconds ELSE 0.0 END",
-}
+def typed_columns(clean: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The typed layer (name -> SQL over the raw layer). ``clean``: text columns whose
+    every value the engine found free of edge spaces and control characters (checked
+    once per distinct value): they skip the per-row trim; the answer is the same."""
+    sharing = _text("sharing", clean)
+    return {
+        **{c: _text(c, clean) for c in TEXT_COLUMNS},
+        "gpu_type_raw": _text("gpu_type", clean),
+        "capacity_type": f"lower({_text('capacity_type', clean)})",
+        "sharing": f"coalesce(nullif(lower({sharing}), ''), 'none')",
+        "start_us": "CASE WHEN " + _in_range("p_start") + " THEN p_start END",
+        "end_us": "CASE WHEN " + _in_range('p_end') + " THEN p_end END",
+        "last_checkpoint_us": "CASE WHEN " + _in_range('p_last_checkpoint_at') + " THEN p_last_checkpoint_at END",
+        "gpu_count": "CASE WHEN isfinite(p_gpu_count) THEN p_gpu_count END",
+        # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
+        "gpu_share": "CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN coalesce(nullif(lower(" + sharing + "), ''), 'none') = 'none' THEN 1.0 END) "
+        "WHEN isfinite(p_gpu_share) THEN p_gpu_share END",
+        "attempt": "CASE WHEN isfinite(p_attempt) THEN p_attempt END",
+        "lost_seconds": "CASE WHEN isfinite(p_lost_seconds) AND p_lost_seconds >= 0 THEN p_lost_seconds ELSE 0.0 END",
+    }
 
 
-def typed_select() -> list[str]:
-    return [f"{expr} AS {quote(name)}" for name, expr in TYPED.items()]
+TYPED: dict[str, str] = typed_columns()
+
+
+def typed_select(clean: frozenset[str] = frozenset()) -> list[str]:
+    return [f"{expr} AS {quote(name)}" for name, expr in typed_columns(clean).items()]
+
+
+def text_control(clean: frozenset[str] = frozenset()) -> str:
+    """SQL over the typed layer: whether a text column that is not ``clean`` holds a
+    control character (one look across them; the per-column rules name which)."""
+    cols = [c for c in TEXT_COLUMNS if c not in clean]
+    if not cols:
+        return "false"
+    return f"regexp_matches(concat({', '.join(cols)}), '{CONTROL}')"
+
+
+# What :func:`clean_pattern` finds in a value makes its column not clean.
+CLEAN_COLUMNS = (*TEXT_COLUMNS, *CHOICE_COLUMNS)
+
+
+def clean_pattern() -> str:
+    """An RE2 pattern matching a value that needs a trim or holds a control character."""
+    spaces = "".join(f"\\x{{{ord(c):x}}}" for c in SPACES)
+    return f"^[{spaces}]|[{spaces}]$|{CONTROL}"
 
 
 # --------------------------------------------------------------------------- layer 3: rules
@@ -346,7 +375,7 @@ def rules_bad() -> str:
     """Whether any rule fails (cheap: no reason is built; one look for control
     characters across every text column instead of one per column)."""
     conds = [f"coalesce({cond}, false)" for field, cond, _ in ROW_RULES if not cond.startswith("regexp_matches(")]
-    conds.append(f"regexp_matches(concat({', '.join(TEXT_COLUMNS)}), '{CONTROL}')")
+    conds.append("text_control")  # see :func:`text_control`
     return "(" + " OR ".join(conds) + ")"
 
 
