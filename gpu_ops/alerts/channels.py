@@ -34,7 +34,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_ops.alerts import messages
@@ -245,7 +245,7 @@ def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettin
         return _with_retries(lambda: _send_email(channel, alert, settings), settings, describe, log, redact)
     url, headers, body = _request(alert, channel)
     out = _with_retries(lambda: _http_post(url, headers=headers, content=body, settings=settings), settings, describe, log, redact)
-    return _Outcome(out.ok, out.attempts, f"{out.detail} from {redact_url(url)}", out.permanent, out.maybe_delivered)
+    return replace(out, detail=f"{out.detail} from {redact_url(url)}")
 
 
 def _json(payload: object) -> bytes:

@@ -119,7 +119,9 @@ def write(tmp_path: Path, cur: pd.DataFrame, fmt: str = "parquet", from_bill: bo
     return tmp_path / "gpu_ops.yaml"
 
 
-def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult, pd.DataFrame, pd.DataFrame]:
+def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult, pd.DataFrame, pd.DataFrame | None]:
+    """The day's cost assets through Dagster; attribution is None when it was not materialized
+    (a blocking check held it back)."""
     from gpu_ops.config import load_config
     from gpu_ops.cost.assets import build_assets
     from gpu_ops.resources import GpuOpsSettings
@@ -134,7 +136,8 @@ def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult,
         result = dg.materialize(assets, partition_key=day, resources=resources, instance=instance,
                                 selection=["gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily"], raise_on_error=False)
     store = TableStore(url)
-    return result, store.read("gpu_usage"), store.read("gpu_cost_attribution")
+    attribution = store.read("gpu_cost_attribution") if result.asset_materializations_for_node("gpu_cost_attribution") else None
+    return result, store.read("gpu_usage"), attribution
 
 
 def check(result: dg.ExecuteInProcessResult, name: str) -> dg.AssetCheckEvaluation:

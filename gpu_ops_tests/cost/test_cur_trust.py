@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpu_ops.cost.billing import CurIndex, cur_files, gpu_bill
-from gpu_ops_tests.cost.test_billing import NODES, REFUND_DAY, check, cur_month, write
+from gpu_ops_tests.cost.test_billing import NODES, REFUND_DAY, check, cur_month, materialize, write
 
 DAY = REFUND_DAY
 MONEY = ["line_item_unblended_cost", "line_item_net_unblended_cost", "savings_plan_savings_plan_effective_cost", "reservation_effective_cost"]
@@ -40,26 +40,6 @@ def configure(path: Path, **billing: object) -> Path:
     cfg["usage"]["billing"].update(billing)
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult, pd.DataFrame, pd.DataFrame | None]:
-    """gpu_usage and attribution of ``day``; attribution None when it was not materialized (blocked)."""
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
-    from gpu_ops.storage.tables import TableStore
-
-    config = load_config(config_path)
-    url = config.storage.resolved_url()
-    assets, _ = build_assets(config)
-    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config_path)), "table_io_manager": TableIOManager(url=url)}
-    with dg.DagsterInstance.ephemeral() as instance:
-        result = dg.materialize(assets, partition_key=day, resources=resources, instance=instance,
-                                selection=["gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily"], raise_on_error=False)
-    store = TableStore(url)
-    attribution = store.read("gpu_cost_attribution") if result.asset_materializations_for_node("gpu_cost_attribution") else None
-    return result, store.read("gpu_usage"), attribution
 
 
 def attributed(attribution: pd.DataFrame | None) -> float:
