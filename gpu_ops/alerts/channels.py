@@ -122,6 +122,9 @@ class DeliverySettings:
 
 @dataclass(frozen=True)
 class DeliveryResult:
+    """What one delivery came to. Built without its channel while it is tried
+    (:func:`_with_retries` knows only the attempts); :func:`send` names the channel."""
+
     channel: str
     channel_type: str
     ok: bool
@@ -130,15 +133,6 @@ class DeliveryResult:
     permanent: bool = False  # a failure that retrying will not fix
     # A failed delivery whose request may still have arrived (a timeout or a dropped
     # connection after it was sent): at-least-once, redelivered with the same keys.
-    maybe_delivered: bool = False
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    ok: bool
-    attempts: int
-    detail: str
-    permanent: bool = False
     maybe_delivered: bool = False
 
 
@@ -193,14 +187,19 @@ def _http_post(url: str, *, headers: dict[str, str], content: bytes, settings: D
     raise _Permanent(f"HTTP {status}: {snippet}")
 
 
-def _with_retries(attempt: Callable[[], str], settings: DeliverySettings, describe: str, log: Log, redact: Redactor) -> _Outcome:
+def _outcome(ok: bool, attempts: int, detail: str, permanent: bool = False, maybe_delivered: bool = False) -> DeliveryResult:
+    """A delivery's result before :func:`send` names its channel."""
+    return DeliveryResult("", "", ok, attempts, detail, permanent, maybe_delivered)
+
+
+def _with_retries(attempt: Callable[[], str], settings: DeliverySettings, describe: str, log: Log, redact: Redactor) -> DeliveryResult:
     delay = settings.backoff_s
     last, maybe = "", False
     for n in range(1, settings.attempts + 1):
         try:
-            return _Outcome(True, n, attempt())
+            return _outcome(True, n, attempt())
         except _Permanent as exc:
-            return _Outcome(False, n, str(exc), permanent=True, maybe_delivered=maybe)
+            return _outcome(False, n, str(exc), permanent=True, maybe_delivered=maybe)
         except _Retryable as exc:
             last, maybe = str(exc), maybe or exc.maybe_delivered
             if n == settings.attempts:
@@ -209,7 +208,7 @@ def _with_retries(attempt: Callable[[], str], settings: DeliverySettings, descri
             log(redact(f"{describe}: attempt {n} of {settings.attempts} failed ({last}); retrying in {wait:.1f}s"))
             time.sleep(wait)
             delay *= 2
-    return _Outcome(False, settings.attempts, f"{last} (after {settings.attempts} attempts)", maybe_delivered=maybe)
+    return _outcome(False, settings.attempts, f"{last} (after {settings.attempts} attempts)", maybe_delivered=maybe)
 
 
 def send(name: str, channel: AnyChannel, alert: Alert, *, settings: DeliverySettings, redact: Redactor, log: Log | None = None) -> DeliveryResult:
@@ -218,10 +217,10 @@ def send(name: str, channel: AnyChannel, alert: Alert, *, settings: DeliverySett
     try:
         out = _send(name, channel, alert, settings, redact, log)
     except ConfigError as exc:  # an unset environment variable: names the variable only
-        out = _Outcome(False, 0, str(exc), permanent=True)
+        out = _outcome(False, 0, str(exc), permanent=True)
     except Exception as exc:  # a bug or an unexpected library error: reported, redacted
-        out = _Outcome(False, 1, f"unexpected {type(exc).__name__}: {exc}")
-    return DeliveryResult(name, channel.type, out.ok, out.attempts, redact(out.detail), out.permanent, out.maybe_delivered)
+        out = _outcome(False, 1, f"unexpected {type(exc).__name__}: {exc}")
+    return replace(out, channel=name, channel_type=channel.type, detail=redact(out.detail))
 
 
 def _request(alert: Alert, channel: SlackChannel | PagerDutyChannel | WebhookChannel) -> tuple[str, dict[str, str], bytes]:
@@ -236,11 +235,11 @@ def _request(alert: Alert, channel: SlackChannel | PagerDutyChannel | WebhookCha
     return channel.url.get(), {**{k: v.get() for k, v in channel.headers.items()}, **headers}, body
 
 
-def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettings, redact: Redactor, log: Log) -> _Outcome:
+def _send(name: str, channel: AnyChannel, alert: Alert, settings: DeliverySettings, redact: Redactor, log: Log) -> DeliveryResult:
     describe = f"{channel.type} channel {name!r}"
     if isinstance(channel, LogChannel):
         log(messages.log_line(alert))  # the op's Dagster log, the CLI's stderr, else `gpu_ops.alerts`
-        return _Outcome(True, 1, "written to the log")
+        return _outcome(True, 1, "written to the log")
     if isinstance(channel, EmailChannel):
         return _with_retries(lambda: _send_email(channel, alert, settings), settings, describe, log, redact)
     url, headers, body = _request(alert, channel)
