@@ -48,6 +48,7 @@ from gpu_ops.compute.request import GpuRequest
 from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
+from gpu_ops.training.cost_link import cost_rows_metadata
 from gpu_ops.training.compute_requirement import asset_with_handover, guard_key
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.context import WorkerSpec, parse_event
@@ -718,6 +719,7 @@ def _materialization_metadata(
         ),
     }
     md.update(_summary_metadata(summary))
+    md.update(cost_rows_metadata(config, run_id, asset_key, rows))  # where the cost rows are
     if isinstance(value, Mapping):
         # only scalars are metadata; the rest stays the function's value
         md.update({str(k): v for k, v in value.items() if isinstance(v, (bool, int, float, str))})
