@@ -48,7 +48,9 @@ def cost_rows_metadata(config: GpuOpsConfig, run_id: str, asset_key: str, rows: 
         f"{COST_ASSET} rows with run_id = '{run_id}' and asset_key = '{asset_key}' in partition(s) {md['cost_partitions']} "
         f"({len(on_gpus)} attempt(s) on GPUs; an attempt across UTC midnight is a row per day), once {COST_ASSET} has run for those days"
     )
-    before = [d for d in days if d < config.usage.partitions_start]
-    if before:
-        md["cost_rows"] += f"; {', '.join(map(str, before))} precede usage.partitions_start ({config.usage.partitions_start}) and have no partition"
+    usage = config.usage
+    outside = [d for d in days if d < usage.partitions_start or (usage.partitions_end is not None and d > usage.partitions_end)]
+    if outside:
+        span = f"{usage.partitions_start} .. {usage.partitions_end or 'yesterday'}"
+        md["cost_rows"] += f"; {', '.join(map(str, outside))} lie outside the cost partitions ({span}, usage.partitions_start/partitions_end) and are not priced"
     return md
