@@ -73,3 +73,11 @@ def test_definitions_with_the_resource_load_and_materialize(config_path: Path, k
     assert result.success
     md = materialized_metadata(result, "first_model")
     assert md["attempts"] == 1 and md["final_loss"] == float(sum(range(5)))
+
+
+def test_an_asset_job_over_the_training_asset_gives_the_same_guidance(config_path: Path) -> None:
+    # what GpuTrainingComponent builds: the asset and a job selecting it (the job resolves
+    # its resources on its own path)
+    asset = training_asset(config_path, "finetune")
+    message = load_error(dg.Definitions(assets=[asset], jobs=[dg.define_asset_job("finetune_job", selection=[asset])]))
+    assert "resources={'gpu_compute': gpu_ops.GpuCompute()}" in message
