@@ -48,10 +48,10 @@ from gpu_ops.compute.request import GpuRequest
 from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
-from gpu_ops.training.cost_link import cost_rows_metadata
-from gpu_ops.training.compute_requirement import asset_with_handover, guard_key
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
+from gpu_ops.training.compute_requirement import asset_with_handover, handover_key
 from gpu_ops.training.context import WorkerSpec, parse_event
+from gpu_ops.training.cost_link import cost_rows_metadata
 from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, max_attempts, plan_attempt
 from gpu_ops.training.worker import import_root, register, run_training
 
@@ -833,7 +833,7 @@ def gpu_asset(
         # The step reads its GpuCompute through an asset-level handover resource, whose
         # requirement says how to add a missing one (gpu_ops.training.compute_requirement).
         compute_key = spec.compute_resource_key
-        spec = dataclasses.replace(spec, compute_resource_key=guard_key(compute_key))
+        spec = dataclasses.replace(spec, compute_resource_key=handover_key(compute_key))
         common["required_resource_keys"] = (common["required_resource_keys"] - {compute_key}) | {spec.compute_resource_key}
 
         def _training_asset(context) -> dg.MaterializeResult:  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ from gpu_ops.compute.resource import GpuCompute
 SUFFIX = "_for_gpu_assets"
 
 
-def guard_key(compute_key: str) -> str:
+def handover_key(compute_key: str) -> str:
     """The asset-level resource a ``gpu_asset`` requires instead of ``compute_key``."""
     return f"{compute_key}{SUFFIX}"
 
@@ -108,7 +108,7 @@ def compute_handover(compute_key: str) -> dict[str, dg.ResourceDefinition]:
     """``resource_defs`` for a ``gpu_asset`` whose compute is under ``compute_key``."""
     if compute_key not in _HANDOVERS:
         _HANDOVERS[compute_key] = _ComputeHandover(compute_key)
-    return {guard_key(compute_key): _HANDOVERS[compute_key]}
+    return {handover_key(compute_key): _HANDOVERS[compute_key]}
 
 
 def asset_with_handover(fn: Callable[..., Any], compute_key: str, **asset_kwargs: Any) -> dg.AssetsDefinition:
