@@ -41,6 +41,8 @@ def cost_rows_metadata(config: GpuOpsConfig, run_id: str, asset_key: str, rows: 
     on_gpus = rows[rows["gpu_count"] > 0] if not rows.empty else rows
     if on_gpus.empty:
         md["cost_rows"] = "none: no attempt held a GPU (CPU attempts are not GPU usage and are not priced by the cost flow)"
+        if config.training.simulate_gpu_pricing:
+            md["cost_rows"] += "; this materialization's cost_usd is simulated (training.simulate_gpu_pricing), not a cost row"
         return md
     days = sorted({d for r in on_gpus.itertuples(index=False) for d in utc_days(r.start.to_pydatetime(), r.end.to_pydatetime())})
     md["cost_partitions"] = ", ".join(d.isoformat() for d in days)

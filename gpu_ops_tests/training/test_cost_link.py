@@ -112,8 +112,26 @@ def test_a_cost_flow_without_the_ledger_says_so(tmp_path: Path) -> None:
     assert "usage.sources has no {type: ledger}" in md["cost_rows"] and "cost_partitions" not in md
 
 
+def test_a_simulated_cpu_cost_is_said_to_be_no_cost_row(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path))
+    config = config.model_copy(update={"training": config.training.model_copy(update={"simulate_gpu_pricing": True})})
+    start = pd.Timestamp(dt.datetime(2026, 11, 24, 23, 0, tzinfo=UTC))
+    md = cost_rows_metadata(config, "r1", "train", pd.DataFrame({"gpu_count": [0], "start": [start], "end": [start + pd.Timedelta(hours=1)]}))
+    assert md["cost_rows"].startswith("none: no attempt held a GPU") and "simulated (training.simulate_gpu_pricing)" in md["cost_rows"]
+
+
 def test_an_attempt_across_midnight_names_both_days() -> None:
     start = dt.datetime(2026, 11, 24, 23, 0, tzinfo=UTC)
     assert utc_days(start, start + dt.timedelta(hours=2)) == [dt.date(2026, 11, 24), dt.date(2026, 11, 25)]
     assert utc_days(start, dt.datetime(2026, 11, 25, tzinfo=UTC)) == [dt.date(2026, 11, 24)]  # ends at midnight
     assert utc_days(start, start) == [dt.date(2026, 11, 24)]
+
+
+def test_days_outside_the_cost_partitions_are_named(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path))
+    usage = config.usage.model_copy(update={"partitions_start": dt.date(2026, 10, 1), "partitions_end": dt.date(2026, 10, 31)})
+    config = config.model_copy(update={"usage": usage})
+    start = pd.Timestamp(dt.datetime(2026, 10, 31, 23, 0, tzinfo=UTC))
+    md = cost_rows_metadata(config, "r1", "train", pd.DataFrame({"gpu_count": [1], "start": [start], "end": [start + pd.Timedelta(hours=2)]}))
+    assert md["cost_partitions"] == "2026-10-31, 2026-11-01"
+    assert "2026-11-01 lie outside the cost partitions (2026-10-01 .. 2026-10-31" in md["cost_rows"]
