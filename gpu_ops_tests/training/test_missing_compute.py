@@ -81,3 +81,14 @@ def test_an_asset_job_over_the_training_asset_gives_the_same_guidance(config_pat
     asset = training_asset(config_path, "finetune")
     message = load_error(dg.Definitions(assets=[asset], jobs=[dg.define_asset_job("finetune_job", selection=[asset])]))
     assert "resources={'gpu_compute': gpu_ops.GpuCompute()}" in message
+
+
+def test_the_handover_prints_no_beta_warning_per_asset(config_path: Path) -> None:
+    # asset-level resource_defs is a beta parameter of dg.asset: gpu_ops's choice, so its
+    # warning is not shown to the author (once per asset, at every code-location load)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training_asset(config_path, "quiet")
+    assert [str(w.message) for w in caught if "resource_defs" in str(w.message)] == []
