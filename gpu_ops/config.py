@@ -459,9 +459,9 @@ class UsageConfig(_Model):
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
     # Last day of the daily cost partitions (UTC); None (default): yesterday, growing each
-    # day. A fixed data set (the bundled demo's October) ends here, so that the partitions,
-    # their fill and the per-day plots (Dagster draws one point per partition) cover the
-    # days that have data.
+    # day. A fixed data set (the bundled demo's October) ends here, so that the partitions
+    # and their fill cover the days that have data (the Plots tab's axis still reaches
+    # yesterday in Dagster 1.13.27: gpu_ops_tests/cost/test_plot_days.py).
     partitions_end: dt.date | None = None
     # Raw collector rows (gpu_usage_collected) that ended this many days ago are deleted;
     # the daily gpu_usage partitions are the durable record. None (default) keeps them all.
