@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from gpu_ops.alerts.model import asset_ui_url
 from gpu_ops.config import GpuOpsConfig, LedgerSource
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ def utc_days(start: dt.datetime, end: dt.datetime) -> list[dt.date]:
 
 
 def cost_rows_metadata(config: GpuOpsConfig, run_id: str, asset_key: str, rows: pd.DataFrame) -> dict[str, Any]:
-    """``cost_asset`` (a link to ``gpu_usage``), ``cost_partitions`` and ``cost_rows`` for
+    """``cost_asset`` (a link to ``gpu_usage``), ``cost_partitions``, ``cost_partition_url``
+    (each partition's page in the UI, under ``alerts.dagster_url``) and ``cost_rows`` for
     this run's ledger ``rows`` of ``asset_key``."""
     md: dict[str, Any] = {"cost_asset": dg.MetadataValue.asset(dg.AssetKey(COST_ASSET))}
     if not any(isinstance(s, LedgerSource) for s in config.usage.sources):
@@ -46,6 +48,9 @@ def cost_rows_metadata(config: GpuOpsConfig, run_id: str, asset_key: str, rows: 
         return md
     days = sorted({d for r in on_gpus.itertuples(index=False) for d in utc_days(r.start.to_pydatetime(), r.end.to_pydatetime())})
     md["cost_partitions"] = ", ".join(d.isoformat() for d in days)
+    for day in days:  # the partition's page in the UI (alerts.dagster_url is its base)
+        key = "cost_partition_url" if len(days) == 1 else f"cost_partition_url/{day}"
+        md[key] = dg.MetadataValue.url(asset_ui_url(config.alerts.dagster_url, COST_ASSET, day.isoformat()))
     md["cost_rows"] = (
         f"{COST_ASSET} rows with run_id = '{run_id}' and asset_key = '{asset_key}' in partition(s) {md['cost_partitions']} "
         f"({len(on_gpus)} attempt(s) on GPUs; an attempt across UTC midnight is a row per day), once {COST_ASSET} has run for those days"

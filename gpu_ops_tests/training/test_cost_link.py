@@ -83,6 +83,8 @@ def test_the_metadata_links_the_cost_asset_and_names_the_rows(trained: dict[str,
     assert f"run_id = '{trained['run_id']}'" in md["cost_rows"] and "asset_key = 'on_gpu'" in md["cost_rows"]
     today = dt.datetime.now(UTC).date()
     assert set(trained["days"]) <= {(today - dt.timedelta(days=1)).isoformat(), today.isoformat()}
+    urls = [md["cost_partition_url"]] if len(trained["days"]) == 1 else [md[f"cost_partition_url/{d}"] for d in trained["days"]]
+    assert urls == [f"http://localhost:3000/assets/gpu_usage?view=partitions&partition={d}" for d in trained["days"]]
 
 
 def test_the_named_rows_exist_and_carry_the_ledgers_gpu_hours(trained: dict[str, Any]) -> None:
@@ -134,4 +136,5 @@ def test_days_outside_the_cost_partitions_are_named(tmp_path: Path) -> None:
     start = pd.Timestamp(dt.datetime(2026, 10, 31, 23, 0, tzinfo=UTC))
     md = cost_rows_metadata(config, "r1", "train", pd.DataFrame({"gpu_count": [1], "start": [start], "end": [start + pd.Timedelta(hours=2)]}))
     assert md["cost_partitions"] == "2026-10-31, 2026-11-01"
+    assert md["cost_partition_url/2026-11-01"].url.endswith("/assets/gpu_usage?view=partitions&partition=2026-11-01")
     assert "2026-11-01 lie outside the cost partitions (2026-10-01 .. 2026-10-31" in md["cost_rows"]
