@@ -458,6 +458,11 @@ class UsageConfig(_Model):
     engine: Literal["auto", "duckdb", "arrow"] = "auto"
     # First day of the daily cost partitions (UTC); the bundled demo's data starts here.
     partitions_start: dt.date = dt.date(2026, 10, 1)
+    # Last day of the daily cost partitions (UTC); None (default): yesterday, growing each
+    # day. A fixed data set (the bundled demo's October) ends here, so that the partitions
+    # and their fill cover the days that have data (the Plots tab's axis still reaches
+    # yesterday in Dagster 1.13.27: gpu_ops_tests/cost/test_plot_days.py).
+    partitions_end: dt.date | None = None
     # Raw collector rows (gpu_usage_collected) that ended this many days ago are deleted;
     # the daily gpu_usage partitions are the durable record. None (default) keeps them all.
     collected_retention_days: int | None = Field(default=None, ge=1)
@@ -469,6 +474,17 @@ class UsageConfig(_Model):
     @classmethod
     def _known_keys(cls, keys: list[str]) -> list[str]:
         return check_group_by(keys)
+
+    @model_validator(mode="after")
+    def _partitions_in_order(self) -> "UsageConfig":
+        if self.partitions_end is not None and self.partitions_end < self.partitions_start:
+            raise ValueError(f"partitions_end ({self.partitions_end}) is before partitions_start ({self.partitions_start})")
+        return self
+
+    def last_partition(self, today: dt.date) -> dt.date:
+        """The last daily cost partition on ``today`` (UTC): yesterday, or ``partitions_end``."""
+        yesterday = today - dt.timedelta(days=1)
+        return yesterday if self.partitions_end is None else min(self.partitions_end, yesterday)
 
 
 # --------------------------------------------------------------------------- budgets

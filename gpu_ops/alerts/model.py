@@ -108,9 +108,7 @@ class Alert:
 
     @property
     def asset_url(self) -> str:
-        base = self.dagster_url.rstrip("/")
-        url = f"{base}/assets/gpu_budget_status"
-        return f"{url}?view=partitions&partition={self.partition_key}" if self.partition_key else url
+        return asset_ui_url(self.dagster_url, "gpu_budget_status", self.partition_key)
 
     @property
     def is_test(self) -> bool:
@@ -157,6 +155,12 @@ class Alert:
 
 
 _FIELDS = dataclasses.fields(Alert)
+
+
+def asset_ui_url(dagster_url: str, asset: str, partition_key: str | None = None) -> str:
+    """The Dagster UI page of ``asset`` (its ``partition_key`` selected) under ``dagster_url``."""
+    url = f"{dagster_url.rstrip('/')}/assets/{asset}"
+    return f"{url}?view=partitions&partition={partition_key}" if partition_key else url
 
 
 def test_alert(channel: str, dagster_url: str, today: dt.date | None = None) -> Alert:

@@ -15,6 +15,7 @@ Nothing here is imported when a code location loads: only by the scaffolders.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from pathlib import Path
 
@@ -37,7 +38,10 @@ usage:
     - {type: ledger}                       # GPU usage recorded by gpu_ops training runs
     # - {type: file, path: "exports/*.parquet"}
     # - {type: kubernetes, namespaces: [ml]}
-  partitions_start: "2026-10-01"
+  # The daily cost partitions start the day before this project was scaffolded (its ledger
+  # has no earlier usage), so the per-day plots cover days that can have data; set the
+  # first day of your data here when the sources include older files.
+  partitions_start: "@PARTITIONS_START@"
 budgets:
   - name: ml-monthly
     scope: {team: ml-platform}
@@ -88,7 +92,9 @@ def ensure_project_config(request: ScaffoldRequest) -> Path:
     path = project_root(request) / CONFIG_NAME
     if not path.exists():
         prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
-        path.write_text(CONFIG_TEMPLATE + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
+        start = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+        config = CONFIG_TEMPLATE.replace("@PARTITIONS_START@", start.isoformat())
+        path.write_text(config + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
     return path
 
 

@@ -94,7 +94,10 @@ def _asset(**kwargs: Any) -> Any:
 
 
 def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.PartitionsDefinition]:
-    partitions = dg.DailyPartitionsDefinition(start_date=config.usage.partitions_start.isoformat(), timezone="UTC")
+    end = config.usage.partitions_end
+    partitions = dg.DailyPartitionsDefinition(  # end_date is exclusive
+        start_date=config.usage.partitions_start.isoformat(), end_date=(end + dt.timedelta(days=1)).isoformat() if end else None, timezone="UTC"
+    )
     backfill = _backfill_policy(config)
 
     # Subsettable: `--select gpu_usage` (or the quarantine alone) materializes just that

@@ -47,8 +47,7 @@ def _reset_demo_state(config: GpuOpsConfig, home: Path, echo: Echo) -> None:
 
 def _demo_days(config: GpuOpsConfig) -> list[str]:
     start = config.usage.partitions_start
-    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    last = min(start + dt.timedelta(days=30), yesterday)
+    last = min(start + dt.timedelta(days=30), config.usage.last_partition(dt.datetime.now(dt.timezone.utc).date()))
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((last - start).days + 1)]
 
 
@@ -150,11 +149,11 @@ def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
     elif warned:
         notes.append(f"the check budgets_within_limit on gpu_budget_status warns: {', '.join(warned)} crossed a warning threshold")
     start = config.usage.partitions_start
-    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    total = max((yesterday - start).days + 1, len(days))
+    last = config.usage.last_partition(dt.datetime.now(dt.timezone.utc).date())
+    total = max((last - start).days + 1, len(days))
     if total > len(days):
         notes.append(
-            f"the cost assets are partitioned daily from {start} (usage.partitions_start) to yesterday, {total} partitions; the demo's usage "
+            f"the cost assets are partitioned daily from {start} (usage.partitions_start) to {last}, {total} partitions; the demo's usage "
             f"covers {days[0]} … {days[-1]}, so {len(days)} of them are materialized ({percent(100 * len(days) / total)}): the others have no data, "
             "nothing failed"
         )

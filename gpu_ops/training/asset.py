@@ -49,7 +49,9 @@ from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
+from gpu_ops.training.compute_requirement import asset_with_handover, handover_key
 from gpu_ops.training.context import WorkerSpec, parse_event
+from gpu_ops.training.cost_link import cost_rows_metadata
 from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, max_attempts, plan_attempt
 from gpu_ops.training.worker import import_root, register, run_training
 
@@ -717,6 +719,7 @@ def _materialization_metadata(
         ),
     }
     md.update(_summary_metadata(summary))
+    md.update(cost_rows_metadata(config, run_id, asset_key, rows))  # where the cost rows are
     if isinstance(value, Mapping):
         # only scalars are metadata; the rest stays the function's value
         md.update({str(k): v for k, v in value.items() if isinstance(v, (bool, int, float, str))})
@@ -827,13 +830,17 @@ def gpu_asset(
     def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
         spec, common = _training_definition("gpu_asset", f, asset_kwargs, **options)
         kinds = set(asset_kwargs.pop("kinds", None) or ()) | {"gpu"}
+        # The step reads its GpuCompute through an asset-level handover resource, whose
+        # requirement says how to add a missing one (gpu_ops.training.compute_requirement).
+        compute_key = spec.compute_resource_key
+        spec = dataclasses.replace(spec, compute_resource_key=handover_key(compute_key))
+        common["required_resource_keys"] = (common["required_resource_keys"] - {compute_key}) | {spec.compute_resource_key}
 
-        @dg.asset(**common, kinds=kinds, **asset_kwargs)
         def _training_asset(context) -> dg.MaterializeResult:  # type: ignore[no-untyped-def]
             result = run_attempt(context, spec, context.asset_key.to_user_string(), list(context.asset_key.path))
             return dg.MaterializeResult(metadata=result.metadata)
 
-        return _training_asset
+        return asset_with_handover(_training_asset, compute_key, **common, kinds=kinds, **asset_kwargs)
 
     return decorate(fn) if fn is not None else decorate
 

@@ -44,7 +44,7 @@ def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(
     assert not re.search(r"\d\.\d{5,}", text), re.findall(r".*\d\.\d{5,}.*", text)
     # what the UI would otherwise leave unexplained
     assert "budgets_within_limit on gpu_budget_status fails (ERROR) on purpose" in text
-    assert re.search(r"31 of them are materialized \([\d.]+%\): the others have no data, nothing failed", text), text
+    assert "the others have no data" not in text, text  # the demo's partitions end with its data (usage.partitions_end)
     assert "quarantined on purpose (gpu_usage_quarantine, check quarantine_empty), in the partition(s) 2026-10-" in text
     # the persistent instance holds the runs for `make dev`
     assert (tmp_path / "home" / "dagster_home").is_dir()

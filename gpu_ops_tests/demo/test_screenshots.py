@@ -82,7 +82,12 @@ def test_the_ui_pages_the_manual_shows(tmp_path: Path, monkeypatch: pytest.Monke
     demo = tmp_path / "demo"
     shutil.copytree(REPO / "gpu_ops" / "demo", demo, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     config = demo / "gpu_ops.yaml"
-    config.write_text(config.read_text().replace("training:\n", "training:\n  demo_steps: 300\n  demo_checkpoint_interval_s: 1\n", 1))
+    text = config.read_text().replace("training:\n", "training:\n  demo_steps: 300\n  demo_checkpoint_interval_s: 1\n", 1)
+    # The cost partitions are the eight days materialized, so that the plots (one point per
+    # partition) and the fill badges cover the days that have data.
+    bounds = "  partitions_start: 2026-10-01\n  partitions_end: 2026-10-31"
+    assert bounds in text
+    config.write_text(text.replace(bounds, f"  partitions_start: {DAYS[0]}\n  partitions_end: {DAYS[-1]}", 1))
     monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "gpu_ops_home"))
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
 

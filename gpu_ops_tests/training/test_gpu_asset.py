@@ -3,11 +3,13 @@ processes, killed by real signals at random points; retries verified in the even
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,9 +67,17 @@ def uninterrupted_sha(folder: Path, steps: int = DEMO_STEPS) -> str:
     return train_demo(TrainingContext(spec), steps=steps)["weights_sha256"]
 
 
+@functools.lru_cache(maxsize=None)
+def reference_weights(steps: int = DEMO_STEPS) -> str:
+    """``uninterrupted_sha`` of ``steps``, trained once per test process: the end-to-end
+    tests of several files compare against it (under `make test` they share one worker)."""
+    with tempfile.TemporaryDirectory(prefix="gpu_ops_ref_") as folder:
+        return uninterrupted_sha(Path(folder), steps)
+
+
 @pytest.fixture(scope="module")
-def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_sha(tmp_path_factory.mktemp("ref"))
+def reference_sha() -> str:
+    return reference_weights()
 
 
 def demo_assets(config: Path) -> list[dg.AssetsDefinition]:

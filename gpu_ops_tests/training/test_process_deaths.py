@@ -34,7 +34,7 @@ from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import ledger
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import same_process
-from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, uninterrupted_sha
+from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, reference_weights
 from gpu_ops_tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,13 +122,13 @@ def check_ledger(config: Path, run_ids: set[str], sampler: Sampler) -> Any:
 
 
 @pytest.fixture(scope="module")
-def demo_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_sha(tmp_path_factory.mktemp("ref"), steps=STEPS)
+def demo_sha() -> str:
+    return reference_weights(STEPS)
 
 
 @pytest.fixture(scope="module")
-def long_demo_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_sha(tmp_path_factory.mktemp("ref"), steps=OUTAGE_STEPS)
+def long_demo_sha() -> str:
+    return reference_weights(OUTAGE_STEPS)
 
 
 @pytest.fixture

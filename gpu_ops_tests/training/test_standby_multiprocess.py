@@ -17,7 +17,7 @@ import pytest
 
 from gpu_ops.compute.standby import is_alive, rendezvous_files
 from gpu_ops.config import gpu_ops_home
-from gpu_ops_tests.training.test_gpu_asset import Killer, messages, uninterrupted_sha, write_config
+from gpu_ops_tests.training.test_gpu_asset import Killer, messages, reference_weights, write_config
 from gpu_ops_tests.waiting import wait_until
 
 
@@ -53,8 +53,8 @@ def describe(pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return uninterrupted_sha(tmp_path_factory.mktemp("ref"))
+def demo_sha() -> str:
+    return reference_weights()
 
 
 @pytest.mark.slow

@@ -114,3 +114,14 @@ def ddp_train(ctx: TrainingContext, steps: int = 60, step_s: float = 0.03) -> di
     dist.all_gather_object(digests, h.hexdigest())
     dist.destroy_process_group()
     return {"weights_sha256": h.hexdigest(), "ranks_agree": len(set(digests)) == 1, "world_size": ctx.world_size}
+
+
+def on_a_reported_gpu(ctx: TrainingContext, steps: int = 5) -> dict[str, Any]:
+    """``counting`` on a worker that reports one A100 80GB, as a worker on a GPU node
+    reports its device (the ``hardware`` event the launcher reads), after the real
+    report of this machine: the cost flow's tests need a GPU row on a machine without one."""
+    from gpu_ops.compute import hardware
+    from gpu_ops.training.context import emit
+
+    emit("hardware", rank=ctx.rank, **hardware.Hardware("a100-80gb", 1, names=("NVIDIA A100-SXM4-80GB",), source="test").as_dict())
+    return counting(ctx, steps=steps, step_s=0.01)
