@@ -60,8 +60,9 @@ screenshots: $(STAMP)
 	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
-# Two pytest-xdist workers; the `slow` end-to-end tests share one xdist group, so they run
-# one at a time beside the fast ones (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
+# Two pytest-xdist workers; the `slow` end-to-end tests are in two xdist groups (the timed
+# kills; the servers, demo and browser), each run one at a time on one worker, the fast
+# tests spread beside them (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
 # runs everything in one process.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 test: $(STAMP) lint docs

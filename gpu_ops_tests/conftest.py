@@ -23,7 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO.parent / "shared" / "reference" / "karpenter-crds"
 PG_ADMIN_URL = os.environ.get("GPU_OPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-SERIAL_GROUP = "slow-end-to-end"
+# The end-to-end tests (marker `slow`) run in two groups, each one test at a time on one
+# pytest-xdist worker, beside the fast tests on the other: the tests that kill workers,
+# step processes and run workers on a timer, and the ones that start servers, the demo or
+# a browser. One group of all of them made the suite as long as their sum.
+KILL_GROUP, SERVER_GROUP = "slow-kills", "slow-servers"
+KILL_MODULES = frozenset({"test_process_deaths", "test_ui_launch", "test_standby_multiprocess", "test_gpu_asset", "test_secrets"})
 
 
 def skip_or_fail(reason: str) -> None:
@@ -88,15 +93,12 @@ def karpenter_crds() -> dict[str, dict]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kubeconfig = os.environ.get("KUBECONFIG")
     skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see docs/how-to/cluster.md, 'Tests against a cluster')")
-    serial = pytest.mark.xdist_group(SERIAL_GROUP)
+    groups = {name: pytest.mark.xdist_group(name) for name in (KILL_GROUP, SERVER_GROUP)}
     for item in items:
         if "cluster" in item.keywords and not (kubeconfig and Path(kubeconfig).exists()):
             item.add_marker(skip_cluster)
         if "slow" in item.keywords:
-            # Under `make test` (pytest-xdist, --dist loadgroup) the end-to-end tests, which
-            # start servers and workers and kill them on a timer, run one at a time on one
-            # worker while the other worker runs the fast tests beside them.
-            item.add_marker(serial)
+            item.add_marker(groups[KILL_GROUP if item.module.__name__.rsplit(".", 1)[-1] in KILL_MODULES else SERVER_GROUP])
 
 
 def cuda_available() -> bool:
