@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost import rules as R
-from gpu_ops.cost.read import FileRows
+from gpu_ops.cost.read import INVENTORY, USAGE, FileRows
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
@@ -111,15 +111,19 @@ def _text_as_binary_where_invalid(table: Any) -> Any:
 class UsageEngine:
     """Collects sources, then :meth:`run` validates, de-duplicates and prices them at once."""
 
-    def __init__(self, prices: PriceMatrix):
+    def __init__(self, prices: PriceMatrix, kind: str = USAGE):
+        """``kind``: usage intervals, or the node inventory (``node`` required, no
+        sharing, a blank GPU type and count taken from a known instance type)."""
         import duckdb
 
-        self.prices = prices
+        self.prices, self.kind = prices, kind
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET enable_progress_bar = false")
         self.parts: list[Part] = []
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
+        if kind == INVENTORY:
+            _register_instance_map(self.con)
 
     def close(self) -> None:
         self.con.close()
@@ -132,6 +136,8 @@ class UsageEngine:
         import numpy as np
         import pyarrow as pa
 
+        if self.kind == INVENTORY:  # a node's GPUs are whole: sharing is a pod's
+            table = table.drop_columns([c for c in ("sharing", "gpu_share") if c in table.column_names])
         table = _text_as_binary_where_invalid(table)
         layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
         labels = {f.name: stored(f.type) for f in table.schema if f.name.startswith("label:")}
@@ -179,6 +185,8 @@ class UsageEngine:
         for i, p in enumerate(self.parts):
             where = f"WHERE __pos IN (SELECT pos FROM {positions} WHERE ord = {i})" if positions and p.has_row else ""
             raw = self._part_sql(i, p, where=where)
+            if self.kind == INVENTORY:
+                raw = R.inventory_raw(raw)
             parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
         return " UNION ALL BY NAME ".join(parts)
 
@@ -218,13 +226,21 @@ class UsageEngine:
         }))
 
     def run(self, keep: Sequence[str] | None = None) -> EngineResult:
-        """Validate, de-duplicate and price everything added; the quarantine is not yet
-        limited to a window. ``keep``: the text columns the good rows need (None: all)."""
+        """Validate, de-duplicate and price everything added, as pandas frames; the
+        quarantine is not yet limited to a window. ``keep``: the text columns the good
+        rows need (None: all)."""
         if not self.parts:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
+        out = self.check(keep)
+        return EngineResult(self._good_rows(*out), self._quarantine())
+
+    def check(self, keep: Sequence[str] | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+        """Run the rule book and the identity rules into this engine's tables; the good
+        rows are then :meth:`good_sql`, the quarantine :meth:`quarantine_arrow`.
+        Returns the good rows' columns (times: engine name -> name, text, numbers, provenance)."""
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        problems = f"list_concat(storage_problems, {R.rules_select()})"
+        problems = f"list_concat(storage_problems, {R.rules_select(self.kind)})"
         # One reason per field (the first, most specific one); built for bad rows only.
         first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
         # Narrow: what the good rows hand on, the identity key, and for bad rows only
@@ -235,10 +251,18 @@ class UsageEngine:
         when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, hash(namespace, {_IKEY}, start_us, gpu_type) AS key_hash, {when_bad}, bad, "
-            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({_joined('typed')}))"
+            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad(self.kind)} AS bad FROM ({_joined('typed')}))"
         )
         self._identity()
-        return EngineResult(self._good_rows(times, text, numbers, prov), self._quarantine())
+        return times, text, numbers, prov
+
+    def good_sql(self, columns: Sequence[str] | None = None) -> str:
+        """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them."""
+        cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
+        return (
+            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos)"
+        )
 
     def _identity(self) -> None:
         """Duplicates (identical typed rows: the first counts) and superseded records
@@ -302,11 +326,7 @@ class UsageEngine:
 
         from gpu_ops.cost.usage import utc_series
 
-        cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
-        sql = (
-            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
-            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
-        )
+        sql = self.good_sql([*times, *text, *numbers, *prov]) + " ORDER BY ord, pos"
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
         for c, name in times.items():
@@ -320,6 +340,30 @@ class UsageEngine:
         return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
+        return _quarantine_frame(self.problems, self.con.execute(self._quarantine_sql()).fetchnumpy())
+
+    def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None) -> Any:
+        """The quarantine as Arrow (:data:`QUARANTINE_COLUMNS`, times as UTC microseconds
+        ``start_us``/``end_us``): file and line problems first, then the rows in reading
+        order; with a window, only the rows that belong to it (what
+        :func:`gpu_ops.cost.usage.quarantine_in_window` keeps)."""
+        import pyarrow as pa
+
+        sql = "SELECT * FROM (" + (self._quarantine_sql() if self.parts else _NO_QUARANTINE) + ")"
+        if window_start_us is not None:
+            sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
+        rows = self.con.execute(sql).to_arrow_table()
+        if not self.problems:
+            return rows
+        first = pa.table({
+            "source": [p["source"] for p in self.problems], "location": [p["location"] for p in self.problems],
+            "row": pa.array([p["row"] for p in self.problems], pa.int64()), "field": [p["field"] for p in self.problems],
+            "reason": [p["reason"] for p in self.problems], "record": [p["record"] for p in self.problems],
+            "start_us": pa.nulls(len(self.problems), pa.int64()), "end_us": pa.nulls(len(self.problems), pa.int64()),
+        })
+        return pa.concat_tables([first, rows.cast(first.schema)])
+
+    def _quarantine_sql(self) -> str:
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
         dup = (
             "'duplicate of ' || (CASE WHEN first_location = location THEN '' ELSE first_location || ' ' END) || 'row ' || coalesce(CAST(first_row AS VARCHAR), '?') "
@@ -333,8 +377,7 @@ class UsageEngine:
             f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
         )
         records = self._records()
-        sql = f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
-        return _quarantine_frame(self.problems, self.con.execute(sql).fetchnumpy())
+        return f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
 
     def _records(self) -> str:
         """SQL: the raw record (JSON of each column's text) of every quarantined row,
@@ -346,6 +389,38 @@ class UsageEngine:
             for i, p in enumerate(self.parts)
         ]
         return " UNION ALL ".join(parts)
+
+
+_NO_QUARANTINE = (
+    "SELECT CAST(NULL AS VARCHAR) AS source, CAST(NULL AS VARCHAR) AS location, CAST(NULL AS BIGINT) AS row, CAST(NULL AS VARCHAR) AS field, "
+    "CAST(NULL AS VARCHAR) AS reason, CAST(NULL AS VARCHAR) AS record, CAST(NULL AS BIGINT) AS start_us, CAST(NULL AS BIGINT) AS end_us WHERE false"
+)
+
+
+def _in_window(lo: int, hi: int | None) -> str:
+    """SQL over start_us/end_us: a bad row belongs to ``[lo, hi)`` when its start is
+    unknown (any day), or its (possibly inverted) interval touches the window."""
+    first = "CASE WHEN end_us IS NULL OR start_us <= end_us THEN start_us ELSE end_us END"
+    last = "CASE WHEN end_us IS NOT NULL AND end_us >= start_us THEN end_us ELSE start_us END"
+    return f"(start_us IS NULL OR ({first} < {hi} AND (end_us IS NULL OR {last} >= {lo})))"
+
+
+def _register_instance_map(con: Any) -> None:
+    """``instance_map``: the GPU type and count of each instance type the catalog knows
+    (the first GPU naming it, in catalog order)."""
+    import pyarrow as pa
+
+    from gpu_ops.compute.catalog import CATALOG
+
+    seen: dict[str, tuple[str, int]] = {}
+    for gpu, spec in CATALOG.items():
+        for instance, count in spec.instance_types.items():
+            seen.setdefault(instance, (gpu, count))
+    con.register("instance_map", pa.table({
+        "instance_type": pa.array(list(seen), pa.string()),
+        "d_gpu_type": pa.array([v[0] for v in seen.values()], pa.string()),
+        "d_gpu_count": pa.array([float(v[1]) for v in seen.values()], pa.float64()),
+    }))
 
 
 def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
@@ -523,14 +598,15 @@ class UsageInput:
     files: list[FileRows] = field(default_factory=list)
     frames: list[Any] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
+    source: str = "file"  # the files' source name in the quarantine ("inventory" for the node inventory)
 
     def add_to(self, engine: "UsageEngine") -> None:
         for location, reason in self.problems:
-            engine.add_problem(location, reason)
+            engine.add_problem(location, reason, self.source)
         for f in self.files:
-            engine.add_arrow(f.table, "file", str(f.path), f.rows)
+            engine.add_arrow(f.table, self.source, str(f.path), f.rows)
             for row, why in f.bad_lines:
-                engine.add_problem(str(f.path), why, row=row)
+                engine.add_problem(str(f.path), why, self.source, row=row)
         for raw in self.frames:
             add_frame(engine, raw)
 

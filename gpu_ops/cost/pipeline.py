@@ -20,17 +20,14 @@ from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
 from gpu_ops.cost.engine import UsageInput
-from gpu_ops.cost.read import read_file
+from gpu_ops.cost.read import read_files
 from gpu_ops.cost.usage import (
-    UsageSourceError,
-    distinct_files,
     concat_raw,
     empty_quarantine,
     quarantine_in_window,
     read_intervals,
     read_inventory_files,
     read_ledger,
-    require_usage_columns,
     running_starts,
     validate_inventory,
 )
@@ -202,29 +199,9 @@ def load_raw(
 
 
 def _read_files(usage: UsageInput, sources: SourceSet, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: Any) -> None:
-    """Each file the patterns match, once, as Arrow (what cannot be read: a problem)."""
-    from gpu_ops.cost import window as win
-    from gpu_ops.cost.columns import parquet_columns
-
-    files = list(distinct_files(sources.usage_files, sources.base_dir, window, sources.lookback_days, stats))
-    if footers is not None:
-        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
-    for path, problem in files:
-        try:
-            if problem is not None:
-                raise problem
-            assert path is not None
-            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
-            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
-                require_usage_columns(path, parquet_columns(cached, columns))
-                continue
-            usage.files.append(read_file(path, columns, window, stats, footers))
-        except UsageSourceError as exc:
-            usage.problems.append((exc.location, exc.reason))
-    if footers is not None:
-        footers.save()
-        if footers.problem and stats is not None:
-            stats.footer_cache_problem = footers.problem
+    got = read_files(sources.usage_files, sources.base_dir, columns, window, stats, footers, sources.lookback_days)
+    usage.files.extend(got.files)
+    usage.problems.extend(got.problems)
 
 
 def _footers(store: Any, window: Window | None) -> Any:

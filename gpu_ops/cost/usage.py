@@ -12,12 +12,10 @@ once per distinct value through ``pd.factorize``, not once per row.
 from __future__ import annotations
 
 import datetime as dt
-import glob as globmod
 import json
-import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,37 +25,31 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.cost.read import (  # re-exported: the readers' names
+    INVENTORY_COLUMNS,
+    INVENTORY_REQUIRED,
+    USAGE_COLUMNS,
+    USAGE_REQUIRED,
+    UsageSourceError,
+    distinct_files,
+    raise_missing,
+    require_usage_columns,
+)
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
     from gpu_ops.cost.window import ReadStats, Window
 
-USAGE_COLUMNS = (
-    "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
-    "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
-)
 # Optional columns a source may carry (the ledger has all of them; a billing export may
 # carry any): region prices through the region multiplier, the rest feeds ROI.
 OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
 ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
 PROVENANCE_COLUMNS = ("source", "location", "row")
-USAGE_REQUIRED = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
-INVENTORY_REQUIRED = ("node", "capacity_type", "start")
-INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
 OUTCOMES = ("completed", "preempted", "oom", "infrastructure", "user_error")
 
 NS_PER_HOUR = 3_600 * 10**9
-
-
-class UsageSourceError(GpuOpsError, ValueError):
-    """A source cannot be read at all (missing file, wrong format, missing columns)."""
-
-    def __init__(self, location: Any, reason: str | None = None):
-        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
-        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
 
 
 # A file or pattern that yields no rows at all is one quarantine row: this field, no row
@@ -267,51 +259,6 @@ def number_problem(value: Any) -> str:
 # --------------------------------------------------------------------------- sources
 
 
-def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
-    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
-    file; matching nothing is an error, or no files with ``missing_ok``."""
-    p = Path(pattern).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
-    if any(c in str(p) for c in "*?["):
-        paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, f"no file matches {pattern!r}")
-        return paths
-    if p.is_dir():
-        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
-        return paths
-    if not p.exists():
-        if missing_ok:
-            return []
-        raise UsageSourceError(p, "no such file")
-    return [p]
-
-
-def distinct_files(
-    patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
-) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
-    """Each file the patterns match, once (by real path); a pattern matching nothing is an
-    error. With a ``window``, only files of days that can hold its rows (see
-    :func:`gpu_ops.cost.window.list_files`; ``lookback_days`` per pattern)."""
-    from gpu_ops.cost import window as win
-
-    seen: set[str] = set()
-    for pattern in patterns:
-        try:
-            paths = win.list_files(pattern, base_dir, window, (lookback_days or {}).get(pattern, win.DEFAULT_LOOKBACK_DAYS), stats)
-        except UsageSourceError as exc:
-            yield None, exc
-            continue
-        for path in paths:
-            real = os.path.realpath(path)
-            if real not in seen:
-                seen.add(real)
-                yield path, None
-
-
 def read_table_file(
     path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None,
 ) -> pd.DataFrame:
@@ -511,10 +458,10 @@ def _read_files(
             assert path is not None
             cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
             if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
-                _require(path, parquet_columns(cached, columns), required, "usage" if source == "file" else source, layout)
+                raise_missing(path, parquet_columns(cached, columns), required, "usage" if source == "file" else source, layout)
                 continue
             df = read_table_file(path, columns, window, stats, footers)
-            _require(path, df.columns, required, "usage" if source == "file" else source, layout)
+            raise_missing(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
             frames.append(source_problem(exc, source))
             continue
@@ -586,7 +533,7 @@ def probe_files(
                     raise UsageSourceError(path, "empty file (a CSV needs a header row)")
             else:
                 raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
-            _require(path, names, required, kind, layout)
+            raise_missing(path, names, required, kind, layout)
         except UsageSourceError as exc:
             problems.append(str(exc))
     return seen, problems
@@ -597,17 +544,6 @@ def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:
     if quarantine.empty:
         return quarantine
     return quarantine[quarantine["field"] == FILE_FIELD].reset_index(drop=True)
-
-
-def require_usage_columns(path: Path, names: Iterable[str]) -> None:
-    _require(path, names, USAGE_REQUIRED, "usage", USAGE_COLUMNS)
-
-
-def _require(path: Path, names: Iterable[str], required: Sequence[str], kind: str, layout: Sequence[str]) -> None:
-    present = set(names)
-    missing = [c for c in required if c not in present]
-    if missing:
-        raise UsageSourceError(path, f"missing column(s) {', '.join(missing)} (the {kind} format is: {', '.join(layout)})")
 
 
 def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1, skipped: Sequence[int] = (), source: str = "file") -> pd.DataFrame:

@@ -159,3 +159,45 @@ def test_an_empty_default_day_says_where_the_data_is(files):
     assert "(the default --date is yesterday, UTC)" in r.stderr
     explicit = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--prices", "prices.yaml", "--date", "2026-09-01", cwd=files)
     assert explicit.returncode == 0 and "usage found" not in explicit.stderr  # a day asked for is answered as asked
+
+
+INVENTORY = [
+    "node,instance_type,gpu_type,gpu_count,capacity_type,start,end",
+    "n1,,a100-80gb,8,spot,2026-10-01T00:00:00Z,",
+    "n2,g6.xlarge,,,on-demand,2026-10-02T00:00:00Z,2026-10-02T12:00:00Z",
+]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_attribution_over_files_starts_light(files, fmt):
+    """`cost attribution --usage --prices [--inventory]` loads neither pandas nor pydantic
+    (issue 19: the CLI starts light); the figures are the hand-computed ones."""
+    (files / "inventory.csv").write_text("\n".join(INVENTORY) + "\n")
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        from gpu_ops.cli import main
+        sys.argv = ["gpu-ops", "cost", "attribution", "--usage", {str(files / 'usage.csv')!r}, "--prices", {str(files / 'prices.yaml')!r},
+                    "--inventory", {str(files / 'inventory.csv')!r}, "--date", "2026-10-02", "--by", "team,label:tier", "--format", {fmt!r},
+                    "--quarantine", {str(files / 'q.csv')!r}]
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"pandas", "pydantic", "dagster", "torch", "sqlalchemy"}})
+        print("HEAVY", heavy)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout, r.stdout
+    assert "quarantined 1 row(s)" in r.stderr
+    with open(files / "q.csv") as f:
+        q = list(csv.DictReader(f))
+    assert [(row["field"], row["row"]) for row in q] == [("team", "4")]
+    # n1: 8 spot A100 GPUs all day = 192 GPU-h at $1 = $192 (6 allocated); n2: one L4 for 12 h = $9.60 (3 of its GPU-h allocated... p3 runs on n2 24 h)
+    if fmt == "json":
+        rows = json.loads(r.stdout)
+        by_team = {row["team"]: row["cost_usd"] for row in rows}
+        assert by_team["nlp"] == pytest.approx(6.0) and by_team["vision"] == pytest.approx(16.8)
+        assert {row["label_tier"] for row in rows} == {"", "__idle__"}
