@@ -70,7 +70,7 @@ def fleet_days(inventory: Any, lo: int, hi: int) -> Any:
         f"coalesce(sum({cap} * on_demand_price_per_gpu_hour), 0) AS fleet_on_demand_usd "
         f"FROM ({pieces_sql(inventory.good_sql(), lo, hi)}) GROUP BY node, day_us"
     )
-    return inventory.con.execute(sql).to_arrow_table()
+    return inventory.con.sql(sql).to_arrow_table()
 
 
 @dataclass

@@ -352,7 +352,7 @@ class UsageEngine:
         sql = "SELECT * FROM (" + (self._quarantine_sql() if self.parts else _NO_QUARANTINE) + ")"
         if window_start_us is not None:
             sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
-        rows = self.con.execute(sql).to_arrow_table()
+        rows = self.con.sql(sql).to_arrow_table()
         if not self.problems:
             return rows
         first = pa.table({

@@ -168,36 +168,50 @@ INVENTORY = [
 ]
 
 
+# pyarrow (building an array from Python objects) and DuckDB (registering an Arrow
+# table) probe for pandas and import it when it is installed; the command itself needs
+# neither pandas nor pydantic. The light run makes both unimportable.
+_LIGHT_PROBE = """
+import sys
+BLOCKED = {blocked!r}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{{name}} is blocked by the test")
+sys.meta_path.insert(0, Block())
+from gpu_ops.cli import main
+sys.argv = {argv!r}
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("LOADED", sorted({{m.split(".")[0] for m in sys.modules if sys.modules[m] is not None}} & {{"pandas", "pydantic", "dagster", "torch", "sqlalchemy"}}))
+"""
+
+
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_attribution_over_files_starts_light(files, fmt):
-    """`cost attribution --usage --prices [--inventory]` loads neither pandas nor pydantic
-    (issue 19: the CLI starts light); the figures are the hand-computed ones."""
+    """`cost attribution --usage --prices --inventory` runs with pandas and pydantic
+    unimportable and prints what it prints with them (issue 19: the CLI starts light);
+    without the block it loads no pydantic; the figures are the hand-computed ones."""
     (files / "inventory.csv").write_text("\n".join(INVENTORY) + "\n")
-    probe = textwrap.dedent(
-        f"""
-        import sys
-        from gpu_ops.cli import main
-        sys.argv = ["gpu-ops", "cost", "attribution", "--usage", {str(files / 'usage.csv')!r}, "--prices", {str(files / 'prices.yaml')!r},
-                    "--inventory", {str(files / 'inventory.csv')!r}, "--date", "2026-10-02", "--by", "team,label:tier", "--format", {fmt!r},
-                    "--quarantine", {str(files / 'q.csv')!r}]
-        try:
-            main()
-        except SystemExit as exc:
-            assert not exc.code, exc.code
-        heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"pandas", "pydantic", "dagster", "torch", "sqlalchemy"}})
-        print("HEAVY", heavy)
-        """
-    )
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "HEAVY []" in r.stdout, r.stdout
-    assert "quarantined 1 row(s)" in r.stderr
+    argv = ["gpu-ops", "cost", "attribution", "--usage", str(files / "usage.csv"), "--prices", str(files / "prices.yaml"), "--inventory", str(files / "inventory.csv"),
+            "--date", "2026-10-02", "--by", "team,label:tier", "--format", fmt, "--quarantine", str(files / "q.csv")]
+    runs = {}
+    for blocked in ((), ("pandas", "pydantic")):
+        r = subprocess.run([sys.executable, "-c", _LIGHT_PROBE.format(blocked=blocked, argv=argv)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs[blocked] = r
+    light, plain = runs[("pandas", "pydantic")], runs[()]
+    assert "LOADED []" in light.stdout and "pydantic" not in plain.stdout.splitlines()[-1]
+    assert light.stdout == plain.stdout.replace(plain.stdout.splitlines()[-1], "LOADED []") and light.stderr == plain.stderr
+    assert "quarantined 1 row(s)" in light.stderr
     with open(files / "q.csv") as f:
         q = list(csv.DictReader(f))
     assert [(row["field"], row["row"]) for row in q] == [("team", "4")]
-    # n1: 8 spot A100 GPUs all day = 192 GPU-h at $1 = $192 (6 allocated); n2: one L4 for 12 h = $9.60 (3 of its GPU-h allocated... p3 runs on n2 24 h)
     if fmt == "json":
-        rows = json.loads(r.stdout)
+        rows = json.loads(light.stdout[: light.stdout.rindex("LOADED")])
         by_team = {row["team"]: row["cost_usd"] for row in rows}
-        assert by_team["nlp"] == pytest.approx(6.0) and by_team["vision"] == pytest.approx(16.8)
+        # n1: 8 spot A100s all day ($192), n2: one L4 for 12 h ($9.60): fleet $201.60, $22.80 of it allocated
+        assert by_team["nlp"] == pytest.approx(6.0) and by_team["vision"] == pytest.approx(16.8) and by_team["__idle__"] == pytest.approx(201.6 - 22.8)
         assert {row["label_tier"] for row in rows} == {"", "__idle__"}
