@@ -58,19 +58,63 @@ def pieces_sql(good: str, lo: int, hi: int) -> str:
     return f"SELECT *, {hours} AS hours, gpu_count * gpu_share * ({hours}) AS gpu_hours FROM ({split})"
 
 
+def priced_sql(pieces: str, lost: bool) -> str:
+    """SQL: dollars of ``pieces`` (the one place where cost = GPU-hours × price per
+    GPU-hour), and with ``lost`` the part of each piece after the interval's last
+    checkpoint (``[end - lost_seconds, end]``) in hours, GPU-hours and dollars."""
+    cols = "*, gpu_hours * price_per_gpu_hour AS cost_usd, gpu_hours * on_demand_price_per_gpu_hour AS on_demand_usd"
+    if not lost:
+        return f"SELECT {cols} FROM ({pieces})"
+    since = "end_us * 1000 - CAST(trunc(lost_seconds * 1e9) AS BIGINT)"
+    lost_hours = (
+        f"CASE WHEN end_us IS NOT NULL AND lost_seconds > 0 THEN CAST(greatest(piece_end_us * 1000 - greatest(piece_start_us * 1000, {since}), 0) AS DOUBLE) "
+        f"/ {NS_PER_HOUR}.0 ELSE 0.0 END"
+    )
+    return (
+        f"SELECT *, gpu_count * gpu_share * lost_hours AS lost_gpu_hours, gpu_count * gpu_share * lost_hours * price_per_gpu_hour AS lost_cost_usd "
+        f"FROM (SELECT {cols}, {lost_hours} AS lost_hours FROM ({pieces}))"
+    )
+
+
 # --------------------------------------------------------------------------- idle
 
 
-def fleet_days(inventory: Any, lo: int, hi: int) -> Any:
+# What an idle row says of its node besides the figures: the first inventory record's.
+_NODE_DETAIL = ("gpu_type", "capacity_type", "region", "gpu_count", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "instance_type")
+
+
+def fleet_days(inventory: Any, lo: int, hi: int, detail: bool = False) -> Any:
     """Each inventory node's fleet per UTC day (Arrow: node, day_us, fleet_gpu_hours,
-    fleet_cost_usd, fleet_on_demand_usd) from a checked inventory engine."""
+    fleet_cost_usd, fleet_on_demand_usd; with ``detail`` its first record's type,
+    capacity, prices and provenance, its time span and hours) from a checked inventory
+    engine, ordered by node and day."""
     cap = "gpu_count * hours"
+    good = inventory.good_sql()
+    extra = ""
+    if detail:
+        present = {r[0] for r in inventory.con.execute(f"DESCRIBE {good}").fetchall()}
+        firsts = ", ".join(f"first({quote(c)} ORDER BY ord, pos) AS {quote(c)}" for c in _NODE_DETAIL if c in present)
+        extra = f", min(piece_start_us) AS start_us, max(piece_end_us) AS end_us, sum(hours) AS hours, {firsts}"
     sql = (
         f"SELECT node, day_us, sum({cap}) AS fleet_gpu_hours, sum({cap} * price_per_gpu_hour) AS fleet_cost_usd, "
-        f"coalesce(sum({cap} * on_demand_price_per_gpu_hour), 0) AS fleet_on_demand_usd "
-        f"FROM ({pieces_sql(inventory.good_sql(), lo, hi)}) GROUP BY node, day_us"
+        f"coalesce(sum({cap} * on_demand_price_per_gpu_hour), 0) AS fleet_on_demand_usd{extra} "
+        f"FROM ({pieces_sql(good, lo, hi)}) GROUP BY node, day_us ORDER BY node, day_us"
     )
     return inventory.con.sql(sql).to_arrow_table()
+
+
+def idle_sql(pieces: str) -> str:
+    """SQL: one idle row per node and day of table ``fleet_days`` (:func:`fleet_days`):
+    fleet − what ``pieces`` allocated there, in GPU-hours and dollars."""
+    alloc = (
+        f"SELECT node, day_us, sum(gpu_hours) AS gh, sum(gpu_hours * price_per_gpu_hour) AS cost, "
+        f"coalesce(sum(gpu_hours * on_demand_price_per_gpu_hour), 0) AS od FROM ({pieces}) GROUP BY node, day_us"
+    )
+    return (
+        "SELECT f.*, f.fleet_gpu_hours - coalesce(a.gh, 0) AS gpu_hours, f.fleet_cost_usd - coalesce(a.cost, 0) AS cost_usd, "
+        "f.fleet_on_demand_usd - coalesce(a.od, 0) AS on_demand_usd "
+        f"FROM fleet_days f LEFT JOIN ({alloc}) a ON a.node = f.node AND a.day_us = f.day_us ORDER BY f.node, f.day_us"
+    )
 
 
 @dataclass
@@ -87,15 +131,7 @@ class Idle:
         if fleet is None or not fleet.num_rows:
             return cls()
         con.register("fleet_days", fleet)
-        alloc = (
-            f"SELECT node, day_us, sum(gpu_hours) AS gh, sum(gpu_hours * price_per_gpu_hour) AS cost, "
-            f"coalesce(sum(gpu_hours * on_demand_price_per_gpu_hour), 0) AS od FROM ({pieces}) GROUP BY node, day_us"
-        )
-        got = con.execute(
-            "SELECT sum(f.fleet_gpu_hours - coalesce(a.gh, 0)), sum(f.fleet_cost_usd - coalesce(a.cost, 0)), "
-            "sum(f.fleet_on_demand_usd - coalesce(a.od, 0)), sum(f.fleet_cost_usd) "
-            f"FROM fleet_days f LEFT JOIN ({alloc}) a ON a.node = f.node AND a.day_us = f.day_us"
-        ).fetchone()
+        got = con.execute(f"SELECT sum(gpu_hours), sum(cost_usd), sum(on_demand_usd), sum(fleet_cost_usd) FROM ({idle_sql(pieces)})").fetchone()
         return cls(*(float(v) for v in got))
 
 

@@ -322,11 +322,17 @@ class UsageEngine:
         return times, text, numbers, prov
 
     def _good_rows(self, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        sql = self.good_sql([*times, *text, *numbers, *prov]) + " ORDER BY ord, pos"
+        return self.frame(sql, times, text, numbers, prov)
+
+    def frame(self, sql: str, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        """The rows of ``sql`` as a pandas frame (the boundary to the pandas consumers):
+        ``times`` (UTC microseconds, engine name -> name) as datetime64[ns, UTC], text as
+        categoricals, numbers as floats, ``row`` as Int64."""
         import pandas as pd
 
         from gpu_ops.cost.usage import utc_series
 
-        sql = self.good_sql([*times, *text, *numbers, *prov]) + " ORDER BY ord, pos"
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
         for c, name in times.items():
@@ -341,6 +347,10 @@ class UsageEngine:
 
     def _quarantine(self) -> Any:
         return _quarantine_frame(self.problems, self.con.execute(self._quarantine_sql()).fetchnumpy())
+
+    def result_quarantine(self) -> Any:
+        """The quarantine as a pandas frame (:data:`QUARANTINE_COLUMNS`), after :meth:`check`."""
+        return self._quarantine() if self.parts else _quarantine_frame(self.problems, None)
 
     def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None) -> Any:
         """The quarantine as Arrow (:data:`QUARANTINE_COLUMNS`, times as UTC microseconds

@@ -14,13 +14,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
+from gpu_ops.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, priced_sql
+from gpu_ops.cost.attribution import day_window, utc
 from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
-from gpu_ops.cost.engine import UsageInput
-from gpu_ops.cost.read import read_files
+from gpu_ops.cost.engine import UsageEngine, UsageInput, add_frame
+from gpu_ops.cost.read import INVENTORY, read_files
 from gpu_ops.cost.usage import (
     concat_raw,
     empty_quarantine,
@@ -28,8 +29,8 @@ from gpu_ops.cost.usage import (
     read_intervals,
     read_inventory_files,
     read_ledger,
+    const_column,
     running_starts,
-    validate_inventory,
 )
 
 PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
@@ -82,33 +83,97 @@ def price_window(
     keep_columns: Sequence[str] | None = None,
     drop_empty: bool = True,
 ) -> PricedUsage:
-    """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``.
-
-    ``keep_columns`` drops every other column before the split: at ten million rows each
-    column carried through the split costs a full copy.
-    """
-    from gpu_ops.cost.engine import validate
-
+    """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``:
+    the engine and :mod:`gpu_ops.cost.allocate` in DuckDB, the pieces handed over as a
+    pandas frame (the consumers' boundary). ``keep_columns``: the text columns the
+    consumer reads (fewer columns, less to hand over). ``dedupe`` and ``drop_empty`` are
+    kept for callers; every source is de-duplicated and pieces always have time."""
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate(raw_usage, prices, keep=list(keep_columns) if keep_columns is not None else None)
-    rows = v.rows
-    if keep_columns is not None:
-        rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
-    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty))
-    return with_idle(PricedUsage(pieces, quarantine_in_window(v.quarantine, ws, we), ws, we, asof), raw_inventory, prices)
+    span = Span(ws.value // 1000, we.value // 1000, asof.value // 1000)
+    engine = UsageEngine(prices)
+    try:
+        _add(engine, raw_usage)
+        rows = _pieces(engine, span, list(keep_columns) if keep_columns is not None else None)
+        quarantine = quarantine_in_window(engine.result_quarantine(), ws, we)
+    finally:
+        engine.close()
+    return with_idle(PricedUsage(rows, quarantine, ws, we, asof), raw_inventory, prices)
+
+
+def _add(engine: UsageEngine, raw: Any) -> None:
+    if isinstance(raw, UsageInput):
+        raw.add_to(engine)
+        return
+    for frame in raw if isinstance(raw, (list, tuple)) else [raw]:
+        add_frame(engine, frame)
+
+
+# Engine times -> piece frame columns (the piece's own times, then the interval's).
+_PIECE_TIMES = {"piece_start_us": "start", "piece_end_us": "end", "start_us": "interval_start", "end_us": "interval_end", "day_us": "day"}
+_PIECE_NUMBERS = ("hours", "gpu_hours", "cost_usd", "on_demand_usd")
+_LOST_NUMBERS = ("lost_hours", "lost_gpu_hours", "lost_cost_usd")
+
+
+def _pieces(engine: UsageEngine, span: Span, keep: list[str] | None) -> pd.DataFrame:
+    """Priced pieces of the engine's good rows (pandas, ``kind`` allocated)."""
+    if not engine.parts:
+        return pd.DataFrame(columns=list(USAGE_TABLE_COLUMNS))
+    times, text, numbers, prov = engine.check(keep)
+    lost = "lost_seconds" in numbers
+    sql = priced_sql(pieces_sql(engine.good_sql(), span.start, span.priced_end), lost)
+    all_times = {**_PIECE_TIMES, **{k: v for k, v in times.items() if k not in _PIECE_TIMES}}
+    cols = [*numbers, *_PIECE_NUMBERS, *(_LOST_NUMBERS if lost else ())]
+    rows = engine.frame(f"SELECT * FROM ({sql}) ORDER BY ord, pos, day_us", all_times, text, cols, prov)
+    rows["kind"] = const_column(len(rows), "allocated")
+    return rows
 
 
 def with_idle(priced: PricedUsage, raw_inventory: pd.DataFrame | None, prices: PriceMatrix) -> PricedUsage:
     """Add one idle row per inventory node and day (fleet − allocated) to priced pieces,
-    and the inventory's bad rows to the quarantine. No inventory: unchanged."""
+    and the inventory's bad rows to the quarantine (the inventory checked by the same
+    engine and rule book, ``kind`` inventory). No inventory: unchanged."""
     if raw_inventory is None:
         return priced
     ws, we = priced.window_start, priced.window_end
-    iv = validate_inventory(raw_inventory, prices)
-    idle = idle_rows(split_by_day(iv.rows, ws, we, priced.as_of), priced.rows)
+    span = Span(ws.value // 1000, we.value // 1000, priced.as_of.value // 1000)
+    inventory = UsageEngine(prices, INVENTORY)
+    try:
+        _add(inventory, raw_inventory)
+        fleet = None
+        if inventory.parts:
+            inventory.check()
+            fleet = fleet_days(inventory, span.start, span.priced_end, detail=True)
+        inv_quarantine = quarantine_in_window(inventory.result_quarantine(), ws, we)
+    finally:
+        inventory.close()
+    idle = _idle_rows(fleet, priced.rows, prices)
     pieces = pd.concat([_plain(priced.rows), idle], ignore_index=True) if len(idle) else priced.rows
-    quarantine = pd.concat([priced.quarantine, quarantine_in_window(iv.quarantine, ws, we)], ignore_index=True)
+    quarantine = pd.concat([priced.quarantine, inv_quarantine], ignore_index=True)
     return PricedUsage(pieces, quarantine, ws, we, priced.as_of, fleet_known=True)
+
+
+_IDLE_TEXT = {c: IDLE for c in ("namespace", "team", "project", "cost_center", "experiment_id")}
+
+
+def _idle_rows(fleet: Any, allocated: pd.DataFrame, prices: PriceMatrix) -> pd.DataFrame:
+    """The idle rows (fleet − allocated per node and day) as the stored table has them."""
+    if fleet is None or not fleet.num_rows:
+        return pd.DataFrame()
+    engine = UsageEngine(prices)  # a connection to compute in; nothing is checked
+    try:
+        engine.con.register("fleet_days", fleet)
+        alloc = allocated[["node", "day", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"]].assign(
+            node=allocated["node"].astype(str), day=allocated["day"].array.asi8 // 1000,
+        ) if len(allocated) else pd.DataFrame({"node": [], "day": [], "gpu_hours": [], "price_per_gpu_hour": [], "on_demand_price_per_gpu_hour": []})
+        engine.con.register("allocated", alloc)
+        sql = idle_sql("SELECT node, day AS day_us, gpu_hours, price_per_gpu_hour, on_demand_price_per_gpu_hour FROM allocated")
+        text = [c for c in ("gpu_type", "capacity_type", "region", "source", "location", "instance_type") if c in fleet.column_names]
+        numbers = ["gpu_count", "hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "gpu_hours", "cost_usd", "on_demand_usd", "fleet_gpu_hours", "fleet_cost_usd"]
+        out = engine.frame(sql, {"start_us": "start", "end_us": "end", "day_us": "day"}, ["node", *text], numbers, ["row"] if "row" in fleet.column_names else [])
+    finally:
+        engine.close()
+    out = out.assign(**_IDLE_TEXT, pod="", sharing="none", gpu_share=1.0, lost_gpu_hours=0.0, lost_cost_usd=0.0, kind="idle")
+    return _plain(out.assign(interval_start=out["start"], interval_end=out["end"]))
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:

@@ -63,7 +63,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 @dataclass(frozen=True)
 class Window:
     """``[start, end)`` in UTC; ``first``/``last`` are the UTC days it covers. The bounds
-    are pandas Timestamps (:meth:`of_days`) or aware ``datetime``\ s (:meth:`of_utc_days`,
+    are pandas Timestamps (:meth:`of_days`) or aware datetimes (:meth:`of_utc_days`,
     what the CLI uses without loading pandas)."""
 
     start: Any
