@@ -266,7 +266,7 @@ def attribution_of(
         text: list[str] = []
         if engine.parts:
             _, text, _, _ = engine.check(keep)
-            engine.con.execute(f"CREATE OR REPLACE TEMP TABLE pieces AS {pieces_sql(engine.good_sql(), window.start, window.priced_end)}")
+            engine.con.execute(f"CREATE OR REPLACE TEMP VIEW pieces AS {pieces_sql(engine.good_sql(), window.start, window.priced_end)}")  # a view: each query reads only its columns
         else:
             engine.con.execute(_NO_PIECES)
         pieces = "SELECT * FROM pieces"
