@@ -621,10 +621,11 @@ class UsageInput:
             add_frame(engine, raw)
 
 
-def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None) -> EngineResult:
+def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None, kind: str = USAGE) -> EngineResult:
     """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list);
-    ``keep``: the text columns the good rows need (None: all)."""
-    engine = UsageEngine(prices)
+    ``keep``: the text columns the good rows need (None: all); ``kind``: usage or the
+    node inventory."""
+    engine = UsageEngine(prices, kind)
     try:
         if isinstance(usage, UsageInput):
             usage.add_to(engine)
