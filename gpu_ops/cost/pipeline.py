@@ -184,33 +184,37 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
 def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
     """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column."""
     n = len(pieces)
-    out = {}
-    for c in USAGE_TABLE_COLUMNS:
-        if c in pieces:
-            s = pieces[c]
-        elif c in _TEXT_DEFAULTS:
-            s = pd.Series([""] * n, dtype=object)
-        elif c in _FLOAT_DEFAULTS:
-            s = pd.Series(np.full(n, _FLOAT_DEFAULTS[c]), dtype=float)
-        elif c in ("last_checkpoint_at",):
-            s = pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
-        elif c == "row":
-            s = pd.Series([None] * n, dtype="Int64")
-        elif n == 0:
-            s = pd.Series([], dtype=float)
-        else:
-            raise KeyError(f"priced usage has no column {c!r}")
-        s = s.reset_index(drop=True)
-        if c in _TIME_COLUMNS:
-            s = pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
-        elif c in _TEXT_DEFAULTS or c in ("kind", "gpu_type", "capacity_type", "sharing"):
-            s = _text(s)
-        elif c in _FLOAT_DEFAULTS or c in ("gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd"):
-            s = s.astype(float)
-        elif c == "row":
-            s = s.astype("Int64")
-        out[c] = s
-    return pd.DataFrame(out)
+    return pd.DataFrame({c: _typed(c, pieces[c] if c in pieces else _default(c, n)) for c in USAGE_TABLE_COLUMNS})
+
+
+_TEXT_COLUMNS = (*_TEXT_DEFAULTS, "kind", "gpu_type", "capacity_type", "sharing")
+_FLOAT_COLUMNS = (*_FLOAT_DEFAULTS, "gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd")
+
+
+def _default(c: str, n: int) -> pd.Series:
+    """A column the pieces do not have: "" for text, its default number, no time, no row."""
+    if c in _TEXT_DEFAULTS:
+        return pd.Series([""] * n, dtype=object)
+    if c in _FLOAT_DEFAULTS:
+        return pd.Series(np.full(n, _FLOAT_DEFAULTS[c]), dtype=float)
+    if c == "last_checkpoint_at":
+        return pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
+    if c == "row":
+        return pd.Series([None] * n, dtype="Int64")
+    if n == 0:
+        return pd.Series([], dtype=float)
+    raise KeyError(f"priced usage has no column {c!r}")
+
+
+def _typed(c: str, s: pd.Series) -> pd.Series:
+    s = s.reset_index(drop=True)
+    if c in _TIME_COLUMNS:
+        return pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
+    if c in _TEXT_COLUMNS:
+        return _text(s)
+    if c in _FLOAT_COLUMNS:
+        return s.astype(float)
+    return s.astype("Int64") if c == "row" else s
 
 
 def _text(s: pd.Series) -> pd.Series:

@@ -36,7 +36,7 @@ class PriceMatrix:
         return cls.of(table.gpus, regions, table.currency, table.source)
 
     @classmethod
-    def of(cls, gpus: Mapping[str, Mapping[str, float]], regions: dict[str, float], currency: str, source: str) -> "PriceMatrix":
+    def of(cls, gpus: Mapping[str, Mapping[Any, float]], regions: dict[str, float], currency: str, source: str) -> "PriceMatrix":
         gpu_types = tuple(sorted(gpus))
         matrix = np.full((len(gpu_types), len(CAPACITY_TYPES)), np.nan)
         for i, gpu in enumerate(gpu_types):

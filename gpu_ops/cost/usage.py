@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,6 @@ from gpu_ops.cost.read import (  # re-exported: the readers' names
 )
 
 if TYPE_CHECKING:
-    from gpu_ops.cost.footers import FooterCache
     from gpu_ops.cost.window import ReadStats, Window
 
 # Optional columns a source may carry (the ledger has all of them; a billing export may
@@ -167,38 +166,24 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
 # --------------------------------------------------------------------------- sources
 
 
-def read_table_file(
-    path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None,
-) -> pd.DataFrame:
+def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals).
 
     Anything that stops the file from being read raises :class:`UsageSourceError`
-    naming the file and what is wrong, never a reader's own exception. With a
-    ``window``, a Parquet file's row groups that cannot touch it are not read (the frame
-    then carries ``row``, the 1-based row number in the file; no rows at all when
-    nothing can touch it) and ``stats`` records what was read; ``footers`` remembers
-    the footer's summary (:mod:`gpu_ops.cost.footers`).
+    naming the file and what is wrong, never a reader's own exception.
     """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from gpu_ops.cost import window as win
         from gpu_ops.cost.columns import parquet_columns
 
         try:
-            if window is None:
-                schema = pq.read_schema(path)
-                return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
-            table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats(), footers)
-            if not len(rows):  # nothing of the window: the file's columns, no rows
-                return pd.DataFrame(np.empty((0, table.num_columns), dtype=object), columns=table.column_names)
-            df = arrow_to_frame(table)
+            schema = pq.read_schema(path)
+            return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
         except (pa.ArrowException, OSError, ValueError) as exc:  # a corrupt or truncated file: name it
             raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-        df["row"] = rows
-        return df
     if suffix == ".csv":
         try:
             return _read_csv(path, columns)
@@ -250,12 +235,7 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
         chunks = chunked.chunks
         t = chunked.type
         if pa.types.is_dictionary(t):
-            cats = chunks[0].dictionary.to_pylist() if chunks else []
-            if len(set(cats)) != len(cats):  # a Categorical needs unique categories
-                cols[name] = pd.Series(chunked.cast(t.value_type).to_pandas(), copy=False).astype("category")
-                continue
-            codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
-            cols[name] = pd.Categorical.from_codes(codes, categories=cats)
+            cols[name] = _categorical(chunked, n)
         elif _is_nested(t):
             nested[name] = _nested_cells_of(chunked, t)
             cols[name] = pd.Series([None] * n, dtype=object)
@@ -277,6 +257,16 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
         per_row = [{f: v[i] for f, v in nested.items() if v[i] is not None} for i in range(n)]
         cols[CELL_ERRORS] = pd.Series([d or None for d in per_row], dtype=object)
     return pd.DataFrame(cols, copy=False)
+
+
+def _categorical(chunked: Any, n: int) -> Any:
+    """A dictionary column (unified dictionaries) as a pandas Categorical."""
+    chunks = chunked.chunks
+    cats = chunks[0].dictionary.to_pylist() if chunks else []
+    if len(set(cats)) != len(cats):  # a Categorical needs unique categories
+        return pd.Series(chunked.cast(chunked.type.value_type).to_pandas(), copy=False).astype("category")
+    codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
+    return pd.Categorical.from_codes(codes, categories=cats)
 
 
 def _is_nested(t: Any) -> bool:
@@ -320,79 +310,48 @@ def _concat(chunks: list[Any], dtype: Any, n: int, scale: int = 1) -> np.ndarray
     return out
 
 
-def read_usage_files(
-    patterns: Iterable[str],
-    base_dir: Path | None = None,
-    columns: Sequence[str] | None = None,
-    row_numbers: bool = True,
-    window: Window | None = None,
-    lookback_days: Mapping[str, int] | None = None,
-    stats: ReadStats | None = None,
-    footers: FooterCache | None = None,
-) -> pd.DataFrame:
-    """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
+def read_usage_files(patterns: Iterable[str], base_dir: Path | None = None, columns: Sequence[str] | None = None, row_numbers: bool = True) -> pd.DataFrame:
+    """Read CSV/Parquet usage files (globs) as pandas frames (the oracle's reader, and the
+    CLI's look for where usage is); rows carry the file name and 1-based row number.
 
     Each file is read once however many patterns match it. A pattern that matches
     nothing, or a file that cannot be read, becomes one file-level row (``FILE_ERROR``)
-    that :func:`validate_usage` quarantines; the other files are still read.
-    With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
-    quarantine still names rows, working them out from positions (files are concatenated
-    in order). With a ``window``, only what can touch it is listed, read and kept (see
-    :mod:`gpu_ops.cost.window`; ``lookback_days`` per pattern); ``stats`` records it, and
-    ``footers`` spares opening Parquet files whose cached footer rules them out
-    (:mod:`gpu_ops.cost.footers`).
+    that the engine quarantines; the other files are still read. With
+    ``row_numbers=False`` no ``row`` column is built (the quarantine works rows out from
+    positions). Bounded reads of a window go through :func:`gpu_ops.cost.read.read_files`.
     """
-    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers, window, lookback_days, stats, footers)
+    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers)
 
 
 def _read_files(
     patterns: Iterable[str], base_dir: Path | None, columns: Sequence[str] | None, source: str,
     required: Sequence[str], layout: Sequence[str], row_numbers: bool = True,
-    window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
-    footers: FooterCache | None = None,
 ) -> pd.DataFrame:
-    from gpu_ops.cost import window as win
-    from gpu_ops.cost.columns import parquet_columns
-
     frames = []
-    files = list(distinct_files(patterns, base_dir, window, lookback_days, stats))
-    footers = footers if window is not None else None
-    if footers is not None:
-        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
-    for path, problem in files:
+    for path, problem in distinct_files(patterns, base_dir):
         try:
             if problem is not None:
                 raise problem
             assert path is not None
-            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
-            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
-                raise_missing(path, parquet_columns(cached, columns), required, "usage" if source == "file" else source, layout)
-                continue
-            df = read_table_file(path, columns, window, stats, footers)
+            df = read_table_file(path, columns)
             raise_missing(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
             frames.append(source_problem(exc, source))
             continue
         bad_lines = df.attrs.pop("bad_lines", [])
-        if window is None:
-            frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
-        elif len(df):  # numbered (rows of the window keep their file row numbers), then filtered
-            if source == "file" and path.suffix.lower() == ".csv" and stats is not None:
-                stats.files_read.append(str(path))
-            frame = win.keep_touching(usage_frame(df, path, None if "row" in df else 1, [r for r, _ in bad_lines], source), window, stats)
-            if len(frame):
-                frames.append(frame)
+        frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
         if bad_lines:
             frames.append(line_problems(path, bad_lines, source))
+    _number_all(frames)
+    return concat_raw(frames)
+
+
+def _number_all(frames: list[pd.DataFrame]) -> None:
+    """Numbered files next to unnumbered ones: number them all."""
     if any("row" in f for f in frames) and not all("row" in f for f in frames if FILE_ERROR not in f):
-        for f in frames:  # numbered files next to unnumbered ones: number them all
+        for f in frames:
             if "row" not in f and FILE_ERROR not in f:
                 f["row"] = np.arange(1, len(f) + 1, dtype=np.int64)
-    if footers is not None:
-        footers.save()
-        if footers.problem and stats is not None:
-            stats.footer_cache_problem = footers.problem
-    return concat_raw(frames)
 
 
 def source_problem(exc: UsageSourceError, source: str = "file") -> pd.DataFrame:
@@ -411,8 +370,6 @@ def probe_files(
     """Cheap look at what a read would find: each pattern matches a file, each file
     (up to ``limit`` per read) opens as CSV or Parquet with the required columns. Only
     headers and Parquet footers are read. -> (files seen, problems as "location: reason")."""
-    import csv
-
     problems, seen = [], 0
     for path, problem in distinct_files(patterns, base_dir):
         if problem is not None:
@@ -423,28 +380,34 @@ def probe_files(
             continue
         assert path is not None
         try:
-            suffix = path.suffix.lower()
-            if suffix in (".parquet", ".pq"):
-                import pyarrow.parquet as pq
-
-                try:
-                    names = pq.read_schema(path).names
-                except Exception as exc:  # any reader error names the file
-                    raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-            elif suffix == ".csv":
-                try:
-                    with path.open(newline="", encoding="utf-8-sig") as f:
-                        names = next(csv.reader(f), None) or []
-                except (UnicodeDecodeError, OSError, csv.Error) as exc:
-                    raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
-                if not names:
-                    raise UsageSourceError(path, "empty file (a CSV needs a header row)")
-            else:
-                raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
-            raise_missing(path, names, required, kind, layout)
+            raise_missing(path, _column_names(path), required, kind, layout)
         except UsageSourceError as exc:
             problems.append(str(exc))
     return seen, problems
+
+
+def _column_names(path: Path) -> list[str]:
+    """The column names of a CSV header or a Parquet footer (a file-level error otherwise)."""
+    import csv
+
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except Exception as exc:  # any reader error names the file
+            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+    if suffix != ".csv":
+        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            names = next(csv.reader(f), None) or []
+    except (UnicodeDecodeError, OSError, csv.Error) as exc:
+        raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
+    if not names:
+        raise UsageSourceError(path, "empty file (a CSV needs a header row)")
+    return names
 
 
 def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:

@@ -328,7 +328,7 @@ class _TimeStats:
             return False
         if e is None or e[2] or e[1] is None:
             return True  # running rows, or no statistics for end
-        return max(s[1], e[1]) >= window.start_ns  # type: ignore[type-var]
+        return max(s[1], e[1]) >= window.start_ns  # type: ignore[type-var, operator]
 
     def file_bounds(self) -> tuple[int | None, int | None, bool]:
         """(lo, hi, open intervals) of the whole file (see :class:`FooterSummary`)."""
