@@ -25,7 +25,6 @@ result to the pandas consumers (split, attribution) until those move here too.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -635,7 +634,3 @@ def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None,
         return engine.run(keep)
     finally:
         engine.close()
-
-
-def record_json(values: dict[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True, default=str)

@@ -24,7 +24,6 @@ from gpu_ops.cost.engine import UsageEngine, UsageInput, add_frame
 from gpu_ops.cost.read import INVENTORY, read_files
 from gpu_ops.cost.usage import (
     concat_raw,
-    empty_quarantine,
     quarantine_in_window,
     read_intervals,
     read_inventory_files,
@@ -52,7 +51,6 @@ _FLOAT_DEFAULTS = {
 }
 
 
-_PRICING_COLUMNS = {"start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"}
 
 
 @dataclass
@@ -398,7 +396,3 @@ def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] 
         k8s.record_nodes(store, snapshot, observed, sources.collected_retention_days)
         nodes = len(snapshot)
     return {"pods": pods, "nodes": nodes}
-
-
-def empty_priced(window_start: Any, window_end: Any, as_of: Any) -> PricedUsage:
-    return PricedUsage(pd.DataFrame(columns=list(USAGE_TABLE_COLUMNS)), empty_quarantine(), utc(window_start), utc(window_end), utc(as_of))

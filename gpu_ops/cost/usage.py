@@ -44,7 +44,6 @@ OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outco
 PROVENANCE_COLUMNS = ("source", "location", "row")
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
-OUTCOMES = ("completed", "preempted", "oom", "infrastructure", "user_error")
 
 NS_PER_HOUR = 3_600 * 10**9
 

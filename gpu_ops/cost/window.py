@@ -409,16 +409,3 @@ def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
     lo = np.where(e_nat, s, np.minimum(s, e))
     hi = np.where(e_nat, s, np.maximum(s, e))
     return s_nat | ((lo < window.end_ns) & (e_nat | (hi >= window.start_ns)))
-
-
-def keep_touching(df: pd.DataFrame, window: Window, stats: ReadStats | None = None) -> pd.DataFrame:
-    """``df`` without the rows that cannot touch ``window`` (kept as is when it has no ``start``)."""
-    if stats is not None:
-        stats.rows_read += len(df)
-    if "start" in df and len(df):
-        mask = touch_mask(df["start"], df["end"] if "end" in df else None, window)  # type: ignore[arg-type]
-        if not mask.all():
-            df = df.loc[mask].reset_index(drop=True)
-    if stats is not None:
-        stats.rows_kept += len(df)
-    return df
