@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost.columns import group_column
-from gpu_ops.cost.engine import UsageEngine, UsageInput
+from gpu_ops.cost.engine import UsageEngine, UsageInput, values_table
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import INVENTORY
 from gpu_ops.cost.rules import quote
@@ -154,7 +154,6 @@ def label_values(labels: Sequence[str | None], name: str) -> list[str]:
 def _key_sql(con: Any, pieces: str, group_by: Sequence[str], columns: set[str]) -> tuple[list[str], str]:
     """(SQL of each key's value, the FROM clause): label keys from a small table of the
     distinct ``labels`` texts; a key column the rows do not have is ''."""
-    import pyarrow as pa
 
     labels = [k for k in group_by if k.startswith("label:")]
     exprs = []
@@ -166,7 +165,7 @@ def _key_sql(con: Any, pieces: str, group_by: Sequence[str], columns: set[str]) 
     if not labels or "labels" not in columns:
         return exprs, f"({pieces}) p"
     texts = [r[0] for r in con.execute(f"SELECT DISTINCT labels FROM ({pieces})").fetchall()]
-    con.register("label_map", pa.table({"labels": pa.array(texts, pa.string()), **{group_column(k): label_values(texts, k[len("label:"):]) for k in labels}}))
+    values_table(con, "label_map", {"labels": ("VARCHAR", texts), **{group_column(k): ("VARCHAR", label_values(texts, k[len("label:"):])) for k in labels}})
     return exprs, f"({pieces}) p LEFT JOIN label_map lm ON lm.labels IS NOT DISTINCT FROM p.labels"
 
 

@@ -145,10 +145,10 @@ class UsageEngine:
         table = _times_as_integers(table)
         n = table.num_rows
         if rows is not None:
-            table = _set(table, "__row", pa.array(np.asarray(rows, np.int64)))
+            table = _set(table, "__row", int_array(np.asarray(rows, np.int64)))
         elif "row" in table.column_names:
             table = _set(table, "__row", table.column("row").cast(pa.int64()))
-        table = _set(table, "__pos", pa.array(np.arange(n, dtype=np.int64)))
+        table = _set(table, "__pos", int_array(np.arange(n, dtype=np.int64)))
         if location is None and "location" not in table.column_names:
             location = "<table>"
         if "location" in table.column_names and location is None:
@@ -191,7 +191,6 @@ class UsageEngine:
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
-        import pyarrow as pa
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
@@ -205,24 +204,24 @@ class UsageEngine:
             except UnknownGpuType as exc:
                 canon.append(None)
                 errors.append(str(exc))
-        self.con.register("gpu_map", pa.table({"gpu_type_raw": pa.array(gpu_raw, pa.string()), "gpu_type": pa.array(canon, pa.string()), "gpu_type_error": pa.array(errors, pa.string())}))
+        values_table(self.con, "gpu_map", {"gpu_type_raw": ("VARCHAR", gpu_raw), "gpu_type": ("VARCHAR", canon), "gpu_type_error": ("VARCHAR", errors)})
         regions = [r[0] for r in self.con.execute("SELECT DISTINCT region FROM typed").fetchall()]
         mult = [self.prices.region_multiplier(r) for r in regions]
         known = sorted(self.prices.regions)
-        self.con.register("region_map", pa.table({
-            "region": pa.array(regions, pa.string()),
-            "region_multiplier": pa.array([None if m != m else m for m in mult], pa.float64()),
-            "region_error": pa.array([f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)], pa.string()),
-        }))
+        values_table(self.con, "region_map", {
+            "region": ("VARCHAR", regions),
+            "region_multiplier": ("DOUBLE", [None if m != m else m for m in mult]),
+            "region_error": ("VARCHAR", [f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)]),
+        })
         gpus = sorted({c for c in canon if c})
         rows = [(g, c, self.prices.price(g, c), self.prices.price(g, "on-demand")) for g in gpus for c in CAPACITY_TYPES]
-        self.con.register("price_map", pa.table({
-            "gpu_type": pa.array([r[0] for r in rows], pa.string()),
-            "capacity_type": pa.array([r[1] for r in rows], pa.string()),
-            "base_price": pa.array([None if r[2] != r[2] else r[2] for r in rows], pa.float64()),
-            "base_on_demand": pa.array([None if r[3] != r[3] else r[3] for r in rows], pa.float64()),
-            "price_error": pa.array([self.prices.describe_missing(r[0], r[1]) for r in rows], pa.string()),
-        }))
+        values_table(self.con, "price_map", {
+            "gpu_type": ("VARCHAR", [r[0] for r in rows]),
+            "capacity_type": ("VARCHAR", [r[1] for r in rows]),
+            "base_price": ("DOUBLE", [None if r[2] != r[2] else r[2] for r in rows]),
+            "base_on_demand": ("DOUBLE", [None if r[3] != r[3] else r[3] for r in rows]),
+            "price_error": ("VARCHAR", [self.prices.describe_missing(r[0], r[1]) for r in rows]),
+        })
 
     def run(self, keep: Sequence[str] | None = None) -> EngineResult:
         """Validate, de-duplicate and price everything added, as pandas frames; the
@@ -414,10 +413,40 @@ def _in_window(lo: int, hi: int | None) -> str:
     return f"(start_us IS NULL OR ({first} < {hi} AND (end_us IS NULL OR {last} >= {lo})))"
 
 
+def int_array(values: Any) -> Any:
+    """An int64 numpy array as Arrow without a copy (``pa.array`` would first look for
+    pandas and import it, a quarter of a second the CLI does not need)."""
+    import numpy as np
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _sql_value(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, str):  # a NUL cannot stand in a literal: chr(0) between the parts
+        return " || chr(0) || ".join(R.literal(part) for part in v.split("\x00"))
+    return repr(float(v))
+
+
+def values_table(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    """A small lookup table (``columns``: name -> (SQL type, values)) made in DuckDB from
+    literals: no Arrow array built from Python objects (which would load pandas)."""
+    cols = list(columns.items())
+    n = len(cols[0][1][1]) if cols else 0
+    typed = ", ".join(f"CAST(c{i} AS {t}) AS {R.quote(c)}" for i, (c, (t, _)) in enumerate(cols))
+    if not n:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {', '.join(f'CAST(NULL AS {t}) AS {R.quote(c)}' for c, (t, _) in cols)} WHERE false")
+        return
+    rows = ", ".join("(" + ", ".join(_sql_value(vals[j]) for _, (_, vals) in cols) + ")" for j in range(n))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {typed} FROM (VALUES {rows}) t({', '.join(f'c{i}' for i in range(len(cols)))})")
+
+
 def _register_instance_map(con: Any) -> None:
     """``instance_map``: the GPU type and count of each instance type the catalog knows
     (the first GPU naming it, in catalog order)."""
-    import pyarrow as pa
 
     from gpu_ops.compute.catalog import CATALOG
 
@@ -425,11 +454,11 @@ def _register_instance_map(con: Any) -> None:
     for gpu, spec in CATALOG.items():
         for instance, count in spec.instance_types.items():
             seen.setdefault(instance, (gpu, count))
-    con.register("instance_map", pa.table({
-        "instance_type": pa.array(list(seen), pa.string()),
-        "d_gpu_type": pa.array([v[0] for v in seen.values()], pa.string()),
-        "d_gpu_count": pa.array([float(v[1]) for v in seen.values()], pa.float64()),
-    }))
+    values_table(con, "instance_map", {
+        "instance_type": ("VARCHAR", list(seen)),
+        "d_gpu_type": ("VARCHAR", [v[0] for v in seen.values()]),
+        "d_gpu_count": ("DOUBLE", [float(v[1]) for v in seen.values()]),
+    })
 
 
 def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
