@@ -11,8 +11,9 @@ interleaved ``--repeat`` times; the best wall time and the highest peak RSS (max
 process) are reported, and every answer (per-team GPU-hours and cost) must agree with the
 floor's to 1e-6:
   1. `gpu-ops cost attribution --by team` (the real CLI: the rule book compiled to SQL,
-     quarantine, identical rows and superseded records, day split, pricing, grouping:
-     gpu_ops/cost/rules.py, engine.py),
+     quarantine, identical rows and superseded records — gpu_ops/cost/rules.py,
+     engine.py —, then day split, pricing and grouping in SQL — allocate.py —, the table
+     printed from plain Python: no pandas or pydantic of its own),
   2. DuckDB: one SQL query over the file (join with a price table, GROUP BY team),
   2b. DuckDB with the CLI's duplicate rule: the same query over SELECT DISTINCT of the
      columns the CLI compares (identical rows counted once), i.e. the CLI's work,

@@ -7,6 +7,7 @@ or torch imports, and a broken optional dependency only breaks its own command.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -34,13 +35,20 @@ class _LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         # A database that is down or a secret variable that is unset: one clear paragraph
         # and exit 1, not a driver traceback.
-        from gpu_ops.config import ConfigError
         from gpu_ops.storage.errors import StorageError
 
         try:
             return super().invoke(ctx)
-        except (StorageError, ConfigError) as exc:
+        except StorageError as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            # A ConfigError can only come from gpu_ops.config once it is loaded: a command
+            # that never reads a configuration (`cost attribution --usage`) never loads it
+            # (nor pydantic) for this check.
+            config = sys.modules.get("gpu_ops.config")
+            if config is not None and isinstance(exc, config.ConfigError):
+                raise click.ClickException(str(exc)) from None
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):

@@ -36,6 +36,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
 from gpu_ops.errors import GpuOpsError
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
@@ -44,27 +45,6 @@ BUNDLED_CONFIG = Path(__file__).parent / "demo" / "gpu_ops.yaml"
 
 CapacityType = Literal["spot", "on-demand", "reserved"]
 SharingMode = Literal["none", "mig", "mps", "timeslice"]
-GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
-
-
-def group_column(key: str) -> str:
-    """Grouping key -> output column: ``label:team-tier`` -> ``label_team_tier``."""
-    if key.startswith("label:"):
-        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key[len("label:") :])
-    return key
-
-
-def check_group_by(keys: list[str]) -> list[str]:
-    """Known keys whose output columns are distinct; a clear error otherwise."""
-    seen: dict[str, str] = {}
-    for key in keys:
-        if key not in GROUPING_KEYS and not key.startswith("label:"):
-            raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
-        col = group_column(key)
-        if col in seen and seen[col] != key:
-            raise ValueError(f"grouping keys {seen[col]} and {key} both become the column {col!r}: group by one of them")
-        seen[col] = key
-    return list(dict.fromkeys(keys))
 
 
 class ConfigError(GpuOpsError, ValueError):

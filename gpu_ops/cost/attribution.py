@@ -1,13 +1,11 @@
-"""Attribution: intervals clipped to UTC days, priced, idle fleet cost, grouped by keys.
+"""Attribution of priced pieces (pandas): grouped by keys, idle fleet cost as a row or shared.
 
-- An interval is split at every UTC midnight it crosses; an open interval (no ``end``)
-  is clipped at the as-of time. Each day gets exactly its own share.
-- Physical GPU-hours = ``gpu_count × gpu_share × hours``: a 1g.10gb MIG slice is 1/7 of
-  an A100-80GB, one of four time-slice replicas is 1/4 of a GPU.
-- Cost = GPU-hours × per-GPU price for gpu type × capacity type (× region multiplier).
-- With a node inventory the fleet's cost is known and idle = fleet − allocated per node
-  (OpenCost's rule), kept as explicit ``kind == "idle"`` rows so that every dollar of
-  the fleet lands somewhere and totals are conserved.
+The pieces themselves (intervals split at UTC midnights, clipped at the as-of time,
+GPU-hours = ``gpu_count × gpu_share × hours``, cost = GPU-hours × the price per GPU-hour,
+idle = fleet − allocated per node and day) are made in DuckDB SQL
+(:mod:`gpu_ops.cost.allocate`); this module groups stored or priced pieces for the
+assets, budgets and ROI. `gpu-ops cost attribution` groups in SQL
+(:func:`gpu_ops.cost.allocate.attribute`); the tests hold the two together.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.config import group_column
-from gpu_ops.cost.usage import NS_PER_HOUR, as_floats, const_column, utc_series
+from gpu_ops.cost.usage import const_column
 
 DAY_NS = 86_400 * 10**9
 IDLE = "__idle__"
@@ -57,162 +55,15 @@ def is_idle(rows: pd.DataFrame) -> np.ndarray:
     return (kind.to_numpy(dtype=object) == "idle")
 
 
-def split_by_day(rows: pd.DataFrame, window_start: Any, window_end: Any, as_of: Any, drop_empty: bool = True) -> pd.DataFrame:
-    """Pieces of every interval inside ``[window_start, min(window_end, as_of))``, one per UTC day.
-
-    Adds ``interval_start``/``interval_end`` (the original interval), ``day`` (the UTC
-    date), ``hours`` and, when ``lost_seconds`` is present, ``lost_hours``: the part of
-    the piece after the last checkpoint (``[end - lost_seconds, end]``).
-
-    With ``drop_empty=False`` and a one-day window, intervals outside the window are kept
-    with zero hours instead of being filtered out: no copy of the frame, which is what
-    makes a ten-million-row attribution cheap. Sums are unchanged; :func:`attribute`
-    drops groups that had no hours at all.
-    """
-    lo = utc(window_start).value
-    hi = min(utc(window_end).value, utc(as_of).value)
-    s = rows["start"].array.asi8 if len(rows) else np.array([], np.int64)
-    e = rows["end"].array.asi8 if len(rows) else np.array([], np.int64)
-    # In place where possible: every temporary is 80 MB at ten million rows.
-    e_eff = e.copy()
-    e_eff[e_eff == _NAT] = hi  # open intervals run to the as-of time
-    np.minimum(e_eff, hi, out=e_eff)
-    s_eff = np.maximum(s, lo)
-    one_day = (hi - 1) // DAY_NS == lo // DAY_NS
-    if not drop_empty and one_day:
-        ps, pe = s_eff, np.maximum(e_eff, s_eff, out=e_eff)
-        # One day for every row: a read-only broadcast view, not an 80 MB array.
-        day = np.broadcast_to(np.int64(lo // DAY_NS * DAY_NS), (len(rows),))
-        pieces = rows
-    else:
-        keep = np.flatnonzero(e_eff > s_eff)
-        s_eff, e_eff = s_eff[keep], e_eff[keep]
-        day0 = s_eff // DAY_NS
-        n = (e_eff - 1) // DAY_NS - day0 + 1
-        if len(n) and n.max() > 1:
-            rep = np.repeat(np.arange(len(keep)), n)
-            k = np.arange(len(rep)) - np.repeat(np.cumsum(n) - n, n)
-            dayn = day0[rep] + k
-            ps = np.maximum(s_eff[rep], dayn * DAY_NS)
-            pe = np.minimum(e_eff[rep], (dayn + 1) * DAY_NS)
-            take = keep[rep]
-        else:
-            dayn, ps, pe, take = day0, s_eff, e_eff, keep
-        day = dayn * DAY_NS
-        whole = len(take) == len(rows) and (len(take) == 0 or (take[0] == 0 and bool((np.diff(take) == 1).all())))
-        pieces = rows if whole else rows.take(take)
-    cols: dict[str, Any] = {c: pieces[c].reset_index(drop=True) for c in pieces.columns}
-    cols["interval_start"], cols["interval_end"] = cols["start"], cols["end"]
-    cols["start"], cols["end"], cols["day"] = utc_series(ps), utc_series(pe), utc_series(day)
-    hours = np.empty(len(ps))
-    np.subtract(pe, ps, out=hours, casting="unsafe")
-    hours /= NS_PER_HOUR
-    cols["hours"] = hours
-    if "lost_seconds" in cols:
-        lost = cols["lost_seconds"].to_numpy(dtype=float)
-        ie = cols["interval_end"].array.asi8
-        has = (ie != _NAT) & (lost > 0)
-        l0 = np.where(has, ie - (np.nan_to_num(lost) * 1e9).astype(np.int64), np.iinfo(np.int64).max)
-        cols["lost_hours"] = np.where(has, np.clip(pe - np.maximum(ps, l0), 0, None), 0) / NS_PER_HOUR
-    return pd.DataFrame(cols, copy=False)
 
 
-def price_pieces(pieces: pd.DataFrame, per_row: bool = True) -> pd.DataFrame:
-    """GPU-hours and dollars of allocated pieces (rows from :func:`split_by_day`).
-
-    ``per_row=False`` computes only ``gpu_hours``: :func:`attribute` then sums GPU-hours
-    per price and multiplies once per group (the ten-million-row path); prices stay coded.
-    """
-    physical = np.multiply(pieces["gpu_count"].to_numpy(), pieces["gpu_share"].to_numpy(dtype=float))
-    lost_gpu_hours = physical * pieces["lost_hours"].to_numpy() if per_row and "lost_hours" in pieces else None
-    gpu_hours = physical
-    gpu_hours *= pieces["hours"].to_numpy()  # in place: physical is not needed any more
-    cols: dict[str, Any] = {c: pieces[c] for c in pieces.columns}
-    cols.update(gpu_hours=gpu_hours, kind=const_column(len(pieces), "allocated"))
-    if lost_gpu_hours is not None:
-        cols["lost_gpu_hours"] = lost_gpu_hours
-    out = pd.DataFrame(cols, copy=False)
-    return price_dollars(out) if per_row else out
 
 
-def price_dollars(rows: pd.DataFrame) -> pd.DataFrame:
-    """Dollars of priced GPU-hours: the one place where cost = GPU-hours × per-GPU price
-    (and the on-demand equivalent, and the cost of lost GPU-hours). NaN prices stay NaN."""
-    gpu_hours = rows["gpu_hours"].to_numpy(dtype=float)
-    price = as_floats(rows["price_per_gpu_hour"])
-    od = as_floats(rows["on_demand_price_per_gpu_hour"])
-    cols: dict[str, Any] = {c: rows[c] for c in rows.columns}
-    cols.update(price_per_gpu_hour=price, on_demand_price_per_gpu_hour=od, cost_usd=gpu_hours * price, on_demand_usd=gpu_hours * od)
-    if "lost_gpu_hours" in rows:
-        cols["lost_cost_usd"] = rows["lost_gpu_hours"].to_numpy(dtype=float) * price
-    return pd.DataFrame(cols, copy=False)
 
 
 # --------------------------------------------------------------------------- idle
 
 
-def idle_rows(inventory_pieces: pd.DataFrame, allocated: pd.DataFrame) -> pd.DataFrame:
-    """One ``kind == "idle"`` row per node and day: fleet − allocated (GPU-hours and dollars).
-
-    Dollars are subtracted, not GPU-hours re-priced, so allocated + idle equals the fleet
-    exactly even when a pod's recorded capacity type differs from its node's.
-    """
-    if inventory_pieces.empty:
-        return pd.DataFrame()
-    inv = inventory_pieces.assign(
-        _cap_gpu_hours=inventory_pieces["gpu_count"].to_numpy(dtype=float) * inventory_pieces["hours"].to_numpy(),
-    )
-    inv["price_per_gpu_hour"] = as_floats(inv["price_per_gpu_hour"])
-    inv["on_demand_price_per_gpu_hour"] = as_floats(inv["on_demand_price_per_gpu_hour"])
-    inv["_cap_cost"] = inv["_cap_gpu_hours"] * inv["price_per_gpu_hour"].to_numpy()
-    inv["_cap_od"] = inv["_cap_gpu_hours"] * inv["on_demand_price_per_gpu_hour"].to_numpy()
-    inv["node"] = inv["node"].astype(str)
-    first = {c: "first" for c in ("gpu_type", "capacity_type", "region", "gpu_count", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row") if c in inv}
-    if "instance_type" in inv:
-        first["instance_type"] = "first"
-    fleet = inv.groupby(["node", "day"], sort=True, observed=True).agg(
-        start=("start", "min"), end=("end", "max"), hours=("hours", "sum"), fleet_gpu_hours=("_cap_gpu_hours", "sum"),
-        fleet_cost_usd=("_cap_cost", "sum"), fleet_on_demand_usd=("_cap_od", "sum"), **{c: (c, how) for c, how in first.items()},
-    ).reset_index()
-    if len(allocated):
-        alloc = (
-            allocated.assign(node=allocated["node"].astype(str))
-            .groupby(["node", "day"], sort=False, observed=True)[["gpu_hours", "cost_usd", "on_demand_usd"]]
-            .sum()
-            .rename(columns=lambda c: f"_alloc_{c}")
-            .reset_index()
-        )
-        fleet = fleet.merge(alloc, on=["node", "day"], how="left")
-    for c in ("gpu_hours", "cost_usd", "on_demand_usd"):
-        col = f"_alloc_{c}"
-        fleet[col] = fleet[col].fillna(0.0) if col in fleet else 0.0
-    n = len(fleet)
-    out = pd.DataFrame(
-        {
-            "start": fleet["start"], "end": fleet["end"], "day": fleet["day"],
-            **{c: IDLE for c in ("namespace", "team", "project", "cost_center", "experiment_id")},
-            "pod": "", "node": fleet["node"],
-            "gpu_type": fleet["gpu_type"].astype(str), "gpu_count": fleet["gpu_count"].astype(float),
-            "capacity_type": fleet["capacity_type"].astype(str), "sharing": "none", "gpu_share": 1.0,
-            "region": fleet["region"].astype(str) if "region" in fleet else "",
-            "hours": fleet["hours"],
-            "price_per_gpu_hour": fleet["price_per_gpu_hour"], "on_demand_price_per_gpu_hour": fleet["on_demand_price_per_gpu_hour"],
-            "gpu_hours": fleet["fleet_gpu_hours"] - fleet["_alloc_gpu_hours"],
-            "cost_usd": fleet["fleet_cost_usd"] - fleet["_alloc_cost_usd"],
-            "on_demand_usd": fleet["fleet_on_demand_usd"] - fleet["_alloc_on_demand_usd"],
-            "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0,
-            "fleet_gpu_hours": fleet["fleet_gpu_hours"], "fleet_cost_usd": fleet["fleet_cost_usd"],
-            "kind": "idle",
-            "source": fleet["source"].astype(str) if "source" in fleet else "inventory",
-            "location": fleet["location"].astype(str) if "location" in fleet else "",
-            "row": fleet["row"].astype("Int64") if "row" in fleet else pd.array([None] * n, dtype="Int64"),
-        }
-    )
-    if "instance_type" in fleet:
-        out["instance_type"] = fleet["instance_type"].astype(str)
-    out["interval_start"] = out["start"]
-    out["interval_end"] = out["end"]
-    return out
 
 
 # --------------------------------------------------------------------------- grouping
@@ -305,58 +156,10 @@ def _sum_by(keys: pd.DataFrame, values: dict[str, np.ndarray]) -> pd.DataFrame:
     return _dedupe_groups(pd.DataFrame(out)[[*names, *values]], names, list(values))
 
 
-def priced_cells(pieces: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """Coded-price pieces (``price_pieces(per_row=False)``) summed into cells.
-
-    One row per (``keys``, price, on-demand price) with its ``gpu_hours``: GPU-hours are
-    summed with one ``bincount`` over integer codes, no per-row dollar arrays. Key values
-    come back as text ("" for missing), prices as floats (NaN when missing). Cells of
-    several batches can be concatenated and summed again (:func:`combine_cells`).
-    """
-    keys = list(keys)
-    combined, layout, G = _combine(pieces[keys]) if keys else (np.zeros(len(pieces), np.int64), [], 1)
-    price, od = pieces["price_per_gpu_hour"], pieces["on_demand_price_per_gpu_hour"]
-    pc, oc = price.cat.codes.to_numpy(), od.cat.codes.to_numpy()
-    pvals = np.append(price.cat.categories.to_numpy(dtype=float), np.nan)  # code -1 -> NaN
-    ovals = np.append(od.cat.categories.to_numpy(dtype=float), np.nan)
-    P, O = len(pvals), len(ovals)
-    if (pc < 0).any():
-        pc = np.where(pc < 0, P - 1, pc)
-    if (oc < 0).any():
-        oc = np.where(oc < 0, O - 1, oc)
-    # In place, no temporaries: ((group × P) + price) × O + on-demand price.
-    combined *= P
-    combined += pc
-    combined *= O
-    combined += oc
-    gpu_hours = pieces["gpu_hours"].to_numpy(dtype=float)
-    if not len(combined):
-        cells, hours = np.array([], np.int64), np.array([])
-    elif G * P * O <= 1 << 24:
-        t = np.bincount(combined, weights=gpu_hours, minlength=G * P * O)
-        cells = np.flatnonzero(t)
-        hours = t[cells]
-    else:
-        codes, cells = pd.factorize(combined)
-        hours = np.bincount(codes, weights=gpu_hours, minlength=len(cells))
-    group, p, o = cells // (P * O), (cells // O) % P, cells % O
-    return pd.DataFrame({**_labels(layout, group, keys), "price_per_gpu_hour": pvals[p], "on_demand_price_per_gpu_hour": ovals[o], "gpu_hours": hours})
 
 
-def combine_cells(parts: Sequence[pd.DataFrame], keys: Sequence[str]) -> pd.DataFrame:
-    """Cells of several batches summed per (keys, price, on-demand price)."""
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return pd.DataFrame({**{k: pd.Series([], dtype=object) for k in keys}, "price_per_gpu_hour": [], "on_demand_price_per_gpu_hour": [], "gpu_hours": []})
-    cells = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    by = [*keys, "price_per_gpu_hour", "on_demand_price_per_gpu_hour"]
-    return cells.groupby(by, sort=False, dropna=False, as_index=False)["gpu_hours"].sum()
 
 
-def cell_pieces(cells: pd.DataFrame) -> pd.DataFrame:
-    """Cells as allocated pieces with dollars: what :func:`attribute`, :func:`idle_rows`
-    and :func:`fleet_totals` sum (sums over cells equal sums over the pieces)."""
-    return price_dollars(cells.assign(kind=const_column(len(cells), "allocated")))
 
 
 def _sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
@@ -402,12 +205,9 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     idle_part = rows[~alloc_mask]
 
     keys = key_frame(alloc, group_by)
-    if "cost_usd" not in alloc:  # coded prices (price_pieces(per_row=False)): per price cell first
-        alloc = cell_pieces(priced_cells(pd.concat([keys, alloc[["price_per_gpu_hour", "on_demand_price_per_gpu_hour", "gpu_hours"]]], axis=1), key_cols))
-        keys = alloc[key_cols]
     table = _sum_dollars(keys, alloc)
-    # Rows kept with zero hours (split_by_day(drop_empty=False)) must not make groups;
-    # pieces always have hours > 0 and shares/counts are > 0, so this is the same test.
+    # Stored rows with zero hours must not make groups; pieces always have hours > 0 and
+    # shares/counts are > 0, so this is the same test.
     table = table[table["gpu_hours"] > 0].reset_index(drop=True)
     for c in key_cols:
         table[c] = table[c].astype(str)
@@ -435,10 +235,7 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     table["savings_usd"] = table["on_demand_equivalent_usd"] - table["cost_usd"]
     table = table[[*key_cols, *METRIC_COLUMNS]]
     table = table.sort_values(["cost_usd", *key_cols], ascending=[False, *([True] * len(key_cols))], kind="stable").reset_index(drop=True)
-    if "cost_usd" in rows or rows.empty:
-        totals = fleet_totals(rows)
-    else:  # coded prices: no idle rows (no inventory), totals come from the table
-        totals = {"gpu_hours": float(table["gpu_hours"].sum()), "allocated_cost_usd": alloc_cost, "idle_cost_usd": 0.0, "fleet_cost_usd": None, "off_fleet_cost_usd": 0.0, "over_allocated_nodes": []}
+    totals = fleet_totals(rows)
     totals.update(idle_shared=shared, attributed_cost_usd=float(table["cost_usd"].sum()), groups=int((table[key_cols[0]] != IDLE).sum()) if key_cols else len(table))
     return Attribution(table, group_by, totals)
 

@@ -3,6 +3,11 @@
 Without ``--usage`` the sources, prices, budgets, grouping and idle mode come from the
 configuration file (``--config``, else ``$GPU_OPS_CONFIG``, else the bundled demo).
 Nothing here may import Dagster or torch: the command must start fast (a test checks).
+`cost attribution` over files (``--usage``, ``--prices``, ``--inventory``) loads neither
+pandas nor pydantic: the engine and :mod:`gpu_ops.cost.allocate` work in DuckDB and the
+table is printed from plain Python. A configuration file (``--config``, or no
+``--usage``/``--prices``) is read by its pydantic model; the ledger and Kubernetes sources
+are read through pandas.
 """
 
 from __future__ import annotations
@@ -17,10 +22,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from gpu_ops.cost.read import UsageSourceError
+
 if TYPE_CHECKING:
     import pandas as pd
 
     from gpu_ops.config import Budget, GpuOpsConfig, PriceTable
+    from gpu_ops.cost.allocate import Groups
+    from gpu_ops.cost.engine import UsageInput
+    from gpu_ops.cost.pricing import PriceMatrix
 
 FORMATS = click.Choice(["table", "csv", "json"])
 
@@ -43,6 +53,15 @@ def _errors(path: str, prefix: str, exc: Any, data: Any) -> str:
     from gpu_ops.config import describe_errors
 
     return "\n".join(describe_errors(exc, data, path, prefix))
+
+
+def load_price_matrix(path: str) -> "PriceMatrix":
+    """The prices of a file; its plain, valid form read without pydantic (the model judges
+    and words everything else)."""
+    from gpu_ops.cost.pricing import PriceMatrix, plain_price_matrix
+
+    light = plain_price_matrix(_read_yaml(path))
+    return light if light is not None else PriceMatrix.from_table(load_prices(path))
 
 
 def load_prices(path: str) -> "PriceTable":
@@ -89,33 +108,44 @@ def _date(value: str | None) -> dt.date:
         raise click.BadParameter(f"{value!r} is not a date (YYYY-MM-DD)", param_hint="--date") from None
 
 
+def _as_of_utc(value: str | None, day: dt.date) -> dt.datetime:
+    """``--as-of`` (UTC when no offset), or the end of ``day``, or now while it runs."""
+    utc = dt.timezone.utc
+    if not value:
+        end = dt.datetime(day.year, day.month, day.day, tzinfo=utc) + dt.timedelta(days=1)
+        return min(end, dt.datetime.now(utc))
+    try:
+        t = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a time (ISO 8601, UTC when no offset)", param_hint="--as-of") from None
+    return t.replace(tzinfo=utc) if t.tzinfo is None else t.astimezone(utc)
+
+
 def _as_of(value: str | None, day: dt.date) -> "pd.Timestamp":
     import pandas as pd
 
-    from gpu_ops.cost.attribution import utc
-    from gpu_ops.cost.pipeline import default_as_of
+    return pd.Timestamp(_as_of_utc(value, day))
 
-    if not value:
-        return default_as_of(day)
-    try:
-        return utc(pd.Timestamp(value))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a time (ISO 8601, UTC when no offset)", param_hint="--as-of") from None
+
+def _us(t: dt.datetime) -> int:
+    from gpu_ops.cost.window import epoch_ns
+
+    return epoch_ns(t) // 1000
 
 
 class Inputs:
     """What a command works on: explicit files and prices first, the configuration otherwise."""
 
     def __init__(self, usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, idle: str | None, by: str | None):
-        from gpu_ops.cost.pipeline import SourceSet
+        from gpu_ops.cost.columns import check_group_by
         from gpu_ops.cost.pricing import PriceMatrix
+        from gpu_ops.cost.sources import SourceSet
 
         # Paths given on the command line resolve against the working directory (paths in
         # the configuration file against its folder).
         inventory = str(Path(inventory).expanduser().resolve()) if inventory else None
         cfg = _config(config_path) if (config_path or not usage or not prices) else None
-        table = load_prices(prices) if prices else cfg.prices  # type: ignore[union-attr]
-        self.prices = PriceMatrix.from_table(table)
+        self.prices = load_price_matrix(prices) if prices else PriceMatrix.from_table(cfg.prices)  # type: ignore[union-attr]
         if usage:
             self.sources = SourceSet(usage_files=list(usage), inventory_files=[inventory] if inventory else [], base_dir=Path.cwd())
         else:
@@ -125,8 +155,6 @@ class Inputs:
         self.config = cfg
         self.idle = idle or (cfg.usage.idle if cfg else "row")
         self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by else (list(cfg.usage.group_by) if cfg else ["team", "project"])
-        from gpu_ops.config import check_group_by
-
         try:
             self.group_by = check_group_by(self.group_by)
         except ValueError as exc:
@@ -156,11 +184,33 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
+    def engine_input(self, window: Any, columns: list[str]) -> "tuple[UsageInput, UsageInput | None]":
+        """(usage, inventory) of ``window`` as the engine takes them: files read as Arrow
+        (the same bounded read as the daily asset), the ledger and Kubernetes tables as
+        frames (pandas, only then)."""
+        from gpu_ops.cost.engine import UsageInput
+        from gpu_ops.cost.read import INVENTORY, read_files
+        from gpu_ops.cost.window import ReadStats
+
+        src, stats = self.sources, ReadStats()
+        if src.ledger or src.kubernetes or src.inventory_karpenter:
+            from gpu_ops.cost.pipeline import load_raw
+
+            usage, frame = load_raw(src, self.store(), columns, window=window, stats=stats)
+            inventory = None if frame is None else UsageInput(frames=[frame], source="inventory")
+        else:
+            got = read_files(src.usage_files, src.base_dir, columns, window, stats, lookback_days=src.lookback_days)
+            usage = UsageInput(got.files, problems=got.problems)
+            inv = read_files(src.inventory_files, src.base_dir, kind=INVENTORY) if src.inventory_files else None
+            inventory = None if inv is None else UsageInput(inv.files, problems=inv.problems, source="inventory")
+        if stats.files_beyond_lookback:
+            click.echo(f"warning: {stats.lookback_warning()}", err=True)
+        return usage, inventory
+
     def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True) -> Any:
         """Priced usage of the window, read as the daily asset reads it (``keep``: only
         sums by those columns are needed)."""
         from gpu_ops.cost.pipeline import load_raw, price_window
-        from gpu_ops.cost.usage import UsageSourceError
         from gpu_ops.cost.window import ReadStats, Window
 
         stats = ReadStats()
@@ -175,31 +225,106 @@ class Inputs:
 
 
 def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:
+    """:func:`_report_rows` of a pandas quarantine (budgets, ROI)."""
+    import numpy as np
+
+    records = q.to_dict("records")
+    for col in ("start", "end"):
+        ns = q[col].array.asi8 if len(q) else np.array([], np.int64)
+        for r, v in zip(records, ns):
+            r[f"{col}_us"] = None if v == np.iinfo(np.int64).min else int(v) // 1000
+    for r in records:
+        r["row"] = None if r["row"] is None or r["row"] != r["row"] or str(r["row"]) == "<NA>" else int(r["row"])
+    _report_rows(records, path)
+
+
+def _report_rows(records: list[dict[str, Any]], path: str | None) -> None:
     """Say what was set aside (stderr); exit 1 when a file or pattern gave no rows at all.
 
     Called last, after the table was printed: the good files are priced either way, but a
     missing or unreadable file must not pass for a cheap day in a script (exit status).
     """
-    import pandas as pd
+    from gpu_ops.cost.rules import FILE_FIELD
 
-    from gpu_ops.cost.usage import file_problems
-
-    if q.empty:
+    if not records:
         return
     if path:
-        q.to_csv(path, index=False)
-    files = file_problems(q)
-    rows = q[q["field"] != files["field"].iloc[0]] if len(files) else q
-    if len(rows):
-        first = rows.iloc[0]
-        where = f"{first['location']} row {first['row']}"
-        if str(first["location"]).lower().endswith(".csv") and not pd.isna(first["row"]):
+        _write_quarantine(records, path)
+    files = [r for r in records if r["field"] == FILE_FIELD]
+    rows = [r for r in records if r["field"] != FILE_FIELD]
+    if rows:
+        first = rows[0]
+        where = f"{first['location']} row {'<NA>' if first['row'] is None else first['row']}"
+        if str(first["location"]).lower().endswith(".csv") and first["row"] is not None:
             where += f" (line {int(first['row']) + 1}, after the header)"  # rows count data rows from 1
         click.echo(f"quarantined {len(rows)} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
-    if len(files):
-        for f in files.itertuples(index=False):
-            click.echo(f"Error: {f.location}: {f.reason}", err=True)
+    if files:
+        for f in files:
+            click.echo(f"Error: {f['location']}: {f['reason']}", err=True)
         raise click.exceptions.Exit(1)
+
+
+QUARANTINE_CSV = ("source", "location", "row", "field", "reason", "record", "start", "end")
+
+
+def _times(values: list[int | None]) -> list[str]:
+    """UTC microseconds as pandas writes a time column: ``2026-10-01 22:00:00+00:00``, with
+    as many decimals as the column needs (none, 3 or 6), "" when missing."""
+    present = [v for v in values if v is not None]
+    digits = 0 if all(v % 10**6 == 0 for v in present) else 3 if all(v % 1000 == 0 for v in present) else 6
+    epoch = dt.datetime(1970, 1, 1)
+    out = []
+    for v in values:
+        if v is None:
+            out.append("")
+            continue
+        t = epoch + dt.timedelta(microseconds=v)
+        frac = f".{t.microsecond:06d}"[: digits + 1] if digits else ""
+        out.append(t.strftime("%Y-%m-%d %H:%M:%S") + frac + "+00:00")
+    return out
+
+
+def _write_quarantine(records: list[dict[str, Any]], path: str) -> None:
+    import csv
+
+    starts, ends = _times([r["start_us"] for r in records]), _times([r["end_us"] for r in records])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(QUARANTINE_CSV)
+        for r, s0, e0 in zip(records, starts, ends):
+            w.writerow([r["source"], r["location"], "" if r["row"] is None else r["row"], r["field"], r["reason"], r["record"], s0, e0])
+
+
+def _emit_groups(groups: "Groups", fmt: str, title: str) -> None:
+    """An attribution printed from plain Python, as :func:`_emit` prints a frame."""
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(groups.columns)
+        w.writerows([["" if v is None else repr(v) if isinstance(v, float) else v for v in r] for r in groups.rows])
+        click.echo(buf.getvalue(), nl=False)
+    elif fmt == "json":  # as pandas' to_json writes it: ten decimals, NaN as null
+        rows = [{c: round(v, 10) if isinstance(v, float) else v for c, v in zip(groups.columns, r)} for r in groups.rows]
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False, separators=(",", ":")))
+    else:
+        click.echo(title)
+        click.echo(_text_table(groups.columns, groups.rows) if groups.rows else "(no rows)")
+
+
+def _text_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """Columns right-aligned to their widest cell, one space apart (pandas' ``to_string``),
+    money to the cent and hours to three decimals (:func:`gpu_ops.formatting.column_formatter`)."""
+    from gpu_ops.formatting import MISSING, column_formatter
+
+    cells = []
+    for i, c in enumerate(columns):
+        fmt = column_formatter(c)
+        cells.append([c, *(MISSING if v is None else fmt(v) if fmt else str(v) for v in (r[i] for r in rows))])
+    widths = [max(len(x) for x in col) for col in cells]
+    return "\n".join(" ".join(col[j].rjust(w) for col, w in zip(cells, widths)) for j in range(len(rows) + 1))
 
 
 def _emit(df: "pd.DataFrame", fmt: str, title: str = "") -> None:
@@ -261,22 +386,25 @@ def cost() -> None:
 @click.option("--engine", type=click.Choice(["auto", "duckdb", "arrow"]), hidden=True, help="Deprecated, no effect.")
 def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None, engine: str | None) -> None:
     """Cost per group for one UTC day."""
-    from gpu_ops.cost.columns import needed_columns
-    from gpu_ops.cost.attribution import attribute, day_window
-    from gpu_ops.cost.pipeline import attribution_columns
+    from gpu_ops.cost.allocate import Span, attribution_of
+    from gpu_ops.cost.columns import attribution_columns, needed_columns
+    from gpu_ops.cost.window import Window
 
     inputs = Inputs(usage, prices, inventory, config_path, idle, by)
     day = _date(date_)
-    ws, we = day_window(day)
+    window, as_of_t = Window.of_utc_days(day), _as_of_utc(as_of, day)
     cols = needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
-    # Only sums are printed, so out-of-day rows may stay in with zero hours (no copy).
-    priced = inputs.priced(ws, we, _as_of(as_of, day), cols, keep, drop_empty=False)
-    result = attribute(priced.rows, inputs.group_by, inputs.idle)
-    t = result.totals
+    try:
+        raw, inv = inputs.engine_input(window, cols)
+    except (UsageSourceError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    span = Span(_us(window.start), _us(window.end), _us(as_of_t))
+    groups, quarantine = attribution_of(raw, inv, inputs.prices, span, inputs.group_by, inputs.idle, keep)
+    t = groups.totals
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""
-    _emit(result.table, fmt, f"GPU cost {day} (as of {priced.as_of.isoformat()}): ${result.table['cost_usd'].sum():,.2f}, {t['gpu_hours']:,.2f} GPU-hours{fleet}")
-    _report_quarantine(priced.quarantine, quarantine_path)
+    _emit_groups(groups, fmt, f"GPU cost {day} (as of {as_of_t.isoformat()}): ${t['attributed_cost_usd']:,.2f}, {t['gpu_hours']:,.2f} GPU-hours{fleet}")
+    _report_rows(quarantine.to_pylist(), quarantine_path)
     if not date_ and not t["gpu_hours"]:
         _say_where_data_is(inputs, day)
 

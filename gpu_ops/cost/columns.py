@@ -3,7 +3,31 @@ the asset definitions name them when the code location loads."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+
+GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
+
+
+def group_column(key: str) -> str:
+    """Grouping key -> output column: ``label:team-tier`` -> ``label_team_tier``."""
+    if key.startswith("label:"):
+        return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key[len("label:") :])
+    return key
+
+
+def check_group_by(keys: list[str]) -> list[str]:
+    """Known keys whose output columns are distinct; a clear error otherwise."""
+    seen: dict[str, str] = {}
+    for key in keys:
+        if key not in GROUPING_KEYS and not key.startswith("label:"):
+            raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
+        col = group_column(key)
+        if col in seen and seen[col] != key:
+            raise ValueError(f"grouping keys {seen[col]} and {key} both become the column {col!r}: group by one of them")
+        seen[col] = key
+    return list(dict.fromkeys(keys))
+
 
 # The grain budgets scope on (plus the labels some budget's scope names).
 DAILY_KEYS = ("team", "project", "namespace", "cost_center")

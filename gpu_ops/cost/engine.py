@@ -25,13 +25,12 @@ result to the pandas consumers (split, attribution) until those move here too.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost import rules as R
-from gpu_ops.cost.read import FileRows
+from gpu_ops.cost.read import INVENTORY, USAGE, FileRows
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
@@ -111,15 +110,19 @@ def _text_as_binary_where_invalid(table: Any) -> Any:
 class UsageEngine:
     """Collects sources, then :meth:`run` validates, de-duplicates and prices them at once."""
 
-    def __init__(self, prices: PriceMatrix):
+    def __init__(self, prices: PriceMatrix, kind: str = USAGE):
+        """``kind``: usage intervals, or the node inventory (``node`` required, no
+        sharing, a blank GPU type and count taken from a known instance type)."""
         import duckdb
 
-        self.prices = prices
+        self.prices, self.kind = prices, kind
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET enable_progress_bar = false")
         self.parts: list[Part] = []
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
+        if kind == INVENTORY:
+            _register_instance_map(self.con)
 
     def close(self) -> None:
         self.con.close()
@@ -132,6 +135,8 @@ class UsageEngine:
         import numpy as np
         import pyarrow as pa
 
+        if self.kind == INVENTORY:  # a node's GPUs are whole: sharing is a pod's
+            table = table.drop_columns([c for c in ("sharing", "gpu_share") if c in table.column_names])
         table = _text_as_binary_where_invalid(table)
         layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
         labels = {f.name: stored(f.type) for f in table.schema if f.name.startswith("label:")}
@@ -140,10 +145,10 @@ class UsageEngine:
         table = _times_as_integers(table)
         n = table.num_rows
         if rows is not None:
-            table = _set(table, "__row", pa.array(np.asarray(rows, np.int64)))
+            table = _set(table, "__row", int_array(np.asarray(rows, np.int64)))
         elif "row" in table.column_names:
             table = _set(table, "__row", table.column("row").cast(pa.int64()))
-        table = _set(table, "__pos", pa.array(np.arange(n, dtype=np.int64)))
+        table = _set(table, "__pos", int_array(np.arange(n, dtype=np.int64)))
         if location is None and "location" not in table.column_names:
             location = "<table>"
         if "location" in table.column_names and location is None:
@@ -179,12 +184,13 @@ class UsageEngine:
         for i, p in enumerate(self.parts):
             where = f"WHERE __pos IN (SELECT pos FROM {positions} WHERE ord = {i})" if positions and p.has_row else ""
             raw = self._part_sql(i, p, where=where)
+            if self.kind == INVENTORY:
+                raw = R.inventory_raw(raw)
             parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
         return " UNION ALL BY NAME ".join(parts)
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
-        import pyarrow as pa
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
@@ -198,33 +204,41 @@ class UsageEngine:
             except UnknownGpuType as exc:
                 canon.append(None)
                 errors.append(str(exc))
-        self.con.register("gpu_map", pa.table({"gpu_type_raw": pa.array(gpu_raw, pa.string()), "gpu_type": pa.array(canon, pa.string()), "gpu_type_error": pa.array(errors, pa.string())}))
+        values_table(self.con, "gpu_map", {"gpu_type_raw": ("VARCHAR", gpu_raw), "gpu_type": ("VARCHAR", canon), "gpu_type_error": ("VARCHAR", errors)})
         regions = [r[0] for r in self.con.execute("SELECT DISTINCT region FROM typed").fetchall()]
         mult = [self.prices.region_multiplier(r) for r in regions]
         known = sorted(self.prices.regions)
-        self.con.register("region_map", pa.table({
-            "region": pa.array(regions, pa.string()),
-            "region_multiplier": pa.array([None if m != m else m for m in mult], pa.float64()),
-            "region_error": pa.array([f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)], pa.string()),
-        }))
+        values_table(self.con, "region_map", {
+            "region": ("VARCHAR", regions),
+            "region_multiplier": ("DOUBLE", [None if m != m else m for m in mult]),
+            "region_error": ("VARCHAR", [f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)]),
+        })
         gpus = sorted({c for c in canon if c})
         rows = [(g, c, self.prices.price(g, c), self.prices.price(g, "on-demand")) for g in gpus for c in CAPACITY_TYPES]
-        self.con.register("price_map", pa.table({
-            "gpu_type": pa.array([r[0] for r in rows], pa.string()),
-            "capacity_type": pa.array([r[1] for r in rows], pa.string()),
-            "base_price": pa.array([None if r[2] != r[2] else r[2] for r in rows], pa.float64()),
-            "base_on_demand": pa.array([None if r[3] != r[3] else r[3] for r in rows], pa.float64()),
-            "price_error": pa.array([self.prices.describe_missing(r[0], r[1]) for r in rows], pa.string()),
-        }))
+        values_table(self.con, "price_map", {
+            "gpu_type": ("VARCHAR", [r[0] for r in rows]),
+            "capacity_type": ("VARCHAR", [r[1] for r in rows]),
+            "base_price": ("DOUBLE", [None if r[2] != r[2] else r[2] for r in rows]),
+            "base_on_demand": ("DOUBLE", [None if r[3] != r[3] else r[3] for r in rows]),
+            "price_error": ("VARCHAR", [self.prices.describe_missing(r[0], r[1]) for r in rows]),
+        })
 
     def run(self, keep: Sequence[str] | None = None) -> EngineResult:
-        """Validate, de-duplicate and price everything added; the quarantine is not yet
-        limited to a window. ``keep``: the text columns the good rows need (None: all)."""
+        """Validate, de-duplicate and price everything added, as pandas frames; the
+        quarantine is not yet limited to a window. ``keep``: the text columns the good
+        rows need (None: all)."""
         if not self.parts:
             return EngineResult(_empty_rows(), _quarantine_frame(self.problems, None))
+        out = self.check(keep)
+        return EngineResult(self._good_rows(*out), self._quarantine())
+
+    def check(self, keep: Sequence[str] | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+        """Run the rule book and the identity rules into this engine's tables; the good
+        rows are then :meth:`good_sql`, the quarantine :meth:`quarantine_arrow`.
+        Returns the good rows' columns (times: engine name -> name, text, numbers, provenance)."""
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        problems = f"list_concat(storage_problems, {R.rules_select()})"
+        problems = f"list_concat(storage_problems, {R.rules_select(self.kind)})"
         # One reason per field (the first, most specific one); built for bad rows only.
         first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
         # Narrow: what the good rows hand on, the identity key, and for bad rows only
@@ -235,10 +249,18 @@ class UsageEngine:
         when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, hash(namespace, {_IKEY}, start_us, gpu_type) AS key_hash, {when_bad}, bad, "
-            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad()} AS bad FROM ({_joined('typed')}))"
+            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad(self.kind)} AS bad FROM ({_joined('typed')}))"
         )
         self._identity()
-        return EngineResult(self._good_rows(times, text, numbers, prov), self._quarantine())
+        return times, text, numbers, prov
+
+    def good_sql(self, columns: Sequence[str] | None = None) -> str:
+        """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them."""
+        cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
+        return (
+            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
+            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos)"
+        )
 
     def _identity(self) -> None:
         """Duplicates (identical typed rows: the first counts) and superseded records
@@ -298,15 +320,17 @@ class UsageEngine:
         return times, text, numbers, prov
 
     def _good_rows(self, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        sql = self.good_sql([*times, *text, *numbers, *prov]) + " ORDER BY ord, pos"
+        return self.frame(sql, times, text, numbers, prov)
+
+    def frame(self, sql: str, times: dict[str, str], text: list[str], numbers: list[str], prov: list[str]) -> Any:
+        """The rows of ``sql`` as a pandas frame (the boundary to the pandas consumers):
+        ``times`` (UTC microseconds, engine name -> name) as datetime64[ns, UTC], text as
+        categoricals, numbers as floats, ``row`` as Int64."""
         import pandas as pd
 
         from gpu_ops.cost.usage import utc_series
 
-        cols = ", ".join(R.quote(c) for c in (*times, *text, *numbers, *prov))
-        sql = (
-            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
-            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos) ORDER BY ord, pos"
-        )
         got: Any = self.con.sql(sql).to_arrow_table()
         out: dict[str, Any] = {}
         for c, name in times.items():
@@ -320,6 +344,34 @@ class UsageEngine:
         return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
+        return _quarantine_frame(self.problems, self.con.execute(self._quarantine_sql()).fetchnumpy())
+
+    def result_quarantine(self) -> Any:
+        """The quarantine as a pandas frame (:data:`QUARANTINE_COLUMNS`), after :meth:`check`."""
+        return self._quarantine() if self.parts else _quarantine_frame(self.problems, None)
+
+    def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None) -> Any:
+        """The quarantine as Arrow (:data:`QUARANTINE_COLUMNS`, times as UTC microseconds
+        ``start_us``/``end_us``): file and line problems first, then the rows in reading
+        order; with a window, only the rows that belong to it (what
+        :func:`gpu_ops.cost.usage.quarantine_in_window` keeps)."""
+        import pyarrow as pa
+
+        sql = "SELECT * FROM (" + (self._quarantine_sql() if self.parts else _NO_QUARANTINE) + ")"
+        if window_start_us is not None:
+            sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
+        rows = self.con.sql(sql).to_arrow_table()
+        if not self.problems:
+            return rows
+        first = pa.table({
+            "source": [p["source"] for p in self.problems], "location": [p["location"] for p in self.problems],
+            "row": pa.array([p["row"] for p in self.problems], pa.int64()), "field": [p["field"] for p in self.problems],
+            "reason": [p["reason"] for p in self.problems], "record": [p["record"] for p in self.problems],
+            "start_us": pa.nulls(len(self.problems), pa.int64()), "end_us": pa.nulls(len(self.problems), pa.int64()),
+        })
+        return pa.concat_tables([first, rows.cast(first.schema)])
+
+    def _quarantine_sql(self) -> str:
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
         dup = (
             "'duplicate of ' || (CASE WHEN first_location = location THEN '' ELSE first_location || ' ' END) || 'row ' || coalesce(CAST(first_row AS VARCHAR), '?') "
@@ -333,8 +385,7 @@ class UsageEngine:
             f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
         )
         records = self._records()
-        sql = f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
-        return _quarantine_frame(self.problems, self.con.execute(sql).fetchnumpy())
+        return f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
 
     def _records(self) -> str:
         """SQL: the raw record (JSON of each column's text) of every quarantined row,
@@ -346,6 +397,68 @@ class UsageEngine:
             for i, p in enumerate(self.parts)
         ]
         return " UNION ALL ".join(parts)
+
+
+_NO_QUARANTINE = (
+    "SELECT CAST(NULL AS VARCHAR) AS source, CAST(NULL AS VARCHAR) AS location, CAST(NULL AS BIGINT) AS row, CAST(NULL AS VARCHAR) AS field, "
+    "CAST(NULL AS VARCHAR) AS reason, CAST(NULL AS VARCHAR) AS record, CAST(NULL AS BIGINT) AS start_us, CAST(NULL AS BIGINT) AS end_us WHERE false"
+)
+
+
+def _in_window(lo: int, hi: int | None) -> str:
+    """SQL over start_us/end_us: a bad row belongs to ``[lo, hi)`` when its start is
+    unknown (any day), or its (possibly inverted) interval touches the window."""
+    first = "CASE WHEN end_us IS NULL OR start_us <= end_us THEN start_us ELSE end_us END"
+    last = "CASE WHEN end_us IS NOT NULL AND end_us >= start_us THEN end_us ELSE start_us END"
+    return f"(start_us IS NULL OR ({first} < {hi} AND (end_us IS NULL OR {last} >= {lo})))"
+
+
+def int_array(values: Any) -> Any:
+    """An int64 numpy array as Arrow without a copy (``pa.array`` would first look for
+    pandas and import it, a quarter of a second the CLI does not need)."""
+    import numpy as np
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _sql_value(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, str):  # a NUL cannot stand in a literal: chr(0) between the parts
+        return " || chr(0) || ".join(R.literal(part) for part in v.split("\x00"))
+    return repr(float(v))
+
+
+def values_table(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    """A small lookup table (``columns``: name -> (SQL type, values)) made in DuckDB from
+    literals: no Arrow array built from Python objects (which would load pandas)."""
+    cols = list(columns.items())
+    n = len(cols[0][1][1]) if cols else 0
+    typed = ", ".join(f"CAST(c{i} AS {t}) AS {R.quote(c)}" for i, (c, (t, _)) in enumerate(cols))
+    if not n:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {', '.join(f'CAST(NULL AS {t}) AS {R.quote(c)}' for c, (t, _) in cols)} WHERE false")
+        return
+    rows = ", ".join("(" + ", ".join(_sql_value(vals[j]) for _, (_, vals) in cols) + ")" for j in range(n))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {typed} FROM (VALUES {rows}) t({', '.join(f'c{i}' for i in range(len(cols)))})")
+
+
+def _register_instance_map(con: Any) -> None:
+    """``instance_map``: the GPU type and count of each instance type the catalog knows
+    (the first GPU naming it, in catalog order)."""
+
+    from gpu_ops.compute.catalog import CATALOG
+
+    seen: dict[str, tuple[str, int]] = {}
+    for gpu, spec in CATALOG.items():
+        for instance, count in spec.instance_types.items():
+            seen.setdefault(instance, (gpu, count))
+    values_table(con, "instance_map", {
+        "instance_type": ("VARCHAR", list(seen)),
+        "d_gpu_type": ("VARCHAR", [v[0] for v in seen.values()]),
+        "d_gpu_count": ("DOUBLE", [float(v[1]) for v in seen.values()]),
+    })
 
 
 def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
@@ -523,22 +636,24 @@ class UsageInput:
     files: list[FileRows] = field(default_factory=list)
     frames: list[Any] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
+    source: str = "file"  # the files' source name in the quarantine ("inventory" for the node inventory)
 
     def add_to(self, engine: "UsageEngine") -> None:
         for location, reason in self.problems:
-            engine.add_problem(location, reason)
+            engine.add_problem(location, reason, self.source)
         for f in self.files:
-            engine.add_arrow(f.table, "file", str(f.path), f.rows)
+            engine.add_arrow(f.table, self.source, str(f.path), f.rows)
             for row, why in f.bad_lines:
-                engine.add_problem(str(f.path), why, row=row)
+                engine.add_problem(str(f.path), why, self.source, row=row)
         for raw in self.frames:
             add_frame(engine, raw)
 
 
-def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None) -> EngineResult:
+def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None, kind: str = USAGE) -> EngineResult:
     """The engine over a :class:`UsageInput`, or raw pandas frames (a frame or a list);
-    ``keep``: the text columns the good rows need (None: all)."""
-    engine = UsageEngine(prices)
+    ``keep``: the text columns the good rows need (None: all); ``kind``: usage or the
+    node inventory."""
+    engine = UsageEngine(prices, kind)
     try:
         if isinstance(usage, UsageInput):
             usage.add_to(engine)
@@ -548,7 +663,3 @@ def validate(usage: Any, prices: PriceMatrix, keep: Sequence[str] | None = None)
         return engine.run(keep)
     finally:
         engine.close()
-
-
-def record_json(values: dict[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True, default=str)

@@ -14,25 +14,22 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_ops.cost.attribution import day_window, idle_rows, price_pieces, split_by_day, utc
+from gpu_ops.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, priced_sql
+from gpu_ops.cost.attribution import day_window, utc
 from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
-from gpu_ops.cost.engine import UsageInput
-from gpu_ops.cost.read import read_file
+from gpu_ops.cost.engine import UsageEngine, UsageInput, add_frame
+from gpu_ops.cost.read import INVENTORY, read_files
 from gpu_ops.cost.usage import (
-    UsageSourceError,
-    distinct_files,
     concat_raw,
-    empty_quarantine,
     quarantine_in_window,
     read_intervals,
     read_inventory_files,
     read_ledger,
-    require_usage_columns,
+    const_column,
     running_starts,
-    validate_inventory,
 )
 
 PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
@@ -54,7 +51,6 @@ _FLOAT_DEFAULTS = {
 }
 
 
-_PRICING_COLUMNS = {"start", "end", "gpu_count", "gpu_share", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"}
 
 
 @dataclass
@@ -85,33 +81,97 @@ def price_window(
     keep_columns: Sequence[str] | None = None,
     drop_empty: bool = True,
 ) -> PricedUsage:
-    """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``.
-
-    ``keep_columns`` drops every other column before the split: at ten million rows each
-    column carried through the split costs a full copy.
-    """
-    from gpu_ops.cost.engine import validate
-
+    """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``:
+    the engine and :mod:`gpu_ops.cost.allocate` in DuckDB, the pieces handed over as a
+    pandas frame (the consumers' boundary). ``keep_columns``: the text columns the
+    consumer reads (fewer columns, less to hand over). ``dedupe`` and ``drop_empty`` are
+    kept for callers; every source is de-duplicated and pieces always have time."""
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
-    v = validate(raw_usage, prices, keep=list(keep_columns) if keep_columns is not None else None)
-    rows = v.rows
-    if keep_columns is not None:
-        rows = rows[[c for c in rows.columns if c in set(keep_columns) | _PRICING_COLUMNS]]
-    pieces = price_pieces(split_by_day(rows, ws, we, asof, drop_empty=drop_empty))
-    return with_idle(PricedUsage(pieces, quarantine_in_window(v.quarantine, ws, we), ws, we, asof), raw_inventory, prices)
+    span = Span(ws.value // 1000, we.value // 1000, asof.value // 1000)
+    engine = UsageEngine(prices)
+    try:
+        _add(engine, raw_usage)
+        rows = _pieces(engine, span, list(keep_columns) if keep_columns is not None else None)
+        quarantine = quarantine_in_window(engine.result_quarantine(), ws, we)
+    finally:
+        engine.close()
+    return with_idle(PricedUsage(rows, quarantine, ws, we, asof), raw_inventory, prices)
+
+
+def _add(engine: UsageEngine, raw: Any) -> None:
+    if isinstance(raw, UsageInput):
+        raw.add_to(engine)
+        return
+    for frame in raw if isinstance(raw, (list, tuple)) else [raw]:
+        add_frame(engine, frame)
+
+
+# Engine times -> piece frame columns (the piece's own times, then the interval's).
+_PIECE_TIMES = {"piece_start_us": "start", "piece_end_us": "end", "start_us": "interval_start", "end_us": "interval_end", "day_us": "day"}
+_PIECE_NUMBERS = ("hours", "gpu_hours", "cost_usd", "on_demand_usd")
+_LOST_NUMBERS = ("lost_hours", "lost_gpu_hours", "lost_cost_usd")
+
+
+def _pieces(engine: UsageEngine, span: Span, keep: list[str] | None) -> pd.DataFrame:
+    """Priced pieces of the engine's good rows (pandas, ``kind`` allocated)."""
+    if not engine.parts:
+        return pd.DataFrame(columns=list(USAGE_TABLE_COLUMNS))
+    times, text, numbers, prov = engine.check(keep)
+    lost = "lost_seconds" in numbers
+    sql = priced_sql(pieces_sql(engine.good_sql(), span.start, span.priced_end), lost)
+    all_times = {**_PIECE_TIMES, **{k: v for k, v in times.items() if k not in _PIECE_TIMES}}
+    cols = [*numbers, *_PIECE_NUMBERS, *(_LOST_NUMBERS if lost else ())]
+    rows = engine.frame(f"SELECT * FROM ({sql}) ORDER BY ord, pos, day_us", all_times, text, cols, prov)
+    rows["kind"] = const_column(len(rows), "allocated")
+    return rows
 
 
 def with_idle(priced: PricedUsage, raw_inventory: pd.DataFrame | None, prices: PriceMatrix) -> PricedUsage:
     """Add one idle row per inventory node and day (fleet − allocated) to priced pieces,
-    and the inventory's bad rows to the quarantine. No inventory: unchanged."""
+    and the inventory's bad rows to the quarantine (the inventory checked by the same
+    engine and rule book, ``kind`` inventory). No inventory: unchanged."""
     if raw_inventory is None:
         return priced
     ws, we = priced.window_start, priced.window_end
-    iv = validate_inventory(raw_inventory, prices)
-    idle = idle_rows(split_by_day(iv.rows, ws, we, priced.as_of), priced.rows)
+    span = Span(ws.value // 1000, we.value // 1000, priced.as_of.value // 1000)
+    inventory = UsageEngine(prices, INVENTORY)
+    try:
+        _add(inventory, raw_inventory)
+        fleet = None
+        if inventory.parts:
+            inventory.check()
+            fleet = fleet_days(inventory, span.start, span.priced_end, detail=True)
+        inv_quarantine = quarantine_in_window(inventory.result_quarantine(), ws, we)
+    finally:
+        inventory.close()
+    idle = _idle_rows(fleet, priced.rows, prices)
     pieces = pd.concat([_plain(priced.rows), idle], ignore_index=True) if len(idle) else priced.rows
-    quarantine = pd.concat([priced.quarantine, quarantine_in_window(iv.quarantine, ws, we)], ignore_index=True)
+    quarantine = pd.concat([priced.quarantine, inv_quarantine], ignore_index=True)
     return PricedUsage(pieces, quarantine, ws, we, priced.as_of, fleet_known=True)
+
+
+_IDLE_TEXT = {c: IDLE for c in ("namespace", "team", "project", "cost_center", "experiment_id")}
+
+
+def _idle_rows(fleet: Any, allocated: pd.DataFrame, prices: PriceMatrix) -> pd.DataFrame:
+    """The idle rows (fleet − allocated per node and day) as the stored table has them."""
+    if fleet is None or not fleet.num_rows:
+        return pd.DataFrame()
+    engine = UsageEngine(prices)  # a connection to compute in; nothing is checked
+    try:
+        engine.con.register("fleet_days", fleet)
+        alloc = allocated[["node", "day", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour"]].assign(
+            node=allocated["node"].astype(str), day=allocated["day"].array.asi8 // 1000,
+        ) if len(allocated) else pd.DataFrame({"node": [], "day": [], "gpu_hours": [], "price_per_gpu_hour": [], "on_demand_price_per_gpu_hour": []})
+        engine.con.register("allocated", alloc)
+        sql = idle_sql("SELECT node, day AS day_us, gpu_hours, price_per_gpu_hour, on_demand_price_per_gpu_hour FROM allocated")
+        text = [c for c in ("gpu_type", "capacity_type", "region", "source", "location", "instance_type") if c in fleet.column_names]
+        numbers = ["gpu_count", "hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "gpu_hours", "cost_usd", "on_demand_usd", "fleet_gpu_hours", "fleet_cost_usd"]
+        out = engine.frame(sql, {"start_us": "start", "end_us": "end", "day_us": "day"}, ["node", *text], numbers, ["row"] if "row" in fleet.column_names else [])
+    finally:
+        engine.close()
+    out = out.assign(**_IDLE_TEXT, pod="", sharing="none", gpu_share=1.0, lost_gpu_hours=0.0, lost_cost_usd=0.0, kind="idle")
+    return _plain(out.assign(interval_start=out["start"], interval_end=out["end"]))
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
@@ -122,33 +182,37 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
 def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
     """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column."""
     n = len(pieces)
-    out = {}
-    for c in USAGE_TABLE_COLUMNS:
-        if c in pieces:
-            s = pieces[c]
-        elif c in _TEXT_DEFAULTS:
-            s = pd.Series([""] * n, dtype=object)
-        elif c in _FLOAT_DEFAULTS:
-            s = pd.Series(np.full(n, _FLOAT_DEFAULTS[c]), dtype=float)
-        elif c in ("last_checkpoint_at",):
-            s = pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
-        elif c == "row":
-            s = pd.Series([None] * n, dtype="Int64")
-        elif n == 0:
-            s = pd.Series([], dtype=float)
-        else:
-            raise KeyError(f"priced usage has no column {c!r}")
-        s = s.reset_index(drop=True)
-        if c in _TIME_COLUMNS:
-            s = pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
-        elif c in _TEXT_DEFAULTS or c in ("kind", "gpu_type", "capacity_type", "sharing"):
-            s = _text(s)
-        elif c in _FLOAT_DEFAULTS or c in ("gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd"):
-            s = s.astype(float)
-        elif c == "row":
-            s = s.astype("Int64")
-        out[c] = s
-    return pd.DataFrame(out)
+    return pd.DataFrame({c: _typed(c, pieces[c] if c in pieces else _default(c, n)) for c in USAGE_TABLE_COLUMNS})
+
+
+_TEXT_COLUMNS = (*_TEXT_DEFAULTS, "kind", "gpu_type", "capacity_type", "sharing")
+_FLOAT_COLUMNS = (*_FLOAT_DEFAULTS, "gpu_count", "gpu_share", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd")
+
+
+def _default(c: str, n: int) -> pd.Series:
+    """A column the pieces do not have: "" for text, its default number, no time, no row."""
+    if c in _TEXT_DEFAULTS:
+        return pd.Series([""] * n, dtype=object)
+    if c in _FLOAT_DEFAULTS:
+        return pd.Series(np.full(n, _FLOAT_DEFAULTS[c]), dtype=float)
+    if c == "last_checkpoint_at":
+        return pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
+    if c == "row":
+        return pd.Series([None] * n, dtype="Int64")
+    if n == 0:
+        return pd.Series([], dtype=float)
+    raise KeyError(f"priced usage has no column {c!r}")
+
+
+def _typed(c: str, s: pd.Series) -> pd.Series:
+    s = s.reset_index(drop=True)
+    if c in _TIME_COLUMNS:
+        return pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
+    if c in _TEXT_COLUMNS:
+        return _text(s)
+    if c in _FLOAT_COLUMNS:
+        return s.astype(float)
+    return s.astype("Int64") if c == "row" else s
 
 
 def _text(s: pd.Series) -> pd.Series:
@@ -202,29 +266,9 @@ def load_raw(
 
 
 def _read_files(usage: UsageInput, sources: SourceSet, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: Any) -> None:
-    """Each file the patterns match, once, as Arrow (what cannot be read: a problem)."""
-    from gpu_ops.cost import window as win
-    from gpu_ops.cost.columns import parquet_columns
-
-    files = list(distinct_files(sources.usage_files, sources.base_dir, window, sources.lookback_days, stats))
-    if footers is not None:
-        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
-    for path, problem in files:
-        try:
-            if problem is not None:
-                raise problem
-            assert path is not None
-            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
-            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
-                require_usage_columns(path, parquet_columns(cached, columns))
-                continue
-            usage.files.append(read_file(path, columns, window, stats, footers))
-        except UsageSourceError as exc:
-            usage.problems.append((exc.location, exc.reason))
-    if footers is not None:
-        footers.save()
-        if footers.problem and stats is not None:
-            stats.footer_cache_problem = footers.problem
+    got = read_files(sources.usage_files, sources.base_dir, columns, window, stats, footers, sources.lookback_days)
+    usage.files.extend(got.files)
+    usage.problems.extend(got.problems)
 
 
 def _footers(store: Any, window: Window | None) -> Any:
@@ -352,7 +396,3 @@ def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] 
         k8s.record_nodes(store, snapshot, observed, sources.collected_retention_days)
         nodes = len(snapshot)
     return {"pods": pods, "nodes": nodes}
-
-
-def empty_priced(window_start: Any, window_end: Any, as_of: Any) -> PricedUsage:
-    return PricedUsage(pd.DataFrame(columns=list(USAGE_TABLE_COLUMNS)), empty_quarantine(), utc(window_start), utc(window_end), utc(as_of))

@@ -12,18 +12,101 @@ a file-level quarantine row.
 from __future__ import annotations
 
 import csv
+import glob as globmod
+import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_ops.cost.columns import parquet_columns
-from gpu_ops.cost.usage import UsageSourceError, require_usage_columns
+from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
     from gpu_ops.cost.window import ReadStats, Window
+
+
+USAGE_COLUMNS = (
+    "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
+    "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
+)
+USAGE_REQUIRED = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
+INVENTORY_REQUIRED = ("node", "capacity_type", "start")
+INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
+USAGE, INVENTORY = "usage", "inventory"  # the two formats a file is read as
+_FORMATS = {USAGE: (USAGE_REQUIRED, USAGE_COLUMNS), INVENTORY: (INVENTORY_REQUIRED, INVENTORY_COLUMNS)}
+
+
+class UsageSourceError(GpuOpsError, ValueError):
+    """A source cannot be read at all (missing file, wrong format, missing columns)."""
+
+    def __init__(self, location: Any, reason: str | None = None):
+        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
+        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
+
+
+def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
+    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
+    file; matching nothing is an error, or no files with ``missing_ok``."""
+    p = Path(pattern).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    if any(c in str(p) for c in "*?["):
+        paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+        if not paths and not missing_ok:
+            raise UsageSourceError(p, f"no file matches {pattern!r}")
+        return paths
+    if p.is_dir():
+        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
+        if not paths and not missing_ok:
+            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
+        return paths
+    if not p.exists():
+        if missing_ok:
+            return []
+        raise UsageSourceError(p, "no such file")
+    return [p]
+
+
+def distinct_files(
+    patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
+) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
+    """Each file the patterns match, once (by real path); a pattern matching nothing is an
+    error. With a ``window``, only files of days that can hold its rows (see
+    :func:`gpu_ops.cost.window.list_files`; ``lookback_days`` per pattern)."""
+    from gpu_ops.cost import window as win
+
+    seen: set[str] = set()
+    for pattern in patterns:
+        try:
+            paths = win.list_files(pattern, base_dir, window, (lookback_days or {}).get(pattern, win.DEFAULT_LOOKBACK_DAYS), stats)
+        except UsageSourceError as exc:
+            yield None, exc
+            continue
+        for path in paths:
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
+                yield path, None
+
+
+def require_usage_columns(path: Path, names: Iterable[str]) -> None:
+    require_columns(path, names, USAGE)
+
+
+def require_columns(path: Path, names: Iterable[str], kind: str = USAGE) -> None:
+    """A file-level error naming the missing columns of the ``kind`` format (usage or inventory)."""
+    required, layout = _FORMATS[kind]
+    raise_missing(path, names, required, kind, layout)
+
+
+def raise_missing(path: Path, names: Iterable[str], required: Sequence[str], kind: str, layout: Sequence[str]) -> None:
+    present = set(names)
+    missing = [c for c in required if c not in present]
+    if missing:
+        raise UsageSourceError(path, f"missing column(s) {', '.join(missing)} (the {kind} format is: {', '.join(layout)})")
 
 
 @dataclass
@@ -47,16 +130,68 @@ def _unique_names(path: Path, names: Sequence[str]) -> None:
         raise UsageSourceError(path, f"duplicate column name(s) {', '.join(repr(n) for n in twice)}: each column must appear once")
 
 
-def read_file(path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None) -> FileRows:
+def read_file(
+    path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None, kind: str = USAGE,
+) -> FileRows:
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
-        return _parquet(path, columns, window, stats, footers)
+        return _parquet(path, columns, window, stats, footers, kind)
     if suffix == ".csv":
-        return _csv(path, columns, stats)
+        return _csv(path, columns, stats, kind)
     raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
 
 
-def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: FooterCache | None) -> FileRows:
+@dataclass
+class Read:
+    """What the files of some patterns hold, as the engine takes it: each file's rows, and
+    the patterns or files that gave nothing (location, reason)."""
+
+    files: list[FileRows] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+def read_files(
+    patterns: Sequence[str], base_dir: Path | None, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None,
+    footers: FooterCache | None = None, lookback_days: Mapping[str, int] | None = None, kind: str = USAGE,
+) -> Read:
+    """Each file the patterns match, once, as Arrow (what cannot be read: a problem). With
+    a ``window`` only what can touch it (see :mod:`gpu_ops.cost.window`); ``footers``
+    remembers Parquet footers so that a later read rules a file out unopened."""
+    out = Read()
+    files = list(distinct_files(patterns, base_dir, window, lookback_days, stats))
+    if footers is not None:
+        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
+    for path, problem in files:
+        try:
+            if problem is not None:
+                raise problem
+            assert path is not None
+            if not _ruled_out(path, columns, window, stats, footers, kind):
+                out.files.append(read_file(path, columns, window, stats, footers, kind))
+        except UsageSourceError as exc:
+            out.problems.append((exc.location, exc.reason))
+    if footers is not None:
+        footers.save()
+        if footers.problem and stats is not None:
+            stats.footer_cache_problem = footers.problem
+    return out
+
+
+def _ruled_out(path: Path, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: FooterCache | None, kind: str) -> bool:
+    """Whether the cached footer of ``path`` says nothing in it can touch ``window`` (its
+    columns are still checked: a file missing one is an error every day)."""
+    if footers is None or window is None:
+        return False
+    from gpu_ops.cost import window as win
+
+    cached = win.ruled_out(path, window, footers, stats)
+    if cached is None:
+        return False
+    require_columns(path, parquet_columns(cached, columns), kind)
+    return True
+
+
+def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: FooterCache | None, kind: str = USAGE) -> FileRows:
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -72,7 +207,7 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
     _unique_names(path, schema.names)
     present = parquet_columns(schema.names, columns)
     try:
-        require_usage_columns(path, present)
+        require_columns(path, present, kind)
     except UsageSourceError:
         if stats is not None and window is not None:  # counted as a read of its footer counts them
             stats.row_groups_total += pf.metadata.num_row_groups
@@ -115,7 +250,7 @@ def _not_text(path: Path) -> None:
             raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
 
 
-def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None) -> FileRows:
+def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kind: str = USAGE) -> FileRows:
     import numpy as np
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -123,7 +258,7 @@ def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None) -> 
     header = _csv_header(path)
     present = [c for c in header if columns is None or c in columns or c.startswith("label:")]
     try:
-        require_usage_columns(path, present)
+        require_columns(path, present, kind)
     except UsageSourceError:
         _not_text(path)  # bytes that are no text at all say so, rather than "missing columns"
         raise

@@ -330,12 +330,20 @@ def _fmt(expr: str) -> str:
     return f"CASE WHEN {expr} = floor({expr}) AND abs({expr}) < 1e15 THEN CAST(CAST({expr} AS BIGINT) AS VARCHAR) ELSE CAST({expr} AS VARCHAR) END"
 
 
+# The text column every interval must name: the team that pays (usage) or the node (the
+# node inventory, matched to usage by node name).
+REQUIRED_TEXT = {
+    "usage": ("team", "'missing (every interval must name the team that pays)'"),
+    "inventory": ("node", "'missing (the inventory is matched to usage by node name)'"),
+}
+REQUIRED_TEXT_RULE = [("team", "team = ''", REQUIRED_TEXT["usage"][1])]  # replaced per kind by row_rules()
+
 ROW_RULES: list[tuple[str, str, str]] = [
     *_time_rules("start", required=True),
     *_time_rules("end", required=False),
     ("end", "start_us IS NOT NULL AND end_us IS NOT NULL AND end_us < start_us",
      "strftime(make_timestamp(end_us), '%Y-%m-%dT%H:%M:%S') || '+00:00 is before start ' || strftime(make_timestamp(start_us), '%Y-%m-%dT%H:%M:%S') || '+00:00'"),
-    ("team", "team = ''", "'missing (every interval must name the team that pays)'"),
+    *REQUIRED_TEXT_RULE,
     ("gpu_type", "gpu_type_raw = ''", "'missing'"),
     ("gpu_type", "gpu_type_raw <> '' AND gpu_type IS NULL", "gpu_type_error"),
     *_number_rules("gpu_count", required=True),
@@ -363,18 +371,25 @@ ROW_RULES: list[tuple[str, str, str]] = [
 ]
 
 
-def rules_select() -> str:
+def row_rules(kind: str = "usage") -> list[tuple[str, str, str]]:
+    """The row rules of a usage file (``kind`` usage) or of the node inventory: the same
+    rules, with the inventory's required ``node`` in place of ``team``."""
+    col, reason = REQUIRED_TEXT[kind]
+    return [(col, f"{col} = ''", reason) if rule == REQUIRED_TEXT_RULE[0] else rule for rule in ROW_RULES]
+
+
+def rules_select(kind: str = "usage") -> str:
     """The rule layer: a list of (field, reason) per row, in rule order."""
     items = []
-    for field, cond, reason in ROW_RULES:
+    for field, cond, reason in row_rules(kind):
         items.append((field, f"coalesce({cond}, false)", reason))
     return _problem_list(items)
 
 
-def rules_bad() -> str:
+def rules_bad(kind: str = "usage") -> str:
     """Whether any rule fails (cheap: no reason is built; one look for control
     characters across every text column instead of one per column)."""
-    conds = [f"coalesce({cond}, false)" for field, cond, _ in ROW_RULES if not cond.startswith("regexp_matches(")]
+    conds = [f"coalesce({cond}, false)" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(")]
     conds.append("text_control")  # see :func:`text_control`
     return "(" + " OR ".join(conds) + ")"
 
@@ -388,3 +403,16 @@ def number_text_flags(layout: dict[str, Stored]) -> list[str]:
 def describe() -> list[tuple[str, str]]:
     """(field, condition) of every row rule, for the documentation."""
     return [(f, c) for f, c, _ in ROW_RULES]
+
+
+def inventory_raw(raw: str) -> str:
+    """SQL: the raw layer of a node inventory with a blank ``gpu_type``/``gpu_count`` taken
+    from its known ``instance_type`` (table ``instance_map``: instance_type, d_gpu_type,
+    d_gpu_count, built by the engine from the GPU catalog)."""
+    blank_type = f"nullif({_trim('r.r_gpu_type')}, '') IS NULL"
+    blank_count = f"(r.p_gpu_count IS NULL OR isnan(r.p_gpu_count)) AND nullif({_trim('r.r_gpu_count')}, '') IS NULL"
+    return (
+        f"SELECT r.* REPLACE (CASE WHEN {blank_type} THEN coalesce(im.d_gpu_type, r.r_gpu_type) ELSE r.r_gpu_type END AS r_gpu_type, "
+        f"CASE WHEN {blank_count} THEN im.d_gpu_count ELSE r.p_gpu_count END AS p_gpu_count) "
+        f"FROM ({raw}) r LEFT JOIN instance_map im ON im.instance_type = {_trim('r.r_instance_type')}"
+    )

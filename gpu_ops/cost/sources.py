@@ -1,6 +1,6 @@
 """`SourceSet`: which usage and inventory sources a configuration names.
 
-Re-exported by :mod:`gpu_ops.cost.pipeline`. Kept apart (no pandas) because the code
+Re-exported by :mod:`gpu_ops.cost.pipeline`. Kept apart (no pandas, no pydantic) because the code
 location decides at load time whether to register the collector job.
 """
 
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpu_ops.config import FileSource, GpuOpsConfig, KubernetesSource, LedgerSource
+if TYPE_CHECKING:  # the configuration's models need pydantic: `cost attribution --usage` does not load it
+    from gpu_ops.config import GpuOpsConfig, KubernetesSource
 
 
 @dataclass
@@ -19,14 +21,16 @@ class SourceSet:
     usage_files: list[str] = field(default_factory=list)
     lookback_days: dict[str, int] = field(default_factory=dict)  # per usage file pattern (default 1)
     ledger: bool = False
-    kubernetes: list[KubernetesSource] = field(default_factory=list)
+    kubernetes: list["KubernetesSource"] = field(default_factory=list)
     inventory_files: list[str] = field(default_factory=list)
     inventory_karpenter: bool = False
     base_dir: Path | None = None
     collected_retention_days: int | None = None
 
     @classmethod
-    def from_config(cls, config: GpuOpsConfig) -> "SourceSet":
+    def from_config(cls, config: "GpuOpsConfig") -> "SourceSet":
+        from gpu_ops.config import FileSource, KubernetesSource, LedgerSource
+
         s = cls(base_dir=config.base_dir, collected_retention_days=config.usage.collected_retention_days)
         for src in config.usage.sources:
             if isinstance(src, FileSource):

@@ -12,12 +12,10 @@ once per distinct value through ``pd.factorize``, not once per row.
 from __future__ import annotations
 
 import datetime as dt
-import glob as globmod
 import json
-import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,52 +23,39 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
-from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.read import (  # re-exported: the readers' names
+    INVENTORY_COLUMNS,
+    INVENTORY_REQUIRED,
+    USAGE_COLUMNS,
+    USAGE_REQUIRED,
+    UsageSourceError,
+    distinct_files,
+    raise_missing,
+    require_usage_columns,
+)
 
 if TYPE_CHECKING:
-    from gpu_ops.cost.footers import FooterCache
     from gpu_ops.cost.window import ReadStats, Window
 
-USAGE_COLUMNS = (
-    "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
-    "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
-)
 # Optional columns a source may carry (the ledger has all of them; a billing export may
 # carry any): region prices through the region multiplier, the rest feeds ROI.
 OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
-ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
 PROVENANCE_COLUMNS = ("source", "location", "row")
-USAGE_REQUIRED = ("start", "end", "team", "gpu_type", "gpu_count", "capacity_type")
-INVENTORY_REQUIRED = ("node", "capacity_type", "start")
-INVENTORY_COLUMNS = ("node", "instance_type", "gpu_type", "gpu_count", "capacity_type", "region", "start", "end")
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
-OUTCOMES = ("completed", "preempted", "oom", "infrastructure", "user_error")
 
 NS_PER_HOUR = 3_600 * 10**9
-
-
-class UsageSourceError(GpuOpsError, ValueError):
-    """A source cannot be read at all (missing file, wrong format, missing columns)."""
-
-    def __init__(self, location: Any, reason: str | None = None):
-        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
-        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
 
 
 # A file or pattern that yields no rows at all is one quarantine row: this field, no row
 # number, and the reason. Readers carry it as a raw row with a FILE_ERROR column.
 FILE_FIELD = "<file>"
 FILE_ERROR = "file_error"
-DUPLICATE_FIELD = "<row>"
 LINE_FIELD = "<line>"  # a CSV line that could not be split into the header's fields
 # List, struct or map cells of a Parquet file: the reader blanks them and records, per
 # row, {field: what the cell held} here; validation quarantines those rows.
 CELL_ERRORS = "cell_errors"
-# More GPUs than this in one interval is a unit or export error, not a job.
-MAX_GPUS_PER_ROW = 100_000
 
 
 @dataclass
@@ -95,10 +80,6 @@ def _factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
     return codes, pd.Index(uniques)
 
 
-def _map_distinct(s: pd.Series, fn: Callable[[Any], Any]) -> tuple[np.ndarray, list[Any]]:
-    """Apply ``fn`` once per distinct value; returns (codes, results per code); NA code -1."""
-    codes, uniques = _factorized(s)
-    return codes, [fn(u) for u in uniques]
 
 
 def _lut(values: list[Any], missing: Any, dtype: Any) -> np.ndarray:
@@ -111,44 +92,10 @@ def _blank(s: pd.Series) -> np.ndarray:
     return _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
 
 
-_EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
 
 
-def _stripped_text(cats: pd.Index) -> bool:
-    """All categories are distinct ``str`` with nothing ``str.strip`` would remove.
-
-    One regular-expression pass over the values joined by NUL, not a Python loop per value:
-    a unique column such as ``pod`` has as many categories as rows. ``\\s`` in a ``str``
-    pattern is exactly ``str.isspace``, what ``strip()`` removes; a NUL inside a value can
-    only make this say no (then the caller takes its exact per-value path)."""
-    values = cats.to_numpy(dtype=object)
-    try:
-        joined = "\x00".join(values)
-    except TypeError:  # not all str
-        return False
-    return _EDGE_SPACE.search(joined) is None and cats.is_unique
 
 
-def _as_text(s: pd.Series) -> pd.Series:
-    """Missing -> "" and everything else stripped text; categorical in, categorical out."""
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        if _stripped_text(s.cat.categories) and not (s.cat.codes.to_numpy() < 0).any():
-            return s  # the common Parquet case: nothing to normalise, no pass over the rows
-    if isinstance(s.dtype, pd.StringDtype) and s.dtype.storage == "pyarrow":
-        # Arrow-backed text (a high-cardinality column read plainly): strip and factorize
-        # in C rather than once per distinct value in Python.
-        codes, uniques = pd.factorize(s.str.strip().fillna(""), use_na_sentinel=True)
-        cats = pd.Index(uniques) if "" in uniques else pd.Index([*uniques, ""])  # "" always a category, as below
-        return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=s.index)
-    codes, uniques = _factorized(s)
-    cats = [str(u).strip() for u in uniques]
-    if "" not in cats:
-        cats.append("")
-    empty = cats.index("")
-    # Distinct values may collapse after stripping ("a " and "a"): re-factorize the labels.
-    labels, remap = np.unique(np.array(cats, dtype=object), return_inverse=True)
-    lut = np.append(remap, remap[empty]).astype(np.int32)
-    return pd.Series(pd.Categorical.from_codes(lut[codes], categories=list(labels)), index=s.index)
 
 
 def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
@@ -192,22 +139,6 @@ def _utc_ns(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
     return utc_series(ns, s.index), out
 
 
-def time_problem(value: Any) -> str:
-    """Why a time value was refused: outside the datetime64[ns] range, or unparseable."""
-    when = value if isinstance(value, (pd.Timestamp, dt.date)) else None
-    if when is None:
-        try:
-            parsed = pd.to_datetime(pd.Series([str(value).strip()]), utc=True, errors="coerce", format="ISO8601").iloc[0]
-            when = None if pd.isna(parsed) else parsed
-        except (ValueError, OverflowError):
-            when = None
-    if when is None:
-        return f"unparseable time {_show(value)}"
-    if isinstance(value, pd.Timestamp):
-        text = (value.tz_convert("UTC").tz_localize(None) if value.tzinfo else value).isoformat()
-    else:
-        text = value.isoformat() if isinstance(value, dt.date) else _show(value)
-    return f"{text} is outside the range of supported times ({TIME_RANGE}); a \"still running\" interval has an empty end"
 
 
 def _show(value: Any) -> str:
@@ -227,123 +158,31 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
     return pd.Series(DatetimeArray._simple_new(values, dtype=pd.DatetimeTZDtype("ns", "UTC")), index=index, copy=False)
 
 
-def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """-> (float values, blank mask, bad mask); bad: unparseable, NaN text or not finite
-    (``inf``, ``1e400``). Bad values are NaN in the result, so no check downstream can
-    take them for a number; :func:`number_problem` says what was wrong."""
-    if pd.api.types.is_integer_dtype(s.dtype) and not isinstance(s.dtype, pd.api.extensions.ExtensionDtype):
-        vals = s.to_numpy()  # plain ints have no missing values; no float copy needed
-        return vals, np.zeros(len(s), bool), np.zeros(len(s), bool)
-    if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
-        vals = s.to_numpy(dtype=float, na_value=np.nan)
-        inf = np.isinf(vals)
-        if inf.any():
-            vals = np.where(inf, np.nan, vals)
-        return vals, np.isnan(vals) & ~inf, inf
-    codes, uniques = _factorized(s)
-    parsed = []
-    for u in uniques:
-        text = str(u).strip()
-        try:
-            value = float(text) if text else np.nan
-        except ValueError:
-            value = np.nan
-        parsed.append(value if np.isfinite(value) else np.nan)
-    blank = _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
-    vals = _lut(parsed, np.nan, float)[codes]
-    return vals, blank, ~blank & np.isnan(vals)
 
 
-def number_problem(value: Any) -> str:
-    try:
-        f = float(str(value).strip())
-    except ValueError:
-        return f"not a number: {_show(value)}"
-    if np.isnan(f):
-        return f"not a number: {_show(value)}"
-    return f"not a finite number: {_show(value)}"
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
-    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
-    file; matching nothing is an error, or no files with ``missing_ok``."""
-    p = Path(pattern).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
-    if any(c in str(p) for c in "*?["):
-        paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, f"no file matches {pattern!r}")
-        return paths
-    if p.is_dir():
-        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
-        return paths
-    if not p.exists():
-        if missing_ok:
-            return []
-        raise UsageSourceError(p, "no such file")
-    return [p]
-
-
-def distinct_files(
-    patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
-) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
-    """Each file the patterns match, once (by real path); a pattern matching nothing is an
-    error. With a ``window``, only files of days that can hold its rows (see
-    :func:`gpu_ops.cost.window.list_files`; ``lookback_days`` per pattern)."""
-    from gpu_ops.cost import window as win
-
-    seen: set[str] = set()
-    for pattern in patterns:
-        try:
-            paths = win.list_files(pattern, base_dir, window, (lookback_days or {}).get(pattern, win.DEFAULT_LOOKBACK_DAYS), stats)
-        except UsageSourceError as exc:
-            yield None, exc
-            continue
-        for path in paths:
-            real = os.path.realpath(path)
-            if real not in seen:
-                seen.add(real)
-                yield path, None
-
-
-def read_table_file(
-    path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None,
-) -> pd.DataFrame:
+def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """CSV (all text, parsed later) or Parquet (types kept; strings as categoricals).
 
     Anything that stops the file from being read raises :class:`UsageSourceError`
-    naming the file and what is wrong, never a reader's own exception. With a
-    ``window``, a Parquet file's row groups that cannot touch it are not read (the frame
-    then carries ``row``, the 1-based row number in the file; no rows at all when
-    nothing can touch it) and ``stats`` records what was read; ``footers`` remembers
-    the footer's summary (:mod:`gpu_ops.cost.footers`).
+    naming the file and what is wrong, never a reader's own exception.
     """
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from gpu_ops.cost import window as win
         from gpu_ops.cost.columns import parquet_columns
 
         try:
-            if window is None:
-                schema = pq.read_schema(path)
-                return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
-            table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats(), footers)
-            if not len(rows):  # nothing of the window: the file's columns, no rows
-                return pd.DataFrame(np.empty((0, table.num_columns), dtype=object), columns=table.column_names)
-            df = arrow_to_frame(table)
+            schema = pq.read_schema(path)
+            return arrow_to_frame(pq.read_table(path, columns=parquet_columns(schema.names, columns)))
         except (pa.ArrowException, OSError, ValueError) as exc:  # a corrupt or truncated file: name it
             raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-        df["row"] = rows
-        return df
     if suffix == ".csv":
         try:
             return _read_csv(path, columns)
@@ -395,12 +234,7 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
         chunks = chunked.chunks
         t = chunked.type
         if pa.types.is_dictionary(t):
-            cats = chunks[0].dictionary.to_pylist() if chunks else []
-            if len(set(cats)) != len(cats):  # a Categorical needs unique categories
-                cols[name] = pd.Series(chunked.cast(t.value_type).to_pandas(), copy=False).astype("category")
-                continue
-            codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
-            cols[name] = pd.Categorical.from_codes(codes, categories=cats)
+            cols[name] = _categorical(chunked, n)
         elif _is_nested(t):
             nested[name] = _nested_cells_of(chunked, t)
             cols[name] = pd.Series([None] * n, dtype=object)
@@ -422,6 +256,16 @@ def arrow_to_frame(table: Any) -> pd.DataFrame:
         per_row = [{f: v[i] for f, v in nested.items() if v[i] is not None} for i in range(n)]
         cols[CELL_ERRORS] = pd.Series([d or None for d in per_row], dtype=object)
     return pd.DataFrame(cols, copy=False)
+
+
+def _categorical(chunked: Any, n: int) -> Any:
+    """A dictionary column (unified dictionaries) as a pandas Categorical."""
+    chunks = chunked.chunks
+    cats = chunks[0].dictionary.to_pylist() if chunks else []
+    if len(set(cats)) != len(cats):  # a Categorical needs unique categories
+        return pd.Series(chunked.cast(chunked.type.value_type).to_pandas(), copy=False).astype("category")
+    codes = _concat([c.indices.fill_null(-1) if c.null_count else c.indices for c in chunks], np.int32 if len(cats) > 32000 else np.int16, n)
+    return pd.Categorical.from_codes(codes, categories=cats)
 
 
 def _is_nested(t: Any) -> bool:
@@ -465,79 +309,48 @@ def _concat(chunks: list[Any], dtype: Any, n: int, scale: int = 1) -> np.ndarray
     return out
 
 
-def read_usage_files(
-    patterns: Iterable[str],
-    base_dir: Path | None = None,
-    columns: Sequence[str] | None = None,
-    row_numbers: bool = True,
-    window: Window | None = None,
-    lookback_days: Mapping[str, int] | None = None,
-    stats: ReadStats | None = None,
-    footers: FooterCache | None = None,
-) -> pd.DataFrame:
-    """Read CSV/Parquet usage files (globs); rows carry the file name and 1-based row number.
+def read_usage_files(patterns: Iterable[str], base_dir: Path | None = None, columns: Sequence[str] | None = None, row_numbers: bool = True) -> pd.DataFrame:
+    """Read CSV/Parquet usage files (globs) as pandas frames (the oracle's reader, and the
+    CLI's look for where usage is); rows carry the file name and 1-based row number.
 
     Each file is read once however many patterns match it. A pattern that matches
     nothing, or a file that cannot be read, becomes one file-level row (``FILE_ERROR``)
-    that :func:`validate_usage` quarantines; the other files are still read.
-    With ``row_numbers=False`` no ``row`` column is built (80 MB at ten million rows); the
-    quarantine still names rows, working them out from positions (files are concatenated
-    in order). With a ``window``, only what can touch it is listed, read and kept (see
-    :mod:`gpu_ops.cost.window`; ``lookback_days`` per pattern); ``stats`` records it, and
-    ``footers`` spares opening Parquet files whose cached footer rules them out
-    (:mod:`gpu_ops.cost.footers`).
+    that the engine quarantines; the other files are still read. With
+    ``row_numbers=False`` no ``row`` column is built (the quarantine works rows out from
+    positions). Bounded reads of a window go through :func:`gpu_ops.cost.read.read_files`.
     """
-    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers, window, lookback_days, stats, footers)
+    return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers)
 
 
 def _read_files(
     patterns: Iterable[str], base_dir: Path | None, columns: Sequence[str] | None, source: str,
     required: Sequence[str], layout: Sequence[str], row_numbers: bool = True,
-    window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
-    footers: FooterCache | None = None,
 ) -> pd.DataFrame:
-    from gpu_ops.cost import window as win
-    from gpu_ops.cost.columns import parquet_columns
-
     frames = []
-    files = list(distinct_files(patterns, base_dir, window, lookback_days, stats))
-    footers = footers if window is not None else None
-    if footers is not None:
-        footers.load(p for p, _ in files if p is not None and p.suffix.lower() in (".parquet", ".pq"))
-    for path, problem in files:
+    for path, problem in distinct_files(patterns, base_dir):
         try:
             if problem is not None:
                 raise problem
             assert path is not None
-            cached = win.ruled_out(path, window, footers, stats) if footers is not None and window is not None else None
-            if cached is not None:  # its cached footer says nothing can touch the window: check its columns only
-                _require(path, parquet_columns(cached, columns), required, "usage" if source == "file" else source, layout)
-                continue
-            df = read_table_file(path, columns, window, stats, footers)
-            _require(path, df.columns, required, "usage" if source == "file" else source, layout)
+            df = read_table_file(path, columns)
+            raise_missing(path, df.columns, required, "usage" if source == "file" else source, layout)
         except UsageSourceError as exc:
             frames.append(source_problem(exc, source))
             continue
         bad_lines = df.attrs.pop("bad_lines", [])
-        if window is None:
-            frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
-        elif len(df):  # numbered (rows of the window keep their file row numbers), then filtered
-            if source == "file" and path.suffix.lower() == ".csv" and stats is not None:
-                stats.files_read.append(str(path))
-            frame = win.keep_touching(usage_frame(df, path, None if "row" in df else 1, [r for r, _ in bad_lines], source), window, stats)
-            if len(frame):
-                frames.append(frame)
+        frames.append(usage_frame(df, path, 1 if row_numbers or bad_lines else None, [r for r, _ in bad_lines], source))
         if bad_lines:
             frames.append(line_problems(path, bad_lines, source))
+    _number_all(frames)
+    return concat_raw(frames)
+
+
+def _number_all(frames: list[pd.DataFrame]) -> None:
+    """Numbered files next to unnumbered ones: number them all."""
     if any("row" in f for f in frames) and not all("row" in f for f in frames if FILE_ERROR not in f):
-        for f in frames:  # numbered files next to unnumbered ones: number them all
+        for f in frames:
             if "row" not in f and FILE_ERROR not in f:
                 f["row"] = np.arange(1, len(f) + 1, dtype=np.int64)
-    if footers is not None:
-        footers.save()
-        if footers.problem and stats is not None:
-            stats.footer_cache_problem = footers.problem
-    return concat_raw(frames)
 
 
 def source_problem(exc: UsageSourceError, source: str = "file") -> pd.DataFrame:
@@ -556,8 +369,6 @@ def probe_files(
     """Cheap look at what a read would find: each pattern matches a file, each file
     (up to ``limit`` per read) opens as CSV or Parquet with the required columns. Only
     headers and Parquet footers are read. -> (files seen, problems as "location: reason")."""
-    import csv
-
     problems, seen = [], 0
     for path, problem in distinct_files(patterns, base_dir):
         if problem is not None:
@@ -568,28 +379,34 @@ def probe_files(
             continue
         assert path is not None
         try:
-            suffix = path.suffix.lower()
-            if suffix in (".parquet", ".pq"):
-                import pyarrow.parquet as pq
-
-                try:
-                    names = pq.read_schema(path).names
-                except Exception as exc:  # any reader error names the file
-                    raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-            elif suffix == ".csv":
-                try:
-                    with path.open(newline="", encoding="utf-8-sig") as f:
-                        names = next(csv.reader(f), None) or []
-                except (UnicodeDecodeError, OSError, csv.Error) as exc:
-                    raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
-                if not names:
-                    raise UsageSourceError(path, "empty file (a CSV needs a header row)")
-            else:
-                raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
-            _require(path, names, required, kind, layout)
+            raise_missing(path, _column_names(path), required, kind, layout)
         except UsageSourceError as exc:
             problems.append(str(exc))
     return seen, problems
+
+
+def _column_names(path: Path) -> list[str]:
+    """The column names of a CSV header or a Parquet footer (a file-level error otherwise)."""
+    import csv
+
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except Exception as exc:  # any reader error names the file
+            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+    if suffix != ".csv":
+        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            names = next(csv.reader(f), None) or []
+    except (UnicodeDecodeError, OSError, csv.Error) as exc:
+        raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
+    if not names:
+        raise UsageSourceError(path, "empty file (a CSV needs a header row)")
+    return names
 
 
 def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:
@@ -597,17 +414,6 @@ def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:
     if quarantine.empty:
         return quarantine
     return quarantine[quarantine["field"] == FILE_FIELD].reset_index(drop=True)
-
-
-def require_usage_columns(path: Path, names: Iterable[str]) -> None:
-    _require(path, names, USAGE_REQUIRED, "usage", USAGE_COLUMNS)
-
-
-def _require(path: Path, names: Iterable[str], required: Sequence[str], kind: str, layout: Sequence[str]) -> None:
-    present = set(names)
-    missing = [c for c in required if c not in present]
-    if missing:
-        raise UsageSourceError(path, f"missing column(s) {', '.join(missing)} (the {kind} format is: {', '.join(layout)})")
 
 
 def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1, skipped: Sequence[int] = (), source: str = "file") -> pd.DataFrame:
@@ -630,17 +436,6 @@ def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1, skipped
     return df
 
 
-def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
-    """1-based row numbers within each file for positions ``idx``."""
-    if "row" in raw:
-        return raw["row"].to_numpy()[idx]
-    loc = raw["location"]
-    codes = loc.cat.codes.to_numpy() if isinstance(loc.dtype, pd.CategoricalDtype) else pd.factorize(loc)[0]
-    first: dict[int, int] = {}
-    change = np.flatnonzero(np.diff(codes, prepend=-2) != 0)  # where each file's rows begin
-    for start in change:
-        first.setdefault(int(codes[start]), int(start))
-    return np.array([i - first[int(codes[i])] + 1 for i in idx], dtype=np.int64)
 
 
 def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -748,70 +543,8 @@ def _json_object(text: Any) -> Any:
 # --------------------------------------------------------------------------- validation
 
 
-class Problems:
-    """Per-row problems, collected as (mask, field, message-per-row) and rendered once."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.bad = np.zeros(n, bool)
-        self.items: list[tuple[np.ndarray, str, Callable[[np.ndarray], list[str]]]] = []
-        self.fields: dict[str, np.ndarray] = {}  # rows already given a reason, per field
-
-    def add(self, mask: np.ndarray, field: str, message: str | Callable[[np.ndarray], list[str]]) -> None:
-        mask = np.asarray(mask, bool)
-        if not mask.any():
-            return
-        if field in self.fields:  # one reason per field and row: the first, most specific one
-            mask = mask & ~self.fields[field]
-            if not mask.any():
-                return
-            self.fields[field] |= mask
-        else:
-            self.fields[field] = mask.copy()
-        self.bad |= mask
-        msg = message if callable(message) else (lambda idx, m=message: [m] * len(idx))
-        self.items.append((mask, field, msg))
-
-    def render(self, raw: pd.DataFrame, start: pd.Series, end: pd.Series) -> pd.DataFrame:
-        idx = np.flatnonzero(self.bad)
-        if not len(idx):
-            return empty_quarantine()
-        reasons: dict[int, list[str]] = {int(i): [] for i in idx}
-        first_field: dict[int, str] = {}
-        for mask, field, msg in self.items:
-            rows = np.flatnonzero(mask)
-            for i, text in zip(rows, msg(rows)):
-                reasons[int(i)].append(f"{field}: {text}")
-                first_field.setdefault(int(i), field)
-        sub = raw.iloc[idx]
-        records = []
-        for rec in sub.drop(columns=[c for c in PROVENANCE_COLUMNS if c in sub.columns]).astype(object).to_dict("records"):
-            records.append(json.dumps({k: _jsonable(v) for k, v in rec.items()}, sort_keys=True))
-        return pd.DataFrame(
-            {
-                "source": sub["source"].astype(str).to_numpy() if "source" in sub else "",
-                "location": sub["location"].astype(str).to_numpy() if "location" in sub else "",
-                "row": pd.array(_row_numbers(raw, idx) if ("row" in raw or "location" in raw) else [None] * len(idx), dtype="Int64"),
-                "field": [first_field[int(i)] for i in idx],
-                "reason": ["; ".join(reasons[int(i)]) for i in idx],
-                "record": records,
-                # Parsed times (NaT when unparseable) place the row in its day's partition.
-                "start": start.iloc[idx].reset_index(drop=True),
-                "end": end.iloc[idx].reset_index(drop=True),
-            }
-        )
 
 
-def _jsonable(v: Any) -> Any:
-    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NaT:
-        return None
-    if isinstance(v, (pd.Timestamp,)):
-        return v.isoformat()
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    return v if isinstance(v, (int, float, str, bool)) else str(v)
 
 
 def empty_quarantine() -> pd.DataFrame:
@@ -845,58 +578,12 @@ def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end
     return q[keep.to_numpy()].reset_index(drop=True)
 
 
-def _canonical_or_error(name: Any) -> tuple[str | None, str | None]:
-    try:
-        return canonical_gpu_type(str(name)), None
-    except UnknownGpuType as exc:
-        return None, str(exc)
 
 
-def _choice_codes(s: pd.Series, choices: Sequence[str], blank: int = -1) -> tuple[np.ndarray, list[Any]]:
-    """-> (index into choices per row, -1 when not one of them; ``blank`` for blank values)."""
-    codes, uniques = _map_distinct(s, lambda v: str(v).strip().lower())
-    lut = _lut([choices.index(u) if u in choices else (blank if u == "" else -1) for u in uniques], blank, np.int8)
-    return lut[codes], list(uniques)
 
 
-def _price_columns(
-    prices: PriceMatrix, gpu_types: list[str], gcodes: np.ndarray, cap_codes: np.ndarray, region_mult: list[float], r_codes: np.ndarray | None
-) -> tuple[pd.Categorical, pd.Categorical]:
-    """Price and on-demand price per row, as categoricals over the few distinct prices.
-
-    Prices depend only on (gpu type, capacity, region): a small dense table of those
-    combinations is priced once and each row gets a one- or two-byte code into it, so
-    ten million rows cost no 80 MB float arrays (attribution sums GPU-hours per price
-    and multiplies afterwards). Missing prices are code -1 (NaN), never 0.
-    """
-    G, C = len(gpu_types), len(CAPACITY_TYPES)
-    mults = [1.0] if r_codes is None else region_mult
-    R = len(mults)
-    # Slot 0 of each axis is "missing" (code -1 shifted by one).
-    table = np.full((G + 1, C + 1, R + 1), np.nan)
-    od_table = np.full((G + 1, C + 1, R + 1), np.nan)
-    for gi, g in enumerate(gpu_types):
-        od_price = prices.price(g, "on-demand")
-        for ci, c in enumerate(CAPACITY_TYPES):
-            base = prices.price(g, c)
-            for ri, m in enumerate(mults):
-                table[gi + 1, ci + 1, ri + 1] = base * m
-                od_table[gi + 1, ci + 1, ri + 1] = od_price * m
-    if r_codes is None:
-        table[:, :, 0], od_table[:, :, 0] = table[:, :, 1], od_table[:, :, 1]  # no region column: multiplier 1
-    idx = gcodes.astype(np.int32) + 1
-    idx *= C + 1
-    idx += cap_codes + 1
-    idx *= R + 1
-    if r_codes is not None:
-        idx += r_codes + 1
-    return _coded(table.ravel(), idx), _coded(od_table.ravel(), idx)
 
 
-def _coded(values: np.ndarray, idx: np.ndarray) -> pd.Categorical:
-    cats = np.unique(values[~np.isnan(values)])
-    lut = np.where(np.isnan(values), -1, np.searchsorted(cats, np.nan_to_num(values))).astype(np.int16 if len(cats) > 120 else np.int8)
-    return pd.Categorical.from_codes(lut[idx], categories=cats)
 
 
 def as_floats(s: pd.Series) -> np.ndarray:
@@ -907,269 +594,42 @@ def as_floats(s: pd.Series) -> np.ndarray:
     return s.to_numpy(dtype=float, na_value=np.nan)
 
 
-_REQUIRED_TEXT = {
-    "team": "missing (every interval must name the team that pays)",
-    "node": "missing (the inventory is matched to usage by node name)",
-}
 
 
-def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
-    """Check every row; return typed, priced rows and the quarantined ones with reasons.
-
-    Rules: ``start`` required and ``end`` optional, both parseable and within what
-    datetime64[ns] holds, ``end`` not before ``start``; ``team`` not blank; ``gpu_type``
-    known to the catalog (aliases mapped); ``gpu_count`` a whole number in
-    (0, MAX_GPUS_PER_ROW]; ``capacity_type`` one of spot/on-demand/reserved; ``sharing``
-    one of none/mig/mps/timeslice (blank = none); ``gpu_share`` in (0, 1], 1 (or blank)
-    for unshared GPUs; numbers finite; ``labels`` a JSON object; no list/struct cells;
-    a price for gpu type × capacity and, when the table lists regions, for the row's
-    region. Rows identical to an earlier good row are counted once (the copy is
-    quarantined as a duplicate); ``seen`` carries the rows of earlier batches when a
-    read is validated batch by batch. ``identity``: text columns that are only needed to
-    tell rows apart; the typed rows carry a 64-bit hash of their stripped text
-    (:func:`text_identity`) instead of categories, the quarantine record the text. File-level rows from the readers become quarantine rows with field
-    ``<file>`` and no row number.
-    """
-    file_q = empty_quarantine()
-    if FILE_ERROR in raw:
-        failed = raw[FILE_ERROR].notna().to_numpy()
-        file_q = _file_quarantine(raw[failed])
-        raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
-    n = len(raw)
-    problems = Problems(n)
-    _cell_errors(raw, problems)  # first: a blanked list cell is reported as such, not as "missing"
-    out: dict[str, Any] = {}
-
-    no_times = (pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]"), np.zeros(n, bool))
-    start, bad_start = parse_times(raw["start"]) if "start" in raw else no_times
-    problems.add(bad_start, "start", lambda idx: [time_problem(raw["start"].iloc[i]) for i in idx])
-    problems.add(start.isna().to_numpy() & ~bad_start, "start", "missing")
-    end, bad_end = parse_times(raw["end"]) if "end" in raw else no_times
-    problems.add(bad_end, "end", lambda idx: [time_problem(raw["end"].iloc[i]) for i in idx])
-    s_ns, e_ns = start.array.asi8, end.array.asi8
-    # NaT is the smallest int64: a missing end is "before" any start, so exclude it.
-    problems.add((e_ns < s_ns) & (e_ns != _NAT), "end", lambda idx: [f"{end.iloc[i].isoformat()} is before start {start.iloc[i].isoformat()}" for i in idx])
-    out["start"], out["end"] = start, end
-
-    for col in ATTRIBUTE_COLUMNS:
-        out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
-    for col in required:
-        problems.add(_blank(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
-
-    # gpu type: once per distinct name; aliases map to canonical names, unknown names are errors.
-    if "gpu_type" in raw:
-        codes, results = _map_distinct(raw["gpu_type"], _canonical_or_error)
-        canon = [r[0] for r in results]
-        errors = [r[1] for r in results]
-        known = _lut([c is not None for c in canon], False, bool)[codes]
-        problems.add(codes < 0, "gpu_type", "missing")
-        problems.add((codes >= 0) & ~known, "gpu_type", lambda idx: [errors[codes[i]] for i in idx])
-        cats = sorted({c for c in canon if c})
-        canon_codes = _lut([cats.index(c) if c else -1 for c in canon], -1, np.int16)[codes]
-        out["gpu_type"] = pd.Series(pd.Categorical.from_codes(canon_codes, categories=cats), index=raw.index)
-    else:
-        problems.add(np.ones(n, bool), "gpu_type", "missing")
-        out["gpu_type"] = pd.Series(pd.Categorical.from_codes(np.full(n, -1), categories=[]), index=raw.index)
-
-    count = _number_column(raw, "gpu_count", problems, required=True)
-    # NaN (blank or bad, reported above) compares False below.
-    problems.add(count <= 0, "gpu_count", lambda idx: [f"must be > 0, got {count[i]:g}" for i in idx])
-    problems.add(count > MAX_GPUS_PER_ROW, "gpu_count", lambda idx: [f"implausibly large: {count[i]:g} GPUs in one interval (at most {MAX_GPUS_PER_ROW:,})" for i in idx])
-    if count.dtype.kind == "f":
-        problems.add(np.isfinite(count) & (count != np.floor(count)), "gpu_count", lambda idx: [f"must be a whole number of GPUs, got {count[i]:g} (a fraction of a GPU is gpu_share with sharing mig, mps or timeslice)" for i in idx])
-    out["gpu_count"] = count
-
-    cap_codes, cap_uniques = _choice_codes(raw["capacity_type"], CAPACITY_TYPES) if "capacity_type" in raw else (np.full(n, -1), [])
-    cap_blank = _blank(raw["capacity_type"]) if "capacity_type" in raw else np.ones(n, bool)
-    problems.add(cap_blank, "capacity_type", "missing (spot, on-demand or reserved)")
-    problems.add((cap_codes < 0) & ~cap_blank, "capacity_type", lambda idx: [f"{str(raw['capacity_type'].iloc[i])!r} is not one of {', '.join(CAPACITY_TYPES)}" for i in idx])
-    out["capacity_type"] = pd.Series(pd.Categorical.from_codes(cap_codes, categories=list(CAPACITY_TYPES)), index=raw.index)
-
-    if "sharing" in raw:
-        sh_codes, _ = _choice_codes(raw["sharing"], SHARING_MODES, blank=0)  # blank = not shared
-        problems.add(sh_codes < 0, "sharing", lambda idx: [f"{str(raw['sharing'].iloc[i])!r} is not one of {', '.join(SHARING_MODES)}" for i in idx])
-    else:
-        sh_codes = np.zeros(n, np.int8)
-    out["sharing"] = pd.Series(pd.Categorical.from_codes(sh_codes, categories=list(SHARING_MODES)), index=raw.index)
-
-    share, share_blank = _number_column(raw, "gpu_share", problems, required=False, with_blank=True)
-    unshared = sh_codes == 0
-    # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
-    if share_blank.any():
-        share = np.where(share_blank & unshared, 1.0, share)
-    problems.add(share_blank & (sh_codes > 0), "gpu_share", "missing (required when sharing is mig, mps or timeslice)")
-    problems.add((share <= 0) | (share > 1), "gpu_share", lambda idx: [f"must be in (0, 1], got {share[i]:g}" for i in idx])
-    problems.add(unshared & (share < 1), "gpu_share", lambda idx: [f"{share[i]:g} but sharing is none: a share below 1 needs sharing mig, mps or timeslice" for i in idx])
-    out["gpu_share"] = share
-
-    if "region" in raw:
-        region = _as_text(raw["region"])
-        r_codes = region.cat.codes.to_numpy()
-        region_mult = [prices.region_multiplier(c) for c in region.cat.categories]
-        bad_region = _lut([np.isnan(m) for m in region_mult], False, bool)[r_codes]
-        problems.add(bad_region, "region", lambda idx: [f"no price multiplier for region {region.iloc[i]!r} (regions: {', '.join(sorted(prices.regions))})" for i in idx])
-    else:
-        region = pd.Series(const_column(n, ""), index=raw.index)
-        r_codes, region_mult, bad_region = None, [], None
-    out["region"] = region
-
-    gpu_cats = out["gpu_type"].cat.categories
-    gcodes = out["gpu_type"].cat.codes.to_numpy()
-    price, od = _price_columns(prices, list(gpu_cats), gcodes, cap_codes, region_mult, r_codes)
-    priceable = (cap_codes >= 0) & (gcodes >= 0)
-    if bad_region is not None:
-        priceable &= ~bad_region
-    problems.add(priceable & (price.codes < 0), "price", lambda idx: [prices.describe_missing(gpu_cats[gcodes[i]], CAPACITY_TYPES[cap_codes[i]]) for i in idx])
-    out["price_per_gpu_hour"] = pd.Series(price, index=raw.index, copy=False)
-    out["on_demand_price_per_gpu_hour"] = pd.Series(od, index=raw.index, copy=False)
-
-    if "labels" in raw:
-        out["labels"] = _as_text(raw["labels"])
-        lab = out["labels"]
-        verdicts = [None if c == "" else _json_object(c) for c in lab.cat.categories]
-        bad_labels = _lut([isinstance(v, str) for v in verdicts], False, bool)[lab.cat.codes.to_numpy()]
-        problems.add(bad_labels, "labels", lambda idx: [verdicts[lab.cat.codes.iloc[i]] for i in idx])
-    for col in ("run_id", "asset_key", "outcome", "instance_type"):
-        if col in raw:
-            out[col] = _as_text(raw[col])
-    if "attempt" in raw:
-        out["attempt"], _, _ = _numbers(raw["attempt"])
-    if "last_checkpoint_at" in raw:
-        out["last_checkpoint_at"], _ = parse_times(raw["last_checkpoint_at"])
-    if "lost_seconds" in raw:
-        lost, _, lost_bad = _numbers(raw["lost_seconds"])
-        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a finite number >= 0, got {_show(raw['lost_seconds'].iloc[i])}" for i in idx])
-        out["lost_seconds"] = np.nan_to_num(lost, nan=0.0)
-    for col in PROVENANCE_COLUMNS:
-        if col in raw:
-            out[col] = raw[col]
-        elif col != "row":
-            out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
-
-    typed = pd.DataFrame(out, index=raw.index, copy=False)
-    _duplicates(typed, raw, problems)
-    quarantine = problems.render(raw, start, end)
-    if len(file_q):
-        quarantine = pd.concat([file_q, quarantine], ignore_index=True) if len(quarantine) else file_q
-    good = ~problems.bad
-    rows = typed if good.all() else typed.loc[good].reset_index(drop=True)
-    return Validated(rows.reset_index(drop=True), quarantine)
 
 
-def _number_column(raw: pd.DataFrame, col: str, problems: Problems, required: bool, with_blank: bool = False) -> Any:
-    """A numeric column with its blank (when required) and bad values reported."""
-    n = len(raw)
-    vals, blank, bad = _numbers(raw[col]) if col in raw else (np.full(n, np.nan), np.ones(n, bool), np.zeros(n, bool))
-    if required:
-        problems.add(blank, col, "missing")
-    problems.add(bad, col, lambda idx: [number_problem(raw[col].iloc[i]) for i in idx])
-    return (vals, blank) if with_blank else vals
 
 
-def _cell_errors(raw: pd.DataFrame, problems: Problems) -> None:
-    """Report the list/struct/map cells the reader recorded (:data:`CELL_ERRORS`), per field."""
-    if CELL_ERRORS not in raw:
-        return
-    errors = raw[CELL_ERRORS].to_numpy()
-    rows = np.flatnonzero(pd.notna(errors))
-    fields = sorted({f for i in rows for f in errors[i]})
-    for field in fields:
-        mask = np.zeros(len(raw), bool)
-        mask[[i for i in rows if field in errors[i]]] = True
-        problems.add(mask, field, lambda idx, f=field: [errors[i][f] for i in idx])  # type: ignore[misc]
 
 
-def _duplicates(typed: pd.DataFrame, raw: pd.DataFrame, problems: Problems) -> None:
-    """Quarantine good rows identical (after parsing) to an earlier good row: counted once."""
-    good = np.flatnonzero(~problems.bad)
-    cols = [c for c in typed.columns if c not in PROVENANCE_COLUMNS and c != CELL_ERRORS]
-    sub = typed.iloc[good][cols] if len(good) < len(typed) else typed[cols]
-    # Numbers hash as floats: a CSV's "1" and a Parquet file's integer 1 are the same count.
-    ints = {c: sub[c].astype(float) for c in ("gpu_count", "attempt") if c in sub and sub[c].dtype.kind in "iu"}
-    hashes = pd.util.hash_pandas_object(sub.assign(**ints) if ints else sub, index=False).to_numpy() if len(good) else np.empty(0, np.uint64)
-    dup = np.array(pd.Series(hashes).duplicated(keep="first")) if len(good) > 1 else np.zeros(len(good), bool)
-    earlier: dict[int, str] = {}  # row position -> "row N" or "<file> row N" of its first copy
-    location = raw["location"] if "location" in raw else pd.Series([""] * len(raw), dtype=object)
-
-    def loc(idx: Any) -> np.ndarray:  # location text of some rows (not a pass over all of them)
-        idx = np.atleast_1d(idx)
-        if isinstance(location.dtype, pd.CategoricalDtype):  # files: a few names, coded
-            names = np.array([str(c) for c in location.cat.categories] + [""], dtype=object)
-            return names[location.cat.codes.to_numpy()[idx]]
-        return np.array([str(v) for v in location.iloc[idx]], dtype=object)
-
-    if dup.any():
-        first_of = pd.Series(np.arange(len(hashes))).groupby(hashes).transform("first").to_numpy()
-        later, first = np.flatnonzero(dup), first_of[dup]
-        same = _same_values(sub, later, first)  # a hash collision is not a duplicate
-        dup[later[~same]] = False
-        later, first = good[later[same]], good[first[same]]
-        numbers: Any = _row_numbers(raw, first) if len(first) else []
-        for i, _j, n, li, lj in zip(later.tolist(), first.tolist(), numbers, loc(later), loc(first)):
-            earlier[i] = f"row {n}" if lj == li else f"{lj} row {n}"
-    if not earlier:
-        return
-    mask = np.zeros(len(typed), bool)
-    mask[list(earlier)] = True
-    problems.add(mask, DUPLICATE_FIELD, lambda idx: [f"duplicate of {earlier[int(i)]}: identical in every column, counted once" for i in idx])
 
 
-def _same_values(sub: pd.DataFrame, later: np.ndarray, first: np.ndarray) -> np.ndarray:
-    same = np.ones(len(later), bool)
-    for c in sub.columns:
-        col = sub[c]
-        v = col.cat.codes.to_numpy() if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
-        a, b = v[later], v[first]
-        eq = a == b
-        if v.dtype.kind == "f":
-            eq |= np.isnan(a) & np.isnan(b)
-        elif v.dtype.kind in "Mm" or isinstance(col.dtype, pd.DatetimeTZDtype):
-            eq |= pd.isna(a) & pd.isna(b)
-        same &= np.asarray(eq, bool)
-    return same
 
 
-def _file_quarantine(failed: pd.DataFrame) -> pd.DataFrame:
-    """Reader problems: a whole file or pattern (no row: ``<file>``) or a CSV line (``<line>``)."""
-    n = len(failed)
-    q = empty_quarantine()
-    row = pd.array(failed["row"].to_numpy() if "row" in failed else [None] * n, dtype="Int64")
-    return pd.DataFrame(
-        {
-            "source": failed["source"].astype(str).to_numpy() if "source" in failed else ["file"] * n,
-            "location": failed["location"].astype(str).to_numpy(),
-            "row": row,
-            "field": np.where(pd.isna(row), FILE_FIELD, LINE_FIELD),
-            "reason": failed[FILE_ERROR].astype(str).to_numpy(),
-            "record": [""] * n,
-            "start": pd.Series(pd.NaT, index=range(n), dtype=q["start"].dtype),
-            "end": pd.Series(pd.NaT, index=range(n), dtype=q["end"].dtype),
-        }
-    )
 
 
 # --------------------------------------------------------------------------- inventory
 
 
-def validate_inventory(raw: pd.DataFrame, prices: PriceMatrix) -> Validated:
-    """Node inventory rows; ``gpu_type``/``gpu_count`` may be derived from a known instance type."""
-    raw = raw.copy()
-    n = len(raw)
-    if "instance_type" in raw:
-        it = raw["instance_type"].astype(object).map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).strip())
-        derived_type = it.map(lambda t: next((g for g, spec in CATALOG.items() if t in spec.instance_types), ""))
-        derived_count = it.map(lambda t: next((spec.instance_types[t] for spec in CATALOG.values() if t in spec.instance_types), np.nan))
-        if "gpu_type" in raw:
-            raw["gpu_type"] = raw["gpu_type"].astype(object).where(~_blank(raw["gpu_type"]), derived_type.where(derived_type != "", None))
-        else:
-            raw["gpu_type"] = derived_type.where(derived_type != "", None)
-        if "gpu_count" in raw:
-            raw["gpu_count"] = raw["gpu_count"].astype(object).where(~_blank(raw["gpu_count"]), derived_count)
-        else:
-            raw["gpu_count"] = derived_count
-    v = validate_usage(raw.assign(sharing=const_column(n, "none"), gpu_share=np.ones(n)), prices, required=("node",))
-    return v
 
 
 def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
     return _read_files(patterns, base_dir, None, "inventory", INVENTORY_REQUIRED, INVENTORY_COLUMNS)
+
+
+def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:
+    """Deprecated: usage is checked by the one engine (:func:`gpu_ops.cost.engine.validate`).
+
+    Kept so that callers of ``gpu_ops.validate_usage`` keep working: the same return
+    shape (good rows typed, canonical and priced; the quarantine), computed by the engine
+    and its rule book (``required=("node",)``: the node inventory's rules). The pandas
+    reader it was lives on as the tests' oracle."""
+    from gpu_ops.cost.engine import validate
+    from gpu_ops.cost.read import INVENTORY, USAGE
+
+    warnings.warn(
+        "gpu_ops.validate_usage is deprecated; usage is checked by the cost engine (gpu_ops.cost.engine.validate)",
+        DeprecationWarning, stacklevel=2,
+    )
+    got = validate(raw, prices, kind=INVENTORY if tuple(required) == ("node",) else USAGE)
+    return Validated(got.rows, got.quarantine)

@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from gpu_ops.cost.footers import FooterCache
 
 DATE_PLACEHOLDER = "{date}"
@@ -61,15 +62,33 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 @dataclass(frozen=True)
 class Window:
-    """``[start, end)`` in UTC; ``first``/``last`` are the UTC days it covers."""
+    """``[start, end)`` in UTC; ``first``/``last`` are the UTC days it covers. The bounds
+    are pandas Timestamps (:meth:`of_days`) or aware datetimes (:meth:`of_utc_days`,
+    what the CLI uses without loading pandas)."""
 
-    start: pd.Timestamp
-    end: pd.Timestamp
+    start: Any
+    end: Any
 
     @classmethod
     def of_days(cls, first: dt.date, last: dt.date | None = None) -> "Window":
+        import pandas as pd
+
         last = last or first
         return cls(pd.Timestamp(first.isoformat(), tz="UTC"), pd.Timestamp((last + _DAY).isoformat(), tz="UTC"))
+
+    @classmethod
+    def of_utc_days(cls, first: dt.date, last: dt.date | None = None) -> "Window":
+        last = last or first
+        utc = dt.timezone.utc
+        return cls(dt.datetime(first.year, first.month, first.day, tzinfo=utc), dt.datetime(last.year, last.month, last.day, tzinfo=utc) + _DAY)
+
+    @property
+    def start_ns(self) -> int:
+        return epoch_ns(self.start)
+
+    @property
+    def end_ns(self) -> int:
+        return epoch_ns(self.end)
 
     @property
     def first(self) -> dt.date:
@@ -77,7 +96,7 @@ class Window:
 
     @property
     def last(self) -> dt.date:
-        return (self.end - pd.Timedelta(1, "ns")).date()
+        return (self.end - dt.timedelta(microseconds=1)).date()
 
     def days(self) -> list[dt.date]:
         return [self.first + i * _DAY for i in range((self.last - self.first).days + 1)]
@@ -85,6 +104,14 @@ class Window:
     def file_days(self, lookback_days: int) -> tuple[dt.date, dt.date]:
         """The days whose files can hold rows of this window (interval start days)."""
         return self.first - lookback_days * _DAY, self.last
+
+
+def epoch_ns(t: Any) -> int:
+    """UTC nanoseconds of a pandas Timestamp or an aware ``datetime``."""
+    if hasattr(t, "value"):  # pandas: exact to the nanosecond
+        return int(t.value)
+    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000
 
 
 @dataclass
@@ -138,7 +165,7 @@ def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookb
     ``{date}`` is replaced by each day of :meth:`Window.file_days`; without a window it
     matches every day (a glob ``*``). Hive day folders outside those days are dropped.
     """
-    from gpu_ops.cost.usage import expand_pattern
+    from gpu_ops.cost.read import expand_pattern
 
     if DATE_PLACEHOLDER not in pattern:
         paths = expand_pattern(pattern, base_dir)
@@ -173,7 +200,7 @@ def _older_reaching(pattern: str, base_dir: Path | None, window: Window, lo: dt.
     days cannot be judged without reading them and follow ``lookback_days``."""
     import fnmatch
 
-    from gpu_ops.cost.usage import expand_pattern
+    from gpu_ops.cost.read import expand_pattern
 
     out = []
     for path in expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir, missing_ok=True):
@@ -297,11 +324,11 @@ class _TimeStats:
         if s is None or s[2] or s[0] is None:
             return True  # no usable statistics for start, or a missing start (touches every day)
         lo = min(s[0], e[0]) if e is not None and e[0] is not None else s[0]
-        if lo >= window.end.value:
+        if lo >= window.end_ns:
             return False
         if e is None or e[2] or e[1] is None:
             return True  # running rows, or no statistics for end
-        return max(s[1], e[1]) >= window.start.value  # type: ignore[type-var]
+        return max(s[1], e[1]) >= window.start_ns  # type: ignore[type-var, operator]
 
     def file_bounds(self) -> tuple[int | None, int | None, bool]:
         """(lo, hi, open intervals) of the whole file (see :class:`FooterSummary`)."""
@@ -363,9 +390,9 @@ class FooterSummary:
         reading the footer then skips it)."""
         if self.lo is None:
             return True
-        if self.lo >= window.end.value:
+        if self.lo >= window.end_ns:
             return False
-        return self.hi is None or self.hi >= window.start.value
+        return self.hi is None or self.hi >= window.start_ns
 
 
 # --------------------------------------------------------------------------- rows
@@ -381,17 +408,4 @@ def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
     s_nat, e_nat = s == nat, e == nat
     lo = np.where(e_nat, s, np.minimum(s, e))
     hi = np.where(e_nat, s, np.maximum(s, e))
-    return s_nat | ((lo < window.end.value) & (e_nat | (hi >= window.start.value)))
-
-
-def keep_touching(df: pd.DataFrame, window: Window, stats: ReadStats | None = None) -> pd.DataFrame:
-    """``df`` without the rows that cannot touch ``window`` (kept as is when it has no ``start``)."""
-    if stats is not None:
-        stats.rows_read += len(df)
-    if "start" in df and len(df):
-        mask = touch_mask(df["start"], df["end"] if "end" in df else None, window)  # type: ignore[arg-type]
-        if not mask.all():
-            df = df.loc[mask].reset_index(drop=True)
-    if stats is not None:
-        stats.rows_kept += len(df)
-    return df
+    return s_nat | ((lo < window.end_ns) & (e_nat | (hi >= window.start_ns)))

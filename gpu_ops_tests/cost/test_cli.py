@@ -159,3 +159,59 @@ def test_an_empty_default_day_says_where_the_data_is(files):
     assert "(the default --date is yesterday, UTC)" in r.stderr
     explicit = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--prices", "prices.yaml", "--date", "2026-09-01", cwd=files)
     assert explicit.returncode == 0 and "usage found" not in explicit.stderr  # a day asked for is answered as asked
+
+
+INVENTORY = [
+    "node,instance_type,gpu_type,gpu_count,capacity_type,start,end",
+    "n1,,a100-80gb,8,spot,2026-10-01T00:00:00Z,",
+    "n2,g6.xlarge,,,on-demand,2026-10-02T00:00:00Z,2026-10-02T12:00:00Z",
+]
+
+
+# The light run makes pandas and pydantic unimportable; the plain run must not load
+# them either (pyarrow imports pandas, when installed, to probe what ``pa.array`` is
+# given: the engine builds its arrays and lookup tables without it).
+_LIGHT_PROBE = """
+import sys
+BLOCKED = {blocked!r}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{{name}} is blocked by the test")
+sys.meta_path.insert(0, Block())
+from gpu_ops.cli import main
+sys.argv = {argv!r}
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("LOADED", sorted({{m.split(".")[0] for m in sys.modules if sys.modules[m] is not None}} & {{"pandas", "pydantic", "dagster", "torch", "sqlalchemy"}}))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_attribution_over_files_starts_light(files, fmt):
+    """`cost attribution --usage --prices --inventory` loads neither pandas nor pydantic,
+    and runs the same with both unimportable (issue 19: the CLI starts light); the
+    figures are the hand-computed ones."""
+    (files / "inventory.csv").write_text("\n".join(INVENTORY) + "\n")
+    argv = ["gpu-ops", "cost", "attribution", "--usage", str(files / "usage.csv"), "--prices", str(files / "prices.yaml"), "--inventory", str(files / "inventory.csv"),
+            "--date", "2026-10-02", "--by", "team,label:tier", "--format", fmt, "--quarantine", str(files / "q.csv")]
+    runs = {}
+    for blocked in ((), ("pandas", "pydantic")):
+        r = subprocess.run([sys.executable, "-c", _LIGHT_PROBE.format(blocked=blocked, argv=argv)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs[blocked] = r
+    light, plain = runs[("pandas", "pydantic")], runs[()]
+    assert "LOADED []" in light.stdout and "LOADED []" in plain.stdout, plain.stdout[-300:]
+    assert light.stdout == plain.stdout and light.stderr == plain.stderr
+    assert "quarantined 1 row(s)" in light.stderr
+    with open(files / "q.csv") as f:
+        q = list(csv.DictReader(f))
+    assert [(row["field"], row["row"]) for row in q] == [("team", "4")]
+    if fmt == "json":
+        rows = json.loads(light.stdout[: light.stdout.rindex("LOADED")])
+        by_team = {row["team"]: row["cost_usd"] for row in rows}
+        # n1: 8 spot A100s all day ($192), n2: one L4 for 12 h ($9.60): fleet $201.60, $22.80 of it allocated
+        assert by_team["nlp"] == pytest.approx(6.0) and by_team["vision"] == pytest.approx(16.8) and by_team["__idle__"] == pytest.approx(201.6 - 22.8)
+        assert {row["label_tier"] for row in rows} == {"", "__idle__"}

@@ -1,7 +1,7 @@
 """The cost engine (DuckDB, rule book compiled to SQL) against an independent oracle.
 
 The oracle is the pandas path kept for this purpose: the files read by pandas'
-readers, every row judged by :func:`gpu_ops.cost.usage.validate_usage` (vectorised
+readers, every row judged by :func:`gpu_ops_tests.cost.oracle.validate_usage` (vectorised
 pandas, written independently of the SQL rule book), intervals de-duplicated row by row
 here in Python (the closed record supersedes the open one, the later end the earlier,
 the last delivered the others), split at midnights and priced by the pandas functions.
@@ -27,13 +27,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_ops.cost.attribution import price_pieces, split_by_day
 from gpu_ops.cost.pipeline import load_raw, price_window
 from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.usage import quarantine_in_window, read_usage_files, validate_usage
+from gpu_ops.cost.usage import quarantine_in_window, read_usage_files
 from gpu_ops.cost.window import Window
 
 from .helpers import MATRIX
+from .oracle import price_pieces, split_by_day, validate_usage
 
 DAY = pd.Timestamp("2026-10-01", tz="UTC")
 WS, WE = DAY, DAY + pd.Timedelta(days=1)

@@ -12,8 +12,9 @@ import pytest
 from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.pipeline import price_window
 from gpu_ops.cost.engine import validate
-from gpu_ops.cost.usage import USAGE_COLUMNS, read_usage_files, validate_usage
+from gpu_ops.cost.usage import USAGE_COLUMNS, read_usage_files
 
+from .oracle import validate_usage
 from .helpers import MATRIX, raw, row
 
 DAY = pd.Timestamp("2026-10-02", tz="UTC")
@@ -149,3 +150,41 @@ def test_parquet_reads_only_the_columns_asked_for_and_bad_files_name_themselves(
     bad.write_bytes(b"not parquet at all")
     problem = read_usage_files([str(bad)], columns=cols)
     assert problem["location"].tolist() == [str(bad)] and problem["file_error"].iloc[0].startswith("not a readable Parquet file")
+
+
+def test_validate_usage_is_a_deprecated_wrapper_over_the_engine():
+    """`gpu_ops.validate_usage` still answers (rows, quarantine), now from the engine, and
+    says it is deprecated; its figures are the oracle's."""
+    import gpu_ops
+
+    rows = raw([row("2026-10-01T00:00:00Z", "2026-10-01T02:00:00Z"), row("2026-10-01T00:00:00Z", "", team=""), row("x", "2026-10-01T01:00:00Z", pod="p9")])
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        v = gpu_ops.validate_usage(rows, MATRIX)
+    want = validate_usage(rows, MATRIX)
+    assert len(v.rows) == len(want.rows) == 1
+    assert (v.rows["price_per_gpu_hour"].astype(float).tolist(), v.rows["team"].astype(str).tolist()) == (want.rows["price_per_gpu_hour"].astype(float).tolist(), want.rows["team"].astype(str).tolist())
+    assert sorted(zip(v.quarantine["row"].tolist(), v.quarantine["field"])) == sorted(zip(want.quarantine["row"].tolist(), want.quarantine["field"])) == [(2, "team"), (3, "start")]
+
+
+def test_the_inventory_through_the_engine_matches_the_oracle():
+    """The node inventory is checked by the engine's rule book (kind inventory): the node
+    is required instead of the team, a blank GPU type and count come from a known instance
+    type; the same good nodes and the same quarantine as the pandas oracle."""
+    from gpu_ops.cost.read import INVENTORY
+
+    from .helpers import inventory
+    from .oracle import validate_inventory
+
+    nodes = inventory([
+        {"node": "n1", "instance_type": "p4de.24xlarge", "gpu_type": "", "gpu_count": None, "capacity_type": "spot", "start": "2026-10-01T00:00:00Z", "end": ""},
+        {"node": "n2", "instance_type": "", "gpu_type": "l4", "gpu_count": 2, "capacity_type": "on-demand", "start": "2026-10-01T00:00:00Z", "end": "2026-10-01T06:00:00Z"},
+        {"node": "", "instance_type": "", "gpu_type": "l4", "gpu_count": 1, "capacity_type": "on-demand", "start": "2026-10-01T00:00:00Z", "end": ""},
+        {"node": "n4", "instance_type": "nope.large", "gpu_type": "", "gpu_count": None, "capacity_type": "spot", "start": "2026-10-01T00:00:00Z", "end": ""},
+        {"node": "n5", "instance_type": "", "gpu_type": "l4", "gpu_count": 1, "capacity_type": "weekly", "start": "2026-10-01T00:00:00Z", "end": ""},
+    ])
+    got, want = validate(nodes, MATRIX, kind=INVENTORY), validate_inventory(nodes, MATRIX)
+    cols = ["node", "gpu_type", "gpu_count", "capacity_type", "price_per_gpu_hour"]
+    as_rows = lambda df: sorted(tuple(str(v) if not isinstance(v, float) else round(v, 9) for v in r) for r in df[cols].astype({"gpu_count": float, "price_per_gpu_hour": float}).itertuples(index=False))
+    assert as_rows(got.rows) == as_rows(want.rows) and len(got.rows) == 2
+    assert sorted(zip(got.quarantine["row"].tolist(), got.quarantine["field"])) == sorted(zip(want.quarantine["row"].tolist(), want.quarantine["field"]))
+    assert len(got.quarantine) == 3
