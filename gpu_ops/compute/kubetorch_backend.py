@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from gpu_ops.compute import fence
 from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
 from gpu_ops.compute.karpenter import (
     DO_NOT_DISRUPT,
@@ -316,6 +317,49 @@ def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
+POD_FENCE_DIR = "/tmp"  # in the pod: where pod_call keeps the pod's own fence file
+
+
+@dataclass
+class FencedCall:
+    """A launch under a GPU lease, on remote workers (see :mod:`gpu_ops.compute.fence`):
+    the pod runs :func:`~gpu_ops.compute.fence.pod_call`, which keeps the pod's own fence
+    file and watchdog; the launcher's fence file (renewed by its lease heartbeat) is relayed
+    to it by further calls of the same service while the launch call runs."""
+
+    launcher_path: str
+    pod_env: dict[str, str]
+    target: str
+    log: LogSink
+    deployed: Callable[..., Any] = field(default=fence.pod_call)
+
+    @classmethod
+    def of(cls, backend: "KubetorchBackend", fn: Callable[..., Any], env: dict[str, str] | None, log: LogSink) -> "FencedCall | None":
+        """None when the launch holds no lease (no fence file in ``env``)."""
+        pod_env = dict(env or {})
+        launcher_path = pod_env.pop(fence.FENCE_ENV, None)
+        if not launcher_path:
+            return None
+        pod_env[fence.FENCE_ENV] = f"{POD_FENCE_DIR}/gpu-ops-fence-{backend.name}.json"
+        return cls(launcher_path, pod_env, f"{fn.__module__}:{fn.__qualname__}", log)
+
+    def payload(self, relay: fence.FenceRelay, args: tuple, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        initial = relay.initial()
+        if initial is None:  # the heartbeat writes it before the launch: its absence is a bug, not a state
+            raise RuntimeError(f"the launcher's fence file {self.launcher_path} is missing: refusing to launch unfenced under a GPU lease")
+        return {"fence": initial, "target": self.target, "args": list(args), "kwargs": dict(kwargs or {})}
+
+    def call(self, remote: Any, args: tuple, kwargs: dict[str, Any] | None) -> Any:
+        """The launch call, with the relay renewing the pod's fence while it runs."""
+        relay = fence.FenceRelay(self.launcher_path, send=lambda f: remote({"renew": f}), on_error=self.log)
+        payload = self.payload(relay, args, kwargs)
+        relay.start()
+        try:
+            return remote(payload)
+        finally:
+            relay.stop()
+
+
 class KubetorchBackend:
     """One launch on Kubetorch; ``teardown`` removes its service and run-scoped pools."""
 
@@ -374,7 +418,8 @@ class KubetorchBackend:
     ) -> WorkerReport:
         import kubetorch as kt
 
-        compute = build_compute(self.request, labels=self.labels, target=self.target, env=env)
+        fenced = FencedCall.of(self, fn, env, log)
+        compute = build_compute(self.request, labels=self.labels, target=self.target, env=fenced.pod_env if fenced else env)
         core, custom = self._clients()
         if self.target.karpenter.manage_nodepools:
             self.ensure_nodepools(custom, log)
@@ -385,7 +430,7 @@ class KubetorchBackend:
         try:
             # Kept before deploying: a launch that times out has already created the
             # service, and teardown must still find it.
-            self._remote = kt.fn(fn, name=self.name)
+            self._remote = kt.fn(fenced.deployed if fenced else fn, name=self.name)
             try:
                 self._remote.to(compute, prefix_username=False)
             except Exception as exc:
@@ -397,7 +442,7 @@ class KubetorchBackend:
             if on_start is not None:
                 on_start([])  # remote workers have no local pids
             try:
-                value = self._remote(*args, **(kwargs or {}))
+                value = fenced.call(self._remote, args, kwargs) if fenced else self._remote(*args, **(kwargs or {}))
             except Exception as exc:
                 evidence = collect_evidence(core, self.namespace, self.name, getattr(exc, "pod_name", None))
                 return self._failure_report(exc, evidence, time.monotonic() - started)

@@ -287,8 +287,9 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
                     heartbeat.stop()  # the GPUs go back to the quota
 
     def fence_parent(self) -> str | None:
-        """Where the workers' fence file is written; None: workers see none (remote pods)."""
-        return None
+        """Where the launcher writes the fence file of a launch under a GPU lease (local
+        workers read it; the Kubetorch backend relays it to its pods)."""
+        return tempfile.gettempdir()
 
     @property
     def last_admission(self) -> Any:
