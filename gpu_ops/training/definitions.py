@@ -102,32 +102,38 @@ def _forkserver_matches_environment() -> None:
     _forkserver_env[:] = [digest]
 
 
-def _start_method(config: Mapping[str, Any], preload: Sequence[str]) -> dict[str, Any]:
-    """The run's executor config, with ``forkserver`` unless the run names its start method."""
+def _with_forkserver(config: Mapping[str, Any], preload: Sequence[str]) -> dict[str, Any]:
+    """The run's executor config, its multiprocess mode with ``forkserver`` unless the run
+    names a start method (``in_process`` stays as it is)."""
     config = dict(config)
-    if not config.get("start_method"):
-        config["start_method"] = {"forkserver": {"preload_modules": list(preload)}}
+    if "multiprocess" in config:
+        multiprocess = dict(config["multiprocess"] or {})
+        if not multiprocess.get("start_method"):
+            multiprocess["start_method"] = {"forkserver": {"preload_modules": list(preload)}}
+        config["multiprocess"] = multiprocess
     return config
 
 
 def training_executor(preload: Sequence[str] = ()) -> dg.ExecutorDefinition:
-    """Dagster's multiprocess executor with ``start_method: forkserver`` unless the run's
-    config names another, preloading :data:`STEP_PRELOAD` and ``preload`` (modules of
-    the code location's own that a step imports; they must import without error). Its run config is the
-    multiprocess executor's (``max_concurrent``, ``retries``, ``tag_concurrency_limits``, ...)."""
+    """Dagster's default executor (``multiprocess``, or ``in_process`` when the run's config
+    says so; the same run config) whose multiprocess mode starts step processes with
+    ``forkserver`` unless the run's config names another start method, preloading
+    :data:`STEP_PRELOAD` and ``preload`` (modules of the code location's own that a step
+    imports; they must import without error)."""
     modules = [*STEP_PRELOAD, *(m for m in preload if m not in STEP_PRELOAD)]
+    default = dg.multi_or_in_process_executor
 
-    @dg.executor(name="multiprocess", config_schema=dg.multiprocess_executor.config_schema.as_field(), requirements=dg.multiple_process_executor_requirements())
-    def multiprocess_forkserver(init_context: dg.InitExecutorContext) -> Any:
-        """Dagster's multiprocess executor; step processes fork from a forkserver that has
-        Dagster and the training step's modules imported (``start_method: spawn`` in the run's
-        config goes back to a new interpreter per step)."""
-        config = _start_method(init_context.executor_config, modules)
-        if "forkserver" in config["start_method"]:
+    @dg.executor(name=default.name, config_schema=default.config_schema.as_field(), requirements=dg.multiple_process_executor_requirements())
+    def multi_or_in_process_forkserver(init_context: dg.InitExecutorContext) -> Any:
+        """Dagster's default executor; in multiprocess mode, step processes fork from a
+        forkserver that has Dagster and the training step's modules imported
+        (``start_method: {spawn: {}}`` in the run's config: a new interpreter per step)."""
+        config = _with_forkserver(init_context.executor_config, modules)
+        if "forkserver" in config.get("multiprocess", {}).get("start_method", {}):
             _forkserver_matches_environment()
-        return dg.multiprocess_executor.executor_creation_fn(init_context._replace(executor_config=config))
+        return default.executor_creation_fn(init_context._replace(executor_config=config))  # type: ignore[misc]
 
-    return multiprocess_forkserver
+    return multi_or_in_process_forkserver
 
 
 ATTEMPT_SENSOR = "gpu_orphaned_attempts_sensor"
