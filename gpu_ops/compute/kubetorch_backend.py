@@ -13,6 +13,15 @@ applies), so it is exactly testable and printable by ``gpu-ops plan``:
   consolidating a node under a running job;
 - labels carry the run id, asset key and attribution for cost and orphan cleanup.
 
+Settings have one home: the backend reads the :class:`~gpu_ops.compute.resource.KubetorchGpuCompute`
+resource it was made by (``namespace``, ``kubeconfig_path``, its nested ``kubetorch`` and
+``karpenter`` settings) as it is (:class:`KubetorchTarget`), never a copy.
+
+A launch under a GPU lease is fenced in the pod (:class:`FencedCall`): the service runs
+:func:`gpu_ops.compute.fence.pod_call`, and the launcher's fence renewals are relayed to it
+by further calls of the service while the launch call runs; a pod whose renewals stop
+checkpoints and stops by itself before the lease can be handed on.
+
 Setup failures become :class:`ComputeSetupError` saying what to fix. Failures during the
 call are *reported*: the exception and the pod evidence (``V1Pod``, ``V1Node``, events,
 read through the ``kubernetes`` client) go into the :class:`WorkerReport` for the

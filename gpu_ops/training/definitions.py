@@ -73,6 +73,18 @@ def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
 # and the step process never import it; workers do).
 STEP_PRELOAD = (
     "dagster",
+    # What Dagster itself imports lazily in every step process to open the instance (its
+    # run, event-log and schedule storages, SQLite's or PostgreSQL's, and their migrations):
+    # hundreds of modules. Names of Dagster 1.13's own modules; the forkserver skips a name
+    # that does not import (a later Dagster that moved it, dagster-postgres not installed).
+    "dagster._core.instance.factory",
+    "dagster._core.storage.runs.sqlite",
+    "dagster._core.storage.event_log.sqlite",
+    "dagster._core.storage.schedules.sqlite",
+    "dagster._core.storage.local_compute_log_manager",
+    "dagster._core.secrets.env_file",
+    "dagster_postgres",
+    "fsspec",  # checkpoints (gpu_ops.training.checkpoint)
     "gpu_ops.training.asset",
     "gpu_ops.training.settle",
     "gpu_ops.training.recorder",
