@@ -110,7 +110,7 @@ def _forkserver_matches_environment() -> None:
     digest = _environment_digest()
     if _forkserver_env and _forkserver_env[-1] != digest:
         server = multiprocessing.forkserver._forkserver  # the stdlib keeps one per process and has no public stop
-        server._stop()
+        server._stop()  # type: ignore[attr-defined]  # in CPython 3.8+, absent from typeshed
     _forkserver_env[:] = [digest]
 
 
