@@ -151,8 +151,8 @@ def _materialize(asset, root: Path, executor: str):
     (root / "dagster_home").mkdir()
     config = EXECUTORS[executor]
     run_config = {"execution": {"config": config}} if config else None
-    # Each run here has its own GPU_OPS_CONFIG: the executor restarts a forkserver that
-    # was started with another environment (gpu_ops.training.definitions).
+    # Each run here has its own GPU_OPS_CONFIG: the code location's executor starts a
+    # forkserver per run and stops it when the run ends (gpu_ops.training.definitions).
     with dg.DagsterInstance.local_temp(tempdir=str(root / "dagster_home")) as instance:
         result = _quiet(lambda: dg.execute_job(dg.reconstructable(demo_job), instance=instance, run_config=run_config))
         return result.success, instance.all_logs(result.run_id)

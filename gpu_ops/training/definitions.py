@@ -21,10 +21,8 @@ released (:func:`gpu_ops.training.settle.settle_orphans`).
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing.forkserver
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -95,23 +93,37 @@ STEP_PRELOAD = (
     "gpu_ops.compute.local",
     "gpu_ops.compute.standby",
 )
-_forkserver_env: list[str] = []  # the digest of the environment the running forkserver started with
 
 
-def _environment_digest() -> str:
-    return hashlib.sha256(repr(sorted(os.environ.items())).encode()).hexdigest()
+def _stop_forkserver() -> None:
+    server = multiprocessing.forkserver._forkserver  # the stdlib keeps one per process and has no public stop
+    server._stop()  # type: ignore[attr-defined]  # CPython 3.8+ (a no-op when none runs); absent from typeshed
 
 
-def _forkserver_matches_environment() -> None:
-    """A forkserver lives as long as the process that started it and forks every step
-    process with the environment it started with. A run worker runs one run, but a
-    process that executes several runs (``execute_job`` in a script or a test) may change
-    the environment between them: the old server is stopped, the next run starts a new one."""
-    digest = _environment_digest()
-    if _forkserver_env and _forkserver_env[-1] != digest:
-        server = multiprocessing.forkserver._forkserver  # the stdlib keeps one per process and has no public stop
-        server._stop()  # type: ignore[attr-defined]  # in CPython 3.8+, absent from typeshed
-    _forkserver_env[:] = [digest]
+class _ForkserverOfTheRun(dg.Executor):
+    """The multiprocess executor, its forkserver stopped when the run's execution ends. A
+    run worker runs one run and exits, taking its forkserver with it; a process that
+    executes several runs (``execute_job`` in a script, a notebook, a test) would otherwise
+    keep a forkserver with the first run's environment, forking every later run's steps
+    from it. Each run starts its own (with its environment) at its first step."""
+
+    def __init__(self, inner: dg.Executor):
+        self.inner = inner
+
+    @property
+    def retries(self) -> Any:
+        return self.inner.retries
+
+    @property
+    def step_dependency_config(self) -> Any:
+        return self.inner.step_dependency_config
+
+    def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[Any]:
+        _stop_forkserver()  # one left by a run this process executed with another executor
+        try:
+            yield from self.inner.execute(plan_context, execution_plan)
+        finally:
+            _stop_forkserver()
 
 
 def _with_forkserver(config: Mapping[str, Any], preload: Sequence[str]) -> dict[str, Any]:
@@ -141,9 +153,8 @@ def training_executor(preload: Sequence[str] = ()) -> dg.ExecutorDefinition:
         forkserver that has Dagster and the training step's modules imported
         (``start_method: {spawn: {}}`` in the run's config: a new interpreter per step)."""
         config = _with_forkserver(init_context.executor_config, modules)
-        if "forkserver" in config.get("multiprocess", {}).get("start_method", {}):
-            _forkserver_matches_environment()
-        return default.executor_creation_fn(init_context._replace(executor_config=config))  # type: ignore[misc]
+        executor = default.executor_creation_fn(init_context._replace(executor_config=config))  # type: ignore[misc]
+        return _ForkserverOfTheRun(executor) if "forkserver" in config.get("multiprocess", {}).get("start_method", {}) else executor
 
     return multi_or_in_process_forkserver
 

@@ -3,10 +3,10 @@ from a forkserver that has the training step's modules imported (never torch).
 
 Real runs on a persistent instance, each step a real process: under the default the step
 process is a fork of the forkserver (its parent is not the run's process) and finds
-``gpu_ops.storage.tables`` (pandas, SQLAlchemy) already imported; a run whose config names
-``spawn`` gets Dagster's stock new interpreter. Two runs with different environments in
-one process: the second step sees its own environment (the forkserver of the first is
-replaced).
+``gpu_ops.storage.tables`` (pandas, SQLAlchemy) already imported; the forkserver ends with
+the run, so a second run with another environment in the same process forks from a server
+with its own environment; a run whose config names ``spawn`` gets Dagster's stock new
+interpreter, ``in_process`` runs the step in this process.
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ def probe_job() -> None:
     where_am_i()
 
 
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def run(instance: dg.DagsterInstance, run_config: dict | None = None) -> dict:
     with dg.execute_job(dg.reconstructable(probe_job), instance=instance, run_config=run_config) as result:
         assert result.success
@@ -50,9 +57,10 @@ def test_step_processes_fork_from_a_preloaded_forkserver_unless_the_run_asks_for
         assert forked["parent"] != os.getpid()  # the forkserver's child, not the run's
         assert forked["preloaded"] and not forked["torch"] and forked["marker"] == "first"
 
-        monkeypatch.setenv("GPU_OPS_EXECUTOR_TEST", "second")  # a new environment: a new forkserver
+        assert not alive(forked["parent"])  # the run's forkserver ended with its run
+        monkeypatch.setenv("GPU_OPS_EXECUTOR_TEST", "second")  # the next run's forkserver has the next run's environment
         again = run(instance)
-        assert again["marker"] == "second" and again["parent"] != forked["parent"]
+        assert again["marker"] == "second" and again["parent"] != forked["parent"] and not alive(again["parent"])
 
         # The run config is Dagster's default executor's.
         spawned = run(instance, {"execution": {"config": {"multiprocess": {"start_method": {"spawn": {}}}}}})
