@@ -25,7 +25,8 @@
 
 4. With the DEFAULT settings (retry backoff 5 s, standby on), per kind of death (worker
    SIGKILL, worker SIGTERM, step process SIGKILL), in-process and multiprocess executors:
-   kill -> first resumed step (``--deaths-only``).
+   kill -> first resumed step (``--deaths-only``); the step process's death also under
+   Dagster's stock ``spawn`` start method (the baseline the forkserver default replaces).
 
 Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--quick] [--notices-only] [--multiprocess-only] [--deaths-only]``.
 """
@@ -122,20 +123,19 @@ PHASES = ["process", "interpreter", "imports", "cuda_init", "activated", "payloa
 
 
 def demo_job():
-    """The demo's job with Dagster's default multiprocess executor (each attempt a new step
-    process), rebuilt from $GPU_OPS_CONFIG in each step process."""
+    """The demo's job with the code location's executor (gpu_ops.definitions: Dagster's
+    multiprocess executor, step processes forked from a preloaded forkserver), rebuilt
+    from $GPU_OPS_CONFIG in each step process."""
     from gpu_ops.definitions import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 
 
-# Run config of the multiprocess executor with the forkserver start method: step
-# processes fork from a server that has already imported these (run config only, no code).
-FORKSERVER_PRELOAD = ["dagster", "gpu_ops.definitions", "gpu_ops.training.asset", "gpu_ops.training.ledger", "gpu_ops.storage.tables"]
+# Run config of each executor measured: None is the code location's default.
 EXECUTORS = {
     "in_process": None,
-    "multiprocess": {"multiprocess": {}},
-    "multiprocess_forkserver": {"multiprocess": {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}}},
+    "multiprocess": None,  # the default: forkserver, Dagster and the step's modules preloaded
+    "multiprocess_spawn": {"multiprocess": {"start_method": {"spawn": {}}}},  # Dagster's stock multiprocess executor
 }
 
 
@@ -149,18 +149,13 @@ def _materialize(asset, root: Path, executor: str):
             result = _quiet(lambda: dg.materialize([asset], instance=instance))
             return result.success, instance.all_logs(result.run_id)
     (root / "dagster_home").mkdir()
-    run_config = {"execution": {"config": EXECUTORS[executor]}}
-    try:
-        with dg.DagsterInstance.local_temp(tempdir=str(root / "dagster_home")) as instance:
-            result = _quiet(lambda: dg.execute_job(dg.reconstructable(demo_job), instance=instance, run_config=run_config))
-            return result.success, instance.all_logs(result.run_id)
-    finally:
-        # A forkserver outlives the run in this process and keeps the environment it was
-        # started with (this run's GPU_OPS_CONFIG): the next run needs a new one. (A Dagster
-        # run worker is a process per run, so this is the benchmark's concern only.)
-        import multiprocessing.forkserver as fs
-
-        fs._forkserver._stop()
+    config = EXECUTORS[executor]
+    run_config = {"execution": {"config": config}} if config else None
+    # Each run here has its own GPU_OPS_CONFIG: the code location's executor starts a
+    # forkserver per run and stops it when the run ends (gpu_ops.training.definitions).
+    with dg.DagsterInstance.local_temp(tempdir=str(root / "dagster_home")) as instance:
+        result = _quiet(lambda: dg.execute_job(dg.reconstructable(demo_job), instance=instance, run_config=run_config))
+        return result.success, instance.all_logs(result.run_id)
 
 
 def _demo_with_preemption(compute: str, training: str, preempt, executor: str = "in_process", backoff_zero: bool = True) -> tuple[list, float, "object"]:
@@ -193,7 +188,9 @@ def _demo_with_preemption(compute: str, training: str, preempt, executor: str = 
         th = threading.Thread(target=killer, daemon=True)
         th.start()
         success, logs = _materialize(asset, root, executor)
-        assert success, "the benchmark run failed"
+        if not success:
+            errors = [str(e.dagster_event.event_specific_data)[:1500] if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE" else e.message for e in logs if e.level >= 40][-5:]
+            raise RuntimeError("the benchmark run failed: " + " | ".join(m for m in errors if m))
         th.join()
         rows = ledger.read(TableStore(f"sqlite:///{root / 'ledger.db'}")).sort_values("attempt")
         return logs, killed["t"], rows
@@ -243,8 +240,20 @@ DEATHS = {
 }
 
 
-def measure_death(death: str, executor: str, steps: int = 500) -> float:
-    """With the DEFAULT settings (retry backoff 5 s, standby on): kill -> first resumed step."""
+def _first_step_process_event(logs, t0: float) -> float | None:
+    """Seconds after the kill of the first event a new step process logs (multiprocess)."""
+    retry_pid = next((e.dagster_event.pid for e in logs if e.dagster_event is not None and e.dagster_event.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_FAILURE") and e.timestamp > t0), None)
+    pids = {e.dagster_event.pid for e in logs if e.dagster_event is not None and e.dagster_event.step_key and e.timestamp <= t0}
+    return next(
+        (e.timestamp - t0 for e in logs if e.dagster_event is not None and e.dagster_event.step_key and e.dagster_event.pid not in (None, retry_pid, *pids) and e.timestamp > t0),
+        None,
+    )
+
+
+def measure_death(death: str, executor: str, steps: int = 2000) -> dict[str, float]:
+    """With the DEFAULT settings (retry backoff 5 s, standby on, the code location's
+    executor): kill -> first resumed step, and when the new step process (if any) and the
+    new attempt's worker started."""
 
     def preempt(pid: int) -> float:
         time.sleep(1.5)
@@ -254,17 +263,29 @@ def measure_death(death: str, executor: str, steps: int = 500) -> float:
 
     logs, t0, _ = _demo_with_preemption("", f"demo_steps: {steps}, demo_checkpoint_interval_s: 1.0", preempt, executor, backoff_zero=False)
     startup = next(e.message for e in logs if e.message and e.message.startswith("attempt 2 startup_times="))
-    return float(json.loads(startup.split("startup_times=", 1)[1])["first_step"]) - t0
+    times = json.loads(startup.split("startup_times=", 1)[1])
+    out = {"first_step": float(times["first_step"]) - t0, "standby": bool(times.get("standby"))}
+    step_process = _first_step_process_event(logs, t0) if executor != "in_process" else None
+    if step_process is not None:
+        out["step_process"] = step_process
+    return out
 
 
-def print_deaths(executors: list[str]) -> None:
-    print("recovery with the DEFAULT settings (retry backoff 5 s, standby on), kill -> first resumed step:")
+def print_deaths(executors: list[str], deaths: list[str]) -> None:
+    print(
+        "recovery with the DEFAULT settings (retry backoff 5 s, standby on, the code location's executor; "
+        "multiprocess_spawn: Dagster's stock start method, the baseline), kill -> first resumed step:"
+    )
     for executor in executors:
-        for death in DEATHS:
+        for death in deaths:
             if death.startswith("step process") and executor == "in_process":
                 continue  # there the step process is the run worker: a run retry / re-execution, not a step retry
-            s = measure_death(death, executor)
-            print(f"  {executor:13s} {death:21s} {s:6.2f} s (goal < 3 s: {'met' if s < 3.0 else 'NOT met'}); load average {os.getloadavg()[0]:.2f}")
+            if executor == "multiprocess_spawn" and not death.startswith("step process"):
+                continue  # the baseline for a new step process; a worker's death stays in its step process
+            r = measure_death(death, executor)
+            s = r["first_step"]
+            extra = (f"; new step process's first event +{r['step_process']:.2f} s" if "step_process" in r else "") + ("; standby worker" if r["standby"] else "; new worker")
+            print(f"  {executor:13s} {death:21s} {s:6.2f} s (goal < 3 s: {'met' if s < 3.0 else 'NOT met'}{extra}); load average {os.getloadavg()[0]:.2f}", flush=True)
 
 
 def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: float = 10.0, steps: int = 4000) -> tuple[float, int] | None:
@@ -385,8 +406,8 @@ def print_recoveries(device: str, *, multiprocess_only: bool) -> float:
     restart = 5.0
     print(f"recovery, kill -> first resumed step (local backend, backoff 0, {device}); phases as seconds after the kill:")
     about = {
-        "multiprocess": " (the default: each attempt a new step process, spawned; UI launches, dagster asset materialize)",
-        "multiprocess_forkserver": f" (start_method forkserver, preload_modules {FORKSERVER_PRELOAD}: run config only)",
+        "multiprocess": " (the code location's default: each Dagster step attempt a new step process, forked from a preloaded forkserver)",
+        "multiprocess_spawn": " (start_method spawn, Dagster's stock multiprocess executor: each step process a new interpreter)",
     }
     for executor in list(EXECUTORS)[1 if multiprocess_only else 0 :]:
         print(f" {executor} executor" + about.get(executor, ""))
@@ -423,10 +444,12 @@ def main() -> None:
     parser.add_argument("--notices-only", action="store_true", help="of the real runs, only lost work with and without notices")
     parser.add_argument("--multiprocess-only", action="store_true", help="of the real runs, only recovery under the multiprocess executor")
     parser.add_argument("--deaths-only", action="store_true", help="only recovery with the default settings, per kind of death, in-process and multiprocess")
+    parser.add_argument("--executor", dest="executors", action="append", choices=list(EXECUTORS), help="with --deaths-only: only this executor (repeatable)")
+    parser.add_argument("--death", dest="deaths", action="append", choices=list(DEATHS), help="with --deaths-only: only this kind of death (repeatable)")
     args = parser.parse_args()
     if args.deaths_only:
         print(f"device: {device_label()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
-        print_deaths(["in_process", "multiprocess"])
+        print_deaths(args.executors or list(EXECUTORS), args.deaths or list(DEATHS))
         return
 
     device = device_label()

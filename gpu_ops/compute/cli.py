@@ -20,24 +20,24 @@ from gpu_ops.config import ComputeConfig
 def plan_objects(request: Any, compute: ComputeConfig, *, asset: str = "train", run_id: str | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``[(comment, object), ...]`` in apply order."""
     from gpu_ops.compute.karpenter import ec2nodeclass_manifest, nodepool_manifests
-    from gpu_ops.compute.kubetorch_backend import KubetorchSettings, build_compute, workload_manifest
+    from gpu_ops.compute.kubetorch_backend import build_compute, workload_manifest
     from gpu_ops.compute.naming import launch_labels, launch_name
     from gpu_ops.compute.resource import KubetorchGpuCompute
 
     # The settings a launch gets: the compute section as the GpuCompute resource reads it.
-    settings = KubetorchSettings.from_resource(KubetorchGpuCompute.from_config(compute))
-    karpenter = settings.karpenter
+    resource = KubetorchGpuCompute.from_config(compute)
+    karpenter = resource.karpenter
     out: list[tuple[str, dict[str, Any]]] = []
-    if settings.manage_ec2nodeclass:
+    if karpenter.manage_ec2nodeclass:
         out.append(("created, or merge-patched if it exists", ec2nodeclass_manifest(karpenter)))
-    if settings.manage_nodepools:
+    if karpenter.manage_nodepools:
         # Run-scoped pools are named after the run; a plan without one shows "plan".
         for pool in nodepool_manifests(request, karpenter, run_id=run_id or "plan"):
-            how = "created per run, deleted by its cleanup" if karpenter.scope == "run" else "created, or merge-patched if it exists (limits kept)"
+            how = "created per run, deleted by its cleanup" if karpenter.pool_scope == "run" else "created, or merge-patched if it exists (limits kept)"
             out.append((how, pool))
     name = launch_name(run_id or "plan", [asset], 0)
     labels = launch_labels(run_id, [asset], request, 0)
-    kt_compute = build_compute(request, labels=labels, settings=settings)
+    kt_compute = build_compute(request, labels=labels, target=resource)
     out.append((f"the Kubetorch workload of kt.fn(...).to(kt.Compute(...)), service {name}", workload_manifest(kt_compute, name)))
     return out
 

@@ -19,18 +19,35 @@ The worker reads the file before each checkpoint and step batch
 killed. So a holder that cannot renew (SIGSTOP past the TTL, a database outage) has
 stopped its GPUs before the lease can be handed on. Standard library only: workers
 import it while they start.
+
+**Remote workers** (a Kubetorch pod) cannot see the launcher's file. There the launcher
+keeps writing its own fence file as above, and a :class:`FenceRelay` forwards every change
+of it to the pod through the Kubetorch call path: the backend deploys :func:`pod_call`,
+whose first call is the launch (the initial fence, the target ``module:qualname`` and its
+arguments) and whose further calls are renewals (Kubetorch runs concurrent calls of a
+service in threads of the same worker process). In the pod, :func:`pod_call` writes the
+pod's *own* fence file (``$GPU_OPS_FENCE_FILE``, set on the pod at deployment) and runs
+the same watchdog: the training loop sees the lapse as ``ctx.preempted`` (checkpoint, then
+exit), the process is killed ``grace_s`` later, or at once when the launcher found its
+lease gone (``revoked``). Clocks differ between hosts, so a fence travels as *seconds of
+validity left* (:func:`to_remote`) and the pod dates it on its own clock; the delivery
+delay is absorbed by the margin between the fence's end (0.8 TTL with the grace) and the
+lease's expiry (1.0 TTL). A launcher that dies, pauses or is cut off from the cluster
+sends nothing more, and its pod stops by itself.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 FENCE_ENV = "GPU_OPS_FENCE_FILE"
 GRACE_ENV = "GPU_OPS_FENCE_GRACE_S"
@@ -128,4 +145,108 @@ def start_watchdog(
     return t
 
 
-__all__ = ["FENCE_ENV", "Fence", "FenceCheck", "GRACE_ENV", "read", "start_watchdog", "write"]
+# ---------------------------------------------------------------------- remote workers
+
+
+def to_remote(fence: Fence, now: float | None = None) -> dict[str, Any]:
+    """A fence as sent to a pod: its validity as seconds left on the launcher's clock."""
+    t = time.time() if now is None else now
+    return {"lease_id": fence.lease_id, "token": fence.token, "valid_for_s": fence.valid_until - t, "revoked": fence.revoked}
+
+
+def from_remote(data: dict[str, Any], now: float | None = None) -> Fence:
+    """A fence received in a pod, dated on the pod's clock."""
+    t = time.time() if now is None else now
+    return Fence(str(data["lease_id"]), int(data["token"]), t + float(data["valid_for_s"]), bool(data.get("revoked")))
+
+
+_POD_LOCK = threading.Lock()
+_POD_WATCHDOG: list[threading.Thread] = []
+
+
+def _pod_renew(path: str, data: dict[str, Any]) -> float:
+    """Extend this pod's fence (never shorten it: renewals may arrive out of order; a
+    revocation always wins). Returns the seconds of validity the pod now has."""
+    new = from_remote(data)
+    with _POD_LOCK:
+        current = read(path)
+        if current is None or new.revoked or (not current.revoked and new.token == current.token and new.valid_until > current.valid_until):
+            write(path, new)
+            current = new
+    return -1.0 if current.revoked else current.valid_until - time.time()
+
+
+def _pod_notice(reason: str) -> None:
+    sys.stderr.write(f"gpu_ops: {reason}: stopping (checkpoint, then exit)\n")
+    sys.stderr.flush()
+
+
+def _target(ref: str) -> Callable[..., Any]:
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def pod_call(call: dict[str, Any]) -> Any:
+    """The function the Kubetorch backend deploys for a fenced launch (runs in the pod).
+
+    ``{"renew": fence}`` (:func:`to_remote`): extends this pod's fence, returns at once
+    with the seconds of validity left. ``{"fence": fence, "target": "module:qualname",
+    "args": [...], "kwargs": {...}}``: the launch: the fence written to
+    ``$GPU_OPS_FENCE_FILE``, the watchdog started (:func:`start_watchdog`, grace
+    ``$GPU_OPS_FENCE_GRACE_S``), then ``target(*args, **kwargs)``."""
+    path = os.environ[FENCE_ENV]
+    if "renew" in call:
+        return _pod_renew(path, call["renew"])
+    _pod_renew(path, call["fence"])
+    with _POD_LOCK:
+        if not _POD_WATCHDOG:
+            _POD_WATCHDOG.append(start_watchdog(path, float(os.environ.get(GRACE_ENV, "10")), _pod_notice))
+    return _target(call["target"])(*call.get("args", ()), **call.get("kwargs", {}))
+
+
+class FenceRelay(threading.Thread):
+    """Launcher side: forwards each change of the launcher's fence file (a renewal, a
+    revocation) to a remote worker with ``send(to_remote(fence))``; a send that fails is
+    reported once per failure streak and retried on the next change or tick (meanwhile
+    the pod's fence runs down, as a local one does when the database is unreachable)."""
+
+    def __init__(self, path: str, send: Callable[[dict[str, Any]], Any], on_error: Callable[[str], None], every_s: float = 0.5):
+        super().__init__(name="gpu-ops-fence-relay", daemon=True)
+        self.path, self.send, self.on_error, self.every_s = path, send, on_error, every_s
+        self.sent: Fence | None = None
+        self._failing = False
+        self._done = threading.Event()
+
+    def initial(self) -> dict[str, Any] | None:
+        """The fence the launch call carries (None: the launcher has none)."""
+        fence = read(self.path)
+        self.sent = fence
+        return to_remote(fence) if fence is not None else None
+
+    def tick(self) -> None:
+        fence = read(self.path)
+        if fence is None or fence == self.sent:
+            return
+        try:
+            self.send(to_remote(fence))
+        except Exception as exc:  # noqa: BLE001 - the cluster is unreachable for now: the pod's fence runs down
+            if not self._failing:
+                self.on_error(f"could not renew the remote workers' fence (lease {fence.lease_id[:8]}): {type(exc).__name__}: {exc}")
+            self._failing = True
+            return
+        self.sent, self._failing = fence, False
+
+    def run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.tick()
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+__all__ = [
+    "FENCE_ENV", "Fence", "FenceCheck", "FenceRelay", "GRACE_ENV", "from_remote", "pod_call", "read", "start_watchdog", "to_remote", "write",
+]

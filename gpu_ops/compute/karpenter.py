@@ -25,10 +25,8 @@ modifies or deletes a pool without it.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpu_ops.compute.catalog import gpu_spec
 from gpu_ops.compute.kube import TOLERATED, api_call
@@ -44,6 +42,7 @@ from gpu_ops.compute.naming import (
     managed_selector,
 )
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.config import KarpenterConfig
 from gpu_ops.errors import GpuOpsError
 
 KARPENTER_GROUP = "karpenter.sh"
@@ -62,25 +61,32 @@ GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 # Karpenter orders pools by weight (higher first): spot is tried before on-demand.
 WEIGHTS = {"spot": 50, "on-demand": 10}
-_DURATION = re.compile(r"^(([0-9]+(s|m|h))+|Never)$")
 
 
-@dataclass(frozen=True)
-class KarpenterSettings:
-    """The ``compute.karpenter`` section, as the builders need it."""
+class PoolSettings(Protocol):
+    """What the builders read of the pools' settings: the resource's nested
+    ``KarpenterPools`` (``gpu_ops.compute.resource``) or the ``compute.karpenter`` section
+    (:class:`~gpu_ops.config.KarpenterConfig`), passed as they are."""
 
-    node_class: str = "gpu-ops"
-    consolidate_after: str = "10m"
-    gpu_limit: int = 64
-    scope: Literal["team", "run"] = "team"
-    node_role: str | None = None
-    cluster_name: str | None = None
+    @property
+    def manage_nodepools(self) -> bool: ...
+    @property
+    def manage_ec2nodeclass(self) -> bool: ...
+    @property
+    def node_class(self) -> str: ...
+    @property
+    def consolidate_after(self) -> str: ...
+    @property
+    def gpu_limit(self) -> int: ...
+    @property
+    def pool_scope(self) -> str: ...
+    @property
+    def node_role(self) -> str | None: ...
+    @property
+    def cluster_name(self) -> str | None: ...
 
-    def __post_init__(self) -> None:
-        if not _DURATION.match(self.consolidate_after):
-            raise ValueError(f"karpenter.consolidate_after: {self.consolidate_after!r} is not a Karpenter duration (e.g. 30s, 10m, 1h, Never)")
-        if self.gpu_limit < 0:
-            raise ValueError(f"karpenter.gpu_limit: must be >= 0, got {self.gpu_limit}")
+
+DEFAULT_POOLS: PoolSettings = KarpenterConfig()
 
 
 def nodepool_name(team: str, gpu_type: str, capacity_type: str, run_id: str | None = None) -> str:
@@ -114,12 +120,12 @@ def pool_labels(request: GpuRequest, capacity_type: str, run_id: str | None) -> 
     return labels
 
 
-def nodepool_manifest(request: GpuRequest, capacity_type: str, settings: KarpenterSettings = KarpenterSettings(), run_id: str | None = None) -> dict[str, Any]:
+def nodepool_manifest(request: GpuRequest, capacity_type: str, settings: PoolSettings = DEFAULT_POOLS, run_id: str | None = None) -> dict[str, Any]:
     """One ``karpenter.sh/v1`` NodePool for ``request`` on ``capacity_type`` capacity."""
     if capacity_type not in WEIGHTS:
         raise ValueError(f"capacity_type: {capacity_type!r} is not one of {', '.join(WEIGHTS)}")
     spec = gpu_spec(request.gpu_type)
-    scoped_run = run_id if settings.scope == "run" else None
+    scoped_run = run_id if settings.pool_scope == "run" else None
     labels = pool_labels(request, capacity_type, scoped_run)
     # Nodes carry the team and gpu labels: pods select their team's pool by them, and the
     # cost collector reads them from the node.
@@ -151,12 +157,12 @@ def nodepool_manifest(request: GpuRequest, capacity_type: str, settings: Karpent
     }
 
 
-def nodepool_manifests(request: GpuRequest, settings: KarpenterSettings = KarpenterSettings(), run_id: str | None = None) -> list[dict[str, Any]]:
+def nodepool_manifests(request: GpuRequest, settings: PoolSettings = DEFAULT_POOLS, run_id: str | None = None) -> list[dict[str, Any]]:
     """The pools a launch of ``request`` needs: one per capacity type, preferred first."""
     return [nodepool_manifest(request, c, settings, run_id) for c in request.capacity_types]
 
 
-def ec2nodeclass_manifest(settings: KarpenterSettings) -> dict[str, Any]:
+def ec2nodeclass_manifest(settings: PoolSettings) -> dict[str, Any]:
     """A ``karpenter.k8s.aws/v1`` EC2NodeClass for GPU nodes (AL2023 NVIDIA AMIs)."""
     if not settings.node_role:
         raise ValueError("karpenter.node_role: required when manage_ec2nodeclass is true (the IAM role of the nodes)")

@@ -13,6 +13,15 @@ applies), so it is exactly testable and printable by ``gpu-ops plan``:
   consolidating a node under a running job;
 - labels carry the run id, asset key and attribution for cost and orphan cleanup.
 
+Settings have one home: the backend reads the :class:`~gpu_ops.compute.resource.KubetorchGpuCompute`
+resource it was made by (``namespace``, ``kubeconfig_path``, its nested ``kubetorch`` and
+``karpenter`` settings) as it is (:class:`KubetorchTarget`), never a copy.
+
+A launch under a GPU lease is fenced in the pod (:class:`FencedCall`): the service runs
+:func:`gpu_ops.compute.fence.pod_call`, and the launcher's fence renewals are relayed to it
+by further calls of the service while the launch call runs; a pod whose renewals stop
+checkpoints and stops by itself before the lease can be handed on.
+
 Setup failures become :class:`ComputeSetupError` saying what to fix. Failures during the
 call are *reported*: the exception and the pod evidence (``V1Pod``, ``V1Node``, events,
 read through the ``kubernetes`` client) go into the :class:`WorkerReport` for the
@@ -29,13 +38,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from gpu_ops.compute import fence
 from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
 from gpu_ops.compute.karpenter import (
     DO_NOT_DISRUPT,
-    KarpenterSettings,
     NodePoolClient,
+    PoolSettings,
     ec2nodeclass_manifest,
     gpu_tolerations,
     nodepool_manifests,
@@ -60,48 +70,35 @@ class ComputeSetupError(GpuOpsError, RuntimeError):
         super().__init__(f"{problem}\n  fix: {fix}")
 
 
-@dataclass(frozen=True)
-class KubetorchSettings:
-    namespace: str = "default"
-    image: str | None = None
-    priority_class: str | None = None
-    launch_timeout_s: int = 900
-    inactivity_ttl: str = "30m"
-    kubeconfig_path: str | None = None
-    # The training pods' ServiceAccount: the chart's gpu-ops-training-worker has `get` on
-    # its node and pod, what the preemption-notice watcher reads.
-    service_account: str | None = None
-    team_pools: bool = True  # pods select their team's NodePool by the gpu-ops.io/team node label
-    manage_nodepools: bool = True
-    manage_ec2nodeclass: bool = False
-    karpenter: KarpenterSettings = field(default_factory=KarpenterSettings)
+class LaunchSettings(Protocol):
+    """What a launch asks of Kubetorch: the resource's nested ``KubetorchLaunch``."""
 
-    @classmethod
-    def from_resource(cls, resource: Any) -> "KubetorchSettings":
-        """What a :class:`~gpu_ops.compute.resource.KubetorchGpuCompute` asks of Kubetorch and
-        Karpenter (``gpu-ops plan`` builds one from the configuration, so it plans what a
-        launch would do)."""
-        pools, launch = resource.karpenter, resource.kubetorch
-        karpenter = KarpenterSettings(
-            node_class=pools.node_class,
-            consolidate_after=pools.consolidate_after,
-            gpu_limit=pools.gpu_limit,
-            scope=pools.pool_scope,
-            node_role=pools.node_role,
-            cluster_name=pools.cluster_name,
-        )
-        return cls(
-            namespace=resource.namespace,
-            image=launch.image,
-            priority_class=launch.priority_class,
-            launch_timeout_s=launch.launch_timeout_s,
-            inactivity_ttl=launch.inactivity_ttl,
-            kubeconfig_path=resource.kubeconfig_path,
-            service_account=launch.service_account,
-            manage_nodepools=pools.manage_nodepools,
-            manage_ec2nodeclass=pools.manage_ec2nodeclass,
-            karpenter=karpenter,
-        )
+    @property
+    def priority_class(self) -> str | None: ...
+    @property
+    def launch_timeout_s(self) -> int: ...
+    @property
+    def inactivity_ttl(self) -> str: ...
+    @property
+    def image(self) -> str | None: ...
+    @property
+    def service_account(self) -> str | None: ...
+
+
+class KubetorchTarget(Protocol):
+    """Where and how launches go: the :class:`~gpu_ops.compute.resource.KubetorchGpuCompute`
+    resource itself, its nested ``kubetorch`` (:class:`LaunchSettings`) and ``karpenter``
+    (:class:`~gpu_ops.compute.karpenter.PoolSettings`) settings read as they are (one home
+    for each setting: nothing here copies them)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def kubeconfig_path(self) -> str | None: ...
+    @property
+    def kubetorch(self) -> LaunchSettings: ...
+    @property
+    def karpenter(self) -> PoolSettings: ...
 
 
 # ---------------------------------------------------------------------- manifests
@@ -111,12 +108,13 @@ def build_compute(
     request: GpuRequest,
     *,
     labels: dict[str, str],
-    settings: KubetorchSettings = KubetorchSettings(),
+    target: KubetorchTarget,
     env: dict[str, str] | None = None,
 ) -> "kt.Compute":
     """The ``kt.Compute`` for ``request`` (offline: no cluster is contacted)."""
     import kubetorch as kt
 
+    launch, image = target.kubetorch, request.image or target.kubetorch.image
     affinity = pod_affinity(request)
     mig = request.mig_profile
     compute = kt.Compute(
@@ -124,18 +122,18 @@ def build_compute(
         memory=request.memory,
         # A MIG slice is its own extended resource (set below), not nvidia.com/gpu.
         gpus=None if mig or not request.gpus else request.gpus,
-        namespace=request.namespace if request.namespace != "default" else settings.namespace,
-        image=kt.Image(image_id=request.image or settings.image) if (request.image or settings.image) else None,
+        namespace=request.namespace if request.namespace != "default" else target.namespace,
+        image=kt.Image(image_id=image) if image else None,
         labels=dict(labels),
         annotations={DO_NOT_DISRUPT: "true"},
-        node_selector=pod_node_selector(request, team_pools=settings.team_pools and settings.manage_nodepools),
+        node_selector=pod_node_selector(request, team_pools=target.karpenter.manage_nodepools),
         tolerations=gpu_tolerations(),
-        priority_class_name=request.priority_class or settings.priority_class,
-        launch_timeout=settings.launch_timeout_s,
-        inactivity_ttl=settings.inactivity_ttl,
+        priority_class_name=request.priority_class or launch.priority_class,
+        launch_timeout=launch.launch_timeout_s,
+        inactivity_ttl=launch.inactivity_ttl,
         env_vars=dict(env or {}),
-        kubeconfig_path=settings.kubeconfig_path,
-        service_account_name=settings.service_account,
+        kubeconfig_path=target.kubeconfig_path,
+        service_account_name=launch.service_account,
         service_template={"spec": {"template": {"spec": {"affinity": affinity}}}} if affinity else None,
     )
     if mig:
@@ -170,7 +168,7 @@ def workload_manifest(compute: "kt.Compute", service_name: str, module_name: str
 # ---------------------------------------------------------------------- errors
 
 
-def explain_setup_error(exc: BaseException, *, request: GpuRequest, settings: KubetorchSettings) -> ComputeSetupError | None:
+def explain_setup_error(exc: BaseException, *, request: GpuRequest, launch: LaunchSettings) -> ComputeSetupError | None:
     """Turn Kubetorch's setup failures into what to fix; None for anything else."""
     import httpx
     import kubetorch as kt
@@ -189,7 +187,7 @@ def explain_setup_error(exc: BaseException, *, request: GpuRequest, settings: Ku
             exc,
         )
     if isinstance(exc, kt.ImagePullError):
-        image = request.image or settings.image or "Kubetorch's default server image"
+        image = request.image or launch.image or "Kubetorch's default server image"
         return ComputeSetupError(
             f"the image {image} cannot be pulled: {exc}",
             "check compute.kubetorch.image (name and tag) and that the namespace has imagePullSecrets for its registry",
@@ -204,7 +202,7 @@ def explain_setup_error(exc: BaseException, *, request: GpuRequest, settings: Ku
         )
     if isinstance(exc, kt.ServiceTimeoutError):
         return ComputeSetupError(
-            f"the workers were not ready within launch_timeout ({settings.launch_timeout_s}s): {exc}",
+            f"the workers were not ready within launch_timeout ({launch.launch_timeout_s}s): {exc}",
             "see `kubectl get nodeclaims` and the pods' events: no GPU capacity (NodePool limits, spot availability) or a slow image pull; "
             "raise compute.kubetorch.launch_timeout_s if nodes are merely slow to start",
             exc,
@@ -328,6 +326,49 @@ def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
+POD_FENCE_DIR = "/tmp"  # in the pod: where pod_call keeps the pod's own fence file
+
+
+@dataclass
+class FencedCall:
+    """A launch under a GPU lease, on remote workers (see :mod:`gpu_ops.compute.fence`):
+    the pod runs :func:`~gpu_ops.compute.fence.pod_call`, which keeps the pod's own fence
+    file and watchdog; the launcher's fence file (renewed by its lease heartbeat) is relayed
+    to it by further calls of the same service while the launch call runs."""
+
+    launcher_path: str
+    pod_env: dict[str, str]
+    target: str
+    log: LogSink
+    deployed: Callable[..., Any] = field(default=fence.pod_call)
+
+    @classmethod
+    def of(cls, backend: "KubetorchBackend", fn: Callable[..., Any], env: dict[str, str] | None, log: LogSink) -> "FencedCall | None":
+        """None when the launch holds no lease (no fence file in ``env``)."""
+        pod_env = dict(env or {})
+        launcher_path = pod_env.pop(fence.FENCE_ENV, None)
+        if not launcher_path:
+            return None
+        pod_env[fence.FENCE_ENV] = f"{POD_FENCE_DIR}/gpu-ops-fence-{backend.name}.json"
+        return cls(launcher_path, pod_env, f"{fn.__module__}:{fn.__qualname__}", log)
+
+    def payload(self, relay: fence.FenceRelay, args: tuple, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        initial = relay.initial()
+        if initial is None:  # the heartbeat writes it before the launch: its absence is a bug, not a state
+            raise RuntimeError(f"the launcher's fence file {self.launcher_path} is missing: refusing to launch unfenced under a GPU lease")
+        return {"fence": initial, "target": self.target, "args": list(args), "kwargs": dict(kwargs or {})}
+
+    def call(self, remote: Any, args: tuple, kwargs: dict[str, Any] | None) -> Any:
+        """The launch call, with the relay renewing the pod's fence while it runs."""
+        relay = fence.FenceRelay(self.launcher_path, send=lambda f: remote({"renew": f}), on_error=self.log)
+        payload = self.payload(relay, args, kwargs)
+        relay.start()
+        try:
+            return remote(payload)
+        finally:
+            relay.stop()
+
+
 class KubetorchBackend:
     """One launch on Kubetorch; ``teardown`` removes its service and run-scoped pools."""
 
@@ -339,38 +380,39 @@ class KubetorchBackend:
         *,
         name: str,
         labels: dict[str, str],
-        settings: KubetorchSettings = KubetorchSettings(),
+        target: KubetorchTarget,
         run_id: str | None = None,
         clients: Callable[[], tuple[Any, Any]] | None = None,
     ):
         self.request = request
         self.name = name
         self.labels = labels
-        self.settings = settings
+        self.target = target
         self.run_id = run_id
-        self._clients = clients or (lambda: _kube_clients(settings.kubeconfig_path))
+        self._clients = clients or (lambda: _kube_clients(target.kubeconfig_path))
         self._remote: Any = None
         self._created_pools: list[str] = []
 
     @classmethod
-    def from_resource(cls, resource: Any, request: GpuRequest, *, name: str, labels: dict[str, str]) -> "KubetorchBackend":
+    def from_resource(cls, resource: KubetorchTarget, request: GpuRequest, *, name: str, labels: dict[str, str]) -> "KubetorchBackend":
         from gpu_ops.compute.naming import RUN_ID
 
-        return cls(request, name=name, labels=labels, settings=KubetorchSettings.from_resource(resource), run_id=labels.get(RUN_ID))
+        return cls(request, name=name, labels=labels, target=resource, run_id=labels.get(RUN_ID))
 
     @property
     def namespace(self) -> str:
-        return self.request.namespace if self.request.namespace != "default" else self.settings.namespace
+        return self.request.namespace if self.request.namespace != "default" else self.target.namespace
 
     def ensure_nodepools(self, custom_api: Any, log: LogSink) -> None:
         pools = NodePoolClient(custom_api)
-        if self.settings.manage_ec2nodeclass:
-            pools.apply_node_class(ec2nodeclass_manifest(self.settings.karpenter))
-        for manifest in nodepool_manifests(self.request, self.settings.karpenter, run_id=self.run_id):
+        settings = self.target.karpenter
+        if settings.manage_ec2nodeclass:
+            pools.apply_node_class(ec2nodeclass_manifest(settings))
+        for manifest in nodepool_manifests(self.request, settings, run_id=self.run_id):
             outcome = pools.apply(manifest)
             name = manifest["metadata"]["name"]
             log(f"NodePool {name} {outcome}")
-            if outcome == "created" and self.settings.karpenter.scope == "run":
+            if outcome == "created" and settings.pool_scope == "run":
                 self._created_pools.append(name)
 
     def run(
@@ -385,9 +427,10 @@ class KubetorchBackend:
     ) -> WorkerReport:
         import kubetorch as kt
 
-        compute = build_compute(self.request, labels=self.labels, settings=self.settings, env=env)
+        fenced = FencedCall.of(self, fn, env, log)
+        compute = build_compute(self.request, labels=self.labels, target=self.target, env=fenced.pod_env if fenced else env)
         core, custom = self._clients()
-        if self.settings.manage_nodepools:
+        if self.target.karpenter.manage_nodepools:
             self.ensure_nodepools(custom, log)
         bridge = _LogBridge(log)
         kt_logger = logging.getLogger("kubetorch")
@@ -396,11 +439,11 @@ class KubetorchBackend:
         try:
             # Kept before deploying: a launch that times out has already created the
             # service, and teardown must still find it.
-            self._remote = kt.fn(fn, name=self.name)
+            self._remote = kt.fn(fenced.deployed if fenced else fn, name=self.name)
             try:
                 self._remote.to(compute, prefix_username=False)
             except Exception as exc:
-                explained = explain_setup_error(exc, request=self.request, settings=self.settings)
+                explained = explain_setup_error(exc, request=self.request, launch=self.target.kubetorch)
                 if explained is not None:
                     raise explained from exc
                 raise
@@ -408,7 +451,7 @@ class KubetorchBackend:
             if on_start is not None:
                 on_start([])  # remote workers have no local pids
             try:
-                value = self._remote(*args, **(kwargs or {}))
+                value = fenced.call(self._remote, args, kwargs) if fenced else self._remote(*args, **(kwargs or {}))
             except Exception as exc:
                 evidence = collect_evidence(core, self.namespace, self.name, getattr(exc, "pod_name", None))
                 return self._failure_report(exc, evidence, time.monotonic() - started)

@@ -134,7 +134,7 @@ class KarpenterPools(dg.Config):
     node_class: str = Field(default="gpu-ops", description="EC2NodeClass the generated NodePools reference.")
     node_role: str | None = Field(default=None, description="IAM role of a managed EC2NodeClass.")
     cluster_name: str | None = Field(default=None, description="Cluster name for a managed EC2NodeClass's discovery tags.")
-    consolidate_after: str = Field(default="10m", description="Karpenter consolidateAfter of generated pools.")
+    consolidate_after: str = Field(default="10m", pattern=r"^(([0-9]+(s|m|h))+|Never)$", description="Karpenter consolidateAfter of generated pools (30s, 10m, 1h, Never).")
     gpu_limit: int = Field(default=64, gt=0, description="nvidia.com/gpu limit of generated pools.")
     pool_scope: Literal["team", "run"] = Field(default="team", description="NodePools shared by a team, or created and deleted per run.")
 
@@ -287,8 +287,9 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
                     heartbeat.stop()  # the GPUs go back to the quota
 
     def fence_parent(self) -> str | None:
-        """Where the workers' fence file is written; None: workers see none (remote pods)."""
-        return None
+        """Where the launcher writes the fence file of a launch under a GPU lease (local
+        workers read it; the Kubetorch backend relays it to its pods)."""
+        return tempfile.gettempdir()
 
     @property
     def last_admission(self) -> Any:
@@ -422,17 +423,12 @@ class KubetorchGpuCompute(GpuCompute):
 
     @classmethod
     def from_config(cls, config: ComputeConfig, config_path: str | None = None) -> "KubetorchGpuCompute":
-        k, kt = config.karpenter, config.kubetorch
+        # The compute section's nested settings, passed through as they are (same fields).
         return cls(
             **cls._common(config, config_path),
             namespace=config.namespace,
-            kubetorch=KubetorchLaunch(
-                priority_class=config.priority_class, launch_timeout_s=kt.launch_timeout_s, inactivity_ttl=kt.inactivity_ttl, image=kt.image, service_account=kt.service_account,
-            ),
-            karpenter=KarpenterPools(
-                manage_nodepools=k.manage_nodepools, manage_ec2nodeclass=k.manage_ec2nodeclass, node_class=k.node_class, node_role=k.node_role,
-                cluster_name=k.cluster_name, consolidate_after=k.consolidate_after, gpu_limit=k.gpu_limit, pool_scope=k.pool_scope,
-            ),
+            kubetorch=KubetorchLaunch(priority_class=config.priority_class, **config.kubetorch.model_dump()),
+            karpenter=KarpenterPools(**config.karpenter.model_dump()),
         )
 
     def pool_scope(self) -> str:

@@ -306,12 +306,27 @@ def _settle_orphans(step: _Step) -> None:
 
     ttl = step.config.compute.admission.lease_ttl_s
     try:
-        found = settle_orphans(step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl, log=step.log)
+        found = settle_orphans(
+            step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl,
+            last_checkpoint=lambda a: _orphans_last_checkpoint(step, a), log=step.log,
+        )
     except Exception as exc:  # noqa: BLE001 - the database is down: this attempt still runs
         step.log.error(f"could not look for orphaned attempts: {type(exc).__name__}: {exc}")
         return
     for s in found:
         step.log.warning(s.message)
+
+
+def _orphans_last_checkpoint(step: _Step, orphan: Any) -> dt.datetime | None:
+    """When an orphan of this asset and run lineage last saved (its ledger row's lost work
+    ends there): the newest checkpoint its attempt wrote to the checkpoints this step resumes."""
+    run = step.context.run
+    if orphan.asset_key != step.asset_key or orphan.run_id not in {step.run_id, run.root_run_id, run.parent_run_id}:
+        return None
+    scope = run.root_run_id or step.run_id
+    url = checkpoint_url_for(checkpoint_root(step.config, step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
+    infos = CheckpointStore(url, step.spec.keep_last or step.config.training.keep_last, log=step.log.warning).list()
+    return max((i.written_at_dt for i in infos if i.attempt == orphan.attempt), default=None)
 
 
 def _read_history(step: _Step) -> None:

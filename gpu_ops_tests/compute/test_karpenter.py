@@ -9,7 +9,6 @@ from gpu_ops.compute.karpenter import (
     CAPACITY_TYPE_LABEL,
     GPU_NAME_LABEL,
     INSTANCE_TYPE_LABEL,
-    KarpenterSettings,
     NodePoolClient,
     NotManagedError,
     ec2nodeclass_manifest,
@@ -18,10 +17,11 @@ from gpu_ops.compute.karpenter import (
     pod_node_selector,
 )
 from gpu_ops.compute.request import Attribution, GpuRequest
+from gpu_ops.compute.resource import KarpenterPools
 from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 NLP = Attribution(team="nlp", project="llm", cost_center="cc-42")
-SETTINGS = KarpenterSettings(node_class="gpu-ops", consolidate_after="15m", gpu_limit=32, node_role="KarpenterNodeRole-demo", cluster_name="demo")
+SETTINGS = KarpenterPools(node_class="gpu-ops", consolidate_after="15m", gpu_limit=32, node_role="KarpenterNodeRole-demo", cluster_name="demo")
 
 
 def _requirements(pool: dict) -> dict[str, list[str]]:
@@ -84,7 +84,7 @@ def test_a100_40gb_and_80gb_are_told_apart_by_instance_type() -> None:
 
 
 def test_run_scoped_pools_carry_the_run_id() -> None:
-    settings = KarpenterSettings(scope="run")
+    settings = KarpenterPools(pool_scope="run")
     (pool,) = nodepool_manifests(GpuRequest(gpu_type="l4", capacity="spot", labels=NLP), settings, run_id="0f3a9c2e-1111")
     assert pool["metadata"]["name"] == "gpu-ops-nlp-l4-spot-0f3a9c2e"
     assert pool["metadata"]["labels"]["gpu-ops.io/run-id"] == "0f3a9c2e-1111"
@@ -104,9 +104,9 @@ def test_ec2nodeclass_validates_and_names_missing_fields(karpenter_crds: dict) -
     jsonschema.validate(nc, karpenter_crds["EC2NodeClass"])
     assert nc["spec"]["role"] == "KarpenterNodeRole-demo"
     with pytest.raises(ValueError, match="karpenter.node_role"):
-        ec2nodeclass_manifest(KarpenterSettings())
-    with pytest.raises(ValueError, match="karpenter.consolidate_after"):
-        KarpenterSettings(consolidate_after="ten minutes")
+        ec2nodeclass_manifest(KarpenterPools())
+    with pytest.raises(ValueError, match="consolidate_after"):  # refused where the setting lives, not at launch
+        KarpenterPools(consolidate_after="ten minutes")
 
 
 # ---------------------------------------------------------------------- client
@@ -166,7 +166,7 @@ def test_patch_limits_to_zero_blocks(api: FakeCustomObjects) -> None:
 
 def test_delete_only_what_the_run_owns_and_list_owned(api: FakeCustomObjects) -> None:
     client = NodePoolClient(api)
-    run_settings = KarpenterSettings(scope="run")
+    run_settings = KarpenterPools(pool_scope="run")
     (mine,) = nodepool_manifests(GpuRequest(gpu_type="l4", capacity="spot", labels=NLP), run_settings, run_id="run-aaaa1111")
     (theirs,) = nodepool_manifests(GpuRequest(gpu_type="l4", capacity="spot", labels=NLP), run_settings, run_id="run-bbbb2222")
     (shared,) = nodepool_manifests(GpuRequest(gpu_type="l4", capacity="spot", labels=Attribution(team="vision")), SETTINGS)

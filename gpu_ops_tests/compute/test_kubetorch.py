@@ -13,11 +13,9 @@ import pytest
 from kubernetes import client
 
 from gpu_ops.compute.backend import WorkerExit
-from gpu_ops.compute.karpenter import KarpenterSettings
 from gpu_ops.compute.kubetorch_backend import (
     ComputeSetupError,
     KubetorchBackend,
-    KubetorchSettings,
     PodEvidence,
     build_compute,
     collect_evidence,
@@ -27,11 +25,13 @@ from gpu_ops.compute.kubetorch_backend import (
 )
 from gpu_ops.compute.naming import launch_labels
 from gpu_ops.compute.request import Attribution, GpuRequest
+from gpu_ops.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.fake_k8s import FakeCoreV1, FakeCustomObjects
 
 NLP = Attribution(team="nlp", project="llm")
-SETTINGS = KubetorchSettings(namespace="ml", priority_class="gpu-training", launch_timeout_s=1200, inactivity_ttl="45m")
+# The resource itself is what the backend reads (its nested settings as they are).
+SETTINGS = KubetorchGpuCompute(namespace="ml", kubetorch=KubetorchLaunch(priority_class="gpu-training", launch_timeout_s=1200, inactivity_ttl="45m"))
 
 
 def _labels(request: GpuRequest) -> dict[str, str]:
@@ -44,7 +44,7 @@ def _pod_spec(compute) -> dict:
 
 def test_compute_selects_karpenter_nodes_never_gpu_product() -> None:
     request = GpuRequest(gpu_type="a100-80gb", gpus=8, capacity="spot", cpus=32, memory="512Gi", labels=NLP)
-    compute = build_compute(request, labels=_labels(request), settings=SETTINGS, env={"WANDB_MODE": "offline"})
+    compute = build_compute(request, labels=_labels(request), target=SETTINGS, env={"WANDB_MODE": "offline"})
     spec = _pod_spec(compute)
     assert spec["nodeSelector"] == {"karpenter.k8s.aws/instance-gpu-name": "a100", "karpenter.sh/capacity-type": "spot", "gpu-ops.io/team": "nlp"}
     assert "nvidia.com/gpu.product" not in json.dumps(compute.manifest)
@@ -71,7 +71,7 @@ def test_compute_selects_karpenter_nodes_never_gpu_product() -> None:
 
 def test_spot_then_on_demand_prefers_spot_by_affinity() -> None:
     request = GpuRequest(gpu_type="h100", gpus=8, capacity="spot-then-on-demand", labels=NLP)
-    spec = _pod_spec(build_compute(request, labels=_labels(request), settings=SETTINGS))
+    spec = _pod_spec(build_compute(request, labels=_labels(request), target=SETTINGS))
     assert "karpenter.sh/capacity-type" not in spec["nodeSelector"]
     aff = spec["affinity"]["nodeAffinity"]
     required = aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
@@ -81,7 +81,7 @@ def test_spot_then_on_demand_prefers_spot_by_affinity() -> None:
 
 def test_distributed_uses_kubetorch_pytorch_distribution() -> None:
     request = GpuRequest(gpu_type="l4", gpus=1, workers=4, capacity="spot", labels=NLP)
-    compute = build_compute(request, labels=_labels(request), settings=SETTINGS)
+    compute = build_compute(request, labels=_labels(request), target=SETTINGS)
     assert compute.replicas == 4 and compute.manifest["spec"]["replicas"] == 4
     assert compute.distributed_config["distribution_type"] == "pytorch"
     assert compute.distributed_config["quorum_workers"] == 4
@@ -89,14 +89,14 @@ def test_distributed_uses_kubetorch_pytorch_distribution() -> None:
 
 def test_mig_slice_requests_its_own_resource() -> None:
     request = GpuRequest(gpu_type="a100-80gb", gpus=1, mig_profile="1g.10gb", capacity="on-demand", labels=NLP)
-    resources = _pod_spec(build_compute(request, labels=_labels(request), settings=SETTINGS))["containers"][0]["resources"]
+    resources = _pod_spec(build_compute(request, labels=_labels(request), target=SETTINGS))["containers"][0]["resources"]
     assert resources["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert "nvidia.com/gpu" not in resources["requests"]
 
 
 def test_workload_manifest_is_a_valid_deployment() -> None:
     request = GpuRequest(gpu_type="a100-80gb", gpus=8, workers=2, capacity="spot", labels=NLP)
-    compute = build_compute(request, labels=_labels(request), settings=SETTINGS)
+    compute = build_compute(request, labels=_labels(request), target=SETTINGS)
     manifest = workload_manifest(compute, "train-0f3a9c2e-0")
     assert manifest["metadata"]["name"] == "train-0f3a9c2e-0"
     assert manifest["spec"]["selector"]["matchLabels"] == {"kubetorch.com/service": "train-0f3a9c2e-0"}
@@ -125,13 +125,13 @@ def test_setup_errors_say_what_to_fix(make, problem: str, fix: str) -> None:
 
     request = GpuRequest(gpu_type="a100-80gb", gpus=8, capacity="spot", image="ghcr.io/acme/train:v9", labels=NLP)
     exc = make(kt)
-    err = explain_setup_error(exc, request=request, settings=SETTINGS)
+    err = explain_setup_error(exc, request=request, launch=SETTINGS.kubetorch)
     assert isinstance(err, ComputeSetupError) and err.cause is exc
     assert problem in err.problem and fix in err.fix and "fix:" in str(err)
 
 
 def test_other_errors_are_not_setup_errors() -> None:
-    assert explain_setup_error(ValueError("bad"), request=GpuRequest(gpu_type="t4"), settings=SETTINGS) is None
+    assert explain_setup_error(ValueError("bad"), request=GpuRequest(gpu_type="t4"), launch=SETTINGS.kubetorch) is None
 
 
 # ---------------------------------------------------------------------- evidence
@@ -208,7 +208,7 @@ def test_first_guess_exit_from_real_kubetorch_failures() -> None:
     with pytest.raises(ValueError) as info:
         response.raise_for_status()
     assert first_guess_exit(info.value, PodEvidence()) is WorkerExit.ERROR
-    backend = KubetorchBackend(GpuRequest(gpu_type="t4"), name="train-0f3a9c2e-0", labels={})
+    backend = KubetorchBackend(GpuRequest(gpu_type="t4"), name="train-0f3a9c2e-0", labels={}, target=KubetorchGpuCompute())
     report = backend._failure_report(info.value, PodEvidence(pod=_pod("train-b", "n")), 3.0)
     assert report.exit is WorkerExit.ERROR and report.error_type == "ValueError" and report.error_message == "bad batch"
     assert report.traceback.endswith("ValueError: bad batch") and report.exception is info.value and report.pod is not None
@@ -227,8 +227,8 @@ def no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_without_credentials_explains_and_cleanup_removes_run_pools(no_kubeconfig: None, karpenter_crds: dict) -> None:
     custom = FakeCustomObjects(schemas=karpenter_crds)
     request = GpuRequest(gpu_type="l4", gpus=1, capacity="spot-then-on-demand", labels=NLP)
-    settings = KubetorchSettings(namespace="ml", karpenter=KarpenterSettings(scope="run"))
-    backend = KubetorchBackend(request, name="train-0f3a9c2e-0", labels=_labels(request), settings=settings, run_id="0f3a9c2e-1111-2222", clients=lambda: (FakeCoreV1(), custom))
+    settings = KubetorchGpuCompute(namespace="ml", karpenter=KarpenterPools(pool_scope="run"))
+    backend = KubetorchBackend(request, name="train-0f3a9c2e-0", labels=_labels(request), target=settings, run_id="0f3a9c2e-1111-2222", clients=lambda: (FakeCoreV1(), custom))
     lines: list[str] = []
     with pytest.raises(ComputeSetupError, match="no Kubernetes credentials") as err:
         backend.run(worker_fns.add, (1, 2), log=lines.append)
@@ -242,7 +242,7 @@ def test_run_without_credentials_explains_and_cleanup_removes_run_pools(no_kubec
 def test_team_pools_survive_a_runs_cleanup(no_kubeconfig: None, karpenter_crds: dict) -> None:
     custom = FakeCustomObjects(schemas=karpenter_crds)
     request = GpuRequest(gpu_type="l4", gpus=1, capacity="spot", labels=NLP)
-    backend = KubetorchBackend(request, name="x-0f3a9c2e-0", labels=_labels(request), settings=KubetorchSettings(), run_id="0f3a9c2e", clients=lambda: (FakeCoreV1(), custom))
+    backend = KubetorchBackend(request, name="x-0f3a9c2e-0", labels=_labels(request), target=KubetorchGpuCompute(), run_id="0f3a9c2e", clients=lambda: (FakeCoreV1(), custom))
     with pytest.raises(ComputeSetupError):
         backend.run(worker_fns.add, (1, 2), log=lambda _l: None)
     backend.teardown()
@@ -261,7 +261,7 @@ def test_remote_out_of_memory_is_oom(error_type: str) -> None:
 
 def test_no_gpu_means_no_gpu_placement() -> None:
     request = GpuRequest(gpu_type="t4", gpus=0, labels=NLP)
-    spec = _pod_spec(build_compute(request, labels=_labels(request), settings=SETTINGS))
+    spec = _pod_spec(build_compute(request, labels=_labels(request), target=SETTINGS))
     assert "nodeSelector" not in spec or not spec["nodeSelector"]
     assert "affinity" not in spec
     assert "nvidia.com/gpu" not in json.dumps(spec["containers"][0]["resources"])
@@ -270,14 +270,13 @@ def test_no_gpu_means_no_gpu_placement() -> None:
 def test_training_pods_run_as_the_configured_service_account() -> None:
     """The preemption-notice watcher needs `get` on its node and pod: the chart's
     gpu-ops-training-worker ServiceAccount, named in compute.kubetorch.service_account."""
-    import dataclasses
-
     from gpu_ops.compute.resource import GpuCompute
     from gpu_ops.config import ComputeConfig
 
     request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
-    settings = dataclasses.replace(SETTINGS, service_account="gpu-ops-training-worker")
-    assert _pod_spec(build_compute(request, labels=_labels(request), settings=settings))["serviceAccountName"] == "gpu-ops-training-worker"
-    assert _pod_spec(build_compute(request, labels=_labels(request), settings=SETTINGS))["serviceAccountName"] == "kubetorch-service-account"  # Kubetorch's default
+    settings = SETTINGS.model_copy(update={"kubetorch": SETTINGS.kubetorch.model_copy(update={"service_account": "gpu-ops-training-worker"})})
+    assert _pod_spec(build_compute(request, labels=_labels(request), target=settings))["serviceAccountName"] == "gpu-ops-training-worker"
+    assert _pod_spec(build_compute(request, labels=_labels(request), target=SETTINGS))["serviceAccountName"] == "kubetorch-service-account"  # Kubetorch's default
     config = ComputeConfig.model_validate({"backend": "kubetorch", "kubetorch": {"service_account": "gpu-ops-training-worker"}})
-    assert KubetorchSettings.from_resource(GpuCompute.from_config(config)).service_account == "gpu-ops-training-worker"
+    resource = GpuCompute.from_config(config)
+    assert _pod_spec(build_compute(request, labels=_labels(request), target=resource))["serviceAccountName"] == "gpu-ops-training-worker"

@@ -8,7 +8,8 @@ import dagster as dg
 from kubernetes import client
 
 from gpu_ops.compute.definitions import ORPHAN_SENSOR, build_orphan_sensor
-from gpu_ops.compute.karpenter import KarpenterSettings, NodePoolClient, nodepool_manifests
+from gpu_ops.compute.karpenter import NodePoolClient, nodepool_manifests
+from gpu_ops.compute.resource import KarpenterPools
 from gpu_ops.compute.naming import launch_labels
 from gpu_ops.compute.orphans import Owned, RunState, select_orphans
 from gpu_ops.compute.request import Attribution, GpuRequest
@@ -65,8 +66,8 @@ def test_sensor_deletes_only_objects_of_runs_long_finished(karpenter_crds: dict)
     ])
     custom = FakeCustomObjects(schemas=karpenter_crds)
     pools = NodePoolClient(custom)
-    run_scope = KarpenterSettings(scope="run")
-    for m in nodepool_manifests(REQUEST, run_scope, run_id=failed.run_id) + nodepool_manifests(REQUEST, KarpenterSettings()):
+    run_scope = KarpenterPools(pool_scope="run")
+    for m in nodepool_manifests(REQUEST, run_scope, run_id=failed.run_id) + nodepool_manifests(REQUEST, KarpenterPools()):
         pools.apply(m)
 
     deleted: list[tuple[str, str]] = []

@@ -103,3 +103,21 @@ def tick(path: str) -> None:
             f.write(f"{time.time()}\n")
             f.flush()
             time.sleep(0.02)
+
+
+def fenced_loop(path: str, marker: str) -> str:
+    """A training loop that looks at its fence as ``TrainingContext.preempted`` does: ticks
+    every 20 ms; once the fence has lapsed, writes ``marker`` (its "checkpoint") and returns."""
+    from gpu_ops.compute.fence import FenceCheck
+
+    check = FenceCheck(every_s=0.05)
+    print("ticking", flush=True)
+    with open(path, "a") as f:
+        while True:
+            reason = check.lapsed()
+            if reason is not None:
+                Path(marker).write_text(f"{time.time()} {reason}")
+                return "stopped"
+            f.write(f"{time.time()}\n")
+            f.flush()
+            time.sleep(0.02)

@@ -60,6 +60,19 @@ def test_the_diagram_allows_each_state_its_next_and_settling_from_any_open_state
         tr.settle(f, "completed", "", 1.0)
 
 
+def test_the_docs_state_diagram_is_the_codes() -> None:
+    """docs/concepts/training-attempts.md draws exactly the states and arrows of attempts.NEXT."""
+    import re
+
+    text = (REPO / "docs/concepts/training-attempts.md").read_text()
+    diagram = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    arrows = set(re.findall(r"^\s*(\S+) --> (\S+)\s*$", diagram, flags=re.M))
+    inner = {(a, b) for a, b in arrows if "[*]" not in (a, b)}
+    assert inner == {(a.value, b.value) for a, nexts in tr.NEXT.items() for b in nexts}
+    assert ("[*]", State.PLANNED.value) in arrows  # every attempt starts planned
+    assert {a for a, b in arrows if b == "[*]"} == {s.value for s, nexts in tr.NEXT.items() if not nexts}
+
+
 def test_the_store_moves_a_record_only_from_the_state_it_was_read_in(tmp_path: Path) -> None:
     store = AttemptStore(TableStore(f"sqlite:///{tmp_path / 'c.db'}"))
     seen: list[tr.Attempt] = []

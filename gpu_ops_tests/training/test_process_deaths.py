@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pandas as pd
 import pytest
 
 from gpu_ops.compute.quota import LeaseBook
@@ -172,6 +173,10 @@ def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, en
     assert any(m.startswith("attempt 2 start-up on a standby worker") for m in log)
     rows = check_ledger(env, {result.run_id, again.run_id}, sampler)
     assert list(rows["outcome"]) == ["preempted", "completed", "completed"]
+    # The dead attempt's lost work ends at its last checkpoint, not at its start.
+    dead = rows.iloc[0]
+    assert not pd.isna(dead["last_checkpoint_at"]) and dead["start"] <= dead["last_checkpoint_at"] <= dead["end"], dead
+    assert dead["lost_seconds"] < (dead["end"] - dead["start"]).total_seconds()
     assert LeaseBook(TableStore.from_config(_config(env))).holders() == []
     assert AttemptStore(TableStore.from_config(_config(env))).open_attempts() == []
 
