@@ -197,8 +197,15 @@ def _decode(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- PostgreSQL COPY
 
 
-def _arrow_column(series: pd.Series, kind: str) -> Any:
-    """One column as an Arrow array for CSV (nulls for None/NaN/NaT, as _encode gives)."""
+def _text_categories(series: pd.Series) -> bool:
+    """A categorical column whose categories are all text (Arrow writes it by dictionary)."""
+    return isinstance(series.dtype, pd.CategoricalDtype) and pd.api.types.infer_dtype(series.cat.categories, skipna=False) == "string"
+
+
+def _arrow_column(series: pd.Series, kind: str, text_categories: bool = False) -> Any:
+    """One column as an Arrow array for CSV (nulls for None/NaN/NaT, as _encode gives).
+    ``text_categories``: :func:`_text_categories` of the whole column (judged once, not
+    per slice: a million-category column costs a second per check)."""
     import pyarrow as pa
 
     if kind == "datetime":
@@ -207,7 +214,7 @@ def _arrow_column(series: pd.Series, kind: str) -> Any:
         return pa.array(_to_utc(series), from_pandas=True).cast(pa.timestamp("us", tz="UTC"), safe=False).cast(pa.timestamp("us"))
     if kind == "json":
         return pa.array([None if v is None or (isinstance(v, float) and math.isnan(v)) else json.dumps(v, default=str) for v in series], pa.string())
-    if kind == "str" and isinstance(series.dtype, pd.CategoricalDtype) and all(isinstance(c, str) for c in series.cat.categories):
+    if kind == "str" and text_categories:
         return pa.array(series, from_pandas=True).dictionary_decode()
     if kind == "str":
         values = series.astype(object) if isinstance(series.dtype, pd.CategoricalDtype) else series
@@ -229,6 +236,7 @@ class _CsvStream(io.RawIOBase):
 
     def __init__(self, df: pd.DataFrame, kinds: Mapping[str, str]):
         self._df, self._kinds = df, kinds
+        self._text = {c: _text_categories(df[c]) for c in df.columns}
         self._at = 0
         self._chunk = memoryview(b"")
         self._off = 0
@@ -242,7 +250,7 @@ class _CsvStream(io.RawIOBase):
 
         part = self._df.iloc[self._at : self._at + self.ROWS]
         self._at += self.ROWS
-        table = pa.table({c: _arrow_column(part[c], self._kinds[c]) for c in part.columns})
+        table = pa.table({c: _arrow_column(part[c], self._kinds[c], self._text[c]) for c in part.columns})
         out = io.BytesIO()
         pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=False))
         return out.getvalue()
