@@ -17,11 +17,11 @@ from typing import Any, Iterator
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.cost.columns import DAILY_SCHEMA, ROI_INPUT_COLUMNS, attribution_input_columns
+from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, ROI_INPUT_COLUMNS, attribution_input_columns, budget_groupings
 from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
+from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL
 
 GROUP = "gpu_cost"
 IO = "table_io_manager"
@@ -99,7 +99,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
     assets = [
         _usage_asset(config, partitions, backfill),
         _attribution_asset(config, partitions, backfill),
-        _budget_asset(partitions, backfill),
+        _budget_asset(config, partitions, backfill),
         _roi_asset(partitions, backfill),
     ]
     return assets, partitions
@@ -345,12 +345,16 @@ def _conservation_check(days: list[tuple[str, Any]], t: dict[str, Any]) -> dg.As
 # --------------------------------------------------------------------------- budgets
 
 
-def _budget_asset(partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+def _budget_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+    # The daily table summed per budget grain by the database: what the budgets read
+    # grows with the values of their own scope keys, not with the table's other keys.
+    grouped = {"groupings": budget_groupings(b.scope.as_filters() for b in config.budgets), "keep": list(BUDGET_READ_KEEP), "sums": list(BUDGET_READ_SUMS)}
+
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor); "
         "days_missing counts days of the period without gpu_cost_daily.",
-        ins={"gpu_cost_daily": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE)},
+        ins={"gpu_cost_daily": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE, metadata={GROUPED: grouped})},
         check_specs=[
             dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded."),
             dg.AssetCheckSpec("period_days_present", asset="gpu_budget_status", description="WARN when days of a budget period have no gpu_cost_daily partition (their spend is unknown, not zero)."),

@@ -14,6 +14,29 @@ DAILY_SCHEMA = (
     ("day", "date"), ("kind", "string"), *((k, "string") for k in DAILY_KEYS), ("labels", "string"), ("label_keys", "string"),
     ("intervals", "int"), ("gpu_hours", "float"), ("cost_usd", "float"), ("on_demand_usd", "float"),
 )
+# What budgets read of gpu_cost_daily: per day, kind and what the table kept, the cost
+# summed by the database per budget grain (gpu_ops.storage.tables.TableStore.read_grouped).
+DAILY_GROUPING = "grouping"
+BUDGET_READ_KEEP = ("day", "kind", "label_keys")
+BUDGET_READ_SUMS = ("cost_usd",)
+
+
+def grouping_name(filter_keys: Iterable[str]) -> str:
+    """The name of a budget grain: its scope's filter keys (``team``, ``label:tier``), sorted; "" for unscoped."""
+    return ",".join(sorted(filter_keys))
+
+
+def budget_groupings(scopes: Iterable[Iterable[str]]) -> dict[str, list[str]]:
+    """gpu_cost_daily columns to group by per budget grain (``scopes``: each budget's
+    filter keys), the unscoped grain "" always: a label filter groups by the ``labels``
+    column (the scoped labels' JSON), a key by its column."""
+    out: dict[str, list[str]] = {"": []}
+    for keys in scopes:
+        cols = sorted({"labels" if k.startswith("label:") else k for k in keys})
+        out.setdefault(grouping_name(keys), cols)
+    return dict(sorted(out.items()))
+
+
 # gpu_usage columns the daily table (gpu_cost_daily) is built from.
 DAILY_INPUT_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_usd", "on_demand_usd")
 # gpu_usage columns the ROI report reads.

@@ -539,6 +539,51 @@ class TableStore:
             df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
         return _decode(df, kinds)
 
+    def read_grouped(
+        self,
+        name: str,
+        groupings: Mapping[str, Sequence[str]],
+        sums: Sequence[str],
+        *,
+        keep: Sequence[str] = (),
+        partition_keys: Iterable[str] | None = None,
+        missing_ok: bool = False,
+    ) -> pd.DataFrame:
+        """``sums`` of ``name`` per ``keep`` columns and each grouping, summed by the database:
+        for each ``label -> columns`` of ``groupings``, one row set with ``grouping`` = label,
+        the grouping's columns as they are and every other grouping column "" (so that a
+        reader sums a grouping's rows without the rows of the others). Columns the table
+        lacks read as "". Rows of ``partition_keys`` when given (``partition_key`` kept).
+        The rows handed over grow with the groupings' values, not with the table's grain."""
+        _check_name(name)
+        grouped = list(dict.fromkeys(c for cols in groupings.values() for c in cols))
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(name):
+                if missing_ok:
+                    return pd.DataFrame()
+                raise StorageError(f"table {name} does not exist in {display_url(self.url)}")
+            table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            kinds = self._kinds(conn, name)
+            keep = [c for c in keep if c in table.c] + ([PARTITION_COLUMN] if partition_keys is not None else [])
+            selects = []
+            for label, cols in groupings.items():
+                by = [table.c[c] for c in keep] + [table.c[c] for c in cols if c in table.c]
+                blank = [sa.literal("").label(c) if c not in cols or c not in table.c else table.c[c] for c in grouped]
+                q = sa.select(sa.literal(label).label("grouping"), *(table.c[c] for c in keep), *blank, *(sa.func.sum(table.c[c]).label(c) for c in sums))
+                if partition_keys is not None:
+                    q = q.where(table.c[PARTITION_COLUMN].in_(list(partition_keys)))
+                selects.append(q.group_by(*by))
+            union = sa.union_all(*selects).subquery() if len(selects) > 1 else selects[0].subquery()
+            query = sa.select(*union.c)
+            if self.dialect == "postgresql":
+                try:
+                    return _copy_out(conn, query, kinds)
+                except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
+                    raise (self.unavailable(exc) or exc) from exc
+            result = conn.execute(query)
+            df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+        return _decode(df, {c: k for c, k in kinds.items() if c in keep or c in sums})
+
     def read_range(
         self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False
     ) -> pd.DataFrame:
