@@ -382,17 +382,30 @@ def step_profile(home: Path, per_pid: dict[int, float]) -> list[tuple[str, float
 COST_ASSETS = "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_roi_report,gpu_budget_status"
 
 
+def budget_read(config: Path, store: Any, day: dt.date) -> Any:
+    """What gpu_budget_status reads of ``day``'s gpu_cost_daily: its sums per budget grain."""
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
+
+    groupings = budget_groupings(b.scope.as_filters() for b in load_config(config).budgets)
+    return store.read_grouped("gpu_cost_daily", groupings, list(BUDGET_READ_SUMS), keep=list(BUDGET_READ_KEEP), partition_keys=[day.isoformat()])
+
+
 def section_daily_job_mp(args: argparse.Namespace) -> None:
     """The real daily cost job as Dagster runs it: `dagster asset materialize` of every
     cost asset for one partition, the code location's default (multiprocess) executor, a
     persistent instance, PostgreSQL; wall time and the peak RSS of the whole process tree
     (every step process included). Day 1 of a month, then day 30 with the 28 days between
-    present in gpu_cost_daily (copies of day 1's), for both key layouts."""
+    present in gpu_cost_daily (copies of day 1's), for both key layouts. Before day 30,
+    day 1's file is exported again with its intervals closed (as a later export delivers
+    them): left open, its 1 % still-running intervals would be running on day 30 too, and
+    day 30 would price (and read) a month-old file. Row-level gpu_usage as Parquet under
+    storage.row_level_path (--row-level-mp parquet, the default) or a PostgreSQL table."""
     from gpu_ops.storage.tables import TableStore
 
     n = args.intervals
     print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets, row-level gpu_usage as {args.row_level_mp}, aggregates on PostgreSQL; {load_note()}")
-    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24}")
+    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24} {'budget read rows/day':>21}")
     for layout in args.keys or ("nested", "independent"):
         with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
             tmp = Path(tmp_)
@@ -407,7 +420,8 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
             dagster = str(Path(sys.executable).with_name("dagster"))
             store = TableStore(url)
             for d in (MONTH, last):
-                if d == last:  # the days between, as day 1 left them
+                if d == last:  # day 1 re-exported closed; the days between, as day 1 left them
+                    pq.write_table(usage_day(MONTH, n, open_share=0.0, keys=layout), tmp / f"usage-{MONTH}.parquet", row_group_size=256_000)
                     daily = store.read("gpu_cost_daily", partition_keys=[MONTH.isoformat()]).drop(columns=["partition_key"], errors="ignore")
                     for i in range(1, 29):
                         other = MONTH + dt.timedelta(days=i)
@@ -415,7 +429,8 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
                 cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
                 wall, peak, _, per_pid = run_job_tree(cmd, env)
                 rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
-                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,}", flush=True)
+                read = len(budget_read(config, store, d))
+                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,} {read:>21,}", flush=True)
                 if args.steps:
                     for step, boot, secs, mib in step_profile(home, per_pid):
                         print(f"{'':<12} {'':>4} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak", flush=True)
