@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, ROI_INPUT_COLUMNS, attribution_input_columns, budget_groupings
+from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, attribution_input_columns, budget_groupings, roi_input_columns
 from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
@@ -100,7 +100,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         _usage_asset(config, partitions, backfill),
         _attribution_asset(config, partitions, backfill),
         _budget_asset(config, partitions, backfill),
-        _roi_asset(partitions, backfill),
+        _roi_asset(config, partitions, backfill),
     ]
     return assets, partitions
 
@@ -418,11 +418,11 @@ def _budget_metadata(keys: list[str], status: Any, counts: dict[str, int]) -> di
 # --------------------------------------------------------------------------- ROI
 
 
-def _roi_asset(partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: list(ROI_INPUT_COLUMNS)})},
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
         backfill_policy=backfill,
     )

@@ -43,9 +43,18 @@ DAILY_INPUT_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_
 ROI_INPUT_COLUMNS = (
     "kind", "team", "project", "node", "gpu_type", "gpu_count", "gpu_share", "sharing", "capacity_type", "hours", "gpu_hours",
     "price_per_gpu_hour", "cost_usd", "on_demand_usd", "outcome", "lost_gpu_hours", "lost_cost_usd", "fleet_gpu_hours",
-    # DCGM measurements (gpu_ops.cost.utilization) for the measured recommendations.
+)
+# ... and, when DCGM measurements are configured (usage.utilization), what the measured
+# recommendations read (gpu_ops.cost.utilization): without them no row is measured, and
+# a day's million distinct pods are not read for nothing.
+ROI_MEASURED_COLUMNS = (
     "namespace", "pod", "metered_gpu_hours", "active_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
 )
+
+
+def roi_input_columns(measured: bool) -> list[str]:
+    """gpu_usage columns the ROI report reads (``measured``: utilisation metrics configured)."""
+    return [*ROI_INPUT_COLUMNS, *(ROI_MEASURED_COLUMNS if measured else ())]
 
 
 def attribution_input_columns(group_by: Sequence[str]) -> list[str]:

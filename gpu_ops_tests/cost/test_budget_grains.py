@@ -91,7 +91,7 @@ def grouped(store: TableStore) -> pd.DataFrame:
     return store.read_grouped("gpu_cost_daily", groupings, list(BUDGET_READ_SUMS), keep=list(BUDGET_READ_KEEP), partition_keys=keys)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request, tmp_path):
     if request.param == "sqlite":
         yield TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
