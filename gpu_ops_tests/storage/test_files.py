@@ -44,3 +44,22 @@ def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
     with pytest.raises(StorageError, match="outside the ones written"):
         files.write("usage", df, ["2026-10-01"])
     assert len(files.read("usage", ["2026-10-02"])) == 1  # the refused write changed nothing
+
+
+def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_the_same(tmp_path):
+    import pyarrow.parquet as pq
+
+    files = PartitionFiles(tmp_path)
+    n = 600_000  # more than two row groups
+    df = pd.DataFrame({
+        "pod": pd.Categorical([f"pod-{i}" if i % 1000 else None for i in range(n)]),
+        "team": pd.Categorical(["nlp", "vision", "ü \"q\""] * (n // 3)),
+        "cost_usd": [0.25 * (i % 7) for i in range(n)],
+    })
+    files.write("usage", df, ["2026-10-01"])
+    meta = pq.ParquetFile(files.path("usage", "2026-10-01")).metadata
+    encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["pod"] and "RLE_DICTIONARY" in encodings["team"]
+    back = files.read("usage", ["2026-10-01"])
+    pd.testing.assert_frame_equal(back, df, check_categorical=False)
+    assert back["pod"].isna().sum() == n // 1000 and isinstance(back["pod"].dtype, pd.CategoricalDtype)
