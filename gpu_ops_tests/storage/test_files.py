@@ -63,3 +63,21 @@ def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_t
     back = files.read("usage", ["2026-10-01"])
     pd.testing.assert_frame_equal(back, df, check_categorical=False)
     assert back["pod"].isna().sum() == n // 1000 and isinstance(back["pod"].dtype, pd.CategoricalDtype)
+
+
+def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path):
+    import duckdb
+
+    files = PartitionFiles(tmp_path / "it's rows")  # a quote in the folder name
+    files.write("gpu_usage", frame("2026-10-01", 5), ["2026-10-01"])
+    files.write("gpu_usage", frame("2026-10-02", 3, team="vision").assign(labels='{"tier": "gold"}'), ["2026-10-02"])  # a column added later
+    con = duckdb.connect()
+    files.sql_view(con, "gpu_usage")
+    got = con.execute("SELECT partition_key, team, count(*), sum(cost_usd), count(labels) FROM gpu_usage GROUP BY ALL ORDER BY 1").fetchall()
+    assert got == [("2026-10-01", "nlp", 5, 15.0, 0), ("2026-10-02", "vision", 3, 4.5, 3)]
+    ref = files.read("gpu_usage")
+    assert con.execute("SELECT count(*), sum(cost_usd) FROM gpu_usage").fetchone() == (len(ref), ref["cost_usd"].sum())
+    with pytest.raises(StorageError, match="no partition file"):
+        files.sql_view(con, "gpu_usage_quarantine")
+    with pytest.raises(StorageError, match="not a usable"):
+        files.sql_view(con, "gpu_usage", view='x"; DROP TABLE y; --')
