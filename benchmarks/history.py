@@ -16,6 +16,10 @@ Sections (all by default):
   daily_job      the four cost assets for one day of --intervals (default 1M) usage
                  intervals on PostgreSQL, days 1 and 2: wall time and peak RSS per step,
                  rows written per second (goal: < 60 s and < 2 GB peak for the day).
+  daily_job_mp   the real job: `dagster asset materialize` of every cost asset (multiprocess
+                 executor), day 1 and day 30, nested and independent keys; wall time and
+                 the process tree's peak RSS (--steps: each step's work, start-up and peak;
+                 --row-level-mp parquet|postgresql). Goal: <= 30 s, <= 1 GB, day 30 <= 1.2x day 1.
 
 Big runs hold the benchmark lock:
     flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/history.py --section daily_job
