@@ -16,6 +16,10 @@ Sections (all by default):
   daily_job      the four cost assets for one day of --intervals (default 1M) usage
                  intervals on PostgreSQL, days 1 and 2: wall time and peak RSS per step,
                  rows written per second (goal: < 60 s and < 2 GB peak for the day).
+  daily_job_mp   the real job: `dagster asset materialize` of every cost asset (multiprocess
+                 executor), day 1 and day 30, nested and independent keys; wall time and
+                 the process tree's peak RSS (--steps: each step's work, start-up and peak;
+                 --row-level-mp parquet|postgresql). Goal: <= 30 s, <= 1 GB, day 30 <= 1.2x day 1.
 
 Big runs hold the benchmark lock:
     flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/history.py --section daily_job
@@ -120,9 +124,9 @@ def usage_day(day: dt.date, n: int, seed: int = 0, open_share: float = 0.01, fir
     )
 
 
-def bench_config(tmp: Path, url: str, usage_glob: str, budgets: list[dict]) -> Path:
+def bench_config(tmp: Path, url: str, usage_glob: str, budgets: list[dict], row_level_path: str | None = None) -> Path:
     cfg = {
-        "storage": {"url": url},
+        "storage": {"url": url, **({"row_level_path": row_level_path} if row_level_path else {})},
         "prices": str(PRICES),
         "usage": {"sources": [{"type": "file", "path": usage_glob}], "group_by": ["team", "project"], "partitions_start": MONTH.isoformat()},
         "budgets": budgets,
@@ -308,43 +312,87 @@ def section_daily_job(args: argparse.Namespace) -> None:
     print(f"\nattributed cost of the 2 days: {totals} ({'equal to the cent' if same else 'DIFFERENT'})")
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants now (from /proc), MiB."""
-    total, todo = 0, [pid]
+def tree_rss(pid: int) -> dict[int, int]:
+    """Resident bytes of a process and each of its descendants now (from /proc)."""
+    out, todo = {}, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                out[p] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo.extend(int(c) for c in f.read().split())
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-    return total / 2**20
+    return out
 
 
-def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants now (from /proc), MiB."""
+    return sum(tree_rss(pid).values()) / 2**20
+
+
+def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str, dict[int, float]]:
     """Run ``cmd`` (a whole process tree) sampling its summed RSS every 50 ms:
-    (wall s, process-tree peak MiB, output)."""
+    (wall s, process-tree peak MiB, output, peak MiB of each process of the tree)."""
     import subprocess
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    peak, out = 0.0, []
+    peak, out, per_pid = 0.0, [], {}
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
     reader.start()
     while proc.poll() is None:
-        peak = max(peak, tree_rss_mib(proc.pid))
+        now = tree_rss(proc.pid)
+        peak = max(peak, sum(now.values()) / 2**20)
+        for p, b in now.items():
+            per_pid[p] = max(per_pid.get(p, 0.0), b / 2**20)
         time.sleep(0.05)
     reader.join()
     text = out[0].decode(errors="replace") if out else ""
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{text[-3000:]}")
-    return time.perf_counter() - t0, peak, text
+    return time.perf_counter() - t0, peak, text, per_pid
+
+
+def step_profile(home: Path, per_pid: dict[int, float]) -> list[tuple[str, float, float, float]]:
+    """(step, seconds from its worker's launch to its start — process start-up and imports —,
+    seconds from its start to its end, its process's peak MiB) of the latest run in the
+    Dagster instance at ``home``, from the run's event log."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_runs(limit=1)[0]
+        at: dict[tuple[str, str], float] = {}
+        pids: dict[str, int] = {}
+        for e in instance.all_logs(run.run_id):
+            ev = e.dagster_event
+            if not e.step_key or ev is None:
+                continue
+            kind = ev.event_type_value
+            at.setdefault((e.step_key, kind), e.timestamp)
+            if kind == "STEP_START" and ev.pid is not None:
+                pids[e.step_key] = ev.pid
+    steps = sorted(pids, key=lambda k: at[(k, "STEP_START")])
+    out = []
+    for k in steps:
+        launched = at.get((k, "STEP_WORKER_STARTING"), at[(k, "STEP_START")])
+        ended = at.get((k, "STEP_SUCCESS"), at.get((k, "STEP_FAILURE"), float("nan")))
+        out.append((k, at[(k, "STEP_START")] - launched, ended - at[(k, "STEP_START")], per_pid.get(pids[k], float("nan"))))
+    return out
 
 
 COST_ASSETS = "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_roi_report,gpu_budget_status"
+
+
+def budget_read(config: Path, store: Any, day: dt.date) -> Any:
+    """What gpu_budget_status reads of ``day``'s gpu_cost_daily: its sums per budget grain."""
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
+
+    groupings = budget_groupings(b.scope.as_filters() for b in load_config(config).budgets)
+    return store.read_grouped("gpu_cost_daily", groupings, list(BUDGET_READ_SUMS), keep=list(BUDGET_READ_KEEP), partition_keys=[day.isoformat()])
 
 
 def section_daily_job_mp(args: argparse.Namespace) -> None:
@@ -352,19 +400,23 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
     cost asset for one partition, the code location's default (multiprocess) executor, a
     persistent instance, PostgreSQL; wall time and the peak RSS of the whole process tree
     (every step process included). Day 1 of a month, then day 30 with the 28 days between
-    present in gpu_cost_daily (copies of day 1's), for both key layouts."""
+    present in gpu_cost_daily (copies of day 1's), for both key layouts. Before day 30,
+    day 1's file is exported again with its intervals closed (as a later export delivers
+    them): left open, its 1 % still-running intervals would be running on day 30 too, and
+    day 30 would price (and read) a month-old file. Row-level gpu_usage as Parquet under
+    storage.row_level_path (--row-level-mp parquet, the default) or a PostgreSQL table."""
     from gpu_ops.storage.tables import TableStore
 
     n = args.intervals
-    print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets; {load_note()}")
-    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24}")
-    for layout in ("nested", "independent"):
+    print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets, row-level gpu_usage as {args.row_level_mp}, aggregates on PostgreSQL; {load_note()}")
+    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24} {'budget read rows/day':>21}")
+    for layout in args.keys or ("nested", "independent"):
         with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
             tmp = Path(tmp_)
             last = MONTH + dt.timedelta(days=29)
             for d in (MONTH, last):
                 pq.write_table(usage_day(d, n, keys=layout), tmp / f"usage-{d}.parquet", row_group_size=256_000)
-            config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets())
+            config = bench_config(tmp, url, str(tmp / "usage-*.parquet"), fleet_budgets(), str(tmp / "rows") if args.row_level_mp == "parquet" else None)
             home = tmp / "dagster_home"
             home.mkdir()
             (home / "dagster.yaml").write_text("telemetry: {enabled: false}\n")
@@ -372,15 +424,20 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
             dagster = str(Path(sys.executable).with_name("dagster"))
             store = TableStore(url)
             for d in (MONTH, last):
-                if d == last:  # the days between, as day 1 left them
+                if d == last:  # day 1 re-exported closed; the days between, as day 1 left them
+                    pq.write_table(usage_day(MONTH, n, open_share=0.0, keys=layout), tmp / f"usage-{MONTH}.parquet", row_group_size=256_000)
                     daily = store.read("gpu_cost_daily", partition_keys=[MONTH.isoformat()]).drop(columns=["partition_key"], errors="ignore")
                     for i in range(1, 29):
                         other = MONTH + dt.timedelta(days=i)
                         store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
                 cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
-                wall, peak, _ = run_job_tree(cmd, env)
+                wall, peak, _, per_pid = run_job_tree(cmd, env)
                 rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
-                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,}", flush=True)
+                read = len(budget_read(config, store, d))
+                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,} {read:>21,}", flush=True)
+                if args.steps:
+                    for step, boot, secs, mib in step_profile(home, per_pid):
+                        print(f"{'':<12} {'':>4} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak", flush=True)
             TableStore.dispose_all()
     print(load_note())
 
@@ -581,6 +638,9 @@ def main() -> None:
     ap.add_argument("--ledger-rows-per-day", type=int, default=10_000, help="usage_ledger: ledger rows a day")
     ap.add_argument("--repeat", type=int, default=3, help="usage_files, usage_ledger: timings per case (median)")
     ap.add_argument("--keep", type=Path, help="usage_files, usage_ledger: keep (and reuse) generated data in this folder")
+    ap.add_argument("--keys", action="append", choices=["nested", "independent"], help="daily_job_mp: only these key layouts (repeatable); default: both")
+    ap.add_argument("--row-level-mp", choices=["postgresql", "parquet"], default="parquet", help="daily_job_mp: where row-level gpu_usage lives (storage.row_level_path set or not)")
+    ap.add_argument("--steps", action="store_true", help="daily_job_mp: also each step's seconds and its process's peak RSS")
     ap.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a scratch database is created on it)")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # daily_job's child processes
     ap.add_argument("--day", help=argparse.SUPPRESS)

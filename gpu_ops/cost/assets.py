@@ -17,11 +17,11 @@ from typing import Any, Iterator
 import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.cost.columns import DAILY_SCHEMA, ROI_INPUT_COLUMNS, attribution_input_columns
+from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, attribution_input_columns, budget_groupings, roi_input_columns
 from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, ROW_LEVEL
+from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL
 
 GROUP = "gpu_cost"
 IO = "table_io_manager"
@@ -99,7 +99,19 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         start_date=config.usage.partitions_start.isoformat(), end_date=(end + dt.timedelta(days=1)).isoformat() if end else None, timezone="UTC"
     )
     backfill = _backfill_policy(config)
+    assets = [
+        _usage_asset(config, partitions, backfill),
+        _attribution_asset(config, partitions, backfill),
+        _budget_asset(config, partitions, backfill),
+        _roi_asset(config, partitions, backfill),
+    ]
+    return assets, partitions
 
+
+# --------------------------------------------------------------------------- gpu_usage
+
+
+def _usage_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     # Subsettable: `--select gpu_usage` (or the quarantine alone) materializes just that
     # table; both come from one read of the sources.
     @dg.multi_asset(
@@ -131,87 +143,112 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         backfill_policy=backfill,
     )
     def gpu_usage_asset(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
-        from gpu_ops.cost.attribution import day_window, fleet_totals
-        from gpu_ops.cost.pipeline import usage_for_days
-        from gpu_ops.cost.pricing import PriceMatrix
-        from gpu_ops.cost.usage import file_problems
-        from gpu_ops.cost.utilization import coverage, measured_rows
-        from gpu_ops.storage.tables import TableStore
+        yield from _run_usage(context, gpu_ops)
 
-        cfg = gpu_ops.load()
-        first, last = _days(context)
-        usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
-        table, q = usage.table, usage.quarantine
-        measured = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
-        table = measured.rows
-        if measured.missing:
-            context.log.warning(measured.missing)
-        settled = None
-        if cfg.usage.billing is not None:
-            import pandas as pd
+    return gpu_usage_asset
 
-            from gpu_ops.cost.billing import settle
 
-            settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
-            table, q = settled.table, pd.concat([q, settled.quarantine], ignore_index=True)
-        totals = fleet_totals(table)
-        selected = {k.to_user_string() for k in context.selected_asset_keys}
-        if "gpu_usage" in selected:
-            yield dg.Output(
-                table,
-                output_name="gpu_usage",
-                metadata={
-                    **table_metadata(table),
-                    **({"days": f"{first} .. {last}"} if last > first else {}),
-                    "as_of": usage.as_of.isoformat(),
-                    "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
-                    "gpu_hours": hours(totals["gpu_hours"]),
-                    "allocated_cost_usd": money(totals["allocated_cost_usd"]),
-                    "idle_cost_usd": money(totals["idle_cost_usd"]),
-                    "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
-                    "quarantined_rows": len(q),
-                    **usage.stats.metadata(),
-                    **_efficiency_metadata(coverage(table), measured.pod_steps if cfg.usage.utilization else None),
-                    **measured.metadata(),
-                    **({"priced_from_bill": f"{settled.from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(settled.from_bill['unbilled_nodes']) or 'none'}"} if settled and settled.from_bill else {}),
-                },
-            )
-        if "gpu_usage_quarantine" in selected:
-            yield dg.Output(
-                q, output_name="gpu_usage_quarantine",
-                metadata={**table_metadata(q), "quarantined_rows": len(q), "quarantine": table_value(q[["location", "row", "field", "reason"]])},
-            )
-        checks = {k.name for k in context.selected_asset_check_keys}
-        if "quarantine_empty" in checks:
-            yield dg.AssetCheckResult(
-                asset_key="gpu_usage",
-                check_name="quarantine_empty",
-                passed=q.empty,
-                severity=dg.AssetCheckSeverity.WARN,
-                description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
-                metadata={"quarantined_rows": len(q), "reasons": table_value(q[["location", "row", "field", "reason"]])},
-            )
-        if "billing_reconciled" in checks and settled is not None:
-            md = settled.metadata()
-            yield dg.AssetCheckResult(
-                asset_key="gpu_usage",
-                check_name="billing_reconciled",
-                passed=settled.passed,
-                severity=dg.AssetCheckSeverity.ERROR,
-                description=settled.description(),
-                metadata={**{k: v for k, v in md.items() if k != "nodes"}, **({"nodes": table_value(md["nodes"])} if "nodes" in md else {})},
-            )
-        if "sources_complete" in checks:
-            unread = file_problems(q)
-            yield dg.AssetCheckResult(
-                asset_key="gpu_usage",
-                check_name="sources_complete",
-                passed=unread.empty,
-                severity=dg.AssetCheckSeverity.ERROR,
-                description=None if unread.empty else "; ".join(f"{r.location}: {r.reason}" for r in unread.itertuples(index=False)),
-                metadata={"unread_sources": len(unread), "problems": table_value(unread.reindex(columns=["location", "reason"]))},
-            )
+def _priced_usage(context: dg.AssetExecutionContext, cfg: GpuOpsConfig) -> tuple[Any, Any, Any, Any, Any]:
+    """(usage read, priced table, quarantine, measured utilisation, billing settlement or None) of the run's days."""
+    from gpu_ops.cost.attribution import day_window
+    from gpu_ops.cost.pipeline import usage_for_days
+    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.cost.utilization import measured_rows
+    from gpu_ops.storage.tables import TableStore
 
+    first, last = _days(context)
+    usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
+    table, q = usage.table, usage.quarantine
+    measured = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
+    table = measured.rows
+    if measured.missing:
+        context.log.warning(measured.missing)
+    if cfg.usage.billing is None:
+        return usage, table, q, measured, None
+    import pandas as pd
+
+    from gpu_ops.cost.billing import settle
+
+    settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
+    return usage, settled.table, pd.concat([q, settled.quarantine], ignore_index=True), measured, settled
+
+
+def _run_usage(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
+    cfg = gpu_ops.load()
+    usage, table, q, measured, settled = _priced_usage(context, cfg)
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    if "gpu_usage" in selected:
+        yield dg.Output(table, output_name="gpu_usage", metadata=_usage_metadata(context, cfg, usage, table, q, measured, settled))
+    if "gpu_usage_quarantine" in selected:
+        yield dg.Output(
+            q, output_name="gpu_usage_quarantine",
+            metadata={**table_metadata(q), "quarantined_rows": len(q), "quarantine": table_value(q[["location", "row", "field", "reason"]])},
+        )
+    yield from _usage_checks({k.name for k in context.selected_asset_check_keys}, q, settled)
+
+
+def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
+    from gpu_ops.cost.attribution import fleet_totals
+    from gpu_ops.cost.utilization import coverage
+
+    first, last = _days(context)
+    totals = fleet_totals(table)
+    from_bill = settled.from_bill if settled is not None else None
+    return {
+        **table_metadata(table),
+        **({"days": f"{first} .. {last}"} if last > first else {}),
+        "as_of": usage.as_of.isoformat(),
+        "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
+        "gpu_hours": hours(totals["gpu_hours"]),
+        "allocated_cost_usd": money(totals["allocated_cost_usd"]),
+        "idle_cost_usd": money(totals["idle_cost_usd"]),
+        "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
+        "quarantined_rows": len(q),
+        **usage.stats.metadata(),
+        **_efficiency_metadata(coverage(table), measured.pod_steps if cfg.usage.utilization else None),
+        **measured.metadata(),
+        **({"priced_from_bill": f"{from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(from_bill['unbilled_nodes']) or 'none'}"} if from_bill else {}),
+    }
+
+
+def _usage_checks(checks: set[str], q: Any, settled: Any) -> Iterator[dg.AssetCheckResult]:
+    from gpu_ops.cost.usage import file_problems
+
+    if "quarantine_empty" in checks:
+        yield dg.AssetCheckResult(
+            asset_key="gpu_usage",
+            check_name="quarantine_empty",
+            passed=q.empty,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=None if q.empty else f"{len(q)} row(s) quarantined; see table gpu_usage_quarantine",
+            metadata={"quarantined_rows": len(q), "reasons": table_value(q[["location", "row", "field", "reason"]])},
+        )
+    if "billing_reconciled" in checks and settled is not None:
+        md = settled.metadata()
+        yield dg.AssetCheckResult(
+            asset_key="gpu_usage",
+            check_name="billing_reconciled",
+            passed=settled.passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=settled.description(),
+            metadata={**{k: v for k, v in md.items() if k != "nodes"}, **({"nodes": table_value(md["nodes"])} if "nodes" in md else {})},
+        )
+    if "sources_complete" in checks:
+        unread = file_problems(q)
+        yield dg.AssetCheckResult(
+            asset_key="gpu_usage",
+            check_name="sources_complete",
+            passed=unread.empty,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=None if unread.empty else "; ".join(f"{r.location}: {r.reason}" for r in unread.itertuples(index=False)),
+            metadata={"unread_sources": len(unread), "problems": table_value(unread.reindex(columns=["location", "reason"]))},
+        )
+
+
+# --------------------------------------------------------------------------- attribution and the daily table
+
+
+def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     @dg.multi_asset(
         name="gpu_cost_attribution",
         partitions_def=partitions,
@@ -233,72 +270,94 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         backfill_policy=backfill,
     )
     def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-        import pandas as pd
+        yield from _run_attribution(context, gpu_ops, gpu_usage)
 
-        from gpu_ops.cost.attribution import attribute, conservation
-        from gpu_ops.cost.budgets import daily_costs, scope_keys, scope_label_keys
-        from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
-        from gpu_ops.cost.utilization import coverage, group_efficiency
+    return gpu_cost_attribution
 
-        cfg = gpu_ops.load()
-        keys = context.partition_keys
-        per_day = usage_by_day(gpu_usage, keys)
-        days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
-        table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
-        daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
-        daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
-        t = _sum_totals([r.totals for _, r in days])
-        verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]
-        ok = all(v[1] for v in verdicts)
-        message = verdicts[0][2] if len(verdicts) == 1 else "; ".join(f"{k}: {m}" for k, good, m in verdicts if not good) or f"all {len(verdicts)} days conserve"
-        from gpu_ops.observability.hooks import partition_materialized  # issue 23: the partition's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
 
-        partition_materialized(context, "gpu_cost_attribution", {"cost.total": t["attributed_cost_usd"], "gpu_hours.allocated": t["gpu_hours"], "cost.idle": t["idle_cost_usd"]})
-        selected = {k.to_user_string() for k in context.selected_asset_keys}
-        teams = top_teams(table)
-        if "gpu_cost_attribution" in selected:
-            yield dg.Output(
-                table,
-                output_name="gpu_cost_attribution",
-                metadata={
-                    **table_metadata(table),
-                    "total_cost_usd": money(t["attributed_cost_usd"]),
-                    "gpu_hours": hours(t["gpu_hours"]),
-                    "idle_cost_usd": money(t["idle_cost_usd"]),
-                    "fleet_cost_usd": money(t["fleet_cost_usd"]) if t["fleet_cost_usd"] is not None else "unknown (no inventory)",
-                    "savings_usd": money(table["savings_usd"].sum()),
-                    "groups": t["groups"],
-                    "top_teams": table_value(teams),
-                    **per_key("team", teams.to_dict("records"), "team", ["cost_usd", "gpu_hours"]),
-                    **_efficiency_metadata(coverage(gpu_usage), None),
-                },
-            )
-        if "gpu_cost_daily" in selected:
-            yield dg.Output(
-                daily, output_name="gpu_cost_daily",
-                metadata={**table_metadata(daily), "cost_usd": money(daily["cost_usd"].sum()), "scope_rows": len(daily)},
-            )
-        if not context.selected_asset_check_keys:
-            return
-        yield dg.AssetCheckResult(
-            asset_key="gpu_cost_attribution",
-            check_name="conservation",
-            passed=ok,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=message,
-            metadata={
-                "attributed_cost_usd": money(t["attributed_cost_usd"]),
-                "off_fleet_cost_usd": money(t["off_fleet_cost_usd"]),
-                **({"fleet_cost_usd": money(t["fleet_cost_usd"])} if t["fleet_cost_usd"] is not None else {}),
-                "over_allocated_nodes": ", ".join(t["over_allocated_nodes"]) or "none",
-            },
+def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
+    import pandas as pd
+
+    from gpu_ops.cost.attribution import attribute
+    from gpu_ops.cost.budgets import daily_costs, scope_keys, scope_label_keys
+    from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
+    from gpu_ops.cost.utilization import group_efficiency
+
+    cfg = gpu_ops.load()
+    keys = context.partition_keys
+    per_day = usage_by_day(gpu_usage, keys)
+    days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
+    table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
+    daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
+    daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
+    t = _sum_totals([r.totals for _, r in days])
+    from gpu_ops.observability.hooks import partition_materialized  # issue 23: the partition's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
+
+    partition_materialized(context, "gpu_cost_attribution", {"cost.total": t["attributed_cost_usd"], "gpu_hours.allocated": t["gpu_hours"], "cost.idle": t["idle_cost_usd"]})
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    if "gpu_cost_attribution" in selected:
+        yield dg.Output(table, output_name="gpu_cost_attribution", metadata=_attribution_metadata(table, t, gpu_usage))
+    if "gpu_cost_daily" in selected:
+        yield dg.Output(
+            daily, output_name="gpu_cost_daily",
+            metadata={**table_metadata(daily), "cost_usd": money(daily["cost_usd"].sum()), "scope_rows": len(daily)},
         )
+    if context.selected_asset_check_keys:
+        yield _conservation_check(days, t)
+
+
+def _attribution_metadata(table: Any, t: dict[str, Any], gpu_usage: Any) -> dict[str, Any]:
+    from gpu_ops.cost.utilization import coverage
+
+    teams = top_teams(table)
+    return {
+        **table_metadata(table),
+        "total_cost_usd": money(t["attributed_cost_usd"]),
+        "gpu_hours": hours(t["gpu_hours"]),
+        "idle_cost_usd": money(t["idle_cost_usd"]),
+        "fleet_cost_usd": money(t["fleet_cost_usd"]) if t["fleet_cost_usd"] is not None else "unknown (no inventory)",
+        "savings_usd": money(table["savings_usd"].sum()),
+        "groups": t["groups"],
+        "top_teams": table_value(teams),
+        **per_key("team", teams.to_dict("records"), "team", ["cost_usd", "gpu_hours"]),
+        **_efficiency_metadata(coverage(gpu_usage), None),
+    }
+
+
+def _conservation_check(days: list[tuple[str, Any]], t: dict[str, Any]) -> dg.AssetCheckResult:
+    from gpu_ops.cost.attribution import conservation
+
+    verdicts = [(key, *conservation(r.table, r.totals)) for key, r in days]
+    ok = all(v[1] for v in verdicts)
+    message = verdicts[0][2] if len(verdicts) == 1 else "; ".join(f"{k}: {m}" for k, good, m in verdicts if not good) or f"all {len(verdicts)} days conserve"
+    return dg.AssetCheckResult(
+        asset_key="gpu_cost_attribution",
+        check_name="conservation",
+        passed=ok,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=message,
+        metadata={
+            "attributed_cost_usd": money(t["attributed_cost_usd"]),
+            "off_fleet_cost_usd": money(t["off_fleet_cost_usd"]),
+            **({"fleet_cost_usd": money(t["fleet_cost_usd"])} if t["fleet_cost_usd"] is not None else {}),
+            "over_allocated_nodes": ", ".join(t["over_allocated_nodes"]) or "none",
+        },
+    )
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def _budget_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+    # The daily table summed per budget grain by the database: what the budgets read
+    # grows with the values of their own scope keys, not with the table's other keys.
+    grouped = {"groupings": budget_groupings(b.scope.as_filters() for b in config.budgets), "keep": list(BUDGET_READ_KEEP), "sums": list(BUDGET_READ_SUMS)}
 
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Each budget's period to date: spend, forecast, status and thresholds crossed (read by the budget alert sensor); "
         "days_missing counts days of the period without gpu_cost_daily.",
-        ins={"gpu_cost_daily": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE)},
+        ins={"gpu_cost_daily": dg.AssetIn(partition_mapping=_budget_window(), dagster_type=DATAFRAME_TYPE, metadata={GROUPED: grouped})},
         check_specs=[
             dg.AssetCheckSpec("budgets_within_limit", asset="gpu_budget_status", description="WARN when a budget is at warning, ERROR when one is exceeded."),
             dg.AssetCheckSpec("period_days_present", asset="gpu_budget_status", description="WARN when days of a budget period have no gpu_cost_daily partition (their spend is unknown, not zero)."),
@@ -306,86 +365,102 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         backfill_policy=backfill,
     )
     def gpu_budget_status(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_cost_daily) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-        import pandas as pd
+        yield from _run_budgets(context, gpu_ops, gpu_cost_daily)
 
-        from gpu_ops.cost.budgets import check_outcome, evaluate_budget_days, missing_days_outcome
-        from gpu_ops.cost.pipeline import PARTITION_KEY, default_as_of
+    return gpu_budget_status
 
-        cfg = gpu_ops.load()
-        keys = context.partition_keys
-        days = [(day, default_as_of(day)) for day in map(dt.date.fromisoformat, keys)]
-        daily = gpu_cost_daily.drop(columns=[PARTITION_KEY], errors="ignore")
-        per_day = evaluate_budget_days(cfg.budgets, daily, days, cfg.usage.idle, expected_from=cfg.usage.partitions_start)
-        # A range run writes each day's rows to its partition; metadata and checks are the last day's (as day-by-day runs leave them).
-        status = per_day[-1]
-        table = status if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in zip(keys, per_day)], ignore_index=True)
-        view = status[["budget", "spend_usd", "amount_usd", "percent_used", "forecast_usd", "status", "thresholds_crossed", "days_missing"]]
-        counts = {"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())}
-        yield dg.Output(
-            table if len(table) else None,
-            metadata={
-                **table_metadata(status if len(status) else None, like=status),
-                **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
-                "budgets": len(status),
-                **counts,
-                "days_missing": int(status["days_missing"].max()) if len(status) else 0,
-                "status": table_value(view),
-                # One line per budget in the Plots tab: its burn over the period.
-                **per_key("budget", status.to_dict("records"), "budget", ["spend_usd", "amount_usd", "percent_used", "forecast_usd"]),
-            },
-        )
-        passed, severity, description = check_outcome(status)
-        yield dg.AssetCheckResult(
-            check_name="budgets_within_limit",
-            passed=passed,
-            severity=dg.AssetCheckSeverity.ERROR if severity == "error" else dg.AssetCheckSeverity.WARN,
-            description=description,
-            metadata=counts,
-        )
-        passed, description, missing = missing_days_outcome(status)
-        yield dg.AssetCheckResult(
-            check_name="period_days_present",
-            passed=passed,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=description,
-            metadata={"missing_days": ", ".join(missing) or "none", "budgets_affected": len(status.attrs.get("missing_days", {}))},
-        )
 
+def _run_budgets(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_cost_daily: Any) -> Iterator[Any]:
+    import pandas as pd
+
+    from gpu_ops.cost.budgets import check_outcome, evaluate_budget_days, missing_days_outcome
+    from gpu_ops.cost.pipeline import PARTITION_KEY, default_as_of
+
+    cfg = gpu_ops.load()
+    keys = context.partition_keys
+    days = [(day, default_as_of(day)) for day in map(dt.date.fromisoformat, keys)]
+    daily = gpu_cost_daily.drop(columns=[PARTITION_KEY], errors="ignore")
+    per_day = evaluate_budget_days(cfg.budgets, daily, days, cfg.usage.idle, expected_from=cfg.usage.partitions_start)
+    # A range run writes each day's rows to its partition; metadata and checks are the last day's (as day-by-day runs leave them).
+    status = per_day[-1]
+    table = status if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in zip(keys, per_day)], ignore_index=True)
+    counts = {"exceeded": int((status["status"] == "exceeded").sum()), "warning": int((status["status"] == "warning").sum())}
+    yield dg.Output(table if len(table) else None, metadata=_budget_metadata(keys, status, counts))
+    passed, severity, description = check_outcome(status)
+    yield dg.AssetCheckResult(
+        check_name="budgets_within_limit",
+        passed=passed,
+        severity=dg.AssetCheckSeverity.ERROR if severity == "error" else dg.AssetCheckSeverity.WARN,
+        description=description,
+        metadata=counts,
+    )
+    passed, description, missing = missing_days_outcome(status)
+    yield dg.AssetCheckResult(
+        check_name="period_days_present",
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=description,
+        metadata={"missing_days": ", ".join(missing) or "none", "budgets_affected": len(status.attrs.get("missing_days", {}))},
+    )
+
+
+def _budget_metadata(keys: list[str], status: Any, counts: dict[str, int]) -> dict[str, Any]:
+    view = status[["budget", "spend_usd", "amount_usd", "percent_used", "forecast_usd", "status", "thresholds_crossed", "days_missing"]]
+    return {
+        **table_metadata(status if len(status) else None, like=status),
+        **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
+        "budgets": len(status),
+        **counts,
+        "days_missing": int(status["days_missing"].max()) if len(status) else 0,
+        "status": table_value(view),
+        # One line per budget in the Plots tab: its burn over the period.
+        **per_key("budget", status.to_dict("records"), "budget", ["spend_usd", "amount_usd", "percent_used", "forecast_usd"]),
+    }
+
+
+# --------------------------------------------------------------------------- ROI
+
+
+def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: list(ROI_INPUT_COLUMNS)})},
+        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
         backfill_policy=backfill,
     )
     def gpu_roi_report(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
-        import pandas as pd
+        return _run_roi(context, gpu_ops, gpu_usage)
 
-        from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
-        from gpu_ops.cost.pricing import PriceMatrix
-        from gpu_ops.cost.roi import TOTAL, roi_report
+    return gpu_roi_report
 
-        prices = PriceMatrix.from_table(gpu_ops.load().prices)
-        keys = context.partition_keys
-        per_day = [(key, roi_report(rows, prices)) for key, rows in usage_by_day(gpu_usage, keys)]
-        # A range run writes each day's report to its partition; metadata is the last day's (as day-by-day runs leave it).
-        report = per_day[-1][1]
-        table = report if len(keys) == 1 else pd.concat([r.assign(**{PARTITION_KEY: k}) for k, r in per_day], ignore_index=True)
-        total = report[report["team"] == TOTAL].iloc[0]
-        recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
-        recommendations = pd.DataFrame([{"impact_usd": r["impact_usd"], "kind": r["kind"], "detail": r["detail"]} for r in recs], columns=["impact_usd", "kind", "detail"])
-        totals = ["cost_usd", "spot_savings_usd", "sharing_savings_usd", "preemption_waste_usd", "net_spot_savings_usd", "idle_waste_usd"]
-        return dg.Output(
-            table,
-            metadata={
-                **table_metadata(report),
-                **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
-                **{name: money(total[name]) for name in totals},
-                "recommendations": table_value(recommendations),
-            },
-        )
 
-    return [gpu_usage_asset, gpu_cost_attribution, gpu_budget_status, gpu_roi_report], partitions
+def _run_roi(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> dg.Output:
+    import pandas as pd
+
+    from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
+    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.cost.roi import TOTAL, roi_report
+
+    prices = PriceMatrix.from_table(gpu_ops.load().prices)
+    keys = context.partition_keys
+    per_day = [(key, roi_report(rows, prices)) for key, rows in usage_by_day(gpu_usage, keys)]
+    # A range run writes each day's report to its partition; metadata is the last day's (as day-by-day runs leave it).
+    report = per_day[-1][1]
+    table = report if len(keys) == 1 else pd.concat([r.assign(**{PARTITION_KEY: k}) for k, r in per_day], ignore_index=True)
+    total = report[report["team"] == TOTAL].iloc[0]
+    recs = sorted((r for rs in report["recommendations"] for r in rs), key=lambda r: -r["impact_usd"])
+    recommendations = pd.DataFrame([{"impact_usd": r["impact_usd"], "kind": r["kind"], "detail": r["detail"]} for r in recs], columns=["impact_usd", "kind", "detail"])
+    totals = ["cost_usd", "spot_savings_usd", "sharing_savings_usd", "preemption_waste_usd", "net_spot_savings_usd", "idle_waste_usd"]
+    return dg.Output(
+        table,
+        metadata={
+            **table_metadata(report),
+            **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
+            **{name: money(total[name]) for name in totals},
+            "recommendations": table_value(recommendations),
+        },
+    )
 
 
 def build_collector(config: GpuOpsConfig) -> tuple[list[dg.JobDefinition], list[dg.ScheduleDefinition]]:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
 from gpu_ops.cost.attribution import _sum_dollars, label_values, utc
-from gpu_ops.cost.columns import DAILY_KEYS, DAILY_SCHEMA
+from gpu_ops.cost.columns import DAILY_GROUPING, DAILY_KEYS, DAILY_SCHEMA, grouping_name
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
@@ -132,13 +132,18 @@ class SpendBook:
     Per day present: the whole bill, allocated and idle cost. Per set of scope keys (e.g.
     ``team``, or ``team`` + ``label:tier``): one matrix of allocated cost, key
     combination × day, built once and shared by every budget scoping on those keys.
+
+    ``daily`` is gpu_cost_daily as stored, or as read per budget grain (a ``grouping``
+    column, :func:`gpu_ops.cost.columns.budget_groupings`): then the whole bill comes
+    from the unscoped grain's rows and each scope's matrix from its own grain's rows, so
+    a budget's cost follows the values of its own keys, not the table's other keys.
     """
 
     def __init__(self, daily: pd.DataFrame, idle: str = "row"):
         self.idle = idle
         # One row order whatever the table's read order (a day's sums then add up alike
         # whether it was read alone or in a range).
-        order = [c for c in ("day", "kind", *DAILY_KEYS, "labels") if c in daily]
+        order = [c for c in (DAILY_GROUPING, "day", "kind", *DAILY_KEYS, "labels") if c in daily]
         daily = daily.sort_values(order, kind="stable").reset_index(drop=True) if len(daily) and order else daily
         days = pd.to_datetime(daily["day"]).dt.date if len(daily) else pd.Series([], dtype=object)
         self.days: list[dt.date] = sorted(set(days))
@@ -146,17 +151,20 @@ class SpendBook:
         kind = daily["kind"].astype(str).to_numpy() if len(daily) else np.array([], dtype=object)
         real = kind != NO_USAGE
         self._rows = daily[real].reset_index(drop=True)
+        self._grouping = self._rows[DAILY_GROUPING].astype(str).to_numpy() if DAILY_GROUPING in daily else None
         self._day_idx = np.array([self._index[d] for d in days[real]], dtype=np.int64)
         self._alloc = (kind[real] != "idle")
+        whole = np.ones(len(self._rows), bool) if self._grouping is None else self._grouping == ""
         cost = self._rows["cost_usd"].to_numpy(dtype=float) if len(self._rows) else np.array([])
         nd = len(self.days)
-        self.total = np.bincount(self._day_idx, weights=cost, minlength=nd)
-        alloc_d = np.bincount(self._day_idx, weights=np.where(self._alloc, cost, 0.0), minlength=nd)
+        self.total = np.bincount(self._day_idx, weights=np.where(whole, cost, 0.0), minlength=nd)
+        alloc_d = np.bincount(self._day_idx, weights=np.where(self._alloc & whole, cost, 0.0), minlength=nd)
         idle_d = self.total - alloc_d
         self._share = np.zeros(nd)
         if idle == "share":
             np.divide(idle_d, alloc_d, out=self._share, where=alloc_d > 0)
-        self.used = np.bincount(self._day_idx, minlength=nd) > 0  # days with any usage (allocated or idle)
+        self.used = np.bincount(self._day_idx[whole], minlength=nd) > 0  # days with any usage (allocated or idle)
+        self._groupings = set(daily[DAILY_GROUPING].astype(str)) if DAILY_GROUPING in daily else None
         self._label_keys = self._recorded_label_keys(daily, days)
         self._tables: dict[tuple[str, ...], tuple[dict[tuple[str, ...], int], np.ndarray]] = {}
 
@@ -178,14 +186,22 @@ class SpendBook:
 
     def _table(self, keys: tuple[str, ...]) -> tuple[dict[tuple[str, ...], int], np.ndarray]:
         if keys not in self._tables:
-            alloc = self._rows[self._alloc]
+            rows = self._alloc if self._grouping is None else self._alloc & (self._grouping == self._grain(keys))
+            alloc = self._rows[rows]
             cols = [label_values(alloc["labels"], k[len("label:") :]).astype(str) if k.startswith("label:") else alloc[k].astype(str) for k in keys]
             combos = pd.MultiIndex.from_arrays([c.to_numpy() for c in cols]) if keys else None
             codes, uniques = pd.factorize(combos) if combos is not None and len(alloc) else (np.array([], np.int64), [])
             matrix = np.zeros((len(uniques), len(self.days)))
-            np.add.at(matrix, (codes, self._day_idx[self._alloc]), alloc["cost_usd"].to_numpy(dtype=float))
+            np.add.at(matrix, (codes, self._day_idx[rows]), alloc["cost_usd"].to_numpy(dtype=float))
             self._tables[keys] = ({tuple(u): i for i, u in enumerate(uniques)}, matrix)
         return self._tables[keys]
+
+    def _grain(self, keys: tuple[str, ...]) -> str:
+        """The grouping that holds ``keys``' sums; a grain that was not read is an error, never a zero."""
+        name = grouping_name(keys)
+        if self._groupings is not None and self._rows.shape[0] and name not in self._groupings:
+            raise ValueError(f"gpu_cost_daily was read without the budget grain {name!r} (read: {sorted(self._groupings)})")
+        return name
 
     def spend(self, filters: dict[str, str]) -> np.ndarray:
         """Spend per day present (aligned with :attr:`days`) of the scope ``filters``.

@@ -38,15 +38,47 @@ DAILY_SCHEMA = (
     ("day", "date"), ("kind", "string"), *((k, "string") for k in DAILY_KEYS), ("labels", "string"), ("label_keys", "string"),
     ("intervals", "int"), ("gpu_hours", "float"), ("cost_usd", "float"), ("on_demand_usd", "float"),
 )
+# What budgets read of gpu_cost_daily: per day, kind and what the table kept, the cost
+# summed by the database per budget grain (gpu_ops.storage.tables.TableStore.read_grouped).
+DAILY_GROUPING = "grouping"
+BUDGET_READ_KEEP = ("day", "kind", "label_keys")
+BUDGET_READ_SUMS = ("cost_usd",)
+
+
+def grouping_name(filter_keys: Iterable[str]) -> str:
+    """The name of a budget grain: its scope's filter keys (``team``, ``label:tier``), sorted; "" for unscoped."""
+    return ",".join(sorted(filter_keys))
+
+
+def budget_groupings(scopes: Iterable[Iterable[str]]) -> dict[str, list[str]]:
+    """gpu_cost_daily columns to group by per budget grain (``scopes``: each budget's
+    filter keys), the unscoped grain "" always: a label filter groups by the ``labels``
+    column (the scoped labels' JSON), a key by its column."""
+    out: dict[str, list[str]] = {"": []}
+    for keys in scopes:
+        cols = sorted({"labels" if k.startswith("label:") else k for k in keys})
+        out.setdefault(grouping_name(keys), cols)
+    return dict(sorted(out.items()))
+
+
 # gpu_usage columns the daily table (gpu_cost_daily) is built from.
 DAILY_INPUT_COLUMNS = ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_usd", "on_demand_usd")
 # gpu_usage columns the ROI report reads.
 ROI_INPUT_COLUMNS = (
     "kind", "team", "project", "node", "gpu_type", "gpu_count", "gpu_share", "sharing", "capacity_type", "hours", "gpu_hours",
     "price_per_gpu_hour", "cost_usd", "on_demand_usd", "outcome", "lost_gpu_hours", "lost_cost_usd", "fleet_gpu_hours",
-    # DCGM measurements (gpu_ops.cost.utilization) for the measured recommendations.
+)
+# ... and, when DCGM measurements are configured (usage.utilization), what the measured
+# recommendations read (gpu_ops.cost.utilization): without them no row is measured, and
+# a day's million distinct pods are not read for nothing.
+ROI_MEASURED_COLUMNS = (
     "namespace", "pod", "metered_gpu_hours", "active_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
 )
+
+
+def roi_input_columns(measured: bool) -> list[str]:
+    """gpu_usage columns the ROI report reads (``measured``: utilisation metrics configured)."""
+    return [*ROI_INPUT_COLUMNS, *(ROI_MEASURED_COLUMNS if measured else ())]
 
 
 def attribution_input_columns(group_by: Sequence[str]) -> list[str]:

@@ -12,6 +12,7 @@ recommendations carry the dollar figure they are computed from.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ TOTAL = "__total__"
 TOP_IDLE_NODES = 5
 
 
+@lru_cache(maxsize=256)
 def _half_gpu_profile(gpu_type: str) -> tuple[str, float] | None:
     """The largest MIG profile of at most half a GPU, for "could share" estimates."""
     spec = CATALOG.get(gpu_type)
@@ -133,14 +135,13 @@ def _sharing_candidates(alloc: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     if single.empty:
         return out
-    g = single.groupby([single["team"].astype(str), single["project"].astype(str), single["gpu_type"].astype(str)]).agg(cost=("cost_usd", "sum"), hours=("gpu_hours", "sum"))
-    for (team, project, gpu_type), r in g.iterrows():
+    g = single.groupby([single["team"].astype(str), single["project"].astype(str), single["gpu_type"].astype(str)], observed=True).agg(cost=("cost_usd", "sum"), hours=("gpu_hours", "sum"))
+    for (team, project, gpu_type), cost, hours in zip(g.index, g["cost"].to_numpy(), g["hours"].to_numpy()):
         prof = _half_gpu_profile(gpu_type)
-        if not prof or r["cost"] <= 0:
+        if not prof or cost <= 0:
             continue
         name, frac = prof
-        saving = r["cost"] * (1 - frac)
-        out.setdefault(team, []).append(_rec("share", f"{team}/{project}", f"{r['hours']:.1f} single-GPU {gpu_type} hours (${r['cost']:,.2f}) ran on whole GPUs; on {name} MIG slices ({frac:.3g} GPU) they would cost ${r['cost'] * frac:,.2f} if their memory fits", saving))
+        out.setdefault(team, []).append(_rec("share", f"{team}/{project}", f"{hours:.1f} single-GPU {gpu_type} hours (${cost:,.2f}) ran on whole GPUs; on {name} MIG slices ({frac:.3g} GPU) they would cost ${cost * frac:,.2f} if their memory fits", cost * (1 - frac)))
     return out
 
 
@@ -221,33 +222,52 @@ def efficiency_recommendations(alloc: pd.DataFrame, prices: Any = None) -> dict[
     whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & (m["sharing"].astype(str).to_numpy() == "none")]
     keys = [whole["team"].astype(str), whole["project"].astype(str), whole["gpu_type"].astype(str), whole["capacity_type"].astype(str)]
     for (team, project, gpu_type, capacity), g in whole.groupby(keys, sort=True):
+        rec = _workload_recommendation(f"{team}/{project}", gpu_type, capacity, g, prices)
+        if rec is not None:
+            out.setdefault(team, []).append(rec)
+    for team, rec in _idle_allocations(m):
+        out.setdefault(team, []).append(rec)
+    return out
+
+
+def _workload_recommendation(target: str, gpu_type: str, capacity: str, g: pd.DataFrame, prices: Any) -> dict[str, Any] | None:
+    """One whole-GPU workload's measured recommendation: a MIG slice that fits, else a
+    cheaper GPU type, else time-slicing; None when nothing fits or it cost nothing."""
+    e = _evidence(g)
+    cost = float(g["_measured_cost"].sum())
+    mem, act = e["memory_peak_mib_max"], e["activity_peak_p95"]
+    if mem is None or act is None or cost <= 0:
+        return None
+    mig = _smallest_mig(gpu_type, mem, act)
+    if mig:
+        name, share = mig
+        return _rec("right-size", target, f"{gpu_type} jobs fit a {name} MIG slice ({share:.3g} GPU): {_evidence_text(e)}; ${cost:,.2f} measured would cost ${cost * share:,.2f}", cost * (1 - share)) | {"evidence": e}
+    cheaper = _cheaper_gpu(gpu_type, capacity, mem, prices) if e["activity_p95"] is not None and e["activity_p95"] < 0.5 else None
+    if cheaper:
+        name, price = cheaper
+        new = float(g["metered_gpu_hours"].sum()) * price
+        return _rec("right-size", target, f"{gpu_type} jobs fit a {name} ({CATALOG[name].memory_gib} GiB) at ${price:.2f}/GPU-hour: {_evidence_text(e)}", cost - new) | {"evidence": e}
+    totals = g["memory_total_mib"].to_numpy(dtype=float)
+    total = float(np.nanmax(totals)) if np.isfinite(totals).any() else np.nan
+    by_memory = int(total // (mem * MEMORY_HEADROOM)) if np.isfinite(total) and mem > 0 else 1
+    replicas = min(MAX_TIMESLICE_REPLICAS, int(1 // max(act, 1e-3)), by_memory)
+    if replicas < 2:
+        return None
+    return _rec("time-slice", target, f"{gpu_type} jobs could share a GPU {replicas} ways (time-slicing): {_evidence_text(e)}", cost * (1 - 1 / replicas)) | {"evidence": e}
+
+
+def _idle_allocations(m: pd.DataFrame) -> list[tuple[str, dict[str, Any]]]:
+    """(team, recommendation) for each measured pod that held its GPUs for hours with near-zero activity."""
+    keys = [m["team"].astype(str).rename("team"), m["namespace"].astype(str).rename("ns"), m["pod"].astype(str).rename("pod")]
+    per = pd.DataFrame({
+        "wall": m["metered_gpu_hours"].to_numpy(dtype=float) / (m["gpu_count"].to_numpy(dtype=float) * m["gpu_share"].to_numpy(dtype=float)),
+        "peak": m["activity_peak"].to_numpy(dtype=float),
+    }, index=m.index).groupby(keys, sort=True).agg(wall=("wall", "sum"), peak=("peak", "max"))
+    # Only the pods that qualify are looked at one by one (a day has a million pods).
+    idle = per[(per["wall"] >= IDLE_MIN_HOURS) & (per["peak"] < IDLE_ACTIVITY)]
+    out = []
+    for (team, ns, pod), wall in zip(idle.index, idle["wall"].to_numpy()):
+        g = m[(keys[0] == team).to_numpy() & (keys[1] == ns).to_numpy() & (keys[2] == pod).to_numpy()]
         e = _evidence(g)
-        cost = float(g["_measured_cost"].sum())
-        mem, act = e["memory_peak_mib_max"], e["activity_peak_p95"]
-        if mem is None or act is None or cost <= 0:
-            continue
-        target = f"{team}/{project}"
-        mig = _smallest_mig(gpu_type, mem, act)
-        if mig:
-            name, share = mig
-            out.setdefault(team, []).append(_rec("right-size", target, f"{gpu_type} jobs fit a {name} MIG slice ({share:.3g} GPU): {_evidence_text(e)}; ${cost:,.2f} measured would cost ${cost * share:,.2f}", cost * (1 - share)) | {"evidence": e})
-            continue
-        cheaper = _cheaper_gpu(gpu_type, capacity, mem, prices) if e["activity_p95"] is not None and e["activity_p95"] < 0.5 else None
-        if cheaper:
-            name, price = cheaper
-            hours = float(g["metered_gpu_hours"].sum())
-            new = hours * price
-            out.setdefault(team, []).append(_rec("right-size", target, f"{gpu_type} jobs fit a {name} ({CATALOG[name].memory_gib} GiB) at ${price:.2f}/GPU-hour: {_evidence_text(e)}", cost - new) | {"evidence": e})
-            continue
-        total = float(np.nanmax(g["memory_total_mib"].to_numpy(dtype=float))) if np.isfinite(g["memory_total_mib"].to_numpy(dtype=float)).any() else np.nan
-        by_memory = int(total // (mem * MEMORY_HEADROOM)) if np.isfinite(total) and mem > 0 else 1
-        replicas = min(MAX_TIMESLICE_REPLICAS, int(1 // max(act, 1e-3)), by_memory)
-        if replicas >= 2:
-            out.setdefault(team, []).append(_rec("time-slice", target, f"{gpu_type} jobs could share a GPU {replicas} ways (time-slicing): {_evidence_text(e)}", cost * (1 - 1 / replicas)) | {"evidence": e})
-    pods = m.groupby([m["team"].astype(str), m["namespace"].astype(str), m["pod"].astype(str)], sort=True)
-    for (team, ns, pod), g in pods:
-        wall = float((g["metered_gpu_hours"] / (g["gpu_count"].astype(float) * g["gpu_share"].astype(float))).sum())
-        if wall >= IDLE_MIN_HOURS and float(np.nanmax(g["activity_peak"].to_numpy(dtype=float))) < IDLE_ACTIVITY:
-            e = _evidence(g)
-            out.setdefault(team, []).append(_rec("idle-allocation", f"{ns}/{pod}", f"{ns}/{pod} held its GPU(s) {wall:.1f} h with near-zero activity: {_evidence_text(e)}; release it or scale it to zero", float(g["_measured_cost"].sum())) | {"evidence": e})
+        out.append((team, _rec("idle-allocation", f"{ns}/{pod}", f"{ns}/{pod} held its GPU(s) {wall:.1f} h with near-zero activity: {_evidence_text(e)}; release it or scale it to zero", float(g["_measured_cost"].sum())) | {"evidence": e}))
     return out

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 # `dg.AssetIn(metadata={COLUMNS: [...]})`: load only these columns of the upstream table.
 COLUMNS = "columns"
+# `dg.AssetIn(metadata={GROUPED: {"groupings": {label: [columns]}, "sums": [...], "keep": [...]}})`:
+# load the upstream partitions summed by the database per grouping (TableStore.read_grouped).
+GROUPED = "gpu_ops/grouped"
 # `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
 # `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
 ROW_LEVEL = "gpu_ops/row_level"
@@ -177,7 +180,11 @@ class TableIOManager(dg.ConfigurableIOManager):
             files = self._files(context.upstream_output.definition_metadata if context.upstream_output else None)
             if files is not None:
                 return files.read(name, partition_keys=keys, columns=columns)
-            df = self._store().read(name, partition_keys=keys, columns=columns, missing_ok=True)
+            grouped = (context.definition_metadata or {}).get(GROUPED)
+            if grouped is not None:
+                df = self._store().read_grouped(name, grouped["groupings"], grouped["sums"], keep=grouped.get("keep", ()), partition_keys=keys, missing_ok=True)
+            else:
+                df = self._store().read(name, partition_keys=keys, columns=columns, missing_ok=True)
             if len(keys) == 1 and PARTITION_COLUMN in df.columns:
                 df = df.drop(columns=[PARTITION_COLUMN])
             return df

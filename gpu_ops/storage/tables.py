@@ -197,8 +197,15 @@ def _decode(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- PostgreSQL COPY
 
 
-def _arrow_column(series: pd.Series, kind: str) -> Any:
-    """One column as an Arrow array for CSV (nulls for None/NaN/NaT, as _encode gives)."""
+def _text_categories(series: pd.Series) -> bool:
+    """A categorical column whose categories are all text (Arrow writes it by dictionary)."""
+    return isinstance(series.dtype, pd.CategoricalDtype) and pd.api.types.infer_dtype(series.cat.categories, skipna=False) == "string"
+
+
+def _arrow_column(series: pd.Series, kind: str, text_categories: bool = False) -> Any:
+    """One column as an Arrow array for CSV (nulls for None/NaN/NaT, as _encode gives).
+    ``text_categories``: :func:`_text_categories` of the whole column (judged once, not
+    per slice: a million-category column costs a second per check)."""
     import pyarrow as pa
 
     if kind == "datetime":
@@ -207,7 +214,7 @@ def _arrow_column(series: pd.Series, kind: str) -> Any:
         return pa.array(_to_utc(series), from_pandas=True).cast(pa.timestamp("us", tz="UTC"), safe=False).cast(pa.timestamp("us"))
     if kind == "json":
         return pa.array([None if v is None or (isinstance(v, float) and math.isnan(v)) else json.dumps(v, default=str) for v in series], pa.string())
-    if kind == "str" and isinstance(series.dtype, pd.CategoricalDtype) and all(isinstance(c, str) for c in series.cat.categories):
+    if kind == "str" and text_categories:
         return pa.array(series, from_pandas=True).dictionary_decode()
     if kind == "str":
         values = series.astype(object) if isinstance(series.dtype, pd.CategoricalDtype) else series
@@ -229,6 +236,7 @@ class _CsvStream(io.RawIOBase):
 
     def __init__(self, df: pd.DataFrame, kinds: Mapping[str, str]):
         self._df, self._kinds = df, kinds
+        self._text = {c: _text_categories(df[c]) for c in df.columns}
         self._at = 0
         self._chunk = memoryview(b"")
         self._off = 0
@@ -242,7 +250,7 @@ class _CsvStream(io.RawIOBase):
 
         part = self._df.iloc[self._at : self._at + self.ROWS]
         self._at += self.ROWS
-        table = pa.table({c: _arrow_column(part[c], self._kinds[c]) for c in part.columns})
+        table = pa.table({c: _arrow_column(part[c], self._kinds[c], self._text[c]) for c in part.columns})
         out = io.BytesIO()
         pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=False))
         return out.getvalue()
@@ -530,6 +538,51 @@ class TableStore:
             result = conn.execute(query)
             df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
         return _decode(df, kinds)
+
+    def read_grouped(
+        self,
+        name: str,
+        groupings: Mapping[str, Sequence[str]],
+        sums: Sequence[str],
+        *,
+        keep: Sequence[str] = (),
+        partition_keys: Iterable[str] | None = None,
+        missing_ok: bool = False,
+    ) -> pd.DataFrame:
+        """``sums`` of ``name`` per ``keep`` columns and each grouping, summed by the database:
+        for each ``label -> columns`` of ``groupings``, one row set with ``grouping`` = label,
+        the grouping's columns as they are and every other grouping column "" (so that a
+        reader sums a grouping's rows without the rows of the others). Columns the table
+        lacks read as "". Rows of ``partition_keys`` when given (``partition_key`` kept).
+        The rows handed over grow with the groupings' values, not with the table's grain."""
+        _check_name(name)
+        grouped = list(dict.fromkeys(c for cols in groupings.values() for c in cols))
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(name):
+                if missing_ok:
+                    return pd.DataFrame()
+                raise StorageError(f"table {name} does not exist in {display_url(self.url)}")
+            table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            kinds = self._kinds(conn, name)
+            keep = [c for c in keep if c in table.c] + ([PARTITION_COLUMN] if partition_keys is not None else [])
+            selects = []
+            for label, cols in groupings.items():
+                by = [table.c[c] for c in keep] + [table.c[c] for c in cols if c in table.c]
+                blank = [sa.literal("").label(c) if c not in cols or c not in table.c else table.c[c] for c in grouped]
+                q = sa.select(sa.literal(label).label("grouping"), *(table.c[c] for c in keep), *blank, *(sa.func.sum(table.c[c]).label(c) for c in sums))
+                if partition_keys is not None:
+                    q = q.where(table.c[PARTITION_COLUMN].in_(list(partition_keys)))
+                selects.append(q.group_by(*by))
+            union = sa.union_all(*selects).subquery() if len(selects) > 1 else selects[0].subquery()
+            query = sa.select(*union.c)
+            if self.dialect == "postgresql":
+                try:
+                    return _copy_out(conn, query, kinds)
+                except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
+                    raise (self.unavailable(exc) or exc) from exc
+            result = conn.execute(query)
+            df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+        return _decode(df, {c: k for c, k in kinds.items() if c in keep or c in sums})
 
     def read_range(
         self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False

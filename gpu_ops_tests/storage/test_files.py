@@ -44,3 +44,40 @@ def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
     with pytest.raises(StorageError, match="outside the ones written"):
         files.write("usage", df, ["2026-10-01"])
     assert len(files.read("usage", ["2026-10-02"])) == 1  # the refused write changed nothing
+
+
+def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_the_same(tmp_path):
+    import pyarrow.parquet as pq
+
+    files = PartitionFiles(tmp_path)
+    n = 600_000  # more than two row groups
+    df = pd.DataFrame({
+        "pod": pd.Categorical([f"pod-{i}" if i % 1000 else None for i in range(n)]),
+        "team": pd.Categorical(["nlp", "vision", "ü \"q\""] * (n // 3)),
+        "cost_usd": [0.25 * (i % 7) for i in range(n)],
+    })
+    files.write("usage", df, ["2026-10-01"])
+    meta = pq.ParquetFile(files.path("usage", "2026-10-01")).metadata
+    encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["pod"] and "RLE_DICTIONARY" in encodings["team"]
+    back = files.read("usage", ["2026-10-01"])
+    pd.testing.assert_frame_equal(back, df, check_categorical=False)
+    assert back["pod"].isna().sum() == n // 1000 and isinstance(back["pod"].dtype, pd.CategoricalDtype)
+
+
+def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path):
+    import duckdb
+
+    files = PartitionFiles(tmp_path / "it's rows")  # a quote in the folder name
+    files.write("gpu_usage", frame("2026-10-01", 5), ["2026-10-01"])
+    files.write("gpu_usage", frame("2026-10-02", 3, team="vision").assign(labels='{"tier": "gold"}'), ["2026-10-02"])  # a column added later
+    con = duckdb.connect()
+    files.sql_view(con, "gpu_usage")
+    got = con.execute("SELECT partition_key, team, count(*), sum(cost_usd), count(labels) FROM gpu_usage GROUP BY ALL ORDER BY 1").fetchall()
+    assert got == [("2026-10-01", "nlp", 5, 15.0, 0), ("2026-10-02", "vision", 3, 4.5, 3)]
+    ref = files.read("gpu_usage")
+    assert con.execute("SELECT count(*), sum(cost_usd) FROM gpu_usage").fetchone() == (len(ref), ref["cost_usd"].sum())
+    with pytest.raises(StorageError, match="no partition file"):
+        files.sql_view(con, "gpu_usage_quarantine")
+    with pytest.raises(StorageError, match="not a usable"):
+        files.sql_view(con, "gpu_usage", view='x"; DROP TABLE y; --')

@@ -180,3 +180,30 @@ def test_io_manager_materializes_a_day_three_times_with_the_same_rows(url):
     assert total[["gpu_hours", "rows"]].values.tolist() == [[9.0, 3]]
     mat = result.asset_materializations_for_node("daily_total")[0]
     assert mat.metadata["rows"].value == 1 and mat.metadata["table"].value == "daily_total"
+
+
+def test_read_grouped_sums_per_grouping_in_the_database(url):
+    store = TableStore(url)
+    awkward = 'a "quoted", comma\nline — ü'
+    df = pd.DataFrame({
+        "kind": ["allocated", "allocated", "allocated", "idle"],
+        "team": [awkward, awkward, "nlp", ""],
+        "project": ["p1", "p2", "p1", ""],
+        "cost_usd": [1.25, 2.5, 4.0, 8.0],
+        "intervals": [1, 2, 3, 4],
+    })
+    store.write("daily", df, partition_keys=["2026-10-01"])
+    store.write("daily", df.assign(cost_usd=df["cost_usd"] * 100), partition_keys=["2026-10-02"])
+    got = store.read_grouped("daily", {"": [], "team": ["team"], "region": ["region"]}, ["cost_usd", "intervals"], keep=["kind", "absent"], partition_keys=["2026-10-01"])
+    got = got.sort_values(["grouping", "kind", "team"]).reset_index(drop=True)
+    assert list(got.columns) == ["grouping", "kind", PARTITION_COLUMN, "team", "region", "cost_usd", "intervals"]
+    rows = [tuple(r) for r in got[["grouping", "kind", "team", "region", "cost_usd", "intervals"]].itertuples(index=False)]
+    assert rows == [
+        ("", "allocated", "", "", 7.75, 6), ("", "idle", "", "", 8.0, 4),
+        ("region", "allocated", "", "", 7.75, 6), ("region", "idle", "", "", 8.0, 4),  # a column the table lacks reads as ""
+        ("team", "allocated", awkward, "", 3.75, 3), ("team", "allocated", "nlp", "", 4.0, 3), ("team", "idle", "", "", 8.0, 4),
+    ]
+    assert set(got[PARTITION_COLUMN]) == {"2026-10-01"}
+    assert store.read_grouped("nothing", {"": []}, ["cost_usd"], missing_ok=True).empty
+    with pytest.raises(StorageError, match="does not exist"):
+        store.read_grouped("nothing", {"": []}, ["cost_usd"])
