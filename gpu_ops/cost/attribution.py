@@ -162,7 +162,7 @@ def _sum_by(keys: pd.DataFrame, values: dict[str, np.ndarray]) -> pd.DataFrame:
 
 
 
-def _sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+def sum_dollars(keys: pd.DataFrame, rows: pd.DataFrame, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """GPU-hours, cost and on-demand equivalent (and ``extra`` values) per group of priced
     rows; the equivalent is NaN for a group with any row that has no on-demand price
     (never silently 0)."""
@@ -205,7 +205,7 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     idle_part = rows[~alloc_mask]
 
     keys = key_frame(alloc, group_by)
-    table = _sum_dollars(keys, alloc)
+    table = sum_dollars(keys, alloc)
     # Stored rows with zero hours must not make groups; pieces always have hours > 0 and
     # shares/counts are > 0, so this is the same test.
     table = table[table["gpu_hours"] > 0].reset_index(drop=True)

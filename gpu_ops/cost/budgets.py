@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
-from gpu_ops.cost.attribution import _sum_dollars, label_values, utc
+from gpu_ops.cost.attribution import sum_dollars, label_values, utc
 from gpu_ops.cost.columns import DAILY_GROUPING, DAILY_KEYS, DAILY_SCHEMA, grouping_name
 
 BUDGET_COLUMNS = (
@@ -111,7 +111,7 @@ def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequenc
         }
     )
     # Integer codes and bincount (attribution's grouping): a pandas groupby on these text keys is several times slower.
-    table = _sum_dollars(keys, rows, {"intervals": np.ones(n)}).rename(columns={"on_demand_equivalent_usd": "on_demand_usd"})
+    table = sum_dollars(keys, rows, {"intervals": np.ones(n)}).rename(columns={"on_demand_equivalent_usd": "on_demand_usd"})
     table["day"] = pd.to_datetime(table["day"], utc=True).dt.date if len(table) else pd.Series([], dtype=object)
     table["intervals"] = table["intervals"].round().astype("int64")
     empty_days = sorted(set(days) - set(table["day"]))
