@@ -1,7 +1,8 @@
 """Split, price, idle and group in DuckDB SQL over the engine's good rows.
 
-After :meth:`gpu_ops.cost.engine.UsageEngine.check` the good intervals are a table in the
-engine's DuckDB connection; what a day costs is computed there and only small aggregates
+After :meth:`gpu_ops.cost.engine.UsageEngine.check` the good intervals are a query in the
+engine's DuckDB connection (:meth:`~gpu_ops.cost.engine.UsageEngine.good_sql`, read from
+the sources, not stored); what a day costs is computed there and only small aggregates
 come back to Python:
 
 - **pieces** (:func:`pieces_sql`): each interval clipped to ``[window start, min(window

@@ -38,6 +38,7 @@ QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", 
 _ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
 _OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
 _IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END"
+_KEY_HASH = f"hash(namespace, {_IKEY}, start_us, gpu_type)"
 _IDENTITY_COLUMNS = (
     "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
 )
@@ -121,6 +122,9 @@ class UsageEngine:
         self.con.execute("SET enable_progress_bar = false")
         self.parts: list[Part] = []
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
+        # After check(): the good rows' columns, whether rows are left out, whether keys repeat.
+        self._columns: tuple[dict[str, str], list[str], list[str], list[str]] = ({}, [], [], [])
+        self._excluding = self._repeats = self._bad = False
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -233,49 +237,71 @@ class UsageEngine:
         return EngineResult(self._good_rows(*out), self._quarantine())
 
     def check(self, keep: Sequence[str] | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
-        """Run the rule book and the identity rules into this engine's tables; the good
-        rows are then :meth:`good_sql`, the quarantine :meth:`quarantine_arrow`.
-        Returns the good rows' columns (times: engine name -> name, text, numbers, provenance)."""
+        """Run the rule book and the identity rules; the good rows are then
+        :meth:`good_sql` (a query that streams from the sources), the quarantine
+        :meth:`quarantine_arrow`. Returns the good rows' columns (times: engine name ->
+        name, text, numbers, provenance).
+
+        Nothing as large as the rows is kept: one pass over every row (:meth:`_screen`)
+        keeps only the positions of bad rows and the identity-key hashes that repeat
+        among good rows (none, usually); the identity rules then look at the rows of
+        those keys alone, and the rows they and the rule book set aside are excluded from
+        the good rows by position."""
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        problems = f"list_concat(storage_problems, {R.rules_select(self.kind)})"
-        # One reason per field (the first, most specific one); built for bad rows only.
-        first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
-        # Narrow: what the good rows hand on, the identity key, and for bad rows only
-        # their problems, times and provenance (the full typed record of the few rows
-        # whose key repeats is computed again for them alone, see _identity).
-        times, text, numbers, prov = self._out_columns(keep)
-        out = dict.fromkeys((*times, *text, *numbers, "ord", "pos"))
-        when_bad = ", ".join(f"{c} AS {c}" if c in prov else f"CASE WHEN bad THEN {c} END AS {c}" for c in ("source", "location", "row", "p_start", "p_end"))
+        self._screen()
+        repeats = self._identity()
+        parts = ["SELECT ord, pos FROM bad_pos", *(["SELECT ord, pos FROM copies", "SELECT ord, pos FROM superseded"] if repeats else [])]
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE excluded AS {' UNION ALL '.join(parts)}")
+        self._bad = bool(self.con.execute("SELECT count(*) FROM bad_pos").fetchall()[0][0])
+        self._excluding = bool(self.con.execute("SELECT count(*) FROM excluded").fetchall()[0][0])
+        self._repeats = repeats
+        self._columns = self._out_columns(keep)
+        return self._columns
+
+    def _screen(self) -> None:
+        """One pass of the rule book over every row, into a small table (``flagged``): the
+        position of each bad row, and each identity-key hash shared by several good rows.
+        Bad rows' positions are also table ``bad_pos``."""
+        bad = f"storage_bad OR {R.rules_bad(self.kind)}"
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE checked AS SELECT {', '.join(R.quote(c) for c in out)}, hash(namespace, {_IKEY}, start_us, gpu_type) AS key_hash, {when_bad}, bad, "
-            f"CASE WHEN bad THEN {first_per_field} END AS problems FROM (SELECT *, storage_bad OR {R.rules_bad(self.kind)} AS bad FROM ({_joined('typed')}))"
+            "CREATE OR REPLACE TEMP TABLE flagged AS SELECT b_ord, b_pos, key_hash FROM (SELECT CASE WHEN bad THEN ord END AS b_ord, CASE WHEN bad THEN pos END AS b_pos, "
+            f"CASE WHEN NOT bad THEN {_KEY_HASH} END AS key_hash FROM (SELECT *, {bad} AS bad FROM ({_joined('typed')}))) "
+            "GROUP BY ALL HAVING b_ord IS NOT NULL OR count(*) > 1"
         )
-        self._identity()
-        return times, text, numbers, prov
+        self.con.execute("CREATE OR REPLACE TEMP TABLE bad_pos AS SELECT b_ord AS ord, b_pos AS pos FROM flagged WHERE b_ord IS NOT NULL")
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
-        """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them."""
+        """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them
+        (None: every column the good rows hand on, with ``ord``, ``pos`` and provenance),
+        read from the sources through the typed layer; the rows set aside are left out
+        by position."""
+        times, text, numbers, prov = self._columns
+        select = [R.quote(c) for c in dict.fromkeys((*times, *text, *numbers, "ord", "pos"))]
+        select += [c if c in prov else f"CAST(NULL AS {t}) AS {c}" for c, t in (("source", "VARCHAR"), ("location", "VARCHAR"), ("row", "BIGINT"))]
+        rows = f"SELECT {', '.join(select)} FROM ({_joined('typed')}) g"
+        if self._excluding:
+            rows += " WHERE NOT EXISTS (SELECT 1 FROM excluded e WHERE e.ord = g.ord AND e.pos = g.pos)"
         cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
-        return (
-            f"SELECT {cols} FROM checked g WHERE NOT bad AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) "
-            "AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos)"
-        )
+        return f"SELECT {cols} FROM ({rows})"
 
-    def _identity(self) -> None:
+    def _identity(self) -> bool:
         """Duplicates (identical typed rows: the first counts) and superseded records
-        (same identity key: the closed, latest-ending, last-delivered record wins)."""
+        (same identity key: the closed, latest-ending, last-delivered record wins), into
+        tables ``copies`` and ``superseded``; False (and no tables) when no identity-key
+        hash repeats among the good rows."""
+        if not self.con.execute("SELECT count(*) FROM flagged WHERE b_ord IS NULL").fetchall()[0][0]:
+            return False
         ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         key = "namespace, ikey, start_us, gpu_type"
         # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
-        # rows whose key repeats are kept in ``good`` and compared column by column (rows
-        # without a pod or attempt share a NULL key with their copies and are compared
-        # too). Candidates first, by a hash of the key (one narrow integer aggregate);
-        # their full records are computed again and the key itself decides.
+        # good rows whose key hash repeats are kept in ``good`` and compared column by
+        # column (rows without a pod or attempt share a NULL key with their copies and are
+        # compared too). Their full records are computed again and the key itself decides.
         self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM checked WHERE NOT bad "
-            "AND key_hash IN (SELECT key_hash FROM checked WHERE NOT bad GROUP BY key_hash HAVING count(*) > 1)"
+            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
+            "WHERE key_hash IN (SELECT key_hash FROM flagged WHERE b_ord IS NULL) AND NOT EXISTS (SELECT 1 FROM bad_pos b WHERE b.ord = c.ord AND b.pos = c.pos)"
         )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         typed = "(" + self._typed_sql("colliding") + ")"
@@ -306,6 +332,7 @@ class UsageEngine:
             "FROM keyed l JOIN keyed w ON w.rank = 1 AND l.namespace = w.namespace AND l.ikey = w.ikey AND l.start_us = w.start_us AND l.gpu_type = w.gpu_type "
             "WHERE l.rank > 1"
         )
+        return True
 
     def _present(self) -> set[str]:
         return {c for p in self.parts for c in p.layout}
@@ -378,14 +405,28 @@ class UsageEngine:
             "|| ': identical in every column, counted once'"
         )
         lo, hi = R.TIME_MIN_US, R.TIME_MAX_US
+        identity = (
+            f" UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos) "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
+        ) if self._repeats else ""
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE quarantined AS SELECT source, location, row, problems[1].field AS field, {reason} AS reason, "
-            f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos FROM checked WHERE bad "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos) "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
+            f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos "
+            f"FROM ({self._bad_rows_sql() if self._bad else _NO_BAD_ROWS}){identity}"
         )
         records = self._records()
         return f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
+
+    def _bad_rows_sql(self) -> str:
+        """SQL: the bad rows (``bad_pos``) computed again, alone, with their problems: one
+        reason per field (the first, most specific one)."""
+        problems = f"list_concat(storage_problems, {R.rules_select(self.kind)})"
+        first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
+        typed = "(" + self._typed_sql("bad_pos") + ")"
+        return (
+            f"SELECT source, location, row, p_start, p_end, ord, pos, {first_per_field} AS problems FROM ({_joined(typed)}) "
+            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM bad_pos)"
+        )
 
     def _records(self) -> str:
         """SQL: the raw record (JSON of each column's text) of every quarantined row,
@@ -399,6 +440,10 @@ class UsageEngine:
         return " UNION ALL ".join(parts)
 
 
+_NO_BAD_ROWS = (
+    "SELECT CAST(NULL AS VARCHAR) AS source, CAST(NULL AS VARCHAR) AS location, CAST(NULL AS BIGINT) AS row, CAST(NULL AS BIGINT) AS p_start, CAST(NULL AS BIGINT) AS p_end, "
+    "0 AS ord, CAST(0 AS BIGINT) AS pos, CAST([] AS STRUCT(field VARCHAR, reason VARCHAR)[]) AS problems WHERE false"
+)
 _NO_QUARANTINE = (
     "SELECT CAST(NULL AS VARCHAR) AS source, CAST(NULL AS VARCHAR) AS location, CAST(NULL AS BIGINT) AS row, CAST(NULL AS VARCHAR) AS field, "
     "CAST(NULL AS VARCHAR) AS reason, CAST(NULL AS VARCHAR) AS record, CAST(NULL AS BIGINT) AS start_us, CAST(NULL AS BIGINT) AS end_us WHERE false"
