@@ -64,7 +64,7 @@ screenshots: $(STAMP)
 # kills; the servers, demo and browser), each run one at a time on one worker, the fast
 # tests spread beside them (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
 # runs everything in one process.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 test: $(STAMP) lint docs
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
