@@ -121,7 +121,7 @@ def _pieces(engine: UsageEngine, span: Span, keep: list[str] | None) -> pd.DataF
     sql = priced_sql(pieces_sql(engine.good_sql(), span.start, span.priced_end), lost)
     all_times = {**_PIECE_TIMES, **{k: v for k, v in times.items() if k not in _PIECE_TIMES}}
     cols = [*numbers, *_PIECE_NUMBERS, *(_LOST_NUMBERS if lost else ())]
-    rows = engine.frame(f"SELECT * FROM ({sql}) ORDER BY ord, pos, day_us", all_times, text, cols, prov)
+    rows = engine.frame(sql, all_times, text, cols, prov, order_by=("ord", "pos", "day_us"))
     rows["kind"] = const_column(len(rows), "allocated")
     return rows
 
@@ -182,7 +182,7 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
 def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
     """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column."""
     n = len(pieces)
-    return pd.DataFrame({c: _typed(c, pieces[c] if c in pieces else _default(c, n)) for c in USAGE_TABLE_COLUMNS})
+    return pd.DataFrame({c: _typed(c, pieces[c] if c in pieces else _default(c, n)) for c in USAGE_TABLE_COLUMNS}, copy=False)  # no consolidating copy of a million rows
 
 
 _TEXT_COLUMNS = (*_TEXT_DEFAULTS, "kind", "gpu_type", "capacity_type", "sharing")
