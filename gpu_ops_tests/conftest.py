@@ -26,7 +26,8 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The end-to-end tests (marker `slow`) run in two groups, each one test at a time on one
 # pytest-xdist worker, beside the fast tests on the other: the tests that kill workers,
 # step processes and run workers on a timer, and the ones that start servers, the demo or
-# a browser. One group of all of them made the suite as long as their sum.
+# a browser. One group of all of them made the suite as long as their sum. The other tests
+# are grouped by module (see pytest_collection_modifyitems).
 KILL_GROUP, SERVER_GROUP = "slow-kills", "slow-servers"
 KILL_MODULES = frozenset({"test_process_deaths", "test_ui_launch", "test_standby_multiprocess", "test_gpu_asset", "test_secrets"})
 
@@ -99,6 +100,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_cluster)
         if "slow" in item.keywords:
             item.add_marker(groups[KILL_GROUP if item.module.__name__.rsplit(".", 1)[-1] in KILL_MODULES else SERVER_GROUP])
+        elif item.module is not None:
+            # The fast tests of one module run on one worker: a module-scoped fixture (the
+            # hostile corpus, a real Prometheus, a Dagster instance) is built once, not once
+            # per worker.
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def cuda_available() -> bool:
