@@ -114,26 +114,6 @@ def _as_text(s: pd.Series) -> pd.Series:
 _NAT = np.iinfo(np.int64).min
 
 
-_UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-
-
-def _utc_ns(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
-    """A datetime column of any unit -> UTC nanoseconds; values it cannot hold -> NaT, flagged."""
-    if not isinstance(s.dtype, pd.DatetimeTZDtype):
-        s = s.dt.tz_localize("UTC")
-    elif str(s.dtype.tz) != "UTC":
-        s = s.dt.tz_convert("UTC")
-    unit = np.datetime_data(s.dtype.base)[0]
-    if unit == "ns":
-        return (s if str(s.dtype) == "datetime64[ns, UTC]" else s.astype("datetime64[ns, UTC]")), np.zeros(len(s), bool)
-    scale = _UNIT_NS[unit]
-    ints = s.array.asi8
-    nat = ints == _NAT
-    out = ~nat & ((ints > np.iinfo(np.int64).max // scale) | (ints <= _NAT // scale))
-    ns = np.where(nat | out, _NAT, np.where(nat | out, 0, ints) * scale)
-    return utc_series(ns, s.index), out
-
-
 def time_problem(value: Any) -> str:
     """Why a time value was refused: outside the datetime64[ns] range, or unparseable."""
     when = value if isinstance(value, (pd.Timestamp, dt.date)) else None
