@@ -49,7 +49,7 @@ from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
-from gpu_ops.training.compute_requirement import asset_with_handover, handover_key
+from gpu_ops.training.compute_requirement import GpuOpDefinition, asset_with_handover, handover_key
 from gpu_ops.training.context import WorkerSpec, parse_event
 from gpu_ops.training.cost_link import cost_rows_metadata
 from gpu_ops.training.policy import Action, AttemptRecord, Counts, Decision, PreemptionPolicy, decide, max_attempts, plan_attempt
@@ -893,6 +893,6 @@ def gpu_op(
             result = run_attempt(context, spec, f"op/{context.job_name}/{context.op.name}", [context.op.name])
             yield dg.Output(result.value, metadata=result.metadata)
 
-        return _training_op
+        return GpuOpDefinition.of(_training_op, compute_resource_key)
 
     return decorate(fn) if fn is not None else decorate

@@ -10,6 +10,10 @@ step. That resource's requirement describes itself: when the key is missing, the
 fails with a message that names ``GpuCompute``, the line to add and any ``GpuCompute``
 the Definitions hold under another key.
 
+A ``gpu_op`` cannot carry resources (ops have none): it is a ``GpuOpDefinition``, an
+``OpDefinition`` whose requirement of its compute key is that same self-describing
+requirement, so a job or Definitions without it is refused with the same guidance.
+
 Why this shape (Dagster 1.13.27, pinned): an asset-level resource under the author's key
 itself would conflict with the author's own resource (Dagster allows one definition per
 key), and the op's own requirement (``OpDefinitionResourceRequirement``) is built by
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.resource_requirement import ResourceKeyRequirement, ResourceRequirement
+from dagster._core.definitions.resource_requirement import OpDefinitionResourceRequirement, ResourceKeyRequirement, ResourceRequirement
 
 from gpu_ops.compute.resource import GpuCompute
 
@@ -50,14 +54,15 @@ def missing_compute_message(compute_key: str, resource_defs: Mapping[str, Any]) 
     """What a Definitions without the ``GpuCompute`` under ``compute_key`` is told."""
     others = sorted(k for k, r in resource_defs.items() if _is_gpu_compute(r))
     message = (
-        f"gpu_ops training assets (gpu_asset, GpuTrainingComponent) need a GpuCompute resource under key '{compute_key}', "
+        f"gpu_ops training steps (gpu_asset, gpu_op, GpuTrainingComponent) need a GpuCompute resource under key '{compute_key}', "
         "and these Definitions provide none. Add it where the Definitions are built: "
         f"dg.Definitions(assets=[...], resources={{'{compute_key}': gpu_ops.GpuCompute()}}) "
         "(workers on this machine; gpu_ops.KubetorchGpuCompute(...) launches on a cluster, "
         "and GpuCompute(config_path='gpu_ops.yaml') shares the project's configuration). "
         "In a dg project, a module under defs/ with "
         f"`defs = dg.Definitions(resources={{'{compute_key}': gpu_ops.GpuCompute()}})`, "
-        "as `dg scaffold defs gpu_ops.components.GpuTrainingComponent` writes."
+        "as `dg scaffold defs gpu_ops.components.GpuTrainingComponent` writes; "
+        f"a job of gpu_op steps: @dg.job(resource_defs={{'{compute_key}': gpu_ops.GpuCompute()}})."
     )
     if others:
         message += f" These Definitions hold a GpuCompute under {others}: use it with gpu_asset(..., compute_resource_key='{others[0]}')."
@@ -70,18 +75,45 @@ class ComputeRequirement(ResourceKeyRequirement):
 
     compute_key: str
     source_key: str | None
+    needed_by: str = "gpu_ops training assets"
 
     @property
     def key(self) -> str:
         return self.compute_key
 
     def describe_requirement(self) -> str:
-        return f"GpuCompute resource with key '{self.compute_key}' required by gpu_ops training assets"
+        return f"GpuCompute resource with key '{self.compute_key}' required by {self.needed_by}"
 
     def ensure_satisfied(self, resource_defs: Mapping[str, dg.ResourceDefinition]) -> None:
         if self.compute_key not in resource_defs:
-            raise dg.DagsterInvalidDefinitionError(missing_compute_message(self.compute_key, resource_defs))
+            raise dg.DagsterInvalidDefinitionError(f"{self.describe_requirement()} was not provided. {missing_compute_message(self.compute_key, resource_defs)}")
         super().ensure_satisfied(resource_defs)
+
+
+class GpuOpDefinition(dg.OpDefinition):
+    """A ``gpu_op``: its requirement of ``gpu_compute_key`` describes itself (see the module
+    docstring); every other requirement is Dagster's own."""
+
+    gpu_compute_key: str
+
+    @classmethod
+    def of(cls, op: dg.OpDefinition, compute_key: str) -> GpuOpDefinition:
+        """``op`` (as ``dg.op`` built it) as a ``GpuOpDefinition``: the same object, whose
+        requirements and copies (``configured``) are this class's."""
+        op.__class__ = cls
+        assert isinstance(op, GpuOpDefinition)
+        op.gpu_compute_key = compute_key
+        return op
+
+    def get_resource_requirements(self, handle: Any, asset_layer: Any) -> Iterator[ResourceRequirement]:
+        for requirement in super().get_resource_requirements(handle, asset_layer):
+            if isinstance(requirement, OpDefinitionResourceRequirement) and requirement.key == self.gpu_compute_key:
+                yield ComputeRequirement(compute_key=self.gpu_compute_key, source_key=None, needed_by=f"gpu_op '{handle or self.name}'")
+            else:
+                yield requirement
+
+    def with_replaced_properties(self, *args: Any, **kwargs: Any) -> dg.OpDefinition:
+        return GpuOpDefinition.of(super().with_replaced_properties(*args, **kwargs), self.gpu_compute_key)
 
 
 class _ComputeHandover(dg.ResourceDefinition):

@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 
 from gpu_ops.compute.resource import GpuCompute
-from gpu_ops.training.asset import gpu_asset
+from gpu_ops.training.asset import gpu_asset, gpu_op
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import REQUEST, write_config
 
@@ -81,6 +81,40 @@ def test_an_asset_job_over_the_training_asset_gives_the_same_guidance(config_pat
     asset = training_asset(config_path, "finetune")
     message = load_error(dg.Definitions(assets=[asset], jobs=[dg.define_asset_job("finetune_job", selection=[asset])]))
     assert "resources={'gpu_compute': gpu_ops.GpuCompute()}" in message
+
+
+def training_job(config: Path, compute_key: str = "gpu_compute", **job_kw: Any) -> dg.JobDefinition:
+    op = gpu_op(workloads.counting, name="count_op", request=REQUEST, params={"steps": 3}, config_path=str(config), compute_resource_key=compute_key)
+
+    @dg.job(**job_kw)
+    def counting_job() -> None:
+        op()
+
+    return counting_job
+
+
+def test_a_gpu_op_in_a_job_without_gpu_compute_names_the_resource_and_the_fix(config_path: Path) -> None:
+    # ops carry no resources: the job itself is refused when it is built, with the same guidance
+    with pytest.raises(dg.DagsterInvalidDefinitionError) as raised:
+        training_job(config_path, resource_defs={"other": dg.ResourceDefinition.none_resource()})
+    message = str(raised.value)
+    assert "resources={'gpu_compute': gpu_ops.GpuCompute()}" in message and "gpu_op 'count_op'" in message
+    assert "required by op" not in message
+
+
+def test_a_gpu_op_job_in_definitions_without_gpu_compute_gives_the_same_guidance(config_path: Path) -> None:
+    message = load_error(dg.Definitions(jobs=[training_job(config_path, compute_key="cluster")], resources={"my_gpus": GpuCompute()}))
+    assert "resources={'cluster': gpu_ops.GpuCompute()}" in message and "compute_resource_key='my_gpus'" in message
+
+
+def test_a_gpu_op_job_with_the_resource_runs(config_path: Path) -> None:
+    job = training_job(config_path, resource_defs={"gpu_compute": GpuCompute()})
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral())
+    assert result.success and result.output_for_node("count_op")["final_loss"] == float(sum(range(3)))
+    # a configured copy of the op keeps the guidance
+    op = job.graph.node_defs[0]
+    configured = op.configured({"params": {"steps": 2}}, name="count_two")
+    assert type(configured) is type(op) and configured.gpu_compute_key == "gpu_compute"
 
 
 def test_the_handover_prints_no_beta_warning_per_asset(config_path: Path) -> None:
