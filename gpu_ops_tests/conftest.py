@@ -7,13 +7,19 @@
   (same rule: skip without them, fail under CI).
 - ``cluster`` tests run only when ``KUBECONFIG`` names a reachable cluster.
 - ``gpu`` tests run only when torch sees a CUDA device.
-- ``slow`` tests share one pytest-xdist group, so that `make test` (``-n 2 --dist
-  loadgroup``) never runs two of them at once.
+- ``slow`` tests run in two pytest-xdist groups (see ``KILL_GROUP``).
+- Scratch files (``tmp_path``: Dagster instances, SQLite cost stores, demo homes) live on
+  a RAM disk (``/dev/shm``) when there is one with room, unless ``--basetemp`` is given:
+  Dagster's SQLite event log commits several times per event, and on this machine's disk
+  a commit costs about 14× what it costs in RAM. The folder is removed when the session
+  ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +36,38 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # are grouped by module (see pytest_collection_modifyitems).
 KILL_GROUP, SERVER_GROUP = "slow-kills", "slow-servers"
 KILL_MODULES = frozenset({"test_process_deaths", "test_ui_launch", "test_standby_multiprocess", "test_gpu_asset", "test_secrets"})
+
+
+RAM_DISK = Path("/dev/shm")
+RAM_DISK_ROOM = 8 << 30  # bytes free that the RAM disk must have to be used
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
+def _ram_disk() -> Path | None:
+    try:
+        mounts = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines() if len(line.split()) > 2}
+        room = os.statvfs(RAM_DISK)
+    except OSError:
+        return None
+    usable = mounts.get(str(RAM_DISK)) == "tmpfs" and os.access(RAM_DISK, os.W_OK) and room.f_bavail * room.f_frsize >= RAM_DISK_ROOM
+    return RAM_DISK if usable else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Before pytest's own tmp_path set-up and before pytest-xdist starts its workers (which
+    # get folders under this one); a worker keeps the folder its controller gave it.
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    disk = _ram_disk()
+    if disk is not None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="gpu_ops_pytest-", dir=disk)
+        config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_BASETEMP in config.stash:
+        shutil.rmtree(config.stash[_OWN_BASETEMP], ignore_errors=True)
 
 
 def skip_or_fail(reason: str) -> None:

@@ -430,12 +430,12 @@ class UsageEngine:
     def _bad_rows_sql(self) -> str:
         """SQL: the bad rows (``bad_pos``) computed again, alone, with their problems: one
         reason per field (the first, most specific one)."""
-        problems = f"list_concat(storage_problems, {R.rules_select(self.kind)})"
-        first_per_field = f"list_filter({problems}, lambda x, i: NOT list_contains(list_transform({problems}[1:i - 1], lambda y: y.field), x.field))"
+        first_per_field = "list_filter(all_problems, lambda x, i: NOT list_contains(list_transform(all_problems[1:i - 1], lambda y: y.field), x.field))"
         typed = "(" + self._typed_sql("bad_pos") + ")"
         return (
-            f"SELECT source, location, row, p_start, p_end, ord, pos, {first_per_field} AS problems FROM ({_joined(typed)}) "
-            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM bad_pos)"
+            f"SELECT source, location, row, p_start, p_end, ord, pos, {first_per_field} AS problems FROM ("
+            f"SELECT source, location, row, p_start, p_end, ord, pos, list_concat(storage_problems, {R.rules_select(self.kind)}) AS all_problems FROM ({_joined(typed)}) "
+            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM bad_pos))"
         )
 
     def _records(self) -> str:

@@ -85,16 +85,11 @@ def _show(expr: str) -> str:
     return f"('''' || {expr} || '''')"
 
 
-_SPACE_CODES = ", ".join(str(ord(c)) for c in SPACES)
-
-
 def _trim(expr: str) -> str:
     """What ``str.strip`` removes, trimmed; values with no space at either edge (nearly
     all) are left as they are without the per-character scan."""
-    return (
-        f"(CASE WHEN ord(left({expr}, 1)) IN ({_SPACE_CODES}) OR ord(right({expr}, 1)) IN ({_SPACE_CODES}) "
-        f"THEN trim({expr}, {literal(SPACES)}) ELSE {expr} END)"
-    )
+    spaces = literal(SPACES)
+    return f"(CASE WHEN contains({spaces}, left({expr}, 1)) OR contains({spaces}, right({expr}, 1)) THEN trim({expr}, {spaces}) ELSE {expr} END)"
 
 
 # --------------------------------------------------------------------------- layer 1: raw
