@@ -72,7 +72,7 @@ def const_column(n: int, value: Any) -> pd.Categorical:
     return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[value])
 
 
-def _factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
+def factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
     if isinstance(s.dtype, pd.CategoricalDtype):
         # Parquet dictionaries arrive as categoricals: their codes already are the factorization.
         return s.cat.codes.to_numpy(), pd.Index(s.cat.categories)
@@ -80,22 +80,14 @@ def _factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
     return codes, pd.Index(uniques)
 
 
-
-
-def _lut(values: list[Any], missing: Any, dtype: Any) -> np.ndarray:
+def lut(values: list[Any], missing: Any, dtype: Any) -> np.ndarray:
     """Look-up table indexed by codes; code -1 (missing) hits the extra last entry."""
     return np.array([*values, missing], dtype=dtype)
 
 
-def _blank(s: pd.Series) -> np.ndarray:
-    codes, uniques = _factorized(s)
-    return _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
-
-
-
-
-
-
+def blank_mask(s: pd.Series) -> np.ndarray:
+    codes, uniques = factorized(s)
+    return lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
 
 
 def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
@@ -109,11 +101,11 @@ def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
     if isinstance(s.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(s.dtype):
         return _utc_ns(s)
     # Strings (CSV): parse each distinct value once, then index by code.
-    blank = _blank(s)
-    codes, uniques = _factorized(s)
+    blank = blank_mask(s)
+    codes, uniques = factorized(s)
     texts = pd.Series([u if isinstance(u, (pd.Timestamp, dt.date)) else str(u).strip() for u in uniques], dtype=object)
     parsed_u, _ = _utc_ns(pd.to_datetime(texts, utc=True, errors="coerce", format="ISO8601"))
-    ints = _lut(list(parsed_u.array.asi8), _NAT, np.int64)[codes]
+    ints = lut(list(parsed_u.array.asi8), _NAT, np.int64)[codes]
     return utc_series(ints, s.index), ~blank & (ints == _NAT)
 
 
@@ -139,9 +131,7 @@ def _utc_ns(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
     return utc_series(ns, s.index), out
 
 
-
-
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     return repr(value if isinstance(value, str) else str(value))
 
 
@@ -156,10 +146,6 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
 
     values = np.asarray(ns, dtype=np.int64).view("datetime64[ns]")
     return pd.Series(DatetimeArray._simple_new(values, dtype=pd.DatetimeTZDtype("ns", "UTC")), index=index, copy=False)
-
-
-
-
 
 
 # --------------------------------------------------------------------------- sources
@@ -436,8 +422,6 @@ def usage_frame(df: pd.DataFrame, path: Path, first_row: int | None = 1, skipped
     return df
 
 
-
-
 def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
     """``label:<name>`` columns of a file -> the ``labels`` JSON column."""
     label_cols = [c for c in df.columns if str(c).startswith("label:")]
@@ -452,7 +436,7 @@ def _collect_label_columns(df: pd.DataFrame) -> pd.DataFrame:
     if "labels" in df.columns:
         base = [v if isinstance(v, str) and v.strip() else "{}" for v in df["labels"].astype(object)]
         # A labels cell that is not a JSON object is kept as written: validation quarantines it.
-        merged: list[Any] = [{**b, **e} if isinstance(b := _json_object(v), dict) else v for v, e in zip(base, extra)]
+        merged: list[Any] = [{**b, **e} if isinstance(b := json_object(v), dict) else v for v, e in zip(base, extra)]
     else:
         merged = extra
     df = df.drop(columns=label_cols)
@@ -529,22 +513,18 @@ def concat_raw(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _json_object(text: Any) -> Any:
+def json_object(text: Any) -> Any:
     """``labels`` text -> its dict, or a string saying why it is not a JSON object of labels."""
     try:
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
-        return f"not valid JSON ({exc}): {_show(text)}"
+        return f"not valid JSON ({exc}): {show_value(text)}"
     if not isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value.values()):
-        return f"must be a JSON object of label names to values, got {_show(text)}"
+        return f"must be a JSON object of label names to values, got {show_value(text)}"
     return value
 
 
 # --------------------------------------------------------------------------- validation
-
-
-
-
 
 
 def empty_quarantine() -> pd.DataFrame:
@@ -578,14 +558,6 @@ def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end
     return q[keep.to_numpy()].reset_index(drop=True)
 
 
-
-
-
-
-
-
-
-
 def as_floats(s: pd.Series) -> np.ndarray:
     """A numeric column as float64; categorical price columns are expanded (NaN for -1)."""
     if isinstance(s.dtype, pd.CategoricalDtype):
@@ -594,23 +566,7 @@ def as_floats(s: pd.Series) -> np.ndarray:
     return s.to_numpy(dtype=float, na_value=np.nan)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # --------------------------------------------------------------------------- inventory
-
-
 
 
 def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:

@@ -22,6 +22,11 @@ from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
 from gpu_ops.cost.attribution import IDLE, utc
 from gpu_ops.cost.usage import (
+    blank_mask,
+    factorized,
+    json_object,
+    lut,
+    show_value,
     NS_PER_HOUR,
     as_floats,
     CELL_ERRORS,
@@ -47,28 +52,10 @@ DUPLICATE_FIELD = "<row>"
 MAX_GPUS_PER_ROW = 100_000
 
 
-def _factorized(s: pd.Series) -> tuple[np.ndarray, pd.Index]:
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        # Parquet dictionaries arrive as categoricals: their codes already are the factorization.
-        return s.cat.codes.to_numpy(), pd.Index(s.cat.categories)
-    codes, uniques = pd.factorize(s, use_na_sentinel=True)
-    return codes, pd.Index(uniques)
-
-
 def _map_distinct(s: pd.Series, fn: Callable[[Any], Any]) -> tuple[np.ndarray, list[Any]]:
     """Apply ``fn`` once per distinct value; returns (codes, results per code); NA code -1."""
-    codes, uniques = _factorized(s)
+    codes, uniques = factorized(s)
     return codes, [fn(u) for u in uniques]
-
-
-def _lut(values: list[Any], missing: Any, dtype: Any) -> np.ndarray:
-    """Look-up table indexed by codes; code -1 (missing) hits the extra last entry."""
-    return np.array([*values, missing], dtype=dtype)
-
-
-def _blank(s: pd.Series) -> np.ndarray:
-    codes, uniques = _factorized(s)
-    return _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
 
 
 _EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
@@ -100,7 +87,7 @@ def _as_text(s: pd.Series) -> pd.Series:
         codes, uniques = pd.factorize(s.str.strip().fillna(""), use_na_sentinel=True)
         cats = pd.Index(uniques) if "" in uniques else pd.Index([*uniques, ""])  # "" always a category, as below
         return pd.Series(pd.Categorical.from_codes(codes, categories=cats), index=s.index)
-    codes, uniques = _factorized(s)
+    codes, uniques = factorized(s)
     cats = [str(u).strip() for u in uniques]
     if "" not in cats:
         cats.append("")
@@ -124,16 +111,12 @@ def time_problem(value: Any) -> str:
         except (ValueError, OverflowError):
             when = None
     if when is None:
-        return f"unparseable time {_show(value)}"
+        return f"unparseable time {show_value(value)}"
     if isinstance(value, pd.Timestamp):
         text = (value.tz_convert("UTC").tz_localize(None) if value.tzinfo else value).isoformat()
     else:
-        text = value.isoformat() if isinstance(value, dt.date) else _show(value)
+        text = value.isoformat() if isinstance(value, dt.date) else show_value(value)
     return f"{text} is outside the range of supported times ({TIME_RANGE}); a \"still running\" interval has an empty end"
-
-
-def _show(value: Any) -> str:
-    return repr(value if isinstance(value, str) else str(value))
 
 
 def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -149,7 +132,7 @@ def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if inf.any():
             vals = np.where(inf, np.nan, vals)
         return vals, np.isnan(vals) & ~inf, inf
-    codes, uniques = _factorized(s)
+    codes, uniques = factorized(s)
     parsed = []
     for u in uniques:
         text = str(u).strip()
@@ -158,8 +141,8 @@ def _numbers(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         except ValueError:
             value = np.nan
         parsed.append(value if np.isfinite(value) else np.nan)
-    blank = _lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
-    vals = _lut(parsed, np.nan, float)[codes]
+    blank = lut([str(u).strip() == "" for u in uniques], True, bool)[codes]
+    vals = lut(parsed, np.nan, float)[codes]
     return vals, blank, ~blank & np.isnan(vals)
 
 
@@ -167,10 +150,10 @@ def number_problem(value: Any) -> str:
     try:
         f = float(str(value).strip())
     except ValueError:
-        return f"not a number: {_show(value)}"
+        return f"not a number: {show_value(value)}"
     if np.isnan(f):
-        return f"not a number: {_show(value)}"
-    return f"not a finite number: {_show(value)}"
+        return f"not a number: {show_value(value)}"
+    return f"not a finite number: {show_value(value)}"
 
 
 def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
@@ -184,17 +167,6 @@ def _row_numbers(raw: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
     for start in change:
         first.setdefault(int(codes[start]), int(start))
     return np.array([i - first[int(codes[i])] + 1 for i in idx], dtype=np.int64)
-
-
-def _json_object(text: Any) -> Any:
-    """``labels`` text -> its dict, or a string saying why it is not a JSON object of labels."""
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        return f"not valid JSON ({exc}): {_show(text)}"
-    if not isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value.values()):
-        return f"must be a JSON object of label names to values, got {_show(text)}"
-    return value
 
 
 class Problems:
@@ -273,8 +245,8 @@ def _canonical_or_error(name: Any) -> tuple[str | None, str | None]:
 def _choice_codes(s: pd.Series, choices: Sequence[str], blank: int = -1) -> tuple[np.ndarray, list[Any]]:
     """-> (index into choices per row, -1 when not one of them; ``blank`` for blank values)."""
     codes, uniques = _map_distinct(s, lambda v: str(v).strip().lower())
-    lut = _lut([choices.index(u) if u in choices else (blank if u == "" else -1) for u in uniques], blank, np.int8)
-    return lut[codes], list(uniques)
+    table = lut([choices.index(u) if u in choices else (blank if u == "" else -1) for u in uniques], blank, np.int8)
+    return table[codes], list(uniques)
 
 
 def _price_columns(
@@ -364,18 +336,18 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     for col in ATTRIBUTE_COLUMNS:
         out[col] = _as_text(raw[col]) if col in raw else pd.Series(const_column(n, ""), index=raw.index)
     for col in required:
-        problems.add(_blank(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
+        problems.add(blank_mask(raw[col]) if col in raw else np.ones(n, bool), col, _REQUIRED_TEXT[col])
 
     # gpu type: once per distinct name; aliases map to canonical names, unknown names are errors.
     if "gpu_type" in raw:
         codes, results = _map_distinct(raw["gpu_type"], _canonical_or_error)
         canon = [r[0] for r in results]
         errors = [r[1] for r in results]
-        known = _lut([c is not None for c in canon], False, bool)[codes]
+        known = lut([c is not None for c in canon], False, bool)[codes]
         problems.add(codes < 0, "gpu_type", "missing")
         problems.add((codes >= 0) & ~known, "gpu_type", lambda idx: [errors[codes[i]] for i in idx])
         cats = sorted({c for c in canon if c})
-        canon_codes = _lut([cats.index(c) if c else -1 for c in canon], -1, np.int16)[codes]
+        canon_codes = lut([cats.index(c) if c else -1 for c in canon], -1, np.int16)[codes]
         out["gpu_type"] = pd.Series(pd.Categorical.from_codes(canon_codes, categories=cats), index=raw.index)
     else:
         problems.add(np.ones(n, bool), "gpu_type", "missing")
@@ -390,7 +362,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     out["gpu_count"] = count
 
     cap_codes, cap_uniques = _choice_codes(raw["capacity_type"], CAPACITY_TYPES) if "capacity_type" in raw else (np.full(n, -1), [])
-    cap_blank = _blank(raw["capacity_type"]) if "capacity_type" in raw else np.ones(n, bool)
+    cap_blank = blank_mask(raw["capacity_type"]) if "capacity_type" in raw else np.ones(n, bool)
     problems.add(cap_blank, "capacity_type", "missing (spot, on-demand or reserved)")
     problems.add((cap_codes < 0) & ~cap_blank, "capacity_type", lambda idx: [f"{str(raw['capacity_type'].iloc[i])!r} is not one of {', '.join(CAPACITY_TYPES)}" for i in idx])
     out["capacity_type"] = pd.Series(pd.Categorical.from_codes(cap_codes, categories=list(CAPACITY_TYPES)), index=raw.index)
@@ -416,7 +388,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         region = _as_text(raw["region"])
         r_codes = region.cat.codes.to_numpy()
         region_mult = [prices.region_multiplier(c) for c in region.cat.categories]
-        bad_region = _lut([np.isnan(m) for m in region_mult], False, bool)[r_codes]
+        bad_region = lut([np.isnan(m) for m in region_mult], False, bool)[r_codes]
         problems.add(bad_region, "region", lambda idx: [f"no price multiplier for region {region.iloc[i]!r} (regions: {', '.join(sorted(prices.regions))})" for i in idx])
     else:
         region = pd.Series(const_column(n, ""), index=raw.index)
@@ -436,8 +408,8 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     if "labels" in raw:
         out["labels"] = _as_text(raw["labels"])
         lab = out["labels"]
-        verdicts = [None if c == "" else _json_object(c) for c in lab.cat.categories]
-        bad_labels = _lut([isinstance(v, str) for v in verdicts], False, bool)[lab.cat.codes.to_numpy()]
+        verdicts = [None if c == "" else json_object(c) for c in lab.cat.categories]
+        bad_labels = lut([isinstance(v, str) for v in verdicts], False, bool)[lab.cat.codes.to_numpy()]
         problems.add(bad_labels, "labels", lambda idx: [verdicts[lab.cat.codes.iloc[i]] for i in idx])
     for col in ("run_id", "asset_key", "outcome", "instance_type"):
         if col in raw:
@@ -448,7 +420,7 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
         out["last_checkpoint_at"], _ = parse_times(raw["last_checkpoint_at"])
     if "lost_seconds" in raw:
         lost, _, lost_bad = _numbers(raw["lost_seconds"])
-        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a finite number >= 0, got {_show(raw['lost_seconds'].iloc[i])}" for i in idx])
+        problems.add(lost_bad | (~np.isnan(lost) & (lost < 0)), "lost_seconds", lambda idx: [f"must be a finite number >= 0, got {show_value(raw['lost_seconds'].iloc[i])}" for i in idx])
         out["lost_seconds"] = np.nan_to_num(lost, nan=0.0)
     for col in PROVENANCE_COLUMNS:
         if col in raw:
@@ -567,11 +539,11 @@ def validate_inventory(raw: pd.DataFrame, prices: PriceMatrix) -> Validated:
         derived_type = it.map(lambda t: next((g for g, spec in CATALOG.items() if t in spec.instance_types), ""))
         derived_count = it.map(lambda t: next((spec.instance_types[t] for spec in CATALOG.values() if t in spec.instance_types), np.nan))
         if "gpu_type" in raw:
-            raw["gpu_type"] = raw["gpu_type"].astype(object).where(~_blank(raw["gpu_type"]), derived_type.where(derived_type != "", None))
+            raw["gpu_type"] = raw["gpu_type"].astype(object).where(~blank_mask(raw["gpu_type"]), derived_type.where(derived_type != "", None))
         else:
             raw["gpu_type"] = derived_type.where(derived_type != "", None)
         if "gpu_count" in raw:
-            raw["gpu_count"] = raw["gpu_count"].astype(object).where(~_blank(raw["gpu_count"]), derived_count)
+            raw["gpu_count"] = raw["gpu_count"].astype(object).where(~blank_mask(raw["gpu_count"]), derived_count)
         else:
             raw["gpu_count"] = derived_count
     v = validate_usage(raw.assign(sharing=const_column(n, "none"), gpu_share=np.ones(n)), prices, required=("node",))
