@@ -516,11 +516,9 @@ class TableStore:
         those of them that the table has. PostgreSQL reads go through COPY TO."""
         _check_name(name)
         with self.engine.connect() as conn:
-            if not sa.inspect(conn).has_table(name):
-                if missing_ok:
-                    return pd.DataFrame()
-                raise StorageError(f"table {name} does not exist in {display_url(self.url)}")
-            table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            table = self._table(conn, name, missing_ok)
+            if table is None:
+                return pd.DataFrame()
             selected = [table.c[c] for c in columns if c in table.c] if columns is not None else list(table.c)
             query = sa.select(*selected)
             if partition_keys is not None:
@@ -530,14 +528,28 @@ class TableStore:
             kinds = self._kinds(conn, name)
             if clause is not None:
                 query = query.where(clause(table, kinds))
-            if self.dialect == "postgresql":
-                try:
-                    return _copy_out(conn, query, kinds)
-                except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
-                    raise (self.unavailable(exc) or exc) from exc
-            result = conn.execute(query)
-            df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
-        return _decode(df, kinds)
+            df, decoded = self._fetch(conn, query, kinds)
+        return df if decoded else _decode(df, kinds)
+
+    def _table(self, conn: sa.Connection, name: str, missing_ok: bool) -> sa.Table | None:
+        """The stored table ``name`` (None when it does not exist and ``missing_ok``)."""
+        if not sa.inspect(conn).has_table(name):
+            if missing_ok:
+                return None
+            raise StorageError(f"table {name} does not exist in {display_url(self.url)}")
+        return sa.Table(name, sa.MetaData(), autoload_with=conn)
+
+    def _fetch(self, conn: sa.Connection, query: sa.Select, kinds: Mapping[str, str]) -> tuple[pd.DataFrame, bool]:
+        """(the rows of ``query``, whether they are decoded already): PostgreSQL's through COPY
+        TO (decoded), SQLite's as fetched, to be decoded once the connection (and SQLite's
+        read transaction) is let go."""
+        if self.dialect == "postgresql":
+            try:
+                return _copy_out(conn, query, kinds), True
+            except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
+                raise (self.unavailable(exc) or exc) from exc
+        result = conn.execute(query)
+        return pd.DataFrame(result.fetchall(), columns=list(result.keys())), False
 
     def read_grouped(
         self,
@@ -558,11 +570,9 @@ class TableStore:
         _check_name(name)
         grouped = list(dict.fromkeys(c for cols in groupings.values() for c in cols))
         with self.engine.connect() as conn:
-            if not sa.inspect(conn).has_table(name):
-                if missing_ok:
-                    return pd.DataFrame()
-                raise StorageError(f"table {name} does not exist in {display_url(self.url)}")
-            table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+            table = self._table(conn, name, missing_ok)
+            if table is None:
+                return pd.DataFrame()
             kinds = self._kinds(conn, name)
             keep = [c for c in keep if c in table.c] + ([PARTITION_COLUMN] if partition_keys is not None else [])
             selects = []
@@ -574,15 +584,8 @@ class TableStore:
                     q = q.where(table.c[PARTITION_COLUMN].in_(list(partition_keys)))
                 selects.append(q.group_by(*by))
             union = sa.union_all(*selects).subquery() if len(selects) > 1 else selects[0].subquery()
-            query = sa.select(*union.c)
-            if self.dialect == "postgresql":
-                try:
-                    return _copy_out(conn, query, kinds)
-                except self._driver_error as exc:  # raw COPY: SQLAlchemy's handle_error does not see it
-                    raise (self.unavailable(exc) or exc) from exc
-            result = conn.execute(query)
-            df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
-        return _decode(df, {c: k for c, k in kinds.items() if c in keep or c in sums})
+            df, decoded = self._fetch(conn, sa.select(*union.c), kinds)
+        return df if decoded else _decode(df, {c: k for c, k in kinds.items() if c in keep or c in sums})
 
     def read_range(
         self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False

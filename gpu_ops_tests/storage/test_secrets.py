@@ -1,8 +1,13 @@
-"""Secrets stay secret: after a full `gpu-ops demo` run on PostgreSQL with a storage
+"""Secrets stay secret: after a `gpu-ops demo` run on PostgreSQL with a storage
 password and every channel secret set through environment variables to unique markers,
 no marker is found anywhere the run leaves text behind: the Dagster instance (runs,
 event logs, schedules, snapshots, compute logs under DAGSTER_HOME), everything under
 the gpu_ops home, the cost tables in the database, and the process's own output.
+
+The run covers the demo's first 13 days (``usage.partitions_end``), not its month: every
+stage runs (training with a preemption, daily cost partitions, the budget sensor and two
+alerts to every channel), at a third of the time of the whole month (``test_demo`` runs
+that, on SQLite).
 
 The receivers on 127.0.0.1 prove every secret was really used (resolved at the moment of
 delivery) while none was stored.
@@ -26,6 +31,7 @@ from gpu_ops_tests.alerts.conftest import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "gpu_ops" / "demo"
+DEMO_END = "2026-10-13"
 
 
 def _marker(what: str) -> str:
@@ -102,6 +108,7 @@ def demo_config(tmp_path: Path, role: str, pg_url: str, receiver_url: str, smtp_
     cfg["prices"] = str(DEMO / "prices.yaml")
     cfg["usage"]["sources"] = [{"type": "ledger"}, {"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
     cfg["usage"]["inventory"]["path"] = str(DEMO / "inventory.csv")
+    cfg["usage"]["partitions_end"] = DEMO_END  # the first two alerts: forecast-120pct (10-05), actual-50pct (10-13)
     cfg["channels"] = {
         "log": {"type": "log"},
         "slack": {"type": "slack", "webhook_url": {"env": "SLACK_WEBHOOK_URL"}},
@@ -171,7 +178,7 @@ def _database_text(pg_url: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_no_secret_is_left_anywhere_after_a_full_demo_run(tmp_path, secret_role, smtp_with_auth):
+def test_no_secret_is_left_anywhere_after_a_demo_run(tmp_path, secret_role, smtp_with_auth):
     role, db_password, pg_url = secret_role
     smtp_port, inbox, logins = smtp_with_auth
     hooks = Receiver().start()
@@ -201,6 +208,7 @@ def _run_and_grep(tmp_path, role, db_password, pg_url, hooks, smtp_port, inbox, 
         [sys.executable, "-m", "gpu_ops.cli", "demo", "--config", str(config)], capture_output=True, text=True, env=env, timeout=900
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"13 daily cost partitions (2026-10-01 … {DEMO_END})" in out.stdout and out.stdout.count(" — sent") == 2, out.stdout[-3000:]
 
     # Every secret was used: the receivers saw them.
     paths = [r.path for r in hooks.requests]
