@@ -129,6 +129,7 @@ def karpenter_crds() -> dict[str, dict]:
     return schemas
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers (its hook has no order)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kubeconfig = os.environ.get("KUBECONFIG")
     skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see docs/how-to/cluster.md, 'Tests against a cluster')")
@@ -139,9 +140,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "slow" in item.keywords:
             item.add_marker(groups[KILL_GROUP if item.module.__name__.rsplit(".", 1)[-1] in KILL_MODULES else SERVER_GROUP])
         elif item.module is not None:
-            # The fast tests of one module run on one worker: a module-scoped fixture (the
-            # hostile corpus, a real Prometheus, a Dagster instance) is built once, not once
-            # per worker.
+            # The fast tests of one module run on one worker, so that what the module builds
+            # once (the hostile corpus, a real Prometheus or MLflow server, reference
+            # weights) is built on one worker only. Those fixtures are session-scoped: a
+            # worker may run other modules' tests between this one's, which would tear a
+            # module-scoped fixture down and build it again (the corpus was built twice).
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 

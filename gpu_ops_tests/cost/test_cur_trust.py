@@ -47,7 +47,7 @@ def attributed(attribution: pd.DataFrame | None) -> float:
     return round(float(attribution["cost_usd"].sum()), 2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def usd_bill(tmp_path_factory: pytest.TempPathFactory) -> float:
     """Attribution of the day at the USD bill: what every other delivery must equal."""
     tmp = tmp_path_factory.mktemp("usd")

@@ -83,7 +83,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def prometheus(tmp_path_factory: pytest.TempPathFactory):
     binary = shutil.which("prometheus")
     if binary is None:

@@ -34,3 +34,19 @@ def test_the_documented_suite_size_is_the_collected_one(request: pytest.FixtureR
     assert documented_size(PAGE.read_text()) == len(request.session.items), (
         f"{PAGE.relative_to(REPO)} names another suite size than the {len(request.session.items)} tests collected: update it"
     )
+def test_the_xdist_groups_hold(tmp_path):
+    # make test runs `-n 2 --dist loadgroup`: a module's fast tests share a group (its
+    # session fixtures are built on one worker), and the slow tests run in two groups, one
+    # test at a time. With a pytest that pytest-xdist cannot mark, every group is silently
+    # ignored (see pyproject.toml), so this asks a real two-worker run where tests went.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"), "gpu_ops_tests/cost/test_pricing.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    ran = re.findall(r"\[(gw\d)\] .*PASSED (\S+)", out.stdout)
+    assert out.returncode == 0 and len(ran) > 10, out.stdout[-3000:] + out.stderr[-3000:]
+    assert {worker for worker, _ in ran} == {ran[0][0]}, ran
+    assert all(nodeid.endswith("@gpu_ops_tests.cost.test_pricing") for _, nodeid in ran), ran

@@ -42,7 +42,7 @@ def test_corpus_is_large_and_ids_are_unique():
     assert {"csv", "parquet", "prices", "config"} <= kinds
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("hostile") / "corpus"
     shutil.copytree(HERE, folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
@@ -61,7 +61,7 @@ def _argv(case: dict[str, Any], corpus: Path, qpath: Path) -> list[str]:
     return [*argv, "--prices", case.get("prices", "prices.yaml")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def cli_results(corpus: Path) -> dict[str, dict[str, Any]]:
     """Every case through the real console entry point, in one driver process."""
     requests = []
@@ -141,7 +141,7 @@ def test_cli_as_its_own_process_agrees_with_the_driver(case_id: str, cli_results
 # --------------------------------------------------------------------------- the asset
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def dagster_env(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from gpu_ops.config import load_config
     from gpu_ops.cost.assets import build_assets

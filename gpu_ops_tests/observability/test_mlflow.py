@@ -36,7 +36,7 @@ from gpu_ops_tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     if not Path(binary).exists():

@@ -250,7 +250,7 @@ def expected_from_tables(store: TableStore) -> Expected:
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def month(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("obs_month")
     config = write_config(folder)

@@ -15,7 +15,7 @@ from gpu_ops_tests.conftest import skip_or_fail
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def promtool() -> str:
     binary = shutil.which("promtool")
     if binary is None:

@@ -48,7 +48,7 @@ def metadata_of(result: dg.ExecuteInJobResult, node: str) -> dict[str, Any]:
     return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two training assets materialized once (on a reported GPU, on CPU) and the
     ``gpu_usage`` partitions the first names, materialized afterwards."""

@@ -75,7 +75,7 @@ def reference_weights(steps: int = DEMO_STEPS) -> str:
         return uninterrupted_sha(Path(folder), steps)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def reference_sha() -> str:
     return reference_weights()
 

@@ -122,12 +122,12 @@ def check_ledger(config: Path, run_ids: set[str], sampler: Sampler) -> Any:
     return rows
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def demo_sha() -> str:
     return reference_weights(STEPS)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def long_demo_sha() -> str:
     return reference_weights(OUTAGE_STEPS)
 

@@ -52,7 +52,7 @@ def describe(pid: int) -> str:
         return f"{pid}: gone"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def demo_sha() -> str:
     return reference_weights()
 
