@@ -38,7 +38,15 @@ QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", 
 _ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
 _OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
 _IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END"
-_KEY_HASH = f"hash(namespace, {_IKEY}, start_us, gpu_type)"
+
+
+def _key_hash(ikey: str) -> str:
+    """SQL: the hash of an identity key (namespace, ``ikey``: pod or attempt, start, GPU type)."""
+    return f"hash(namespace, {ikey}, start_us, gpu_type)"
+
+
+_KEY_HASH = _key_hash(_IKEY)
+
 _POS_SPAN = 1 << 40  # a bad row's place, ord and pos in one integer: ord * _POS_SPAN + pos
 _IDENTITY_COLUMNS = (
     "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
@@ -259,34 +267,36 @@ class UsageEngine:
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        gpu_raw = [r[0] for r in self.con.execute("SELECT DISTINCT gpu_type_raw FROM typed").fetchall()]
-        canon: list[str | None] = []
-        errors: list[str | None] = []
+        def distinct(col: str) -> list[Any]:
+            return [r[0] for r in self.con.execute(f"SELECT DISTINCT {col} FROM typed").fetchall()]
+
+        gpu_raw, caps, regions = distinct("gpu_type_raw"), distinct("capacity_type"), distinct("region")
+        canon: dict[str, tuple[str | None, str | None]] = {}  # raw name -> (catalog name, error)
         for g in gpu_raw:
             try:
-                canon.append(canonical_gpu_type(g) if g else None)
-                errors.append(None)
+                canon[g] = (canonical_gpu_type(g) if g else None, None)
             except UnknownGpuType as exc:
-                canon.append(None)
-                errors.append(str(exc))
-        values_table(self.con, "gpu_map", {"gpu_type_raw": ("VARCHAR", gpu_raw), "gpu_type": ("VARCHAR", canon), "gpu_type_error": ("VARCHAR", errors)})
-        regions = [r[0] for r in self.con.execute("SELECT DISTINCT region FROM typed").fetchall()]
-        mult = [self.prices.region_multiplier(r) for r in regions]
-        known = sorted(self.prices.regions)
-        values_table(self.con, "region_map", {
-            "region": ("VARCHAR", regions),
-            "region_multiplier": ("DOUBLE", [None if m != m else m for m in mult]),
-            "region_error": ("VARCHAR", [f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)]),
-        })
-        gpus = sorted({c for c in canon if c})
-        rows = [(g, c, self.prices.price(g, c), self.prices.price(g, "on-demand")) for g in gpus for c in CAPACITY_TYPES]
-        values_table(self.con, "price_map", {
-            "gpu_type": ("VARCHAR", [r[0] for r in rows]),
-            "capacity_type": ("VARCHAR", [r[1] for r in rows]),
-            "base_price": ("DOUBLE", [None if r[2] != r[2] else r[2] for r in rows]),
-            "base_on_demand": ("DOUBLE", [None if r[3] != r[3] else r[3] for r in rows]),
-            "price_error": ("VARCHAR", [self.prices.describe_missing(r[0], r[1]) for r in rows]),
-        })
+                canon[g] = (None, str(exc))
+        known = ", ".join(sorted(self.prices.regions))
+        mult = {r: self.prices.region_multiplier(r) for r in regions}
+        mult = {r: None if m != m else m for r, m in mult.items()}
+        if len(gpu_raw) * len(caps) * len(regions) <= 100_000:
+            keys = [(g, c, r) for g in gpu_raw for c in caps for r in regions]
+        else:  # many distinct values (a hostile file): the combinations present
+            keys = self.con.execute("SELECT DISTINCT gpu_type_raw, capacity_type, region FROM typed").fetchall()
+        rows = [(g, c, r, *canon[g], mult[r], None if mult[r] is not None else f"no price multiplier for region {r!r} (regions: {known})", *self._price(canon[g][0], c, mult[r])) for g, c, r in keys]
+        names = ("gpu_type_raw", "capacity_type", "region", "gpu_type", "gpu_type_error", "region_multiplier", "region_error", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "price_error")
+        types = ("VARCHAR",) * 5 + ("DOUBLE", "VARCHAR", "DOUBLE", "DOUBLE", "VARCHAR")
+        values_table(self.con, "lookup", {n: (t, [row[i] for row in rows]) for i, (n, t) in enumerate(zip(names, types))})
+
+    def _price(self, gpu: str | None, capacity: str, multiplier: float | None) -> tuple[float | None, float | None, str | None]:
+        """(price per GPU-hour, on-demand price per GPU-hour, why there is no price) of a
+        catalog GPU type and capacity type in a region (its multiplier)."""
+        if gpu is None or capacity not in CAPACITY_TYPES:
+            return None, None, None
+        base, on_demand = self.prices.price(gpu, capacity), self.prices.price(gpu, "on-demand")
+        m = multiplier
+        return None if m is None or base != base else base * m, None if m is None or on_demand != on_demand else on_demand * m, self.prices.describe_missing(gpu, capacity)
 
     def run(self, keep: Sequence[str] | None = None) -> EngineResult:
         """Validate, de-duplicate and price everything added, as pandas frames; the
@@ -347,10 +357,14 @@ class UsageEngine:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        parts = [  # each part's rules with its own flags written in
-            f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_KEY_HASH} END AS key_hash "
-            f"FROM (SELECT *, storage_bad OR {R.rules_bad(self.kind, p.layout)} AS bad FROM ({_joined('(' + typed + ')')}))"
+        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs
+            f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout, lookup=False)} AS bad0 FROM ({typed})"
             for p, typed in zip(self.parts, self._typed_parts())
+        ]
+        parts = [
+            f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash "
+            f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
+            for narrow in parts
         ]
         reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 20)
         keys, n, bad_at = np.empty(sum(p.rows for p in self.parts), np.uint64), 0, []
@@ -633,22 +647,37 @@ def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_l
     """The text columns (stored as text) no value of which needs a trim or holds a control
     character, over ``tables`` (a table, or a file's row groups one at a time): checked
     once per distinct value where a column is dictionary-encoded (as Parquet hands most
-    text over), by its bytes otherwise. ``utf8``: every text column is also validated
-    (``ArrowInvalid`` when some value is not UTF-8)."""
+    text over), by its bytes otherwise; and ``lower:<column>`` for each choice column
+    (:data:`~gpu_ops.cost.rules.LOWERED`) with no upper-case letter. ``utf8``: every text
+    column is also validated (``ArrowInvalid`` when some value is not UTF-8)."""
     import pyarrow as pa
 
-    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
-    candidates = {c for c in R.CLEAN_COLUMNS if layout.get(c) == R.Stored(R.STORED_TEXT) and not (c == "labels" and has_label_columns)}
-    unclean: set[str] = set()
+    text = {c for c, st in layout.items() if st == R.Stored(R.STORED_TEXT)}
+    candidates = {c for c in R.CLEAN_COLUMNS if c in text and not (c == "labels" and has_label_columns)}
+    lowered = {c for c in R.LOWERED if c in text}
+    failed: set[str] = set()  # columns with a value that needs a trim or holds a control character; "lower:<c>": an upper-case letter
     for table in tables:
-        for col in table.column_names if utf8 else candidates - unclean:
+        for col in table.column_names if utf8 else candidates | lowered:
             for chunk in table.column(col).chunks:
                 values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
                 if utf8:
                     values.validate(full=True)
-                if col in candidates and col not in unclean and _needs_clean(values):
-                    unclean.add(col)
-    return frozenset(out | (candidates - unclean))
+                failed |= _failing(col, values, candidates, lowered, failed)
+    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
+    out |= {f"lower:{c}" for c in R.LOWERED if c not in layout}
+    return frozenset(out | (candidates - failed) | {f"lower:{c}" for c in lowered if f"lower:{c}" not in failed})
+
+
+def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], failed: set[str]) -> set[str]:
+    """What ``values`` of column ``col`` newly fail of the checks of :func:`clean_text_columns`."""
+    import pyarrow.compute as pc
+
+    out = set()
+    if col in candidates and col not in failed and _needs_clean(values):
+        out.add(col)
+    if col in lowered and f"lower:{col}" not in failed and not pc.all(pc.equal(pc.utf8_lower(values), values)).as_py():
+        out.add(f"lower:{col}")
+    return out
 
 
 def _time_layout(unit: str, span: tuple[int, int] | None) -> R.Stored:
@@ -716,12 +745,11 @@ _EDGE_LAST = _byte_set(*range(9, 14), *range(28, 33), *range(0x80, 0x100))
 
 
 def _joined(typed: str) -> str:
-    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices."""
+    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices
+    (table ``lookup``, one row per GPU type, capacity type and region present)."""
     return (
-        "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
-        "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
-        f"FROM {typed} t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
-        "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
+        f"SELECT t.*, {', '.join('l.' + c for c in R.LOOKUP_COLUMNS)} FROM {typed} t "
+        "LEFT JOIN lookup l ON l.gpu_type_raw = t.gpu_type_raw AND l.capacity_type = t.capacity_type AND l.region = t.region"
     )
 
 

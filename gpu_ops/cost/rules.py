@@ -56,6 +56,7 @@ TEXT_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "e
 TIME_COLUMNS = ("start", "end", "last_checkpoint_at")
 NUMBER_COLUMNS = ("gpu_count", "gpu_share", "attempt", "lost_seconds")
 CHOICE_COLUMNS = ("gpu_type", "capacity_type", "sharing")
+LOWERED = ("capacity_type", "sharing")  # choice columns compared lower-cased
 USAGE_COLUMNS = (
     "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
     "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
@@ -247,17 +248,19 @@ def typed_columns(clean: frozenset[str] = frozenset()) -> dict[str, str]:
     """The typed layer (name -> SQL over the raw layer). ``clean``: text columns whose
     every value the engine found free of edge spaces and control characters (checked
     once per distinct value): they skip the per-row trim; time columns every value of
-    which is in the supported range: they skip the range test; the answer is the same."""
-    sharing = _text("sharing", clean)
+    which is in the supported range: they skip the range test; ``lower:<choice>``: a
+    choice column with no upper-case letter skips ``lower``; the answer is the same."""
+    capacity, sharing = (_text(c, clean) if f"lower:{c}" in clean else f"lower({_text(c, clean)})" for c in LOWERED)
+    sharing = f"coalesce(nullif({sharing}, ''), 'none')"
     return {
         **{c: _text(c, clean) for c in TEXT_COLUMNS},
         "gpu_type_raw": _text("gpu_type", clean),
-        "capacity_type": f"lower({_text('capacity_type', clean)})",
-        "sharing": f"coalesce(nullif(lower({sharing}), ''), 'none')",
+        "capacity_type": capacity,
+        "sharing": sharing,
         **{f"{c.removesuffix('_at')}_us": f"p_{c}" if c in clean else f"CASE WHEN {_in_range('p_' + c)} THEN p_{c} END" for c in TIME_COLUMNS},
         "gpu_count": "CASE WHEN isfinite(p_gpu_count) THEN p_gpu_count END",
         # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
-        "gpu_share": "CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN coalesce(nullif(lower(" + sharing + "), ''), 'none') = 'none' THEN 1.0 END) "
+        "gpu_share": f"CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN {sharing} = 'none' THEN 1.0 END) "
         "WHEN isfinite(p_gpu_share) THEN p_gpu_share END",
         "attempt": "CASE WHEN isfinite(p_attempt) THEN p_attempt END",
         "lost_seconds": "CASE WHEN isfinite(p_lost_seconds) AND p_lost_seconds >= 0 THEN p_lost_seconds ELSE 0.0 END",
@@ -396,13 +399,21 @@ def rules_select(kind: str = "usage") -> str:
     return _problem_list(items)
 
 
-def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None) -> str:
+# What the engine's lookup table adds to each typed row (catalog name, region multiplier, prices).
+LOOKUP_COLUMNS = ("gpu_type", "gpu_type_error", "region_multiplier", "region_error", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "price_error")
+_READS_LOOKUP = re.compile(r'(?<![\w"])"?(?:' + "|".join(LOOKUP_COLUMNS) + r')"?(?![\w"])')
+
+
+def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, lookup: bool | None = None) -> str:
     """Whether any rule fails (cheap: no reason is built; one look for control
     characters across every text column instead of one per column). With the ``layout``
     of the one source it runs over, its :func:`flags` are written in as constants (so
-    that DuckDB drops what cannot apply to how that source stores its columns)."""
-    conds = [f"coalesce({cond}, false)" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(")]
-    conds.append("text_control")  # see :func:`text_control`
+    that DuckDB drops what cannot apply to how that source stores its columns).
+    ``lookup``: only the rules that read :data:`LOOKUP_COLUMNS` (True), or only the others
+    (False: they run before the lookup is joined, on the wide rows)."""
+    conds = [f"coalesce({cond}, false)" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(") and lookup in (None, bool(_READS_LOOKUP.search(cond)))]
+    if not lookup:
+        conds.append("text_control")  # see :func:`text_control`
     sql = "(" + " OR ".join(conds) + ")"
     if layout is None:
         return sql
