@@ -358,7 +358,7 @@ class UsageEngine:
         import pyarrow.compute as pc
 
         parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs
-            f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout, lookup=False)} AS bad0 FROM ({typed})"
+            f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)} AS bad0 FROM ({typed})"
             for p, typed in zip(self.parts, self._typed_parts())
         ]
         parts = [
@@ -398,9 +398,10 @@ class UsageEngine:
         times, text, numbers, prov = self._columns
         select = [R.quote(c) for c in dict.fromkeys((*times, *text, *numbers, "ord", "pos"))]
         select += [c if c in prov else f"CAST(NULL AS {t}) AS {c}" for c, t in (("source", "VARCHAR"), ("location", "VARCHAR"), ("row", "BIGINT"))]
-        rows = f"SELECT {', '.join(select)} FROM ({_joined('typed')}) g"
-        if self._excluding:
-            rows += " WHERE NOT EXISTS (SELECT 1 FROM excluded e WHERE e.ord = g.ord AND e.pos = g.pos)"
+        rows = _joined("typed")
+        if self._excluding:  # an anti join built on the few rows set aside (NOT EXISTS would hold every row)
+            rows = f"SELECT g.* FROM ({rows}) g ANTI JOIN excluded e ON e.ord = g.ord AND e.pos = g.pos"
+        rows = f"SELECT {', '.join(select)} FROM ({rows})"
         cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
         return f"SELECT {cols} FROM ({rows})"
 
@@ -419,8 +420,8 @@ class UsageEngine:
         # column (rows without a pod or attempt share a NULL key with their copies and are
         # compared too). Their full records are computed again and the key itself decides.
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
-            "WHERE key_hash IN (SELECT key_hash FROM repeats) AND NOT EXISTS (SELECT 1 FROM bad_pos b WHERE b.ord = c.ord AND b.pos = c.pos)"
+            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
+            "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
         )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         typed = "(" + self._typed_sql("colliding") + ")"

@@ -411,14 +411,27 @@ def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, look
     that DuckDB drops what cannot apply to how that source stores its columns).
     ``lookup``: only the rules that read :data:`LOOKUP_COLUMNS` (True), or only the others
     (False: they run before the lookup is joined, on the wide rows)."""
-    conds = [f"coalesce({cond}, false)" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(") and lookup in (None, bool(_READS_LOOKUP.search(cond)))]
-    if not lookup:
-        conds.append("text_control")  # see :func:`text_control`
-    sql = "(" + " OR ".join(conds) + ")"
+    conds = [f"({cond})" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(") and lookup in (None, bool(_READS_LOOKUP.search(cond)))]
+    sql = f"(coalesce({' OR '.join(conds)}, false){'' if lookup else ' OR text_control'})"  # text_control: see :func:`text_control`
     if layout is None:
         return sql
-    known = flags(layout)
-    return re.sub(r'"?\b((?:typed|has)_\w+)\b"?', lambda m: ("true" if known[m.group(1)] else "false") if m.group(1) in known else m.group(0), sql)
+    known = constants(layout)
+    return re.sub(r'(?<![\w"])"?((?:typed|has|r|p)_\w+)"?(?![\w"])', lambda m: known.get(m.group(1), m.group(0)), sql)
+
+
+def constants(layout: dict[str, Stored]) -> dict[str, str]:
+    """The raw layer's columns that are constants in a usage source stored as ``layout``
+    (name -> SQL literal): its :func:`flags`, and the text (``r_``) and parsed (``p_``)
+    values that are NULL there (a missing column, a typed time's or a number column's
+    text). Not for the node inventory, whose raw layer fills blanks from instance types."""
+    out = {k: "true" if v else "false" for k, v in flags(layout).items()}
+    for col in ALL_COLUMNS:
+        kind = layout[col].kind if col in layout else None  # None: missing (a present labels may merge label: columns)
+        if kind in (None, STORED_NESTED, STORED_TIME) or kind == STORED_NUMBER and col in NUMBER_COLUMNS:
+            out[f"r_{col}"] = "CAST(NULL AS VARCHAR)"
+        if kind is None and col in TIME_COLUMNS + NUMBER_COLUMNS:
+            out[f"p_{col}"] = f"CAST(NULL AS {'BIGINT' if col in TIME_COLUMNS else 'DOUBLE'})"
+    return out
 
 
 def flags(layout: dict[str, Stored]) -> dict[str, bool]:
