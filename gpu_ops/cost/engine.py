@@ -366,7 +366,7 @@ class UsageEngine:
             f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
             for narrow in parts
         ]
-        reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 20)
+        reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
         keys, n, bad_at = np.empty(sum(p.rows for p in self.parts), np.uint64), 0, []
         for batch in reader:
             at, key = batch.column(0), batch.column(1)
