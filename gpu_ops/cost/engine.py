@@ -278,8 +278,7 @@ class UsageEngine:
             except UnknownGpuType as exc:
                 canon[g] = (None, str(exc))
         known = ", ".join(sorted(self.prices.regions))
-        mult = {r: self.prices.region_multiplier(r) for r in regions}
-        mult = {r: None if m != m else m for r, m in mult.items()}
+        mult = {r: m if (m := self.prices.region_multiplier(r)) == m else None for r in regions}  # NaN: no multiplier
         if len(gpu_raw) * len(caps) * len(regions) <= 100_000:
             keys = [(g, c, r) for g in gpu_raw for c in caps for r in regions]
         else:  # many distinct values (a hostile file): the combinations present
@@ -676,7 +675,7 @@ def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], fai
     out = set()
     if col in candidates and col not in failed and _needs_clean(values):
         out.add(col)
-    if col in lowered and f"lower:{col}" not in failed and not pc.all(pc.equal(pc.utf8_lower(values), values)).as_py():
+    if col in lowered and f"lower:{col}" not in failed and pc.all(pc.equal(pc.utf8_lower(values), values)).as_py() is False:  # None: no value
         out.add(f"lower:{col}")
     return out
 

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.errors import GpuOpsError
@@ -202,7 +202,7 @@ def scannable(pf: Any, columns: Sequence[str], groups: Sequence[int]) -> dict[st
     return times
 
 
-def _time_span(md: Any, j: int, groups: Sequence[int]) -> tuple[int, int] | None | bool:
+def _time_span(md: Any, j: int, groups: Sequence[int]) -> tuple[int, int] | None | Literal[False]:
     """(min, max) of INT64 column ``j`` over row ``groups`` from their statistics, None when
     every value is missing; False without statistics or past ±2**62."""
     lo = hi = None
