@@ -25,12 +25,12 @@ result to the pandas consumers (split, attribution) until those move here too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost import rules as R
-from gpu_ops.cost.read import INVENTORY, USAGE, FileRows
+from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
@@ -38,7 +38,16 @@ QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", 
 _ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
 _OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
 _IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id || ' attempt ' || coalesce(CAST(attempt AS VARCHAR), '?') END"
-_KEY_HASH = f"hash(namespace, {_IKEY}, start_us, gpu_type)"
+
+
+def _key_hash(ikey: str) -> str:
+    """SQL: the hash of an identity key (namespace, ``ikey``: pod or attempt, start, GPU type)."""
+    return f"hash(namespace, {ikey}, start_us, gpu_type)"
+
+
+_KEY_HASH = _key_hash(_IKEY)
+
+_POS_SPAN = 1 << 40  # a bad row's place, ord and pos in one integer: ord * _POS_SPAN + pos
 _IDENTITY_COLUMNS = (
     "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
 )
@@ -56,6 +65,8 @@ class Part:
     labels: dict[str, R.Stored]  # label:<name> columns
     has_source: bool
     clean: frozenset[str] = frozenset()  # text columns no value of which needs a trim or holds a control character
+    file: FileRows | None = None  # a Parquet file DuckDB scans (read as Arrow instead if the scan fails)
+    rows: int = 0
 
 
 @dataclass
@@ -121,6 +132,7 @@ class UsageEngine:
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET enable_progress_bar = false")
         self.parts: list[Part] = []
+        self._parts_made = 0
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
         # After check(): the good rows' columns, whether rows are left out, whether keys repeat.
         self._columns: tuple[dict[str, str], list[str], list[str], list[str]] = ({}, [], [], [])
@@ -147,6 +159,7 @@ class UsageEngine:
         if labels:
             layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
         table = _times_as_integers(table)
+        layout = _with_time_spans(table, layout)
         n = table.num_rows
         if rows is not None:
             table = _set(table, "__row", int_array(np.asarray(rows, np.int64)))
@@ -159,10 +172,65 @@ class UsageEngine:
             table = _set(table, "__location", table.column("location").cast(pa.string()))
         if "source" in table.column_names:
             table = _set(table, "__source", table.column("source").cast(pa.string()))
-        name = f"part_{len(self.parts)}"
+        name = self._name()
         self.con.register(name, table)
-        clean = clean_text_columns(table, layout, bool(labels))
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean))
+        clean = clean_text_columns([table], layout, bool(labels)) | {c for c, st in layout.items() if st.bounded}
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean, rows=n))
+
+    def _name(self) -> str:
+        self._parts_made += 1
+        return f"part_{self._parts_made}"
+
+    def add_file(self, f: FileRows, source: str = "file") -> None:
+        """A file's rows: a Parquet scan (:class:`~gpu_ops.cost.read.ParquetScan`) read by
+        DuckDB as the query runs, its text columns checked first one row group at a time
+        (invalid UTF-8 anywhere: read as Arrow, where the rule book quarantines it by row);
+        otherwise its Arrow table."""
+        import pyarrow as pa
+
+        if f.scan is None:
+            self.add_arrow(f.table, source, str(f.path), f.rows)
+            return
+        schema = f.scan.schema
+        layout = {n: stored(schema.field(n).type) for n in schema.names if n in R.ALL_COLUMNS}
+        labels = {n: stored(schema.field(n).type) for n in schema.names if n.startswith("label:")}
+        if labels:
+            layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
+        text = [n for n in schema.names if stored(schema.field(n).type).kind == R.STORED_TEXT]
+        try:
+            clean = clean_text_columns(f.scan.text_batches(f.path, text), layout, bool(labels), utf8=True)
+        except (pa.ArrowException, OSError):  # not UTF-8, or unreadable: the Arrow read judges it
+            self._add_loaded(f, source)
+            return
+        finally:
+            pa.default_memory_pool().release_unused()  # the row groups read: gone before DuckDB reads
+        select = []
+        for n in schema.names:
+            st = layout.get(n) or labels[n]
+            if st.kind == R.STORED_TIME:
+                unit = schema.field(n).type.unit
+                layout[n] = _time_layout(unit, f.scan.times[n])
+                select.append(f"epoch_{unit}({R.quote(n)}) AS {R.quote(n)}")
+            else:
+                select.append(R.quote(n))
+        clean |= {n for n, st in layout.items() if st.bounded}
+        ranges = f.scan.ranges()
+        where = "" if ranges == [(0, f.scan.firsts[-1] - 1)] else " WHERE " + (" OR ".join(f"file_row_number BETWEEN {lo} AND {hi}" for lo, hi in ranges) or "false")
+        name = self._name()
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT {', '.join(select)}, file_row_number + 1 AS __row, file_row_number AS __pos "
+            f"FROM read_parquet({R.literal(str(f.path))}, file_row_number = true){where}"
+        )
+        self.parts.append(Part(name, layout, source, str(f.path), True, labels, False, clean, f, sum(f.scan.firsts[i + 1] - f.scan.firsts[i] for i in f.scan.groups)))
+
+    def _add_loaded(self, f: FileRows, source: str) -> None:
+        """A scanned file read as Arrow (what cannot be read: a file-level problem, and no rows)."""
+        try:
+            table, rows = f.load()
+        except UsageSourceError as exc:
+            self.add_problem(exc.location, exc.reason, source)
+            table, rows = empty_table(f.scan.schema) if f.scan else f.table.slice(0, 0), []
+        self.add_arrow(table, source, str(f.path), rows)
 
     def add_problem(self, location: str, reason: str, source: str = "file", row: int | None = None) -> None:
         """A file or pattern that gave no rows (no ``row``), or one CSV line (``row``)."""
@@ -176,14 +244,15 @@ class UsageEngine:
         src = "__source" if p.has_source else R.literal(p.source)
         row = "__row" if p.has_row else f"row_number() OVER (PARTITION BY {loc} ORDER BY __pos)"
         cols = R.raw_select(p.layout, p.labels, record=record)
-        if not record:
-            cols += R.number_text_flags(p.layout)
         return f"SELECT {', '.join(cols)}, CAST({src} AS VARCHAR) AS source, CAST({loc} AS VARCHAR) AS location, CAST({row} AS BIGINT) AS row, {i} AS ord, __pos AS pos FROM {p.name} {where}"
 
     def _typed_sql(self, positions: str = "") -> str:
         """Raw and typed layers per part (each compiled for its own clean columns), then one
         union. ``positions``: a table of (ord, pos); only those rows of parts whose row
         numbers are given (the others are computed whole: their numbers count every row)."""
+        return " UNION ALL BY NAME ".join(self._typed_parts(positions))
+
+    def _typed_parts(self, positions: str = "") -> list[str]:
         parts = []
         for i, p in enumerate(self.parts):
             where = f"WHERE __pos IN (SELECT pos FROM {positions} WHERE ord = {i})" if positions and p.has_row else ""
@@ -191,41 +260,42 @@ class UsageEngine:
             if self.kind == INVENTORY:
                 raw = R.inventory_raw(raw)
             parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
-        return " UNION ALL BY NAME ".join(parts)
+        return parts
 
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        gpu_raw = [r[0] for r in self.con.execute("SELECT DISTINCT gpu_type_raw FROM typed").fetchall()]
-        canon: list[str | None] = []
-        errors: list[str | None] = []
+        def distinct(col: str) -> list[Any]:
+            return [r[0] for r in self.con.execute(f"SELECT DISTINCT {col} FROM typed").fetchall()]
+
+        gpu_raw, caps, regions = distinct("gpu_type_raw"), distinct("capacity_type"), distinct("region")
+        canon: dict[str, tuple[str | None, str | None]] = {}  # raw name -> (catalog name, error)
         for g in gpu_raw:
             try:
-                canon.append(canonical_gpu_type(g) if g else None)
-                errors.append(None)
+                canon[g] = (canonical_gpu_type(g) if g else None, None)
             except UnknownGpuType as exc:
-                canon.append(None)
-                errors.append(str(exc))
-        values_table(self.con, "gpu_map", {"gpu_type_raw": ("VARCHAR", gpu_raw), "gpu_type": ("VARCHAR", canon), "gpu_type_error": ("VARCHAR", errors)})
-        regions = [r[0] for r in self.con.execute("SELECT DISTINCT region FROM typed").fetchall()]
-        mult = [self.prices.region_multiplier(r) for r in regions]
-        known = sorted(self.prices.regions)
-        values_table(self.con, "region_map", {
-            "region": ("VARCHAR", regions),
-            "region_multiplier": ("DOUBLE", [None if m != m else m for m in mult]),
-            "region_error": ("VARCHAR", [f"no price multiplier for region {r!r} (regions: {', '.join(known)})" if m != m else None for r, m in zip(regions, mult)]),
-        })
-        gpus = sorted({c for c in canon if c})
-        rows = [(g, c, self.prices.price(g, c), self.prices.price(g, "on-demand")) for g in gpus for c in CAPACITY_TYPES]
-        values_table(self.con, "price_map", {
-            "gpu_type": ("VARCHAR", [r[0] for r in rows]),
-            "capacity_type": ("VARCHAR", [r[1] for r in rows]),
-            "base_price": ("DOUBLE", [None if r[2] != r[2] else r[2] for r in rows]),
-            "base_on_demand": ("DOUBLE", [None if r[3] != r[3] else r[3] for r in rows]),
-            "price_error": ("VARCHAR", [self.prices.describe_missing(r[0], r[1]) for r in rows]),
-        })
+                canon[g] = (None, str(exc))
+        known = ", ".join(sorted(self.prices.regions))
+        mult = {r: m if (m := self.prices.region_multiplier(r)) == m else None for r in regions}  # NaN: no multiplier
+        if len(gpu_raw) * len(caps) * len(regions) <= 100_000:
+            keys = [(g, c, r) for g in gpu_raw for c in caps for r in regions]
+        else:  # many distinct values (a hostile file): the combinations present
+            keys = self.con.execute("SELECT DISTINCT gpu_type_raw, capacity_type, region FROM typed").fetchall()
+        rows = [(g, c, r, *canon[g], mult[r], None if mult[r] is not None else f"no price multiplier for region {r!r} (regions: {known})", *self._price(canon[g][0], c, mult[r])) for g, c, r in keys]
+        names = ("gpu_type_raw", "capacity_type", "region", "gpu_type", "gpu_type_error", "region_multiplier", "region_error", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "price_error")
+        types = ("VARCHAR",) * 5 + ("DOUBLE", "VARCHAR", "DOUBLE", "DOUBLE", "VARCHAR")
+        values_table(self.con, "lookup", {n: (t, [row[i] for row in rows]) for i, (n, t) in enumerate(zip(names, types))})
+
+    def _price(self, gpu: str | None, capacity: str, multiplier: float | None) -> tuple[float | None, float | None, str | None]:
+        """(price per GPU-hour, on-demand price per GPU-hour, why there is no price) of a
+        catalog GPU type and capacity type in a region (its multiplier)."""
+        if gpu is None or capacity not in CAPACITY_TYPES:
+            return None, None, None
+        base, on_demand = self.prices.price(gpu, capacity), self.prices.price(gpu, "on-demand")
+        m = multiplier
+        return None if m is None or base != base else base * m, None if m is None or on_demand != on_demand else on_demand * m, self.prices.describe_missing(gpu, capacity)
 
     def run(self, keep: Sequence[str] | None = None) -> EngineResult:
         """Validate, de-duplicate and price everything added, as pandas frames; the
@@ -246,7 +316,24 @@ class UsageEngine:
         keeps only the positions of bad rows and the identity-key hashes that repeat
         among good rows (none, usually); the identity rules then look at the rows of
         those keys alone, and the rows they and the rule book set aside are excluded from
-        the good rows by position."""
+        the good rows by position. A Parquet scan DuckDB cannot read through is read as
+        Arrow and the check run again."""
+        import duckdb
+
+        try:
+            return self._check(keep)
+        except duckdb.Error:
+            if not any(p.file for p in self.parts):
+                raise
+        parts, self.parts = self.parts, []
+        for p in parts:
+            if p.file is None:
+                self.parts.append(p)
+            else:
+                self._add_loaded(p.file, p.source)
+        return self._check(keep)
+
+    def _check(self, keep: Sequence[str] | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
         self._screen()
@@ -260,16 +347,47 @@ class UsageEngine:
         return self._columns
 
     def _screen(self) -> None:
-        """One pass of the rule book over every row, into a small table (``flagged``): the
-        position of each bad row, and each identity-key hash shared by several good rows.
-        Bad rows' positions are also table ``bad_pos``."""
-        bad = f"storage_bad OR {R.rules_bad(self.kind)}"
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE flagged AS SELECT b_ord, b_pos, key_hash FROM (SELECT CASE WHEN bad THEN ord END AS b_ord, CASE WHEN bad THEN pos END AS b_pos, "
-            f"CASE WHEN NOT bad THEN {_KEY_HASH} END AS key_hash FROM (SELECT *, {bad} AS bad FROM ({_joined('typed')}))) "
-            "GROUP BY ALL HAVING b_ord IS NOT NULL OR count(*) > 1"
-        )
-        self.con.execute("CREATE OR REPLACE TEMP TABLE bad_pos AS SELECT b_ord AS ord, b_pos AS pos FROM flagged WHERE b_ord IS NOT NULL")
+        """One pass of the rule book over every row, streamed out as two narrow columns: the
+        place of each bad row (table ``bad_pos``: ord, pos) and the identity-key hash of
+        each good row; the hashes are sorted (numpy) and those several good rows share
+        kept (table ``repeats``, usually empty). Nothing as large as the rows is kept in
+        DuckDB."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs
+            f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)} AS bad0 FROM ({typed})"
+            for p, typed in zip(self.parts, self._typed_parts())
+        ]
+        parts = [
+            f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash "
+            f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
+            for narrow in parts
+        ]
+        reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
+        keys, n, bad_at = np.empty(sum(p.rows for p in self.parts), np.uint64), 0, []
+        for batch in reader:
+            at, key = batch.column(0), batch.column(1)
+            if at.null_count < len(at):
+                bad_at.append(_values(pc.drop_null(at), np.int64).copy())
+                key = pc.drop_null(key)
+            if n + len(key) > len(keys):  # more rows than the parts said: room for them
+                keys = np.concatenate([keys, np.empty(n + len(key) - len(keys), np.uint64)])
+            keys[n:n + len(key)] = _values(key, np.uint64)
+            n += len(key)
+        keys = keys[:n]
+        keys.sort()
+        repeats = np.unique(keys[1:][keys[1:] == keys[:-1]])
+        del keys
+        at_all = np.concatenate(bad_at) if bad_at else np.empty(0, np.int64)
+        self.con.register("screened_bad", pa.table({"ord": int_array(at_all // _POS_SPAN), "pos": int_array(at_all % _POS_SPAN)}))
+        self.con.register("screened_repeats", pa.table({"key_hash": pa.Array.from_buffers(pa.uint64(), len(repeats), [None, pa.py_buffer(repeats)])}))
+        self.con.execute("CREATE OR REPLACE TEMP TABLE bad_pos AS SELECT * FROM screened_bad")
+        self.con.execute("CREATE OR REPLACE TEMP TABLE repeats AS SELECT * FROM screened_repeats")
+        self.con.unregister("screened_bad")
+        self.con.unregister("screened_repeats")
+        pa.default_memory_pool().release_unused()
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them
@@ -279,9 +397,10 @@ class UsageEngine:
         times, text, numbers, prov = self._columns
         select = [R.quote(c) for c in dict.fromkeys((*times, *text, *numbers, "ord", "pos"))]
         select += [c if c in prov else f"CAST(NULL AS {t}) AS {c}" for c, t in (("source", "VARCHAR"), ("location", "VARCHAR"), ("row", "BIGINT"))]
-        rows = f"SELECT {', '.join(select)} FROM ({_joined('typed')}) g"
-        if self._excluding:
-            rows += " WHERE NOT EXISTS (SELECT 1 FROM excluded e WHERE e.ord = g.ord AND e.pos = g.pos)"
+        rows = _joined("typed")
+        if self._excluding:  # an anti join built on the few rows set aside (NOT EXISTS would hold every row)
+            rows = f"SELECT g.* FROM ({rows}) g ANTI JOIN excluded e ON e.ord = g.ord AND e.pos = g.pos"
+        rows = f"SELECT {', '.join(select)} FROM ({rows})"
         cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
         return f"SELECT {cols} FROM ({rows})"
 
@@ -290,7 +409,7 @@ class UsageEngine:
         (same identity key: the closed, latest-ending, last-delivered record wins), into
         tables ``copies`` and ``superseded``; False (and no tables) when no identity-key
         hash repeats among the good rows."""
-        if not self.con.execute("SELECT count(*) FROM flagged WHERE b_ord IS NULL").fetchall()[0][0]:
+        if not self.con.execute("SELECT count(*) FROM repeats").fetchall()[0][0]:
             return False
         ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
         window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
@@ -300,8 +419,8 @@ class UsageEngine:
         # column (rows without a pod or attempt share a NULL key with their copies and are
         # compared too). Their full records are computed again and the key itself decides.
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT ord, pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
-            "WHERE key_hash IN (SELECT key_hash FROM flagged WHERE b_ord IS NULL) AND NOT EXISTS (SELECT 1 FROM bad_pos b WHERE b.ord = c.ord AND b.pos = c.pos)"
+            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
+            "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
         )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         typed = "(" + self._typed_sql("colliding") + ")"
@@ -478,6 +597,14 @@ def int_array(values: Any) -> Any:
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
+def _values(array: Any, dtype: Any) -> Any:
+    """The values of an Arrow integer array without nulls as numpy, no copy (``to_numpy``
+    would import pandas)."""
+    import numpy as np
+
+    return np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * np.dtype(dtype).itemsize)
+
+
 def _sql_value(v: Any) -> str:
     if v is None:
         return "NULL"
@@ -516,32 +643,113 @@ def _register_instance_map(con: Any) -> None:
     })
 
 
-def clean_text_columns(table: Any, layout: dict[str, R.Stored], has_label_columns: bool) -> frozenset[str]:
+def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_label_columns: bool, utf8: bool = False) -> frozenset[str]:
     """The text columns (stored as text) no value of which needs a trim or holds a control
-    character: checked once per distinct value where the column is dictionary-encoded
-    (as Parquet hands most text over), once per value otherwise."""
+    character, over ``tables`` (a table, or a file's row groups one at a time): checked
+    once per distinct value where a column is dictionary-encoded (as Parquet hands most
+    text over), by its bytes otherwise; and ``lower:<column>`` for each choice column
+    (:data:`~gpu_ops.cost.rules.LOWERED`) with no upper-case letter. ``utf8``: every text
+    column is also validated (``ArrowInvalid`` when some value is not UTF-8)."""
+    import pyarrow as pa
+
+    text = {c for c, st in layout.items() if st == R.Stored(R.STORED_TEXT)}
+    candidates = {c for c in R.CLEAN_COLUMNS if c in text and not (c == "labels" and has_label_columns)}
+    lowered = {c for c in R.LOWERED if c in text}
+    failed: set[str] = set()  # columns with a value that needs a trim or holds a control character; "lower:<c>": an upper-case letter
+    for table in tables:
+        for col in table.column_names if utf8 else candidates | lowered:
+            for chunk in table.column(col).chunks:
+                values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
+                if utf8:
+                    values.validate(full=True)
+                failed |= _failing(col, values, candidates, lowered, failed)
+    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
+    out |= {f"lower:{c}" for c in R.LOWERED if c not in layout}
+    return frozenset(out | (candidates - failed) | {f"lower:{c}" for c in lowered if f"lower:{c}" not in failed})
+
+
+def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], failed: set[str]) -> set[str]:
+    """What ``values`` of column ``col`` newly fail of the checks of :func:`clean_text_columns`."""
+    import pyarrow.compute as pc
+
+    out = set()
+    if col in candidates and col not in failed and _needs_clean(values):
+        out.add(col)
+    if col in lowered and f"lower:{col}" not in failed and pc.all(pc.equal(pc.utf8_lower(values), values)).as_py() is False:  # None: no value
+        out.add(f"lower:{col}")
+    return out
+
+
+def _time_layout(unit: str, span: tuple[int, int] | None) -> R.Stored:
+    """A time column stored as integers of ``unit`` whose values span ``span`` (None: no value)."""
+    return R.Stored(R.STORED_TIME, unit=unit, bounded=span is None or R.in_time_range(*span, unit))
+
+
+def _with_time_spans(table: Any, layout: dict[str, R.Stored]) -> dict[str, R.Stored]:
+    """``layout`` with each time column (integers) marked bounded when all its values are supported times."""
+    import pyarrow.compute as pc
+
+    out = dict(layout)
+    for c, st in layout.items():
+        if st.kind == R.STORED_TIME:
+            span = pc.min_max(table.column(c))
+            lo, hi = span["min"].as_py(), span["max"].as_py()
+            out[c] = _time_layout(st.unit, None if lo is None else (lo, hi))
+    return out
+
+
+def _byte_set(*codes: int) -> Any:
+    import numpy as np
+
+    table = np.zeros(256, bool)
+    table[list(codes)] = True
+    return table
+
+
+def _needs_clean(values: Any) -> bool:
+    """Whether some text value needs a trim or holds a control character. By its bytes
+    (UTF-8 keeps every ASCII byte for itself): a control byte anywhere says yes; the
+    pattern itself runs only when some value's first or last byte may belong to a space."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    pattern = R.clean_pattern()
-    out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
-    for col in R.CLEAN_COLUMNS:
-        if layout.get(col) != R.Stored(R.STORED_TEXT) or col == "labels" and has_label_columns or col not in table.column_names:
-            continue
-        chunks = table.column(col).chunks
-        values = [c.dictionary if pa.types.is_dictionary(c.type) else c for c in chunks]
-        if not any(pc.any(pc.match_substring_regex(v, pattern)).as_py() for v in values if len(v)):
-            out.add(col)
-    return frozenset(out)
+    if values.null_count:
+        values = values.drop_null()
+    if not len(values):
+        return False
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)) or values.buffers()[2] is None:
+        return bool(pc.any(pc.match_substring_regex(values, R.clean_pattern())).as_py())
+    width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
+    offsets = np.frombuffer(values.buffers()[1], width, len(values) + 1, values.offset * width.itemsize)
+    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    if len(data) and (data.min() < 32 or data.max() >= 127):  # else plain printable ASCII: no control byte
+        low = (data < 32) | (data == 127)
+        if low.any() and _CONTROL_BYTES[data[low]].any():
+            return True
+    filled = offsets[1:] > offsets[:-1]
+    starts, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
+    if not filled.all():
+        starts, ends = starts[filled], ends[filled]
+    first, last = data[starts], data[ends - 1]
+    if len(first) and (_EDGE_FIRST[first].any() or _EDGE_LAST[last].any()):
+        return bool(pc.any(pc.match_substring_regex(values, R.clean_pattern())).as_py())
+    return False
+
+
+# Bytes of R.CONTROL; the first bytes of the characters of R.SPACES; their last bytes (any
+# byte past ASCII: the pattern decides).
+_CONTROL_BYTES = _byte_set(*range(0, 9), 11, 12, *range(14, 32), 127)
+_EDGE_FIRST = _byte_set(*range(9, 14), *range(28, 33), 0xC2, 0xE1, 0xE2, 0xE3)
+_EDGE_LAST = _byte_set(*range(9, 14), *range(28, 33), *range(0x80, 0x100))
 
 
 def _joined(typed: str) -> str:
-    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices."""
+    """SQL: the typed rows of ``typed`` with their catalog name, region multiplier and prices
+    (table ``lookup``, one row per GPU type, capacity type and region present)."""
     return (
-        "SELECT t.*, g.gpu_type, g.gpu_type_error, rm.region_multiplier, rm.region_error, "
-        "p.base_price * rm.region_multiplier AS price_per_gpu_hour, p.base_on_demand * rm.region_multiplier AS on_demand_price_per_gpu_hour, p.price_error "
-        f"FROM {typed} t LEFT JOIN gpu_map g USING (gpu_type_raw) LEFT JOIN region_map rm USING (region) "
-        "LEFT JOIN price_map p ON p.gpu_type = g.gpu_type AND p.capacity_type = t.capacity_type"
+        f"SELECT t.*, {', '.join('l.' + c for c in R.LOOKUP_COLUMNS)} FROM {typed} t "
+        "LEFT JOIN lookup l ON l.gpu_type_raw = t.gpu_type_raw AND l.capacity_type = t.capacity_type AND l.region = t.region"
     )
 
 
@@ -706,7 +914,7 @@ class UsageInput:
         for location, reason in self.problems:
             engine.add_problem(location, reason, self.source)
         for f in self.files:
-            engine.add_arrow(f.table, self.source, str(f.path), f.rows)
+            engine.add_file(f, self.source)
             for row, why in f.bad_lines:
                 engine.add_problem(str(f.path), why, self.source, row=row)
         for raw in self.frames:

@@ -304,10 +304,10 @@ def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp
 
     out = []
     for f in usage.files:
-        if not {"start", "end", "pod"} <= set(f.table.column_names):
+        if not {"start", "end", "pod"} <= set(f.table.column_names if f.scan is None else f.scan.schema.names):
             continue
-        sub = f.table.select(["start", "end", "pod"])
         try:
+            sub = f.load(["start", "end", "pod"])[0]
             cols = {c: (sub.column(c).cast(pa.string()) if pa.types.is_binary(sub.column(c).type) else sub.column(c)) for c in ("start", "end", "pod")}
             frame = pa.table(cols).to_pandas()
         except (pa.ArrowException, UnicodeDecodeError, ValueError):  # not text: the rule book quarantines it

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.errors import GpuOpsError
@@ -111,12 +111,111 @@ def raise_missing(path: Path, names: Iterable[str], required: Sequence[str], kin
 
 @dataclass
 class FileRows:
-    """One file's rows as Arrow, with 1-based row numbers and CSV lines not read."""
+    """One file's rows as Arrow, with 1-based row numbers and CSV lines not read; or a
+    Parquet file the engine scans itself (``scan``: ``table`` and ``rows`` are None until
+    :meth:`load`)."""
 
     path: Path
     table: Any
     rows: Any
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    scan: ParquetScan | None = None
+
+    def load(self, columns: Sequence[str] | None = None) -> tuple[Any, Any]:
+        """(the rows as Arrow, their 1-based row numbers in the file), read now for a scan;
+        ``columns``: only those (of the file's columns read)."""
+        if self.scan is None:
+            return self.table if columns is None else self.table.select(list(columns)), self.rows
+        import numpy as np
+        import pyarrow.parquet as pq
+
+        groups, firsts = self.scan.groups, self.scan.firsts
+        try:
+            table = pq.ParquetFile(self.path).read_row_groups(groups, columns=list(self.scan.schema.names if columns is None else columns))
+        except Exception as exc:  # a corrupt page, a truncated file
+            raise UsageSourceError(self.path, f"not a readable Parquet file: {_first_line(exc)}") from None
+        rows = np.concatenate([np.arange(firsts[i] + 1, firsts[i + 1] + 1, dtype=np.int64) for i in groups])
+        return table, rows
+
+
+@dataclass(frozen=True)
+class ParquetScan:
+    """A Parquet file whose columns DuckDB reads as the Arrow reader would (see
+    :func:`scannable`): its ``schema`` (the columns read), the row ``groups`` that can
+    touch the window and the first row of each group (``firsts``, plus the row count)."""
+
+    schema: Any
+    groups: list[int]
+    firsts: list[int]
+    times: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # time column -> (min, max) stored integer
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """0-based [first, last] file rows of the groups read, runs of groups merged."""
+        out: list[tuple[int, int]] = []
+        for i in self.groups:
+            lo, hi = self.firsts[i], self.firsts[i + 1] - 1
+            if out and out[-1][1] + 1 == lo:
+                out[-1] = (out[-1][0], hi)
+            elif hi >= lo:
+                out.append((lo, hi))
+        return out
+
+    def text_batches(self, path: Path, columns: Sequence[str]) -> Iterator[Any]:
+        """The ``columns`` of the groups read, one group at a time (dictionary-typed
+        columns as dictionaries)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path, read_dictionary=[c for c in columns if pa.types.is_dictionary(self.schema.field(c).type)])
+        for i in self.groups:
+            yield pf.read_row_group(i, columns=list(columns))
+
+
+# A time whose stored integer DuckDB reads as infinity (or near it) is read by Arrow.
+_SCAN_TIME_LIMIT = 2**62
+
+
+def scannable(pf: Any, columns: Sequence[str], groups: Sequence[int]) -> dict[str, tuple[int, int] | None] | None:
+    """Whether DuckDB reads ``columns`` of row ``groups`` of Parquet file ``pf`` as the
+    Arrow reader does: text, integers, floats and INT64 times in µs or ns whose footer
+    statistics are well inside what DuckDB holds (no sentinel read as infinity), and
+    names that stay distinct without case. If so, the smallest and largest value of each
+    time column (None: every value missing); None when the file is read as Arrow."""
+    import pyarrow as pa
+
+    schema, md = pf.schema_arrow, pf.metadata
+    if len({n.lower() for n in schema.names}) < len(schema.names) or "file_row_number" in schema.names:
+        return None
+    leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
+    times: dict[str, tuple[int, int] | None] = {}
+    for name in columns:
+        t = schema.field(name).type
+        t = t.value_type if pa.types.is_dictionary(t) else t
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t):
+            continue
+        if not (pa.types.is_timestamp(t) and t.unit in ("us", "ns") and name in leaves):
+            return None
+        span = _time_span(md, leaves[name], groups)
+        if span is False:
+            return None
+        times[name] = span
+    return times
+
+
+def _time_span(md: Any, j: int, groups: Sequence[int]) -> tuple[int, int] | None | Literal[False]:
+    """(min, max) of INT64 column ``j`` over row ``groups`` from their statistics, None when
+    every value is missing; False without statistics or past ±2**62."""
+    lo = hi = None
+    for i in groups:
+        col = md.row_group(i).column(j)
+        st = col.statistics
+        if col.physical_type != "INT64" or st is None or not st.has_null_count or not st.has_min_max and st.null_count != col.num_values:
+            return False
+        if st.has_min_max:
+            if not -_SCAN_TIME_LIMIT < st.min_raw <= st.max_raw < _SCAN_TIME_LIMIT:
+                return False
+            lo, hi = min(st.min_raw, lo if lo is not None else st.min_raw), max(st.max_raw, hi if hi is not None else st.max_raw)
+    return None if lo is None or hi is None else (lo, hi)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -191,8 +290,15 @@ def _ruled_out(path: Path, columns: Sequence[str] | None, window: Window | None,
     return True
 
 
+def empty_table(schema: Any) -> Any:
+    """An Arrow table of ``schema`` with no rows (``schema.empty_table`` would import pandas)."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+
+
 def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: FooterCache | None, kind: str = USAGE) -> FileRows:
-    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from gpu_ops.cost import window as win
@@ -212,16 +318,20 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
         if stats is not None and window is not None:  # counted as a read of its footer counts them
             stats.row_groups_total += pf.metadata.num_row_groups
         raise
-    try:
-        if window is None:
-            table = pq.read_table(path, columns=present)
-            return FileRows(path, table, np.arange(1, table.num_rows + 1, dtype=np.int64))
-        table, rows = win.read_parquet(path, columns, window, stats or win.ReadStats(), footers)
-        return FileRows(path, table, rows)
-    except UsageSourceError:
-        raise
-    except Exception as exc:  # a corrupt page, a truncated file
-        raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+    md = pf.metadata
+    groups = list(range(md.num_row_groups)) if window is None else win.row_groups(pf, path, window, stats or win.ReadStats(), footers)
+    firsts = [0]
+    for i in range(md.num_row_groups):
+        firsts.append(firsts[-1] + md.row_group(i).num_rows)
+    schema = pa.schema([schema.field(c) for c in present])
+    if not groups:
+        return FileRows(path, empty_table(schema), [])
+    times = scannable(pf, present, groups) if kind == USAGE and not any(c in str(path) for c in "*?[{") else None
+    rows = FileRows(path, None, None, scan=ParquetScan(schema, groups, firsts, times or {}))
+    if times is not None:
+        return rows
+    table, numbers = rows.load()
+    return FileRows(path, table, numbers)
 
 
 def _csv_header(path: Path) -> list[str]:

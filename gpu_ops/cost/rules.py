@@ -29,6 +29,7 @@ the last delivered (reading order) the others; the losers are quarantined as
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # What pandas' datetime64[ns] holds, in whole microseconds: the supported time range.
@@ -55,6 +56,7 @@ TEXT_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "e
 TIME_COLUMNS = ("start", "end", "last_checkpoint_at")
 NUMBER_COLUMNS = ("gpu_count", "gpu_share", "attempt", "lost_seconds")
 CHOICE_COLUMNS = ("gpu_type", "capacity_type", "sharing")
+LOWERED = ("capacity_type", "sharing")  # choice columns compared lower-cased
 USAGE_COLUMNS = (
     "start", "end", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id",
     "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share",
@@ -103,6 +105,7 @@ class Stored:
     kind: str
     nested: str = ""
     unit: str = ""  # times: the integer unit they are handed over in (s, ms, us, ns, day)
+    bounded: bool = False  # times: every value known to lie in the supported range (TIME_MIN_US..TIME_MAX_US)
 
 
 def raw_text(col: str, stored: Stored) -> str:
@@ -123,6 +126,14 @@ def raw_text(col: str, stored: Stored) -> str:
 _US_PER = {"s": 10**6, "ms": 10**3, "us": 1, "day": 86_400 * 10**6}
 # The largest magnitude per unit that DuckDB can still hold as a timestamp (year 294,247).
 _DUCK_MAX_US = 9_000_000_000_000_000_000  # about year 287,000
+
+
+def in_time_range(lo: int, hi: int, unit: str) -> bool:
+    """Whether stored integers ``lo``..``hi`` of ``unit`` are all supported times."""
+    def us(v: int) -> int:
+        return v // 1000 if unit == "ns" else v * _US_PER[unit]
+
+    return TIME_MIN_US <= us(lo) and us(hi) <= TIME_MAX_US
 
 
 def _epoch_us(c: str, stored: Stored) -> str:
@@ -148,6 +159,8 @@ def raw_problems(col: str, stored: Stored) -> list[tuple[str, str, str]]:
 def parsed_time(col: str, stored: Stored) -> str:
     """SQL: a time column as UTC microseconds (NULL when missing or unparseable)."""
     c = quote(col)
+    if stored.kind == STORED_TIME and stored.bounded:
+        return f"({c} // 1000)" if stored.unit == "ns" else f"({c} * {_US_PER[stored.unit]})" if _US_PER[stored.unit] > 1 else c
     if stored.kind == STORED_TIME:  # past what DuckDB holds: the largest it does (out of range either way)
         return f"coalesce({_epoch_us(c, stored)}, CASE WHEN {c} IS NOT NULL THEN CAST({_DUCK_MAX_US} AS BIGINT) * sign({c}) END)"
     if stored.kind in (STORED_TEXT, STORED_BINARY, STORED_NUMBER, STORED_OTHER):
@@ -195,12 +208,11 @@ def raw_select(layout: dict[str, Stored], label_columns: dict[str, Stored] | Non
             continue
         if col in TIME_COLUMNS:
             out.append(f"{parsed_time(col, stored)} AS {quote('p_' + col)}")
-            out.append(f"{'true' if stored.kind == STORED_TIME else 'false'} AS {quote('typed_' + col)}")
         elif col in NUMBER_COLUMNS:
             out.append(f"{parsed_number(col, stored)} AS {quote('p_' + col)}")
-        out.append(f"{'true' if col in layout else 'false'} AS {quote('has_' + col)}")
     if record:
         return out
+    out += [f"{'true' if v else 'false'} AS {quote(k)}" for k, v in flags(layout).items()]
     storage = [p for col, stored in layout.items() if col in ALL_COLUMNS for p in raw_problems(col, stored)]
     out.append(_problem_list(storage) + " AS storage_problems")
     out.append(("(" + " OR ".join(f"coalesce({cond}, false)" for _, cond, _ in storage) + ")" if storage else "false") + " AS storage_bad")
@@ -230,19 +242,20 @@ def _in_range(expr: str) -> str:
 def typed_columns(clean: frozenset[str] = frozenset()) -> dict[str, str]:
     """The typed layer (name -> SQL over the raw layer). ``clean``: text columns whose
     every value the engine found free of edge spaces and control characters (checked
-    once per distinct value): they skip the per-row trim; the answer is the same."""
-    sharing = _text("sharing", clean)
+    once per distinct value): they skip the per-row trim; time columns every value of
+    which is in the supported range: they skip the range test; ``lower:<choice>``: a
+    choice column with no upper-case letter skips ``lower``; the answer is the same."""
+    capacity, sharing = (_text(c, clean) if f"lower:{c}" in clean else f"lower({_text(c, clean)})" for c in LOWERED)
+    sharing = f"coalesce(nullif({sharing}, ''), 'none')"
     return {
         **{c: _text(c, clean) for c in TEXT_COLUMNS},
         "gpu_type_raw": _text("gpu_type", clean),
-        "capacity_type": f"lower({_text('capacity_type', clean)})",
-        "sharing": f"coalesce(nullif(lower({sharing}), ''), 'none')",
-        "start_us": "CASE WHEN " + _in_range("p_start") + " THEN p_start END",
-        "end_us": "CASE WHEN " + _in_range('p_end') + " THEN p_end END",
-        "last_checkpoint_us": "CASE WHEN " + _in_range('p_last_checkpoint_at') + " THEN p_last_checkpoint_at END",
+        "capacity_type": capacity,
+        "sharing": sharing,
+        **{f"{c.removesuffix('_at')}_us": f"p_{c}" if c in clean else f"CASE WHEN {_in_range('p_' + c)} THEN p_{c} END" for c in TIME_COLUMNS},
         "gpu_count": "CASE WHEN isfinite(p_gpu_count) THEN p_gpu_count END",
         # A whole GPU is a share of 1 by definition; a shared one must say how much it got.
-        "gpu_share": "CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN coalesce(nullif(lower(" + sharing + "), ''), 'none') = 'none' THEN 1.0 END) "
+        "gpu_share": f"CASE WHEN p_gpu_share IS NULL OR isnan(p_gpu_share) THEN (CASE WHEN {sharing} = 'none' THEN 1.0 END) "
         "WHEN isfinite(p_gpu_share) THEN p_gpu_share END",
         "attempt": "CASE WHEN isfinite(p_attempt) THEN p_attempt END",
         "lost_seconds": "CASE WHEN isfinite(p_lost_seconds) AND p_lost_seconds >= 0 THEN p_lost_seconds ELSE 0.0 END",
@@ -381,18 +394,49 @@ def rules_select(kind: str = "usage") -> str:
     return _problem_list(items)
 
 
-def rules_bad(kind: str = "usage") -> str:
+# What the engine's lookup table adds to each typed row (catalog name, region multiplier, prices).
+LOOKUP_COLUMNS = ("gpu_type", "gpu_type_error", "region_multiplier", "region_error", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "price_error")
+_READS_LOOKUP = re.compile(r'(?<![\w"])"?(?:' + "|".join(LOOKUP_COLUMNS) + r')"?(?![\w"])')
+
+
+def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, lookup: bool | None = None) -> str:
     """Whether any rule fails (cheap: no reason is built; one look for control
-    characters across every text column instead of one per column)."""
-    conds = [f"coalesce({cond}, false)" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(")]
-    conds.append("text_control")  # see :func:`text_control`
-    return "(" + " OR ".join(conds) + ")"
+    characters across every text column instead of one per column). With the ``layout``
+    of the one source it runs over, its :func:`flags` are written in as constants (so
+    that DuckDB drops what cannot apply to how that source stores its columns).
+    ``lookup``: only the rules that read :data:`LOOKUP_COLUMNS` (True), or only the others
+    (False: they run before the lookup is joined, on the wide rows)."""
+    conds = [f"({cond})" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(") and lookup in (None, bool(_READS_LOOKUP.search(cond)))]
+    sql = f"(coalesce({' OR '.join(conds)}, false){'' if lookup else ' OR text_control'})"  # text_control: see :func:`text_control`
+    if layout is None:
+        return sql
+    known = constants(layout)
+    return re.sub(r'(?<![\w"])"?((?:typed|has|r|p)_\w+)"?(?![\w"])', lambda m: known.get(m.group(1), m.group(0)), sql)
 
 
-def number_text_flags(layout: dict[str, Stored]) -> list[str]:
-    """Whether a number column is stored as text (a NaN there is the text 'nan', an error;
-    a NaN in a float column is a missing value)."""
-    return [f"{'true' if layout.get(c, Stored(STORED_NULL)).kind not in (STORED_NUMBER,) else 'false'} AS has_text_{c}" for c in NUMBER_COLUMNS]
+def constants(layout: dict[str, Stored]) -> dict[str, str]:
+    """The raw layer's columns that are constants in a usage source stored as ``layout``
+    (name -> SQL literal): its :func:`flags`, and the text (``r_``) and parsed (``p_``)
+    values that are NULL there (a missing column, a typed time's or a number column's
+    text). Not for the node inventory, whose raw layer fills blanks from instance types."""
+    out = {k: "true" if v else "false" for k, v in flags(layout).items()}
+    for col in ALL_COLUMNS:
+        kind = layout[col].kind if col in layout else None  # None: missing (a present labels may merge label: columns)
+        if kind in (None, STORED_NESTED, STORED_TIME) or kind == STORED_NUMBER and col in NUMBER_COLUMNS:
+            out[f"r_{col}"] = "CAST(NULL AS VARCHAR)"
+        if kind is None and col in TIME_COLUMNS + NUMBER_COLUMNS:
+            out[f"p_{col}"] = f"CAST(NULL AS {'BIGINT' if col in TIME_COLUMNS else 'DOUBLE'})"
+    return out
+
+
+def flags(layout: dict[str, Stored]) -> dict[str, bool]:
+    """The raw layer's flags of a source stored as ``layout``: ``typed_<time>`` (stored as a
+    time), ``has_<column>`` (present), ``has_text_<number>`` (a number column stored as
+    text: a NaN there is the text 'nan', an error; in a float column, a missing value)."""
+    out = {f"typed_{c}": layout.get(c, Stored(STORED_NULL)).kind == STORED_TIME for c in TIME_COLUMNS}
+    out.update({f"has_{c}": c in layout for c in ALL_COLUMNS})
+    out.update({f"has_text_{c}": layout.get(c, Stored(STORED_NULL)).kind != STORED_NUMBER for c in NUMBER_COLUMNS})
+    return out
 
 
 def describe() -> list[tuple[str, str]]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,34 +267,19 @@ def ruled_out(path: Path, window: Window, footers: "FooterCache", stats: ReadSta
     return cached.columns
 
 
-def read_parquet(path: Path, columns: Sequence[str] | None, window: Window, stats: ReadStats, footers: "FooterCache | None" = None) -> tuple[Any, np.ndarray]:
-    """(Arrow table, 1-based row numbers in the file) of the row groups of ``path`` that can
-    touch ``window``; the footer is read first (and its summary remembered in ``footers``).
-
-    A file none of whose row groups can touch the window gives an empty table with the
-    file's schema (its columns are still checked) and is counted as footer-only.
-    """
-    import pyarrow.parquet as pq
-
-    from gpu_ops.cost.columns import parquet_columns
-
-    pf = pq.ParquetFile(path)
+def row_groups(pf: Any, path: Path, window: Window, stats: ReadStats, footers: "FooterCache | None" = None) -> list[int]:
+    """The row groups of Parquet file ``pf`` (at ``path``) that can touch ``window``, from
+    its footer (whose summary is remembered in ``footers``). A file with none is counted
+    as footer-only: its columns are still checked, no row is read."""
     schema, md = pf.schema_arrow, pf.metadata
     if footers is not None:
         footers.remember(path, FooterSummary.of(schema, md))
-    columns = parquet_columns(schema.names, columns)
-    sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-    firsts = np.cumsum([0, *sizes])
     bounds = _TimeStats(schema, md)
     keep = [i for i in range(md.num_row_groups) if bounds.may_touch(i, window)]
-    stats.row_groups_total += len(sizes)
+    stats.row_groups_total += md.num_row_groups
     stats.row_groups_read += len(keep)
-    if not keep:
-        stats.files_footer_only.append(str(path))
-        return schema.empty_table().select(columns), np.empty(0, np.int64)
-    stats.files_read.append(str(path))
-    rows = np.concatenate([np.arange(firsts[i] + 1, firsts[i] + sizes[i] + 1, dtype=np.int64) for i in keep])
-    return pf.read_row_groups(keep, columns=columns), rows
+    (stats.files_read if keep else stats.files_footer_only).append(str(path))
+    return keep
 
 
 class _TimeStats:

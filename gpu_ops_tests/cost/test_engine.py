@@ -215,3 +215,81 @@ def test_the_ledger_and_the_collector_seeing_one_pod_count_it_once() -> None:
     assert float(priced.rows["cost_usd"].sum()) == pytest.approx(20.0)
     assert list(priced.quarantine["source"]) == ["kubernetes"] and "closed there, open here" in priced.quarantine["reason"].iloc[0]
     assert np.isnan(priced.quarantine["row"].astype(float).iloc[0])
+
+
+def test_text_columns_are_clean_exactly_when_no_value_needs_a_trim_or_holds_a_control_character() -> None:
+    """The byte-level check (numpy, the pattern only near a possible space) against the
+    pattern itself, value by value: plain and large strings, dictionaries, slices, nulls."""
+    import re
+
+    from gpu_ops.cost import rules
+    from gpu_ops.cost.engine import clean_text_columns
+
+    spaces = re.escape(rules.SPACES)
+    pattern = re.compile(f"^[{spaces}]|[{spaces}]$|{rules.CONTROL}")
+    chars = ["a", "Z", "é", "ж", "€", " ", "\t", "\n", "\r", "\x00", "\x1c", "\x7f", "\x85", "\xa0", "\u1680", "\u2000", "\u205f", "\u3000", "~"]
+    rng = random.Random(5)
+    for _ in range(3000):
+        values: list[Any] = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(1, 4))]
+        values += [None] * rng.randint(0, 1)
+        array = pa.array(values, rng.choice([pa.string(), pa.large_string()]))
+        array = array.slice(1) if len(array) > 1 and rng.random() < 0.3 else array
+        array = array.dictionary_encode() if rng.random() < 0.3 else array
+        table = pa.table({"team": array, "capacity_type": array})
+        layout = {c: rules.Stored(rules.STORED_TEXT) for c in table.column_names}
+        clean = clean_text_columns([table], layout, False)
+        plain = array.dictionary if pa.types.is_dictionary(array.type) else array
+        want = not any(v is not None and pattern.search(v) for v in plain.to_pylist())
+        assert ("team" in clean) == want, values
+        assert ("lower:capacity_type" in clean) == all(v is None or v == v.lower() for v in plain.to_pylist()), values
+
+
+def _priced_both_ways(path: Path) -> tuple[Any, Any]:
+    """The engine's good rows and quarantine of ``path`` read as a DuckDB scan and as Arrow."""
+    from gpu_ops.cost.engine import UsageInput, validate
+    from gpu_ops.cost.read import FileRows, read_files
+
+    got = read_files([str(path)], None)
+    scanned = got.files[0]
+    assert scanned.scan is not None and scanned.table is None  # DuckDB reads it
+    arrow = FileRows(path, *scanned.load())
+    both = [validate(UsageInput([f]), MATRIX) for f in (scanned, arrow)]
+    return both[0], both[1]
+
+
+def test_a_parquet_file_duckdb_scans_gives_what_its_arrow_read_gives(tmp_path: Path) -> None:
+    start = pd.Timestamp("2026-10-01T01:00:00Z")
+    n = 40
+    df = pd.DataFrame({
+        "start": [start + pd.Timedelta(minutes=i) for i in range(n)],
+        "end": [None if i % 7 == 0 else start + pd.Timedelta(hours=2, minutes=i) for i in range(n)],
+        "namespace": ["ml"] * n,
+        "pod": [f"p{i % 30}" if i != 5 else "p\x00" for i in range(n)],  # ten copies, one NUL
+        "team": pd.Categorical([" nlp" if i == 3 else ("" if i == 4 else "vision") for i in range(n)]),
+        "gpu_type": pd.Categorical(["NVIDIA-H100-80GB-HBM3" if i % 2 else "h100" for i in range(n)]),
+        "gpu_count": [0 if i == 6 else 2 for i in range(n)],
+        "capacity_type": pd.Categorical(["Spot" if i == 8 else "spot" for i in range(n)]),
+    })
+    df.loc[30:, "start"] = df.loc[:9, "start"].to_numpy()  # the copies share their originals' start
+    df.loc[30:, "end"] = df.loc[:9, "end"].to_numpy()
+    path = tmp_path / "u.parquet"
+    df.to_parquet(path, row_group_size=16)
+    scanned, arrow = _priced_both_ways(path)
+    pd.testing.assert_frame_equal(scanned.rows, arrow.rows)
+    pd.testing.assert_frame_equal(scanned.quarantine, arrow.quarantine)
+    assert set(scanned.quarantine["row"]) >= {5, 6, 7} and len(scanned.quarantine) >= 10  # NUL, 0 GPUs, copies
+
+
+@pytest.mark.parametrize("case", ["sentinel", "ms", "binary"])
+def test_a_parquet_file_duckdb_would_read_otherwise_is_read_as_arrow(tmp_path: Path, case: str) -> None:
+    from gpu_ops.cost.read import read_files
+
+    end = pa.array([1_790_000_000_000_000, 2**63 - 1 if case == "sentinel" else 1_790_000_100_000_000], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    start = pa.array([1_789_990_000_000_000] * 2, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    if case == "ms":
+        start, end = start.cast(pa.timestamp("ms", tz="UTC")), end.cast(pa.timestamp("ms", tz="UTC"))
+    team = pa.array([b"nlp", b"vision"], pa.binary()) if case == "binary" else pa.array(["nlp", "vision"])
+    table = pa.table({"start": start, "end": end, "team": team, "gpu_type": ["h100"] * 2, "gpu_count": [1, 1], "capacity_type": ["spot"] * 2})
+    pq.write_table(table, tmp_path / "u.parquet")
+    got = read_files([str(tmp_path / "u.parquet")], None).files[0]
+    assert got.scan is None and got.table.num_rows == 2
