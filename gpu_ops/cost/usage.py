@@ -558,13 +558,6 @@ def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end
     return q[keep.to_numpy()].reset_index(drop=True)
 
 
-def as_floats(s: pd.Series) -> np.ndarray:
-    """A numeric column as float64; categorical price columns are expanded (NaN for -1)."""
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        values = np.append(s.cat.categories.to_numpy(dtype=float), np.nan)
-        return values[s.cat.codes.to_numpy()]
-    return s.to_numpy(dtype=float, na_value=np.nan)
-
 
 # --------------------------------------------------------------------------- inventory
 

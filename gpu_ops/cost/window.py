@@ -45,10 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from gpu_ops.cost.footers import FooterCache
 
@@ -380,16 +378,3 @@ class FooterSummary:
 
 
 # --------------------------------------------------------------------------- rows
-
-
-def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
-    """Rows that can touch ``window`` (see the module docstring); any time column type."""
-    from gpu_ops.cost.usage import parse_times
-
-    s = parse_times(start)[0].array.asi8
-    e = parse_times(end)[0].array.asi8 if end is not None else np.full(len(s), np.iinfo(np.int64).min)
-    nat = np.iinfo(np.int64).min
-    s_nat, e_nat = s == nat, e == nat
-    lo = np.where(e_nat, s, np.minimum(s, e))
-    hi = np.where(e_nat, s, np.maximum(s, e))
-    return s_nat | ((lo < window.end_ns) & (e_nat | (hi >= window.start_ns)))

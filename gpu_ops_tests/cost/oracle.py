@@ -21,6 +21,7 @@ import pandas as pd
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
 from gpu_ops.cost.attribution import IDLE, utc
+from gpu_ops.cost.window import Window
 from gpu_ops.cost.usage import (
     blank_mask,
     factorized,
@@ -28,7 +29,6 @@ from gpu_ops.cost.usage import (
     lut,
     show_value,
     NS_PER_HOUR,
-    as_floats,
     CELL_ERRORS,
     FILE_ERROR,
     FILE_FIELD,
@@ -710,3 +710,20 @@ def idle_rows(inventory_pieces: pd.DataFrame, allocated: pd.DataFrame) -> pd.Dat
     return out
 
 
+def as_floats(s: pd.Series) -> np.ndarray:
+    """A numeric column as float64; categorical price columns are expanded (NaN for -1)."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        values = np.append(s.cat.categories.to_numpy(dtype=float), np.nan)
+        return values[s.cat.codes.to_numpy()]
+    return s.to_numpy(dtype=float, na_value=np.nan)
+
+
+def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
+    """Rows that can touch ``window`` (the rule of gpu_ops.cost.window), in pandas; any time column type."""
+    s = parse_times(start)[0].array.asi8
+    e = parse_times(end)[0].array.asi8 if end is not None else np.full(len(s), np.iinfo(np.int64).min)
+    nat = np.iinfo(np.int64).min
+    s_nat, e_nat = s == nat, e == nat
+    lo = np.where(e_nat, s, np.minimum(s, e))
+    hi = np.where(e_nat, s, np.maximum(s, e))
+    return s_nat | ((lo < window.end_ns) & (e_nat | (hi >= window.start_ns)))

@@ -20,7 +20,8 @@ from gpu_ops.cost.attribution import day_window
 from gpu_ops.cost.kubernetes import COLLECTED_PODS_TABLE, drop_expired
 from gpu_ops.cost.pipeline import SourceSet, default_as_of, load_raw, price_window, usage_for_days, usage_table
 from gpu_ops.cost.usage import LEDGER_TABLE
-from gpu_ops.cost.window import ReadStats, Window, hive_day, touch_mask
+from gpu_ops.cost.window import ReadStats, Window, hive_day
+from gpu_ops_tests.cost.oracle import touch_mask
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.cost.helpers import MATRIX
 
