@@ -45,9 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
-
     from gpu_ops.cost.footers import FooterCache
 
 DATE_PLACEHOLDER = "{date}"
