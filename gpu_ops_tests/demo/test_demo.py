@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from gpu_ops_tests.demo.conftest import DemoRun
 
 
 @pytest.mark.slow
-def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(tmp_path):
-    env = {**os.environ, "GPU_OPS_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    env.pop("GPU_OPS_CONFIG", None)
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "gpu-ops"), "demo"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    text = out.stdout
-    assert out.returncode == 0, text + out.stderr[-4000:]
+def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(demo_run: DemoRun):
+    text = demo_run.stdout
+    assert demo_run.returncode == 0, text + demo_run.stderr[-4000:]
     # training: the worker was really killed and the step resumed
     assert re.search(r"injected SIGKILL to worker pid \d+; 2 attempt\(s\), 1 preemption\(s\)", text), text
     # a month of partitions, with the alerts on the days the demo data crosses them
@@ -47,4 +38,4 @@ def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(
     assert "the others have no data" not in text, text  # the demo's partitions end with its data (usage.partitions_end)
     assert "quarantined on purpose (gpu_usage_quarantine, check quarantine_empty), in the partition(s) 2026-10-" in text
     # the persistent instance holds the runs for `make dev`
-    assert (tmp_path / "home" / "dagster_home").is_dir()
+    assert (demo_run.home / "dagster_home").is_dir()

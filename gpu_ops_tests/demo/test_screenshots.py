@@ -2,8 +2,9 @@
 on a real instance by headless Chromium (Debian's `chromium`, installed by .ci/run):
 the asset graph, a cost table, the budget plots and a training run.
 
-The instance holds a training run of `train_demo_model` and eight days of the bundled
-demo's cost partitions (2026-10-20 … 2026-10-27). Each picture must be a real page (a PNG
+The instance is the one a real `gpu-ops demo` leaves (the session's ``demo_run``, shared
+with the demo test): a training run of `train_demo_model` through a preemption and the
+bundled demo's month of cost partitions, opened as `make dev` opens it. Each picture must be a real page (a PNG
 of the asked size with more than a blank screen's few colours). With
 ``GPU_OPS_SCREENSHOTS=docs/images`` the pictures are written there (how the ones in the
 manual were made: ``make screenshots``); otherwise into the test's temporary folder."""
@@ -20,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from gpu_ops_tests.conftest import REPO, skip_or_fail
+from gpu_ops_tests.demo.conftest import DemoRun
 from gpu_ops_tests.training.test_ui_launch import dagster_ui_processes, gql, wait_for_location
 
 WIDTH, HEIGHT = 1400, 1000
-DAYS = [f"2026-10-{d}" for d in range(20, 28)]
 RUNS = "{ runsOrError(limit: 20) { ... on Runs { results { runId jobName status } } } }"
 
 
@@ -56,46 +57,31 @@ def shoot(browser: str, url: str, out: Path) -> None:
     assert done.returncode == 0 and out.exists(), f"{' '.join(cmd)}\n{done.stderr[-2000:]}"
 
 
-def build_instance(home: Path, gpu_ops_home: Path, config: Path) -> str:
-    """A training run and eight cost days in the instance at ``home``; the training run's id."""
+def training_run_id(home: Path) -> str:
+    """The demo's training run (``dg.materialize`` of train_demo_model) in the instance at ``home``."""
     import dagster as dg
 
-    from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
-
-    defs = build_defs(str(config))
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        trained = dg.materialize([defs.resolve_assets_def("train_demo_model")], instance=instance, raise_on_error=True)
-        job = defs.resolve_job_def(DAILY_JOB)
-        for day in DAYS:
-            assert job.execute_in_process(partition_key=day, instance=instance, raise_on_error=False).success, day
-        return trained.run_id
+        (run,) = instance.get_runs(filters=dg.RunsFilter(job_name="__ephemeral_asset_job__"))
+        return run.run_id
 
 
 @pytest.mark.slow
-def test_the_ui_pages_the_manual_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_ui_pages_the_manual_shows(demo_run: DemoRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     browser = chromium()
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
     out_dir = Path(os.environ.get("GPU_OPS_SCREENSHOTS") or tmp_path / "shots")
     out_dir = out_dir if out_dir.is_absolute() else REPO / out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The bundled demo's data, with a short training run.
-    demo = tmp_path / "demo"
-    shutil.copytree(REPO / "gpu_ops" / "demo", demo, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    config = demo / "gpu_ops.yaml"
-    text = config.read_text().replace("training:\n", "training:\n  demo_steps: 300\n  demo_checkpoint_interval_s: 1\n", 1)
-    # The cost partitions are the eight days materialized, so that the plots (one point per
-    # partition) and the fill badges cover the days that have data.
-    bounds = "  partitions_start: 2026-10-01\n  partitions_end: 2026-10-31"
-    assert bounds in text
-    config.write_text(text.replace(bounds, f"  partitions_start: {DAYS[0]}\n  partitions_end: {DAYS[-1]}", 1))
-    monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "gpu_ops_home"))
-    monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
+    # What `make dev` opens after `make run`: the demo's instance and its bundled config,
+    # whose partitions are the days that have data (usage.partitions_end).
+    monkeypatch.setenv("GPU_OPS_HOME", str(demo_run.home))
+    run_id = training_run_id(demo_run.home / "dagster_home")
 
-    with dagster_ui_processes(tmp_path, config, daemon=False) as (url, home):
-        run_id = build_instance(home, tmp_path / "gpu_ops_home", config)
+    with dagster_ui_processes(tmp_path, None, daemon=False, home=demo_run.home / "dagster_home") as (url, _home):
         wait_for_location(url, tmp_path)
         runs = gql(url, RUNS)["runsOrError"]["results"]
-        assert run_id in {r["runId"] for r in runs}
+        assert {r["status"] for r in runs} == {"SUCCESS"}, runs
         gql(url, "mutation { setNuxSeen }")  # the UI's first-visit "join the community" dialog, dismissed as its Skip button does
         base = url.removesuffix("/graphql")
         group = f"{base}/locations/gpu_ops/asset-groups/gpu_cost"

@@ -47,7 +47,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen(
         [binary, "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--default-artifact-root", str(folder / "artifacts"),
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own group: uvicorn and job workers stop with it
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own group: uvicorn stops with it
+        # No job-execution workers (MLflow's background jobs, which gpu_ops never uses): they
+        # more than doubled the server's start-up.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     url = f"http://127.0.0.1:{port}"
 

@@ -4,10 +4,11 @@ no marker is found anywhere the run leaves text behind: the Dagster instance (ru
 event logs, schedules, snapshots, compute logs under DAGSTER_HOME), everything under
 the gpu_ops home, the cost tables in the database, and the process's own output.
 
-The run covers the demo's first 13 days (``usage.partitions_end``), not its month: every
-stage runs (training with a preemption, daily cost partitions, the budget sensor and two
-alerts to every channel), at a third of the time of the whole month (``test_demo`` runs
-that, on SQLite).
+The run covers the demo's first 5 days (``usage.partitions_end``), not its month, with a
+shorter training run and the nlp budget lowered so that two of its thresholds cross by
+the fifth day: every stage runs (training with a preemption, daily cost partitions, the
+budget sensor and two alerts to every channel) in a fraction of the whole month's time
+(``test_demo`` runs that, on SQLite).
 
 The receivers on 127.0.0.1 prove every secret was really used (resolved at the moment of
 delivery) while none was stored.
@@ -31,7 +32,8 @@ from gpu_ops_tests.alerts.conftest import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "gpu_ops" / "demo"
-DEMO_END = "2026-10-13"
+DEMO_END = "2026-10-05"
+NLP_AMOUNT_USD = 5500  # the demo's nlp spends about $3,000 by 10-05: actual-50pct and forecast-120pct cross that day
 
 
 def _marker(what: str) -> str:
@@ -108,7 +110,8 @@ def demo_config(tmp_path: Path, role: str, pg_url: str, receiver_url: str, smtp_
     cfg["prices"] = str(DEMO / "prices.yaml")
     cfg["usage"]["sources"] = [{"type": "ledger"}, {"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
     cfg["usage"]["inventory"]["path"] = str(DEMO / "inventory.csv")
-    cfg["usage"]["partitions_end"] = DEMO_END  # the first two alerts: forecast-120pct (10-05), actual-50pct (10-13)
+    cfg["usage"]["partitions_end"] = DEMO_END
+    cfg["training"].update(demo_steps=600, demo_checkpoint_interval_s=0.5)  # killed 2 s after its first checkpoint, as in the demo
     cfg["channels"] = {
         "log": {"type": "log"},
         "slack": {"type": "slack", "webhook_url": {"env": "SLACK_WEBHOOK_URL"}},
@@ -127,6 +130,8 @@ def demo_config(tmp_path: Path, role: str, pg_url: str, receiver_url: str, smtp_
     }
     for budget in cfg["budgets"]:
         budget["channels"] = list(cfg["channels"])
+        if budget["name"] == "nlp-monthly":
+            budget["amount_usd"] = NLP_AMOUNT_USD
     cfg["alerts"] = {"delivery_attempts": 2, "delivery_backoff_s": 0.1, "delivery_timeout_s": 5}
     path = tmp_path / "gpu_ops.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -208,7 +213,8 @@ def _run_and_grep(tmp_path, role, db_password, pg_url, hooks, smtp_port, inbox, 
         [sys.executable, "-m", "gpu_ops.cli", "demo", "--config", str(config)], capture_output=True, text=True, env=env, timeout=900
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"13 daily cost partitions (2026-10-01 … {DEMO_END})" in out.stdout and out.stdout.count(" — sent") == 2, out.stdout[-3000:]
+    assert f"5 daily cost partitions (2026-10-01 … {DEMO_END})" in out.stdout and out.stdout.count(" — sent") == 2, out.stdout[-3000:]
+    assert "2 attempt(s), 1 preemption(s)" in out.stdout, out.stdout[-3000:]  # the training stage ran through its preemption
 
     # Every secret was used: the receivers saw them.
     paths = [r.path for r in hooks.requests]

@@ -86,31 +86,33 @@ def prepare_instance(home: Path) -> None:
 
 
 @contextmanager
-def dagster_ui_processes(tmp_path: Path, config: Path, *, daemon: bool = True) -> Iterator[tuple[str, Path]]:
+def dagster_ui_processes(tmp_path: Path, config: Path | None, *, daemon: bool = True, home: Path | None = None) -> Iterator[tuple[str, Path]]:
     """dagster-webserver (and dagster-daemon) on 127.0.0.1 with the repository's
-    workspace.yaml, ``config`` as GPU_OPS_CONFIG and a fresh DAGSTER_HOME; yields the
-    GraphQL URL and that home. Other tests reuse it."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(
-        "run_coordinator:\n"
-        "  module: dagster._core.run_coordinator\n"
-        "  class: QueuedRunCoordinator\n"
-        "  config: {dequeue_interval_seconds: 1}\n"
-        # One event log database, created by prepare_instance below, instead of one per run
-        # created by whichever process touches the run first (see prepare_instance).
-        "event_log_storage:\n"
-        "  module: dagster._core.storage.event_log\n"
-        "  class: ConsolidatedSqliteEventLogStorage\n"
-        f"  config: {{base_dir: '{home / 'history'}'}}\n"
-        "telemetry: {enabled: false}\n"
-    )
-    prepare_instance(home)
+    workspace.yaml, ``config`` as GPU_OPS_CONFIG (None: the bundled one) and a fresh
+    DAGSTER_HOME, or ``home`` as it is (an instance a run left, as `make dev` opens
+    `make run`'s); yields the GraphQL URL and that home. Other tests reuse it."""
+    if home is None:
+        home = tmp_path / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(
+            "run_coordinator:\n"
+            "  module: dagster._core.run_coordinator\n"
+            "  class: QueuedRunCoordinator\n"
+            "  config: {dequeue_interval_seconds: 1}\n"
+            # One event log database, created by prepare_instance below, instead of one per run
+            # created by whichever process touches the run first (see prepare_instance).
+            "event_log_storage:\n"
+            "  module: dagster._core.storage.event_log\n"
+            "  class: ConsolidatedSqliteEventLogStorage\n"
+            f"  config: {{base_dir: '{home / 'history'}'}}\n"
+            "telemetry: {enabled: false}\n"
+        )
+        prepare_instance(home)
     port = free_port()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
-        "GPU_OPS_CONFIG": str(config),
+        **({"GPU_OPS_CONFIG": str(config)} if config else {}),
         "GPU_OPS_PIDFILE_DIR": str(tmp_path / "pids"),
         "PYTHONUNBUFFERED": "1",
     }
