@@ -9,6 +9,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 import yaml
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from gpu_ops.config import BUNDLED_CONFIG, load_config
 from gpu_ops.cost.assets import build_assets
@@ -48,6 +49,13 @@ class Env:
 
     def materialize(self, day: str, instance: dg.DagsterInstance, selection: list[str] | None = None) -> dg.ExecuteInProcessResult:
         result = dg.materialize(self.assets, partition_key=day, resources=self.resources, instance=instance, selection=selection)
+        assert result.success
+        return result
+
+    def materialize_range(self, first: str, last: str, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+        """One run over the days ``first`` .. ``last``, as a backfill under the assets' policy launches it."""
+        tags = {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+        result = dg.materialize(self.assets, resources=self.resources, instance=instance, tags=tags)
         assert result.success
         return result
 
@@ -300,14 +308,16 @@ def test_same_day_three_times_gives_identical_tables(tmp_path, pg_url):
 def test_thirty_day_backfill_lands_thirty_partitions_without_duplicates(tmp_path, pg_url):
     env = Env(tmp_path, pg_url)
     days = [(dt.date(2026, 10, 1) + dt.timedelta(days=i)).isoformat() for i in range(30)]
-    # The tables live on PostgreSQL; Dagster's own run and event records stay in memory
-    # (DagsterInstance.ephemeral) so that 31 runs do not spend their time on event storage.
+    per_run = env.config.usage.backfill_days_per_run
+    assert per_run == 7
+    # As Dagster runs a backfill of the month under the assets' policy (multi_run of 7
+    # days): five range runs, 7+7+7+7+2 days, then a single day re-run in the middle. The
+    # tables live on PostgreSQL; Dagster's own run and event records stay in memory.
     with dg.DagsterInstance.ephemeral() as instance:
-        for d in days:
-            env.materialize(d, instance)
+        runs = [env.materialize_range(days[i], days[min(i + per_run, len(days)) - 1], instance) for i in range(0, len(days), per_run)]
         env.materialize(days[5], instance)  # a re-run in the middle replaces, never appends
         materialized = instance.get_materialized_partitions(dg.AssetKey("gpu_cost_attribution"))
-    assert materialized == set(days)
+    assert len(runs) == 5 and materialized == set(days)
     store = TableStore(pg_url)
     for name in ("gpu_usage", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report"):
         assert store.partitions(name) == days, name
