@@ -1,9 +1,11 @@
 """The suite's size in docs/development.md is read off the collection, not typed: a run of
 the whole suite fails when the page names another number of tests than pytest collected.
-(Its wall time and pass counts come from the measured run the page describes.)"""
+Its wall-time table is written by benchmarks/suite.py; each row's counts must add up to
+that size (a table left from another suite fails)."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -11,7 +13,10 @@ import pytest
 from gpu_ops_tests.conftest import REPO
 
 PAGE = REPO / "docs" / "development.md"
+MEASURING = "GPU_OPS_MEASURING_SUITE"  # set by benchmarks/suite.py in the runs it measures
 SIZE = re.compile(r"collects \*\*([\d,]+) tests\*\*")
+FIGURES = re.compile(r"<!-- suite figures: written by benchmarks/suite.py -->\n(.*?)<!-- end of suite figures -->", re.S)
+ROW = re.compile(r"^\| (?P<beside>[^|]+) \| (?P<load>[\d.]+ / [\d.]+ / [\d.]+) \| (?P<counts>[^|]+) \| \*\*(?P<wall>\d+:\d\d)\*\* \| 12:00, (?P<verdict>met|\*\*missed\*\*) \|$", re.M)
 
 
 def documented_size(text: str) -> int:
@@ -50,3 +55,24 @@ def test_the_xdist_groups_hold(tmp_path):
     assert out.returncode == 0 and len(ran) > 10, out.stdout[-3000:] + out.stderr[-3000:]
     assert {worker for worker, _ in ran} == {ran[0][0]}, ran
     assert all(nodeid.endswith("@gpu_ops_tests.cost.test_pricing") for _, nodeid in ran), ran
+
+
+def measured_rows(text: str) -> list[dict[str, str]]:
+    block = FIGURES.findall(text)
+    assert len(block) == 1, f"{PAGE.name} must hold one block of suite figures written by benchmarks/suite.py"
+    rows = [m.groupdict() for m in ROW.finditer(block[0])]
+    assert rows, f"the suite figures in {PAGE.name} hold no measured row"
+    return rows
+
+
+def test_the_measured_runs_are_of_this_suite_and_say_met_only_under_the_budget():
+    if os.environ.get(MEASURING):
+        pytest.skip("this run is benchmarks/suite.py measuring the suite: it writes the table afterwards")
+    text = PAGE.read_text()
+    size = documented_size(text)
+    for row in measured_rows(text):
+        counts = {what: int(n) for n, what in re.findall(r"(\d+) (\w+)", row["counts"])}
+        assert sum(counts.values()) == size, f"a measured run of {counts} is not of the {size}-test suite the page names: run benchmarks/suite.py --write-docs"
+        m, s = map(int, row["wall"].split(":"))
+        met = counts.get("failed", 0) == counts.get("errors", 0) == 0 and m * 60 + s <= 12 * 60
+        assert (row["verdict"] == "met") == met, row

@@ -1,0 +1,143 @@
+"""The test suite's wall time on this machine, beside other work, against its budget.
+
+    .venv/bin/python benchmarks/suite.py [--busy 0,1] [--write-docs]
+
+Clones the repository's HEAD into a scratch folder (what a fresh clone holds: committed
+files only) and runs the README's test command there, `pytest -n 2 --dist loadgroup`
+with `CI=true` (a skip of a PostgreSQL test is a failure), once per entry of --busy:
+with that many busy CPU-bound processes beside the suite for its whole run (other work on
+a shared 2-core machine). The clone uses this checkout's virtual environment (the package
+is put first on PYTHONPATH, so the clone's code is what runs). Prints, for each run, the
+pytest wall time beside the budget (12 minutes), the result counts and the load average
+(min / median / max, sampled every 10 s). With --write-docs the table in
+docs/development.md between its markers is replaced by these figures (the date, the
+machine and what ran beside); gpu_ops_tests/foundation/test_suite_size.py checks that the
+table's counts add up to the suite the page says it collects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import multiprocessing
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "development.md"
+BUDGET_S = 12 * 60
+START, END = "<!-- suite figures: written by benchmarks/suite.py -->", "<!-- end of suite figures -->"
+SUMMARY = re.compile(r"=+ (?P<counts>[^=]*?) in (?P<seconds>[\d.]+)s")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?|deselected)")
+
+
+def busy() -> None:
+    while True:
+        pass
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(round(seconds % 60)):02d}"
+
+
+class LoadSampler(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(10):
+            self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> str:
+        s = sorted(self.samples) or [os.getloadavg()[0]]
+        return f"{s[0]:.1f} / {statistics.median(s):.1f} / {s[-1]:.1f}"
+
+
+def run_suite(clone: Path, n_busy: int) -> dict[str, object]:
+    # GPU_OPS_MEASURING_SUITE: the test of this table skips (the table is written after the run).
+    env = {**os.environ, "CI": "true", "PYTHONPATH": str(clone), "PYTHONUNBUFFERED": "1", "GPU_OPS_MEASURING_SUITE": "1"}
+    env.pop("GPU_OPS_CONFIG", None)
+    workers = [multiprocessing.Process(target=busy, daemon=True) for _ in range(n_busy)]
+    for w in workers:
+        w.start()
+    sampler = LoadSampler()
+    sampler.start()
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"],
+                             cwd=clone, env=env, capture_output=True, text=True)
+    finally:
+        for w in workers:
+            w.terminate()
+        sampler.stop.set()
+    wall = time.monotonic() - t0
+    found = SUMMARY.findall(out.stdout)
+    if not found:
+        raise SystemExit(f"no pytest summary (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    counts, seconds = found[-1]
+    return {"busy": n_busy, "rc": out.returncode, "counts": ", ".join(f"{n} {w}" for n, w in COUNT.findall(counts)),
+            "pytest_s": float(seconds), "wall_s": wall, "load": sampler.summary()}
+
+
+def beside(n: int) -> str:
+    return "no busy process started" if n == 0 else f"{n} busy CPU-bound process{'es' if n > 1 else ''}"
+
+
+def table(results: list[dict[str, object]], machine: str) -> str:
+    lines = [
+        START,
+        f"Measured {dt.date.today().isoformat()} on {machine} by `benchmarks/suite.py` (a fresh clone of HEAD, "
+        f"`CI=true pytest -n 2 --dist loadgroup`); load average min / median / max over the run:",
+        "",
+        "| beside the suite | load average | result | pytest wall | budget |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        met = "met" if r["rc"] == 0 and float(r["pytest_s"]) <= BUDGET_S else "**missed**"  # type: ignore[arg-type]
+        lines.append(f"| {beside(int(r['busy']))} | {r['load']} | {r['counts']} | **{minutes(float(r['pytest_s']))}** | 12:00, {met} |")  # type: ignore[arg-type]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "unknown CPU")
+    return f"the {os.cpu_count()}-core development machine ({model})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--busy", default="0,1", help="comma-separated numbers of busy processes beside the suite, one run each")
+    ap.add_argument("--write-docs", action="store_true", help=f"replace the figures in {PAGE.relative_to(REPO)}")
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="gpu_ops_suite-") as tmp:
+        clone = Path(tmp) / "repo"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        for n in (int(x) for x in args.busy.split(",")):
+            r = run_suite(clone, n)
+            results.append(r)
+            print(f"beside: {beside(n):<28} pytest {minutes(float(r['pytest_s']))} (budget {minutes(BUDGET_S)}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
+                  f"  exit {r['rc']}  {r['counts']}  load {r['load']}", flush=True)
+    text = table(results, machine())
+    print(text)
+    if args.write_docs:
+        page = PAGE.read_text()
+        if START not in page or END not in page:
+            raise SystemExit(f"{PAGE} has no {START} ... {END} block to replace")
+        PAGE.write_text(page[: page.index(START)] + text + page[page.index(END) + len(END):])
+        print(f"wrote {PAGE.relative_to(REPO)}")
+    if any(r["rc"] != 0 for r in results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
