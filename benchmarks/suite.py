@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/suite.py [--busy 0,1] [--write-docs]
 
-Clones the repository's HEAD into a scratch folder (what a fresh clone holds: committed
-files only) and runs the README's test command there, `pytest -n 2 --dist loadgroup`
+Clones the repository's HEAD into a scratch folder beside the checkout (what a fresh clone
+holds: committed files only; ../shared is found as from the checkout) and runs the README's test command there, `pytest -n 2 --dist loadgroup`
 with `CI=true` (a skip of a PostgreSQL test is a failure), once per entry of --busy:
 with that many busy CPU-bound processes beside the suite for its whole run (other work on
 a shared 2-core machine). The clone uses this checkout's virtual environment (the package
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "development.md"
 BUDGET_S = 12 * 60
 START, END = "<!-- suite figures: written by benchmarks/suite.py -->", "<!-- end of suite figures -->"
-SUMMARY = re.compile(r"=+ (?P<counts>[^=]*?) in (?P<seconds>[\d.]+)s")
+SUMMARY = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s", re.M)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?|deselected)")
 
 
@@ -119,7 +119,8 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true", help=f"replace the figures in {PAGE.relative_to(REPO)}")
     args = ap.parse_args()
     results = []
-    with tempfile.TemporaryDirectory(prefix="gpu_ops_suite-") as tmp:
+    # Beside the checkout, as a clone would be: the tests find ../shared (the Karpenter CRDs) there.
+    with tempfile.TemporaryDirectory(prefix=".gpu_ops_suite-", dir=REPO.parent) as tmp:
         clone = Path(tmp) / "repo"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
         for n in (int(x) for x in args.busy.split(",")):
