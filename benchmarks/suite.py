@@ -22,6 +22,7 @@ import datetime as dt
 import multiprocessing
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,14 +121,16 @@ def main() -> None:
     args = ap.parse_args()
     results = []
     # Beside the checkout, as a clone would be: the tests find ../shared (the Karpenter CRDs) there.
-    with tempfile.TemporaryDirectory(prefix=".gpu_ops_suite-", dir=REPO.parent) as tmp:
-        clone = Path(tmp) / "repo"
+    clone = Path(tempfile.mkdtemp(prefix=".gpu_ops_suite-", dir=REPO.parent))
+    try:
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
         for n in (int(x) for x in args.busy.split(",")):
             r = run_suite(clone, n)
             results.append(r)
             print(f"beside: {beside(n):<28} pytest {minutes(float(r['pytest_s']))} (budget {minutes(BUDGET_S)}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
                   f"  exit {r['rc']}  {r['counts']}  load {r['load']}", flush=True)
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)
     text = table(results, machine())
     print(text)
     if args.write_docs:
