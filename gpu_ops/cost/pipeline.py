@@ -353,12 +353,20 @@ def usage_for_days(
     as_of = default_as_of(last, now)
     priced = price_window(raw, inventory, prices, window.start, window.end, as_of, dedupe=sources.count > 1)
     table = usage_table(priced.rows)
-    table[PARTITION_KEY] = table["day"].dt.strftime("%Y-%m-%d") if len(table) else pd.Series([], dtype=object)
+    table[PARTITION_KEY] = _day_keys(table["day"]) if len(table) else pd.Series([], dtype=object)
     quarantine = pd.concat(
         [quarantine_in_window(priced.quarantine, *day_window(d)).assign(**{PARTITION_KEY: d.isoformat()}) for d in window.days()],
         ignore_index=True,
     )
     return DaysUsage(table, quarantine, as_of, stats)
+
+
+def _day_keys(day: pd.Series) -> pd.Series:
+    """Each row's UTC day as ``YYYY-MM-DD``: the run's few days formatted once, then taken
+    per row (formatting a million timestamps took over a second)."""
+    days, at = np.unique(day.dt.tz_convert("UTC").to_numpy(dtype="datetime64[ns]").astype("datetime64[D]"), return_inverse=True)
+    names = pd.Index(np.datetime_as_string(days, unit="D").astype(object), dtype="str")
+    return pd.Series(names.take(at.ravel()), index=day.index, dtype=names.dtype)
 
 
 def usage_by_day(usage: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
