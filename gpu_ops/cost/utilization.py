@@ -559,6 +559,9 @@ def coverage(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+_MEASURED_SUMS = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")  # summed per group by group_efficiency
+
+
 def group_efficiency(table: pd.DataFrame, rows: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
     """Attribution ``table`` with ``active_gpu_hours``, ``efficiency`` and ``unused_cost_usd``
     per group (summed from the usage rows; NaN for a group without metrics and for idle)."""
@@ -569,9 +572,11 @@ def group_efficiency(table: pd.DataFrame, rows: pd.DataFrame, group_by: Sequence
     if not len(table) or "metered_gpu_hours" not in rows or not key_cols:
         return table.assign(**dict.fromkeys(GROUP_COLUMNS, np.nan))
     alloc = _allocated(rows)
+    if not any(alloc[c].notna().any() for c in _MEASURED_SUMS):  # no metrics on any piece: every group's sums are empty
+        return table.assign(**dict.fromkeys(GROUP_COLUMNS, np.nan))
     keys = key_frame(alloc, list(group_by))
     g = pd.DataFrame({c: keys[c].astype(object).where(keys[c].notna(), "").astype(str).to_numpy() for c in key_cols})
-    for c in ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd"):
+    for c in _MEASURED_SUMS:
         g[c] = alloc[c].to_numpy(dtype=float)
     sums = g.groupby(key_cols, sort=False, as_index=False).sum(min_count=1)
     sums["efficiency"] = sums["active_gpu_hours"] / sums["metered_gpu_hours"]
