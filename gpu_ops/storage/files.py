@@ -45,10 +45,12 @@ class PartitionFiles:
         or not, so that a day without rows reads as a day without rows."""
         keys = list(partition_keys)
         if PARTITION_COLUMN in df.columns:
-            stray = set(df[PARTITION_COLUMN].astype(str)) - set(keys)
+            present = set(pd.unique(df[PARTITION_COLUMN].astype(str)))  # the distinct keys (a set of the rows' would make a string per row)
+            stray = present - set(keys)
             if stray:
                 raise StorageError(f"{name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
-            groups = {k: df[df[PARTITION_COLUMN].astype(str) == k].drop(columns=[PARTITION_COLUMN]) for k in keys}
+            whole = df.drop(columns=[PARTITION_COLUMN])
+            groups = {k: whole if present == {k} else whole[(df[PARTITION_COLUMN].astype(str) == k).to_numpy()] for k in keys}
         elif len(keys) == 1:
             groups = {keys[0]: df}
         else:
