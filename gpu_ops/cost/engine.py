@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.cost import rules as R
 from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
@@ -127,6 +128,7 @@ class UsageEngine:
         sharing, a blank GPU type and count taken from a known instance type)."""
         import duckdb
 
+        freed_blocks_back_at_once()  # the pieces are gathered and converted column by column
         self.prices, self.kind = prices, kind
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")

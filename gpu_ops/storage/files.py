@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.storage.errors import StorageError
 
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
@@ -73,6 +74,7 @@ class PartitionFiles:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        freed_blocks_back_at_once()  # a day's columns, read and converted one after another
         keys = list(partition_keys) if partition_keys is not None else self.partitions(name)
         tables = []
         for key in keys:
