@@ -21,9 +21,11 @@ from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEM
 from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL
+from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
 
 GROUP = "gpu_cost"
+# Steps that load the day's row-level gpu_usage whole: the executor runs them one at a time.
+READS_ROW_LEVEL = {ROW_LEVEL_READER: "true"}
 IO = "table_io_manager"
 COLLECT_JOB = "collect_gpu_usage_job"
 COLLECT_SCHEDULE = "gpu_usage_collect_schedule"
@@ -268,6 +270,7 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
         },
         check_specs=[dg.AssetCheckSpec("conservation", asset="gpu_cost_attribution", description="Attributed cost equals fleet cost (plus usage on nodes outside the inventory); no node over-allocated.")],
         backfill_policy=backfill,
+        op_tags=READS_ROW_LEVEL,
     )
     def gpu_cost_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> Iterator[Any]:  # type: ignore[no-untyped-def]
         yield from _run_attribution(context, gpu_ops, gpu_usage)
@@ -428,6 +431,7 @@ def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfi
         ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None)})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
         backfill_policy=backfill,
+        op_tags=READS_ROW_LEVEL,
     )
     def gpu_roi_report(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage) -> dg.Output:  # type: ignore[no-untyped-def]
         return _run_roi(context, gpu_ops, gpu_usage)

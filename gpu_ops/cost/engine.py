@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.cost import rules as R
 from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
@@ -127,10 +128,16 @@ class UsageEngine:
         sharing, a blank GPU type and count taken from a known instance type)."""
         import duckdb
 
+        freed_blocks_back_at_once()  # the pieces are gathered and converted column by column
         self.prices, self.kind = prices, kind
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET enable_progress_bar = false")
+        # Memory DuckDB frees goes back to the system at once, not kept for later queries:
+        # at a million pieces its allocator otherwise held ~150 MiB of the streamed result
+        # while the step built and stored the day's table.
+        self.con.execute("SET allocator_bulk_deallocation_flush_threshold = '0MB'")
+        self.con.execute("SET allocator_flush_threshold = '16MB'")
         self.parts: list[Part] = []
         self._parts_made = 0
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
@@ -474,29 +481,32 @@ class UsageEngine:
         ``times`` (UTC microseconds, engine name -> name) as datetime64[ns, UTC], text as
         categoricals, numbers as floats, ``row`` as Int64. ``order_by``: result columns
         to order the rows by, applied here one column at a time (an ORDER BY in DuckDB
-        holds a sorted copy of every column: about 300 MiB more at a million pieces)."""
+        holds a sorted copy of every column: about 300 MiB more at a million pieces).
+
+        The result streams out of DuckDB a batch at a time, each batch made compact at
+        once (text dictionary-encoded, numbers as numpy): neither the whole result as
+        Arrow (its text spelled out on every row: 300 MiB at a million pieces) nor
+        DuckDB's buffers for it are held while the frame is built."""
         import pandas as pd
 
         from gpu_ops.cost.usage import utc_series
 
-        got: Any = self.con.sql(sql).to_arrow_table()
-        order, n = _ordering(got, order_by), got.num_rows
-        columns = {c: got.column(c) for c in got.column_names}
-        del got
-
-        def col(c: str) -> Any:  # each Arrow column is let go once converted
-            arrow = columns.pop(c)
-            return arrow if order is None else arrow.take(order)
-
+        parts = _Batches(times, [*text, *(c for c in prov if c != "row")], numbers, "row" in prov, order_by)
+        reader = self.con.sql(sql).to_arrow_reader(_FRAME_BATCH)
+        for batch in reader:
+            parts.add(batch)
+        if not parts.rows:
+            parts.add(_empty_batch(reader.schema))
+        order = parts.ordering()
         out: dict[str, Any] = {}
         for c, name in times.items():
-            out[name] = utc_series(_us_to_ns(col(c)))
-        for c in [*text, *(c for c in prov if c != "row")]:
-            out[c] = _categorical(col(c))
+            out[name] = utc_series(parts.numbers(c, order))
+        for c in parts.text:
+            out[c] = parts.categorical(c, order)
         for c in numbers:
-            out[c] = col(c).to_numpy(zero_copy_only=False).astype(float)
-        if prov:
-            out["row"] = pd.array(col("row").to_pylist(), dtype="Int64") if n < 100_000 else col("row").to_pandas().astype("Int64")
+            out[c] = parts.numbers(c, order)
+        if parts.row:
+            out["row"] = parts.integers("row", order)
         return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
@@ -798,24 +808,88 @@ def _int64(values: Any) -> Any:
     return pd.array(np.asarray(values, np.int64), dtype="Int64")
 
 
-def _ordering(table: Any, keys: Sequence[str]) -> Any:
-    """The row positions that order ``table`` by ``keys`` (None: keep its order)."""
-    if not keys or table.num_rows < 2:
-        return None
-    import numpy as np
-
-    return np.lexsort([table.column(k).to_numpy(zero_copy_only=False) for k in reversed(keys)])
+_FRAME_BATCH = 1 << 17  # rows of the result converted at a time (UsageEngine.frame)
 
 
-def _categorical(col: Any) -> Any:
-    """A text column as a pandas Categorical (its few distinct values once each)."""
-    import pandas as pd
+class _Batches:
+    """A query result gathered batch by batch in compact form: text dictionary-encoded,
+    times and numbers as numpy copies (DuckDB's buffers go back as each batch is done);
+    then ordered and handed over one column at a time, each column let go once handed."""
+
+    def __init__(self, times: dict[str, str], text: list[str], numbers: list[str], row: bool, order_by: Sequence[str]):
+        self.times, self.text, self.row, self.order_by = list(times), text, row, list(order_by)
+        self.number_columns = numbers
+        self.keys = [c for c in self.order_by if c not in times and c not in numbers]  # only to order by
+        self.chunks: dict[str, list[Any]] = {c: [] for c in [*self.times, *text, *numbers, *self.keys, *(["row", "row_null"] if row else [])]}
+        self.rows = 0
+
+    def add(self, batch: Any) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        for c in self.times:
+            self.chunks[c].append(_us_to_ns(batch.column(c)))
+        for c in self.text:
+            self.chunks[c].append(pc.dictionary_encode(batch.column(c).cast(pa.string()).fill_null("")))
+        for c in self.number_columns:
+            self.chunks[c].append(np.array(batch.column(c).to_numpy(zero_copy_only=False), dtype=float))
+        for c in self.keys:
+            self.chunks[c].append(np.array(batch.column(c).to_numpy(zero_copy_only=False), dtype=np.int64))
+        if self.row:
+            row = batch.column("row")
+            self.chunks["row"].append(np.array(row.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64))
+            self.chunks["row_null"].append(np.array(row.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+        self.rows += batch.num_rows
+
+    def _take(self, c: str, order: Any) -> Any:
+        import numpy as np
+
+        chunks = self.chunks.pop(c)
+        whole = np.concatenate(chunks) if len(chunks) != 1 else chunks[0]
+        del chunks
+        return whole if order is None else whole[order]
+
+    def ordering(self) -> Any:
+        """The row positions that order the rows by ``order_by`` (None: keep their order)."""
+        if not self.order_by or self.rows < 2:
+            return None
+        import numpy as np
+
+        keys = [np.concatenate(self.chunks.pop(k) if k in self.keys else self.chunks[k]) for k in reversed(self.order_by)]
+        return np.lexsort(keys)
+
+    def numbers(self, c: str, order: Any) -> Any:
+        return self._take(c, order)
+
+    def integers(self, c: str, order: Any) -> Any:
+        import pandas as pd
+
+        null = self._take(f"{c}_null", order)
+        return pd.arrays.IntegerArray(self._take(c, order), null)
+
+    def categorical(self, c: str, order: Any) -> Any:
+        """Text as a pandas Categorical, its categories in the order they first appear in
+        the (ordered) rows."""
+        import numpy as np
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        chunks = pa.chunked_array(self.chunks.pop(c), pa.dictionary(pa.int32(), pa.string())).unify_dictionaries()
+        words = chunks.chunk(0).dictionary if chunks.num_chunks else pa.array([], pa.string())
+        codes = np.concatenate([np.asarray(ch.indices.to_numpy(zero_copy_only=False), np.int32) for ch in chunks.chunks]) if chunks.num_chunks else np.empty(0, np.int32)
+        del chunks
+        if order is not None:
+            first = pc.dictionary_encode(pa.array(codes[order]))  # codes renumbered as they first appear
+            codes, words = first.indices.to_numpy(zero_copy_only=False), words.take(first.dictionary)
+        return pd.Categorical.from_codes(np.asarray(codes, np.int32), categories=pd.Index(words.to_pylist(), dtype=object))
+
+
+def _empty_batch(schema: Any) -> Any:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    d = pc.dictionary_encode(col.cast(pa.string()).fill_null(""))
-    return pd.Categorical.from_codes(d.indices.to_numpy(zero_copy_only=False).astype("int32"), categories=pd.Index(d.dictionary.to_pylist(), dtype=object))
+    return pa.record_batch([pa.array([], f.type) for f in schema], schema=schema)
 
 
 def _empty_rows() -> Any:

@@ -49,21 +49,21 @@ def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
     """
     if rows.empty:
         rows = pd.DataFrame({c: pd.Series([], dtype=float) for c in ("gpu_hours", "cost_usd", "on_demand_usd", "lost_gpu_hours", "lost_cost_usd", "gpu_count", "gpu_share", "hours", "price_per_gpu_hour", "fleet_gpu_hours")} | {c: pd.Series([], dtype=object) for c in ("team", "kind", "capacity_type", "outcome", "node", "gpu_type", "sharing", "project")})
-    kind = rows["kind"].astype(str).to_numpy()
+    kind = _text(rows["kind"])
     alloc = rows[kind != "idle"]
     idle = rows[kind == "idle"]
-    cap = alloc["capacity_type"].astype(str).to_numpy()
+    cap = _text(alloc["capacity_type"])
     cost = alloc["cost_usd"].to_numpy(dtype=float)
     od = alloc["on_demand_usd"].to_numpy(dtype=float)
     saved = np.nan_to_num(od - cost)
     share = alloc["gpu_share"].to_numpy(dtype=float)
     whole_gpu_cost = alloc["gpu_count"].to_numpy(dtype=float) * alloc["hours"].to_numpy(dtype=float) * alloc["price_per_gpu_hour"].to_numpy(dtype=float)
-    preempted = (alloc["outcome"].astype(str).to_numpy() == "preempted") if "outcome" in alloc else np.zeros(len(alloc), bool)
+    preempted = (_text(alloc["outcome"]) == "preempted") if "outcome" in alloc else np.zeros(len(alloc), bool)
     lost_h = np.where(preempted, alloc["lost_gpu_hours"].to_numpy(dtype=float), 0.0) if "lost_gpu_hours" in alloc else np.zeros(len(alloc))
     lost_usd = np.where(preempted, alloc["lost_cost_usd"].to_numpy(dtype=float), 0.0) if "lost_cost_usd" in alloc else np.zeros(len(alloc))
     metrics = pd.DataFrame(
         {
-            "team": alloc["team"].astype(str).to_numpy(),
+            "team": _text(alloc["team"]),
             "gpu_hours": alloc["gpu_hours"].to_numpy(dtype=float),
             "cost_usd": cost,
             "on_demand_equivalent_usd": od,
@@ -108,6 +108,16 @@ def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
     return table[list(ROI_COLUMNS)]
 
 
+def _text(s: pd.Series) -> np.ndarray:
+    """``s.astype(str).to_numpy()``; for a categorical of text, its few category names
+    shared by the rows (the conversion would make a string object per row: a day's
+    million pieces, ~60 MiB a column)."""
+    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories.dtype):
+        names = np.append(np.asarray(s.cat.categories.astype(str), dtype=object), np.nan)  # code -1 (missing): NaN, as astype gives
+        return names[s.cat.codes.to_numpy()]
+    return s.astype(str).to_numpy()
+
+
 def _rec(kind: str, target: str, detail: str, impact: float) -> dict[str, Any]:
     return {"kind": kind, "target": target, "detail": detail, "impact_usd": round(float(impact), 2)}
 
@@ -131,7 +141,8 @@ def _sharing_candidates(alloc: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
     """Single whole-GPU jobs on MIG-capable GPUs: the cost of the half-GPU slice they would fit if their memory allows."""
     if alloc.empty:
         return {}
-    single = alloc[(alloc["gpu_count"].to_numpy(dtype=float) == 1) & (alloc["sharing"].astype(str).to_numpy() == "none")]
+    whole = (alloc["gpu_count"].to_numpy(dtype=float) == 1) & (_text(alloc["sharing"]) == "none")
+    single = alloc[["team", "project", "gpu_type", "cost_usd", "gpu_hours"]][whole]  # only the columns grouped and summed
     out: dict[str, list[dict[str, Any]]] = {}
     if single.empty:
         return out
@@ -219,7 +230,7 @@ def efficiency_recommendations(alloc: pd.DataFrame, prices: Any = None) -> dict[
         return out
     measured_cost = m["cost_usd"].to_numpy(dtype=float) * m["metered_gpu_hours"].to_numpy(dtype=float) / m["gpu_hours"].to_numpy(dtype=float)
     m = m.assign(_measured_cost=measured_cost)
-    whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & (m["sharing"].astype(str).to_numpy() == "none")]
+    whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & (_text(m["sharing"]) == "none")]
     keys = [whole["team"].astype(str), whole["project"].astype(str), whole["gpu_type"].astype(str), whole["capacity_type"].astype(str)]
     for (team, project, gpu_type, capacity), g in whole.groupby(keys, sort=True):
         rec = _workload_recommendation(f"{team}/{project}", gpu_type, capacity, g, prices)

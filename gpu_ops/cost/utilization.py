@@ -350,7 +350,7 @@ def measured_rows(config: UtilizationConfig | None, rows: pd.DataFrame, window_s
     it cannot be read, or answers something malformed, the window has no metrics (every
     efficiency column empty, coverage 0) and :attr:`Measurement.missing` says why.
     """
-    alloc = rows[rows["kind"].astype(str) != "idle"] if "kind" in rows and len(rows) else rows
+    alloc = _allocated(rows)
     if config is None or not len(alloc):
         return Measurement(join_efficiency(rows, None, 0.0))
     client = PrometheusClient(config)
@@ -485,51 +485,66 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
     return out
 
 
+def _all_nan(rows: pd.DataFrame, c: str) -> bool:
+    return c in rows and rows[c].dtype == np.float64 and bool(rows[c].isna().all())
+
+
 def join_efficiency(rows: pd.DataFrame, samples: pd.DataFrame | None, step_s: float) -> pd.DataFrame:
     """``rows`` (priced usage pieces, idle rows too) with :data:`EFFICIENCY_COLUMNS` added.
 
     ``samples``: per-pod steps from :func:`fetch_samples` (None: no utilisation source;
     every column NaN). Idle rows and pieces without any metrics stay NaN.
     """
+    from gpu_ops.cost.attribution import is_idle
+
     n = len(rows)
+    if samples is None or not len(samples) or not n:  # no metrics: columns already empty stay as they are (no second copy)
+        return rows.assign(**{c: np.full(n, np.nan) for c in EFFICIENCY_COLUMNS if not _all_nan(rows, c)})
     cols = {c: np.full(n, np.nan) for c in EFFICIENCY_COLUMNS}
-    if samples is not None and len(samples) and n:
-        step_ms = int(round(step_s * 1000))
-        sample_sid, row_sid = _series_ids(rows, samples)
-        if "kind" in rows:
-            row_sid = np.where(rows["kind"].astype(str).to_numpy() == "idle", -1, row_sid)
-        has = np.flatnonzero(row_sid >= 0)
-        steps = _steps(samples, sample_sid, step_ms)
-        sid = row_sid[has]
-        a = _ms(rows["start"].iloc[has])
-        b = _ms(rows["end"].iloc[has])
-        act_a, cov_a = steps.integral(sid, a)
-        act_b, cov_b = steps.integral(sid, b)
-        covered = cov_b - cov_a
-        scale = rows["gpu_count"].to_numpy(dtype=float)[has] * rows["gpu_share"].to_numpy(dtype=float)[has] / MS_PER_HOUR
-        metered = np.where(covered > 0, covered * scale, np.nan)
-        active = np.where(covered > 0, (act_b - act_a) * scale, np.nan)
-        price = pd.to_numeric(rows["price_per_gpu_hour"].iloc[has], errors="coerce").to_numpy(dtype=float)
-        # Steps overlapping [a, b): end > a and start < b.
-        lo = np.searchsorted(steps.key, steps.composite(sid, a), side="right")
-        hi = np.searchsorted(steps.key, steps.composite(sid, b + step_ms), side="left")
-        hi = np.maximum(lo, hi)
-        cols["active_gpu_hours"][has] = active
-        cols["metered_gpu_hours"][has] = metered
-        cols["efficiency"][has] = active / metered
-        cols["unused_cost_usd"][has] = (metered - active) * price
-        cols["activity_peak"][has] = np.where(covered > 0, _range_max(steps.activity, lo, hi), np.nan)
-        cols["memory_peak_mib"][has] = np.where(covered > 0, _range_max(steps.memory_peak, lo, hi), np.nan)
-        cols["memory_total_mib"][has] = np.where(covered > 0, _range_max(steps.memory_total, lo, hi), np.nan)
+    step_ms = int(round(step_s * 1000))
+    sample_sid, row_sid = _series_ids(rows, samples)
+    if "kind" in rows:
+        row_sid = np.where(is_idle(rows), -1, row_sid)
+    has = np.flatnonzero(row_sid >= 0)
+    steps = _steps(samples, sample_sid, step_ms)
+    sid = row_sid[has]
+    a = _ms(rows["start"].iloc[has])
+    b = _ms(rows["end"].iloc[has])
+    act_a, cov_a = steps.integral(sid, a)
+    act_b, cov_b = steps.integral(sid, b)
+    covered = cov_b - cov_a
+    scale = rows["gpu_count"].to_numpy(dtype=float)[has] * rows["gpu_share"].to_numpy(dtype=float)[has] / MS_PER_HOUR
+    metered = np.where(covered > 0, covered * scale, np.nan)
+    active = np.where(covered > 0, (act_b - act_a) * scale, np.nan)
+    price = pd.to_numeric(rows["price_per_gpu_hour"].iloc[has], errors="coerce").to_numpy(dtype=float)
+    # Steps overlapping [a, b): end > a and start < b.
+    lo = np.searchsorted(steps.key, steps.composite(sid, a), side="right")
+    hi = np.searchsorted(steps.key, steps.composite(sid, b + step_ms), side="left")
+    hi = np.maximum(lo, hi)
+    cols["active_gpu_hours"][has] = active
+    cols["metered_gpu_hours"][has] = metered
+    cols["efficiency"][has] = active / metered
+    cols["unused_cost_usd"][has] = (metered - active) * price
+    cols["activity_peak"][has] = np.where(covered > 0, _range_max(steps.activity, lo, hi), np.nan)
+    cols["memory_peak_mib"][has] = np.where(covered > 0, _range_max(steps.memory_peak, lo, hi), np.nan)
+    cols["memory_total_mib"][has] = np.where(covered > 0, _range_max(steps.memory_total, lo, hi), np.nan)
     return rows.assign(**cols)
 
 
 # --------------------------------------------------------------------------- summaries
 
 
+def _allocated(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that are not idle (``rows`` itself when none is: no copy, no text column built)."""
+    from gpu_ops.cost.attribution import is_idle
+
+    idle = is_idle(rows)
+    return rows[~idle] if idle.any() else rows
+
+
 def coverage(rows: pd.DataFrame) -> dict[str, Any]:
     """Fraction of allocated GPU-hours with metrics, and the fleet's efficiency over them."""
-    alloc = rows[rows["kind"].astype(str) != "idle"] if "kind" in rows else rows
+    alloc = _allocated(rows)
     gh = float(alloc["gpu_hours"].sum()) if len(alloc) else 0.0
     if "metered_gpu_hours" not in alloc:
         return {"metered_gpu_hours": 0.0, "coverage": None, "efficiency": None, "active_gpu_hours": None, "unused_cost_usd": None}
@@ -544,6 +559,9 @@ def coverage(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+_MEASURED_SUMS = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")  # summed per group by group_efficiency
+
+
 def group_efficiency(table: pd.DataFrame, rows: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
     """Attribution ``table`` with ``active_gpu_hours``, ``efficiency`` and ``unused_cost_usd``
     per group (summed from the usage rows; NaN for a group without metrics and for idle)."""
@@ -553,10 +571,12 @@ def group_efficiency(table: pd.DataFrame, rows: pd.DataFrame, group_by: Sequence
     key_cols = [key_column(k) for k in group_by]
     if not len(table) or "metered_gpu_hours" not in rows or not key_cols:
         return table.assign(**dict.fromkeys(GROUP_COLUMNS, np.nan))
-    alloc = rows[rows["kind"].astype(str) != "idle"] if "kind" in rows else rows
+    alloc = _allocated(rows)
+    if not any(alloc[c].notna().any() for c in _MEASURED_SUMS):  # no metrics on any piece: every group's sums are empty
+        return table.assign(**dict.fromkeys(GROUP_COLUMNS, np.nan))
     keys = key_frame(alloc, list(group_by))
     g = pd.DataFrame({c: keys[c].astype(object).where(keys[c].notna(), "").astype(str).to_numpy() for c in key_cols})
-    for c in ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd"):
+    for c in _MEASURED_SUMS:
         g[c] = alloc[c].to_numpy(dtype=float)
     sums = g.groupby(key_cols, sort=False, as_index=False).sum(min_count=1)
     sums["efficiency"] = sums["active_gpu_hours"] / sums["metered_gpu_hours"]

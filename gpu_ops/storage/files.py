@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.storage.errors import StorageError
 
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
@@ -45,10 +46,12 @@ class PartitionFiles:
         or not, so that a day without rows reads as a day without rows."""
         keys = list(partition_keys)
         if PARTITION_COLUMN in df.columns:
-            stray = set(df[PARTITION_COLUMN].astype(str)) - set(keys)
+            present = set(pd.unique(df[PARTITION_COLUMN].astype(str)))  # the distinct keys (a set of the rows' would make a string per row)
+            stray = present - set(keys)
             if stray:
                 raise StorageError(f"{name}: rows for partitions {sorted(stray)[:5]} outside the ones written {keys[:5]}")
-            groups = {k: df[df[PARTITION_COLUMN].astype(str) == k].drop(columns=[PARTITION_COLUMN]) for k in keys}
+            whole = df.drop(columns=[PARTITION_COLUMN])
+            groups = {k: whole if present == {k} else whole[(df[PARTITION_COLUMN].astype(str) == k).to_numpy()] for k in keys}
         elif len(keys) == 1:
             groups = {keys[0]: df}
         else:
@@ -71,6 +74,7 @@ class PartitionFiles:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        freed_blocks_back_at_once()  # a day's columns, read and converted one after another
         keys = list(partition_keys) if partition_keys is not None else self.partitions(name)
         tables = []
         for key in keys:
@@ -86,7 +90,11 @@ class PartitionFiles:
         if not tables:
             return pd.DataFrame()
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-        return table.to_pandas(split_blocks=True, self_destruct=True)
+        del tables
+        df = table.to_pandas(split_blocks=True, self_destruct=True)
+        del table
+        pa.default_memory_pool().release_unused()  # what reading the files took and let go (~60 MiB a million rows) goes back now
+        return df
 
     def sql_view(self, con: Any, name: str, view: str | None = None) -> None:
         """Create (or replace) the DuckDB view ``view`` (default: ``name``) over every
@@ -114,16 +122,32 @@ class PartitionFiles:
 
 def _write_slices(df: pd.DataFrame, path: Path) -> None:
     """One row group per slice of the frame: Arrow holds one slice at a time, not a copy
-    of the whole frame."""
+    of the whole frame. A categorical column's categories are converted to Arrow once,
+    each slice a dictionary array of its codes over them (converting the slice would
+    convert every category again: a day's million pods, four times over)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.Schema.from_pandas(df, preserve_index=False)  # types from all rows, not the first slice
+    categorical = [c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)]
+    words = {c: pa.array(df[c].cat.categories.to_numpy(dtype=object), type=schema.field(c).type.value_type) for c in categorical}
     # A categorical column with about one category per row (a day's pods) gains nothing from
     # a dictionary page that overflows anyway: written plain (a quarter of the write time
     # at a million rows), read back as the same categorical.
-    plain = {c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype) and len(df[c].cat.categories) > len(df) // 2}
+    plain = {c for c in categorical if len(df[c].cat.categories) > len(df) // 2}
     dictionary: bool | list[str] = [c for c in df.columns if c not in plain] if plain else True
+    others = pa.schema([f for f in schema if f.name not in words])
     with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary) as writer:
         for at in range(0, max(len(df), 1), ROW_GROUP):
-            writer.write_table(pa.Table.from_pandas(df.iloc[at : at + ROW_GROUP], schema=schema, preserve_index=False))
+            part = df.iloc[at : at + ROW_GROUP]
+            rest = pa.Table.from_pandas(part.drop(columns=categorical), schema=others, preserve_index=False)
+            columns = [_dictionary(part[c], words[c], schema.field(c).type) if c in words else rest.column(c) for c in df.columns]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+
+
+def _dictionary(s: pd.Series, words: Any, kind: Any) -> Any:
+    """A categorical slice as an Arrow dictionary array over ``words`` (its categories, converted once)."""
+    import pyarrow as pa
+
+    codes = s.cat.codes.to_numpy()
+    return pa.DictionaryArray.from_arrays(pa.array(codes, type=kind.index_type, mask=codes < 0), words, ordered=kind.ordered)

@@ -27,6 +27,10 @@ GROUPED = "gpu_ops/grouped"
 # `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
 # `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
 ROW_LEVEL = "gpu_ops/row_level"
+# An op tag (`op_tags={ROW_LEVEL_READER: "true"}`) of the steps that load a row-level table
+# whole (a day's million usage pieces): the code location's executor runs them one at a
+# time (gpu_ops.training.definitions), so their peaks never add up in one run.
+ROW_LEVEL_READER = "gpu_ops/row_level_reader"
 # `dg.AssetOut(metadata={COLUMN_SCHEMA: dg.TableSchema(...)})`: the table's columns; a read of it
 # before any partition was written gives them, typed, with no rows (instead of a frame without columns).
 COLUMN_SCHEMA = "dagster/column_schema"

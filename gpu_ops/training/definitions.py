@@ -29,6 +29,7 @@ import dagster as dg
 
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.storage.io_manager import ROW_LEVEL_READER
 from gpu_ops.training.asset import gpu_asset, gpu_run_tags
 from gpu_ops.training.demo import train_demo
 from gpu_ops.training.policy import PreemptionPolicy
@@ -126,14 +127,22 @@ class _ForkserverOfTheRun(dg.Executor):
             _stop_forkserver()
 
 
+# Steps that load a row-level table whole run one at a time (gpu_cost_attribution and
+# gpu_roi_report each hold a day's pieces: side by side, two such peaks in one run).
+ROW_LEVEL_READERS_AT_ONCE = [{"key": ROW_LEVEL_READER, "limit": 1}]
+
+
 def _with_forkserver(config: Mapping[str, Any], preload: Sequence[str]) -> dict[str, Any]:
     """The run's executor config, its multiprocess mode with ``forkserver`` unless the run
-    names a start method (``in_process`` stays as it is)."""
+    names a start method, and :data:`ROW_LEVEL_READERS_AT_ONCE` unless it names its own
+    tag concurrency limits (``in_process`` stays as it is)."""
     config = dict(config)
     if "multiprocess" in config:
         multiprocess = dict(config["multiprocess"] or {})
         if not multiprocess.get("start_method"):
             multiprocess["start_method"] = {"forkserver": {"preload_modules": list(preload)}}
+        if multiprocess.get("tag_concurrency_limits") is None:
+            multiprocess["tag_concurrency_limits"] = list(ROW_LEVEL_READERS_AT_ONCE)
         config["multiprocess"] = multiprocess
     return config
 

@@ -281,6 +281,19 @@ def test_definitions_register_assets_checks_and_the_daily_schedule():
     assert partitions.get_first_partition_key() == "2026-10-01"
 
 
+
+def test_the_steps_that_read_row_level_usage_whole_are_tagged_to_run_one_at_a_time():
+    """Attribution and ROI each load the day's pieces; the executor runs steps tagged
+    ROW_LEVEL_READER one at a time, so their peaks never add up (the run-config test is
+    in gpu_ops_tests/training/test_executor.py)."""
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.storage.io_manager import ROW_LEVEL_READER
+
+    assets, _ = build_assets(load_config())
+    tagged = {k.to_user_string() for a in assets for k in a.keys if ROW_LEVEL_READER in a.op.tags}
+    assert tagged == {"gpu_cost_attribution", "gpu_cost_daily", "gpu_roi_report"}
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 

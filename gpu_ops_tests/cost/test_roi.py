@@ -75,3 +75,14 @@ def test_idle_waste_matches_attribution_and_names_the_node():
 def test_empty_day_gives_a_zero_total_row():
     r, _ = report(rows=[row("2026-09-01T00:00:00Z", "2026-09-01T01:00:00Z")])
     assert list(r.index) == [TOTAL] and r.loc[TOTAL, "cost_usd"] == 0.0
+
+
+def test_the_report_is_the_same_from_categorical_or_plain_text_columns():
+    """The pieces come as categoricals (the engine, the Parquet store) or plain text (a SQL
+    table); a missing value among them too: the report does not depend on which."""
+    _, p = report(ROWS, inv=[{"node": "n1", "gpu_type": "a100-80gb", "gpu_count": 8}])
+    cat = p.rows.reset_index(drop=True)
+    cat["outcome"] = pd.Categorical(cat["outcome"].astype(object).where(cat.index != 0, None))
+    plain = cat.assign(**{c: cat[c].astype(object) for c in cat.columns if isinstance(cat[c].dtype, pd.CategoricalDtype)})
+    assert any(isinstance(cat[c].dtype, pd.CategoricalDtype) for c in ("team", "kind", "capacity_type", "sharing"))
+    pd.testing.assert_frame_equal(roi_report(cat, MATRIX), roi_report(plain, MATRIX))

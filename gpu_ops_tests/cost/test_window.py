@@ -360,3 +360,28 @@ def test_a_range_backfill_in_one_run_equals_day_by_day_runs(tmp_path):
         a, b = (plain(x).sort_values(key).reset_index(drop=True) for x in (a, b))
         assert len(a) > 0 and sorted(a["partition_key"].unique()) == [d.isoformat() for d in Window.of_days(first, last).days()]
         assert_same_rows(a, b)
+
+
+def test_columns_no_piece_has_are_one_shared_value_and_are_stored_the_same(tmp_path):
+    """The day's table keeps a text or number column that no source has (run_id, the lost
+    time, the efficiency columns without metrics) as one value every row sees: no array
+    per column, read-only (a copy is writable); stored, it reads back as the table with
+    arrays of its own does."""
+    from gpu_ops._gc import freed_blocks_back_at_once
+    from gpu_ops.storage.files import PartitionFiles
+
+    write_parquet(intervals(DAY), tmp_path / f"usage-{DAY}.parquet")
+    got = usage_for_days(SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path), None, MATRIX, DAY).table
+    for c in ("run_id", "outcome", "lost_gpu_hours", "efficiency", "fleet_cost_usd"):
+        assert got[c].to_numpy().strides == (0,), c
+    own = got.assign(**{c: got[c].to_numpy().copy() for c in got.columns if got[c].dtype in (np.float64, object)})
+    files = PartitionFiles(tmp_path / "rows")
+    files.write("shared", got, [DAY.isoformat()])
+    files.write("own", own, [DAY.isoformat()])
+    pd.testing.assert_frame_equal(files.read("shared", [DAY.isoformat()]), files.read("own", [DAY.isoformat()]))
+    with pytest.raises(ValueError, match="read-only"):
+        got.loc[0, "run_id"] = "x"
+    copy = got.copy()
+    copy.loc[0, "run_id"] = "x"
+    assert copy.loc[0, "run_id"] == "x" and got.loc[0, "run_id"] == ""
+    assert freed_blocks_back_at_once() or not Path("/proc/self/maps").exists()  # set on Linux (glibc)

@@ -65,6 +65,30 @@ def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_t
     assert back["pod"].isna().sum() == n // 1000 and isinstance(back["pod"].dtype, pd.CategoricalDtype)
 
 
+@pytest.mark.parametrize("n", [0, 7, 300_000])
+def test_categoricals_of_every_kind_read_back_as_arrow_converts_the_whole_frame(tmp_path, n):
+    """Each slice's categoricals are built from categories converted once: the file reads
+    back as Arrow's conversion of the whole frame does (missing values, ordered, numbers
+    as categories, unused categories, several row groups, no rows)."""
+    import pyarrow as pa
+
+    files = PartitionFiles(tmp_path)
+    df = pd.DataFrame({
+        "team": pd.Categorical([["nlp", None, "vision"][i % 3] for i in range(n)], categories=["vision", "nlp", "unused"]),
+        "size": pd.Categorical([i % 4 for i in range(n)], categories=[3, 2, 1, 0], ordered=True),
+        "pod": pd.Categorical([f"pod-{i}" for i in range(n)]),
+        "note": [""] * n,
+        "cost_usd": [0.5 * i for i in range(n)],
+    })
+    files.write("usage", df, ["2026-10-01"])
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp_path / "whole.parquet")
+    stored, expected = pq.read_table(files.path("usage", "2026-10-01")), pq.read_table(tmp_path / "whole.parquet")
+    assert stored.schema.equals(expected.schema, check_metadata=True)
+    pd.testing.assert_frame_equal(files.read("usage", ["2026-10-01"]), expected.to_pandas(), check_categorical=False)
+
+
 def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path):
     import duckdb
 

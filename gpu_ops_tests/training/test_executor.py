@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
+from gpu_ops.storage.io_manager import ROW_LEVEL_READER
 from gpu_ops.training.definitions import STEP_PRELOAD, training_executor
 
 PROBE = "gpu_ops.storage.tables"  # preloaded; imported neither by this module nor by Dagster
@@ -68,3 +70,50 @@ def test_step_processes_fork_from_a_preloaded_forkserver_unless_the_run_asks_for
         assert not spawned["preloaded"]  # a new interpreter imports only what the job needs
         in_process = run(instance, {"execution": {"config": {"in_process": {}}}})
         assert in_process["parent"] == os.getppid()  # the step ran in this process
+
+
+# Steps that read a row-level table whole (a day's million usage pieces) run one at a time:
+# side by side on a small machine their peaks add up (issue 19: the daily job's memory).
+def _reader(name: str, other: str) -> dg.OpDefinition:
+    @dg.op(name=name, tags={ROW_LEVEL_READER: "true"})
+    def reader(root: str) -> bool:
+        """Running, wait for the other reader to start: True if it did while this one ran."""
+        here, there = Path(root) / name, Path(root) / other
+        here.touch()
+        try:
+            for _ in range(40):  # up to 2 s for the other reader to show up
+                if there.exists():
+                    return True
+                time.sleep(0.05)
+            return False
+        finally:
+            here.unlink()
+
+    return reader
+
+
+@dg.op
+def scratch_dir() -> str:
+    return os.environ["GPU_OPS_EXECUTOR_TEST_DIR"]
+
+
+@dg.job(executor_def=training_executor())
+def two_readers_job() -> None:
+    root = scratch_dir()
+    _reader("reader_a", "reader_b")(root)
+    _reader("reader_b", "reader_a")(root)
+
+
+def test_steps_that_read_a_row_level_table_whole_run_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_OPS_EXECUTOR_TEST_DIR", str(tmp_path))
+
+    def overlapped(multiprocess: dict) -> bool:
+        with dg.execute_job(dg.reconstructable(two_readers_job), instance=instance, run_config={"execution": {"config": {"multiprocess": multiprocess}}}) as result:
+            assert result.success
+            return result.output_for_node("reader_a") or result.output_for_node("reader_b")
+
+    (tmp_path / "home").mkdir()
+    with dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home")) as instance:
+        assert not overlapped({"max_concurrent": 3})
+        # A run config's own limits are the run's: then the two readers do run side by side.
+        assert overlapped({"max_concurrent": 3, "tag_concurrency_limits": [{"key": ROW_LEVEL_READER, "limit": 2}]})
