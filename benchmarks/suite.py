@@ -9,7 +9,8 @@ with that many busy CPU-bound processes beside the suite for its whole run (othe
 a shared 2-core machine). The clone uses this checkout's virtual environment (the package
 is put first on PYTHONPATH, so the clone's code is what runs). Prints, for each run, the
 pytest wall time beside the budget (12 minutes), the result counts and the load average
-(min / median / max, sampled every 10 s). With --write-docs the table in
+(min / median / max, sampled every 10 s), and keeps each run's whole output under
+/tmp/gpu_ops_suite/. With --write-docs the table in
 docs/development.md between its markers is replaced by these figures (the date, the
 machine and what ran beside); gpu_ops_tests/foundation/test_suite_size.py checks that the
 table's counts add up to the suite the page says it collects.
@@ -34,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "development.md"
 BUDGET_S = 12 * 60
+LOGS = Path(tempfile.gettempdir()) / "gpu_ops_suite"  # each run's whole pytest output
 START, END = "<!-- suite figures: written by benchmarks/suite.py -->", "<!-- end of suite figures -->"
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s", re.M)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?|deselected)")
@@ -76,13 +78,19 @@ def run_suite(clone: Path, n_busy: int) -> dict[str, object]:
     sampler.start()
     t0 = time.monotonic()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider", "--durations=25"],
                              cwd=clone, env=env, capture_output=True, text=True)
     finally:
         for w in workers:
             w.terminate()
         sampler.stop.set()
     wall = time.monotonic() - t0
+    log = LOGS / f"suite-busy{n_busy}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(out.stdout + out.stderr)
+    for line in out.stdout.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"  {line}", flush=True)
     found = SUMMARY.findall(out.stdout)
     if not found:
         raise SystemExit(f"no pytest summary (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
