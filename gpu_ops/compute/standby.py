@@ -197,16 +197,40 @@ class Standby:
         except OSError:
             pass
 
-    def stop(self) -> None:
-        """End the keeper and its worker now, and reap the keeper."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End the keeper and its worker now, and reap the keeper. A keeper that does not
+        end within ``grace_s`` of SIGTERM (stopped, or starved of CPU) is SIGKILLed, and
+        its record removed here: it cannot remove it itself, and a record left behind
+        would outlive the run."""
         self.park()
-        if self.proc.poll() is None:
+        if not self._terminate(grace_s):
+            self.proc.kill()  # its worker follows it (it watches its parent)
+            # Dead but not reaped: its pid cannot be reused while its record is removed.
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            self._remove_record()
+            self.proc.wait()
+
+    def _terminate(self, grace_s: float) -> bool:
+        """SIGTERM until it ends or ``grace_s`` passes; True when it ended. Sent again
+        every 0.1 s: a keeper started by a process that ignores SIGTERM inherits that
+        (SIG_IGN survives exec) until its own handler is in place, and a SIGTERM sent in
+        between is discarded."""
+        deadline = time.monotonic() + grace_s
+        while self.proc.poll() is None:
+            if time.monotonic() >= deadline:
+                return False
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
-                self.proc.kill()  # its worker follows it (it watches its parent)
-                self.proc.wait()
+                pass
+        return True
+
+    def _remove_record(self) -> None:
+        for path in self.scope.records(self.rank):
+            rec = _read(path) or {}
+            if rec.get("keeper_pid") == self.proc.pid:
+                _remove_stale(path, rec)
 
 
 Popen = Callable[[list[str], dict[str, str], Any, Any, Any], subprocess.Popen]

@@ -17,6 +17,7 @@ from pathlib import Path
 from gpu_ops.compute.backend import WorkerExit
 from gpu_ops.compute.local import LocalBackend
 from gpu_ops.compute.standby import StandbyScope, discard, rendezvous_files
+from gpu_ops.compute.standby import start as standby_start
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.compute.test_local import Recorder, _alive, _phase_line
 from gpu_ops_tests.waiting import wait_until
@@ -135,6 +136,43 @@ def test_a_stale_rendezvous_is_ignored_and_removed(tmp_path: Path) -> None:
     b.stop_spares()
     b.teardown()
     assert wait_until(lambda: rendezvous_files(s.folder) == [])
+
+
+def test_a_keeper_that_does_not_end_on_sigterm_is_killed_and_its_record_removed(tmp_path: Path) -> None:
+    """A keeper starved of CPU (or stopped) past the grace cannot remove its own record:
+    the holder that SIGKILLs it removes it, so nothing is left for the next run to sweep."""
+    s = scope(tmp_path)
+    b = LocalBackend(name="a1", workdir=tmp_path / "work", standby=s, warm=("json",))
+    assert b.run(worker_fns.add, (1, 1), env={"GPU_OPS_TEST_VALUE": "v"}, log=Recorder()).ok
+    assert wait_until(lambda: len(rendezvous_files(s.folder)) == 1)  # the spare's keeper has written its record
+    (spare,) = b.spares
+    rec = json.loads(rendezvous_files(s.folder)[0].read_text())
+    os.kill(spare.proc.pid, signal.SIGSTOP)  # it will not act on SIGTERM
+    spare.stop(grace_s=0.5)
+    assert spare.proc.returncode == -signal.SIGKILL
+    assert rendezvous_files(s.folder) == [] and not Path(rec["socket"]).exists()
+    assert wait_until(lambda: not _alive(rec["worker_pid"]))  # its worker followed it
+    b.spares = []
+    b.teardown()
+
+
+def test_a_keeper_started_by_a_process_that_ignores_sigterm_still_ends_when_stopped(tmp_path: Path) -> None:
+    """SIG_IGN survives exec: a keeper stopped before its own SIGTERM handler is in place
+    would drop the signal and sit out the grace (the suite's pytest workers can ignore
+    SIGTERM after some tests). The holder sends it again until the keeper acts on it."""
+    s = scope(tmp_path)
+
+    def popen(cmd: list[str], env: dict[str, str], stdin: object, stdout: object, stderr: object) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        spare = standby_start(s, 0, dict(os.environ), "digest", [sys.executable, "-m", "gpu_ops.compute.worker", "--standby"], popen)
+        spare.stop(grace_s=30)  # at once: before the keeper can have installed its handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert spare.proc.returncode == 0  # it ended by itself, not SIGKILLed after the grace
+    assert rendezvous_files(s.folder) == []
 
 
 def attempt_process(tmp_path: Path, fn: str) -> subprocess.Popen:
