@@ -212,9 +212,10 @@ class Standby:
 
     def _terminate(self, grace_s: float) -> bool:
         """SIGTERM until it ends or ``grace_s`` passes; True when it ended. Sent again
-        every 0.1 s: a keeper started by a process that ignores SIGTERM inherits that
-        (SIG_IGN survives exec) until its own handler is in place, and a SIGTERM sent in
-        between is discarded."""
+        every 0.1 s, because one that arrives before the keeper's own handler is in place
+        can be lost: between fork and exec the child still runs its parent's handler
+        (Dagster installs one in step processes), and a parent that ignores SIGTERM
+        passes SIG_IGN on through exec."""
         deadline = time.monotonic() + grace_s
         while self.proc.poll() is None:
             if time.monotonic() >= deadline:

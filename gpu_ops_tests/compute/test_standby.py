@@ -157,9 +157,10 @@ def test_a_keeper_that_does_not_end_on_sigterm_is_killed_and_its_record_removed(
 
 
 def test_a_keeper_started_by_a_process_that_ignores_sigterm_still_ends_when_stopped(tmp_path: Path) -> None:
-    """SIG_IGN survives exec: a keeper stopped before its own SIGTERM handler is in place
-    would drop the signal and sit out the grace (the suite's pytest workers can ignore
-    SIGTERM after some tests). The holder sends it again until the keeper acts on it."""
+    """A SIGTERM that reaches a keeper before its own handler is in place can be lost
+    (SIG_IGN survives exec; between fork and exec the parent's Python handler runs), and
+    the keeper would sit out the grace and be SIGKILLed. The holder sends it again until
+    the keeper acts on it."""
     s = scope(tmp_path)
 
     def popen(cmd: list[str], env: dict[str, str], stdin: object, stdout: object, stderr: object) -> subprocess.Popen:
