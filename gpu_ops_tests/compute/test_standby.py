@@ -172,7 +172,9 @@ def test_a_keeper_started_by_a_process_that_ignores_sigterm_still_ends_when_stop
         spare.stop(grace_s=30)  # at once: before the keeper can have installed its handler
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert spare.proc.returncode == 0  # it ended by itself, not SIGKILLed after the grace
+    # It ended within the grace, not SIGKILLed after it (0, or -SIGTERM when a repeated
+    # SIGTERM lands during interpreter shutdown, once the handlers are reset).
+    assert spare.proc.returncode in (0, -signal.SIGTERM)
     assert rendezvous_files(s.folder) == []
 
 
