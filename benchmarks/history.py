@@ -333,19 +333,36 @@ def tree_rss_mib(pid: int) -> float:
     return sum(tree_rss(pid).values()) / 2**20
 
 
-def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str, dict[int, float]]:
+def process_label(pid: int) -> str:
+    """What a process of the job's tree is, from its command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+    for needle, label in (("forkserver import main", "forkserver or a step forked from it"), ("resource_tracker", "resource tracker"), ("watch_orphans", "watch_orphans"), ("tail -F", "tail"), ("asset materialize", "the run (dagster CLI)")):
+        if needle in cmd:
+            return label
+    return cmd[:40]
+
+
+def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str, dict[int, float], dict[int, tuple[str, float]]]:
     """Run ``cmd`` (a whole process tree) sampling its summed RSS every 50 ms:
-    (wall s, process-tree peak MiB, output, peak MiB of each process of the tree)."""
+    (wall s, process-tree peak MiB, output, peak MiB of each process of the tree, each
+    process's MiB and label at the tree's peak)."""
     import subprocess
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     peak, out, per_pid = 0.0, [], {}
+    at_peak: dict[int, tuple[str, float]] = {}
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
     reader.start()
     while proc.poll() is None:
         now = tree_rss(proc.pid)
-        peak = max(peak, sum(now.values()) / 2**20)
+        if sum(now.values()) / 2**20 > peak:
+            peak = sum(now.values()) / 2**20
+            at_peak = {p: (process_label(p), b / 2**20) for p, b in now.items()}
         for p, b in now.items():
             per_pid[p] = max(per_pid.get(p, 0.0), b / 2**20)
         time.sleep(0.05)
@@ -353,7 +370,7 @@ def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str
     text = out[0].decode(errors="replace") if out else ""
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{text[-3000:]}")
-    return time.perf_counter() - t0, peak, text, per_pid
+    return time.perf_counter() - t0, peak, text, per_pid, at_peak
 
 
 def step_profile(home: Path, per_pid: dict[int, float]) -> list[tuple[str, float, float, float]]:
@@ -381,6 +398,15 @@ def step_profile(home: Path, per_pid: dict[int, float]) -> list[tuple[str, float
         ended = at.get((k, "STEP_SUCCESS"), at.get((k, "STEP_FAILURE"), float("nan")))
         out.append((k, at[(k, "STEP_START")] - launched, ended - at[(k, "STEP_START")], per_pid.get(pids[k], float("nan"))))
     return out
+
+
+def step_pids(home: Path) -> dict[int, str]:
+    """pid -> "step <key>" of the latest run's steps in the Dagster instance at ``home``."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_runs(limit=1)[0]
+        return {e.dagster_event.pid: f"step {e.step_key}" for e in instance.all_logs(run.run_id) if e.step_key and e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_START" and e.dagster_event.pid is not None}
 
 
 COST_ASSETS = "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_roi_report,gpu_budget_status"
@@ -431,13 +457,17 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
                         other = MONTH + dt.timedelta(days=i)
                         store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
                 cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
-                wall, peak, _, per_pid = run_job_tree(cmd, env)
+                wall, peak, _, per_pid, at_peak = run_job_tree(cmd, env)
                 rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
                 read = len(budget_read(config, store, d))
                 print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,} {read:>21,}", flush=True)
                 if args.steps:
-                    for step, boot, secs, mib in step_profile(home, per_pid):
+                    profile = step_profile(home, per_pid)
+                    for step, boot, secs, mib in profile:
                         print(f"{'':<12} {'':>4} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak", flush=True)
+                    steps = step_pids(home)
+                    moment = sorted(((steps.get(p, label), mib) for p, (label, mib) in at_peak.items()), key=lambda x: -x[1])
+                    print(f"{'':<12} {'':>4} {'':>8} {'':>14}   at the tree's peak: " + ", ".join(f"{label} {mib:.0f}" for label, mib in moment), flush=True)
             TableStore.dispose_all()
     print(load_note())
 

@@ -128,9 +128,9 @@ def _write_slices(df: pd.DataFrame, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.Schema.from_pandas(df, preserve_index=False)  # types from all rows, not the first slice
+    schema = _plain_text(pa.Schema.from_pandas(df, preserve_index=False))  # types from all rows, not the first slice
     categorical = [c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)]
-    words = {c: pa.array(df[c].cat.categories.to_numpy(dtype=object), type=schema.field(c).type.value_type) for c in categorical}
+    words = {c: _words(df[c].cat.categories, schema.field(c).type.value_type) for c in categorical}
     # A categorical column with about one category per row (a day's pods) gains nothing from
     # a dictionary page that overflows anyway: written plain (a quarter of the write time
     # at a million rows), read back as the same categorical.
@@ -143,6 +143,27 @@ def _write_slices(df: pd.DataFrame, path: Path) -> None:
             rest = pa.Table.from_pandas(part.drop(columns=categorical), schema=others, preserve_index=False)
             columns = [_dictionary(part[c], words[c], schema.field(c).type) if c in words else rest.column(c) for c in df.columns]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+
+
+def _plain_text(schema: Any) -> Any:
+    """``schema`` with a dictionary of Arrow-backed text categories (``large_string``
+    values) as ``string`` values: the file Python-string categories give."""
+    import pyarrow as pa
+
+    for i, f in enumerate(schema):
+        if pa.types.is_dictionary(f.type) and pa.types.is_large_string(f.type.value_type):
+            schema = schema.set(i, f.with_type(pa.dictionary(f.type.index_type, pa.string(), f.type.ordered)))
+    return schema
+
+
+def _words(categories: pd.Index, kind: Any) -> Any:
+    """A categorical's categories as an Arrow array of ``kind``: Arrow-backed text taken
+    as it is (no Python string per category), other categories converted."""
+    import pyarrow as pa
+
+    if isinstance(categories.array, pd.arrays.ArrowStringArray):
+        return pa.array(categories.array).cast(kind)
+    return pa.array(categories.to_numpy(dtype=object), type=kind)
 
 
 def _dictionary(s: pd.Series, words: Any, kind: Any) -> Any:

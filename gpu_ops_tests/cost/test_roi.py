@@ -86,3 +86,39 @@ def test_the_report_is_the_same_from_categorical_or_plain_text_columns():
     plain = cat.assign(**{c: cat[c].astype(object) for c in cat.columns if isinstance(cat[c].dtype, pd.CategoricalDtype)})
     assert any(isinstance(cat[c].dtype, pd.CategoricalDtype) for c in ("team", "kind", "capacity_type", "sharing"))
     pd.testing.assert_frame_equal(roi_report(cat, MATRIX), roi_report(plain, MATRIX))
+
+
+def test_the_report_of_many_pieces_holds_less_than_the_pieces_themselves():
+    """The per-team sums are taken one figure at a time and the allocated pieces are not
+    copied out of the day (its idle rows come last, or there are none): computing the
+    report of 200,000 pieces allocates (numpy and Python, tracemalloc) less than the
+    pieces' own columns (it was 1.8 times their size: the allocated rows copied, then
+    a frame of nine figures per row)."""
+    import tracemalloc
+
+    import numpy as np
+
+    n = 200_000
+    rng = np.random.default_rng(0)
+
+    def cat(names: list[str]) -> pd.Categorical:
+        return pd.Categorical.from_codes(rng.integers(0, len(names), n), categories=names)
+
+    rows = pd.DataFrame({
+        "kind": cat(["allocated"]), "team": cat(["nlp", "cv", "res"]), "project": cat(["p1", "p2"]), "node": cat(["n1", "n2"]),
+        "gpu_type": cat(["a100-80gb", "l4"]), "gpu_count": rng.choice([1.0, 2.0], n), "gpu_share": rng.choice([1.0, 0.5], n), "sharing": cat(["none", "mig"]),
+        "capacity_type": cat(["spot", "on-demand", "reserved"]), "hours": rng.random(n), "gpu_hours": rng.random(n), "price_per_gpu_hour": np.full(n, 2.0),
+        "cost_usd": rng.random(n), "on_demand_usd": rng.random(n) + 1, "outcome": cat(["completed", "preempted"]), "lost_gpu_hours": rng.random(n),
+        "lost_cost_usd": rng.random(n), "fleet_gpu_hours": np.zeros(n),
+    })
+    tracemalloc.start()
+    try:
+        got = roi_report(rows)
+        held = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert held < rows.memory_usage(deep=True).sum()
+    # The same figures as a groupby of the rows gives.
+    spot = rows["capacity_type"] == "spot"
+    expected = (rows["on_demand_usd"] - rows["cost_usd"]).where(spot, 0.0).groupby(rows["team"], observed=True).sum()
+    assert got.set_index("team").loc[["cv", "nlp", "res"], "spot_savings_usd"].to_numpy() == pytest.approx(expected.loc[["cv", "nlp", "res"]].to_numpy(), rel=1e-12)

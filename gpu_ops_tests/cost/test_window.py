@@ -385,3 +385,30 @@ def test_columns_no_piece_has_are_one_shared_value_and_are_stored_the_same(tmp_p
     copy.loc[0, "run_id"] = "x"
     assert copy.loc[0, "run_id"] == "x" and got.loc[0, "run_id"] == ""
     assert freed_blocks_back_at_once() or not Path("/proc/self/maps").exists()  # set on Linux (glibc)
+
+
+def test_the_days_text_is_held_by_arrow_and_stored_as_python_strings_would_be(tmp_path):
+    """The day's text columns (a million pods at scale) come out of the engine as
+    categoricals whose categories stay in Arrow's memory: no Python string per category,
+    no hash table of them kept; the same values, and the same file, as categories of
+    Python strings give."""
+    import pyarrow.parquet as pq
+
+    from gpu_ops.storage.files import PartitionFiles
+
+    write_parquet(intervals(DAY), tmp_path / f"usage-{DAY}.parquet")
+    got = usage_for_days(SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path), None, MATRIX, DAY).table
+    text = [c for c in got.columns if isinstance(got[c].dtype, pd.CategoricalDtype) and c != "kind"]
+    assert {"pod", "team", "namespace", "location"} <= set(text)
+    for c in text:
+        cats = got[c].cat.categories
+        assert isinstance(cats.array, pd.arrays.ArrowStringArray), c
+        assert cats.is_unique and not cats.hasnans, c
+    python = got.assign(**{c: pd.Categorical(got[c].astype(object), categories=pd.Index(list(got[c].cat.categories), dtype=object)) for c in text})
+    pd.testing.assert_frame_equal(got.astype({c: object for c in text}), python.astype({c: object for c in text}))
+    files = PartitionFiles(tmp_path / "rows")
+    files.write("arrow", got, [DAY.isoformat()])
+    files.write("python", python, [DAY.isoformat()])
+    a, b = (pq.read_table(files.path(name, DAY.isoformat())) for name in ("arrow", "python"))
+    assert a.schema.equals(b.schema, check_metadata=True) and a.equals(b)
+    pd.testing.assert_frame_equal(files.read("arrow", [DAY.isoformat()]), files.read("python", [DAY.isoformat()]))

@@ -89,6 +89,32 @@ def test_categoricals_of_every_kind_read_back_as_arrow_converts_the_whole_frame(
     pd.testing.assert_frame_equal(files.read("usage", ["2026-10-01"]), expected.to_pandas(), check_categorical=False)
 
 
+@pytest.mark.parametrize("n", [5, 300_000])
+def test_text_categories_held_by_arrow_are_stored_as_python_string_categories_are(tmp_path, n):
+    """A categorical whose categories are Arrow-backed text (pandas' "str", as the engine
+    hands a day's pods over) is the same file as with Python-string categories: the same
+    schema and metadata (``string`` values, not ``large_string``), the same rows back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pods = [f"pod-{i}" for i in range(n)]
+    codes = [i if i % 4 else -1 for i in range(n)]
+    arrow = pd.Index(pd.array(pa.array(pods), dtype="str"))
+    assert isinstance(arrow.array, pd.arrays.ArrowStringArray)
+    frames = {
+        name: pd.DataFrame({"pod": pd.Categorical.from_codes(codes, categories=cats), "team": pd.Categorical.from_codes([i % 2 for i in range(n)], categories=pd.Index(pd.array(pa.array(["nlp", "cv"]), dtype="str")) if name == "arrow" else ["nlp", "cv"])})
+        for name, cats in (("arrow", arrow), ("python", pd.Index(pods, dtype=object)))
+    }
+    files = PartitionFiles(tmp_path)
+    for name, df in frames.items():
+        files.write(name, df, ["2026-10-01"])
+    arrow_file, python_file = (pq.read_table(files.path(name, "2026-10-01")) for name in frames)
+    assert arrow_file.schema.field("pod").type.value_type == pa.string()
+    assert arrow_file.schema.equals(python_file.schema, check_metadata=True)
+    assert arrow_file.equals(python_file)
+    pd.testing.assert_frame_equal(files.read("arrow", ["2026-10-01"]), files.read("python", ["2026-10-01"]))
+
+
 def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path):
     import duckdb
 
