@@ -718,8 +718,10 @@ def _byte_set(*codes: int) -> Any:
 
 def _needs_clean(values: Any) -> bool:
     """Whether some text value needs a trim or holds a control character. By its bytes
-    (UTF-8 keeps every ASCII byte for itself): a control byte anywhere says yes; the
-    pattern itself runs only when some value's first or last byte may belong to a space."""
+    (UTF-8 keeps every ASCII byte for itself): no byte outside printable ASCII without the
+    space (33-126) says no at once, with one look at the bytes (every space and control
+    character has a byte outside); a control byte anywhere says yes; the pattern itself
+    runs only when some value's first or last byte may belong to a space."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -733,7 +735,10 @@ def _needs_clean(values: Any) -> bool:
     width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
     offsets = np.frombuffer(values.buffers()[1], width, len(values) + 1, values.offset * width.itemsize)
     data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-    if len(data) and (data.min() < 32 or data.max() >= 127):  # else plain printable ASCII: no control byte
+    lo, hi = (data.min(), data.max()) if len(data) else (33, 126)
+    if lo > 32 and hi < 127:  # printable ASCII, no space byte anywhere (most columns)
+        return False
+    if lo < 32 or hi >= 127:  # else no control byte
         low = (data < 32) | (data == 127)
         if low.any() and _CONTROL_BYTES[data[low]].any():
             return True

@@ -244,6 +244,33 @@ def test_text_columns_are_clean_exactly_when_no_value_needs_a_trim_or_holds_a_co
         assert ("lower:capacity_type" in clean) == all(v is None or v == v.lower() for v in plain.to_pylist()), values
 
 
+def test_printable_ascii_text_is_clean_at_one_look_and_a_space_or_control_byte_still_counts() -> None:
+    """The one-look path (every byte 33-126) and the byte-by-byte path agree with the
+    pattern on text that is nearly all printable ASCII: pod names with one space, tab,
+    NUL, no-break space or DEL somewhere, or none."""
+    import re
+
+    from gpu_ops.cost import rules
+    from gpu_ops.cost.engine import clean_text_columns
+
+    spaces = re.escape(rules.SPACES)
+    pattern = re.compile(f"^[{spaces}]|[{spaces}]$|{rules.CONTROL}")
+    layout = {"pod": rules.Stored(rules.STORED_TEXT)}
+    base = [f"pod-{i}" for i in range(1000)]
+    for odd in [None, " ", "\t", "\x00", "\x7f", "\xa0", "\u3000", "é"]:
+        for where in ("start", "middle", "end"):
+            values = list(base)
+            if odd is not None:
+                values[500] = odd + values[500] if where == "start" else values[500] + odd if where == "end" else "pod-" + odd + "500"
+            want = not any(pattern.search(v) for v in values)
+            for array in (pa.array(values), pa.array(values, pa.large_string()), pa.array(values).slice(400, 200)):
+                sub = array.to_pylist()
+                clean = clean_text_columns([pa.table({"pod": array})], layout, False)
+                assert ("pod" in clean) == (not any(pattern.search(v) for v in sub)), (odd, where)
+            if odd is None:
+                assert want
+
+
 def _priced_both_ways(path: Path) -> tuple[Any, Any]:
     """The engine's good rows and quarantine of ``path`` read as a DuckDB scan and as Arrow."""
     from gpu_ops.cost.engine import UsageInput, validate
