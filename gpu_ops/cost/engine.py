@@ -42,8 +42,11 @@ _IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id ||
 
 
 def _key_hash(ikey: str) -> str:
-    """SQL: the hash of an identity key (namespace, ``ikey``: pod or attempt, start, GPU type)."""
-    return f"hash(namespace, {ikey}, start_us, gpu_type)"
+    """SQL: the hash of an identity key without its GPU type (namespace, ``ikey``: pod or
+    attempt, start): rows whose keys are equal share it (so do the few whose keys differ
+    only in the GPU type; the identity rules compare the whole key). Without the GPU type
+    it needs no catalog name, so the screening pass can do without the lookup join."""
+    return f"hash(namespace, {ikey}, start_us)"
 
 
 _KEY_HASH = _key_hash(_IKEY)
@@ -144,6 +147,10 @@ class UsageEngine:
         # After check(): the good rows' columns, whether rows are left out, whether keys repeat.
         self._columns: tuple[dict[str, str], list[str], list[str], list[str]] = ({}, [], [], [])
         self._excluding = self._repeats = self._bad = False
+        # Whether the screening pass joins the lookup and runs the rules that read it on
+        # every row: None, only when some row of the lookup fails them (else they cannot
+        # fail on any row); True, always (the general path, which tests hold it to).
+        self.screen_lookup: bool | None = None
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -363,13 +370,16 @@ class UsageEngine:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs
+        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs, if at all
             f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)} AS bad0 FROM ({typed})"
             for p, typed in zip(self.parts, self._typed_parts())
         ]
+        lookup = self.screen_lookup if self.screen_lookup is not None else self.lookup_fails()
         parts = [
             f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash "
             f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
+            if lookup else
+            f"SELECT CASE WHEN bad0 THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad0 THEN {_key_hash('ikey')} END AS key_hash FROM ({narrow})"
             for narrow in parts
         ]
         reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
@@ -395,6 +405,12 @@ class UsageEngine:
         self.con.unregister("screened_bad")
         self.con.unregister("screened_repeats")
         pa.default_memory_pool().release_unused()
+
+    def lookup_fails(self) -> bool:
+        """Whether some row of table ``lookup`` (each GPU type, capacity type and region
+        present, or every combination of them) fails a rule that reads the lookup: the
+        rules evaluated once per combination instead of once per row."""
+        return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.rules_bad(self.kind, lookup=True)}").fetchall()[0][0])
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them
@@ -426,7 +442,7 @@ class UsageEngine:
         # column (rows without a pod or attempt share a NULL key with their copies and are
         # compared too). Their full records are computed again and the key itself decides.
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
+            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM typed) c "
             "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
         )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
