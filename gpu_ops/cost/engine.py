@@ -281,10 +281,9 @@ class UsageEngine:
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        def distinct(col: str) -> list[Any]:
-            return [r[0] for r in self.con.execute(f"SELECT DISTINCT {col} FROM typed").fetchall()]
-
-        gpu_raw, caps, regions = distinct("gpu_type_raw"), distinct("capacity_type"), distinct("region")
+        # One scan for the three (the text columns are never NULL in the typed layer).
+        got = self.con.execute("SELECT list(DISTINCT gpu_type_raw), list(DISTINCT capacity_type), list(DISTINCT region) FROM typed").fetchall()[0]
+        gpu_raw, caps, regions = (list(values or []) for values in got)
         canon: dict[str, tuple[str | None, str | None]] = {}  # raw name -> (catalog name, error)
         for g in gpu_raw:
             try:
