@@ -242,6 +242,9 @@ def contenders(path: Path, rows: int, batch_rows: int | None, skip: Sequence[str
     ]
     if rows <= 10_000_000:
         out.append(("pandas merge+groupby", [py, "-c", PANDAS, str(path), str(PRICES), DAY, AS_OF]))
+    unknown = set(skip) - {name for name, _ in out}
+    if unknown or CLI in skip or "DuckDB" in skip:
+        raise SystemExit(f"--skip: no such contender, or one every figure is measured against: {sorted(set(skip))}")
     return [(name, cmd) for name, cmd in out if name not in skip]
 
 
@@ -303,7 +306,7 @@ def main() -> None:
     ap.add_argument("--data", default="/work/bench_data", help="where the generated files are kept")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved; the best wall time is reported")
     ap.add_argument("--batch-rows", type=int, help="the CLI's --batch-rows (default: its own)")
-    ap.add_argument("--skip", default="", help=f"contenders left out, comma-separated names (e.g. '{DISTINCT}' at 100M: its SELECT DISTINCT holds ~2 GB per 10M rows)")
+    ap.add_argument("--skip", action="append", default=[], help=f"a contender left out, by name (repeatable; e.g. '{DISTINCT}' at 100M: its SELECT DISTINCT holds ~2 GB per 10M rows)")
     ap.add_argument("--generate", nargs=2, metavar=("PATH", "ROWS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.generate:
@@ -313,7 +316,7 @@ def main() -> None:
     for size in args.rows.split(","):
         text = size.strip().upper()
         rows = int(float(text[:-1]) * (1_000_000 if text.endswith("M") else 1_000)) if text[-1:] in ("M", "K") else int(text)
-        bench_size(rows, data, args.repeat, args.batch_rows, [n.strip() for n in args.skip.split(",") if n.strip()])
+        bench_size(rows, data, args.repeat, args.batch_rows, args.skip)
 
 
 if __name__ == "__main__":
