@@ -42,8 +42,11 @@ _IKEY = "CASE WHEN pod <> '' THEN pod WHEN run_id <> '' THEN 'run ' || run_id ||
 
 
 def _key_hash(ikey: str) -> str:
-    """SQL: the hash of an identity key (namespace, ``ikey``: pod or attempt, start, GPU type)."""
-    return f"hash(namespace, {ikey}, start_us, gpu_type)"
+    """SQL: the hash of an identity key without its GPU type (namespace, ``ikey``: pod or
+    attempt, start): rows whose keys are equal share it (so do the few whose keys differ
+    only in the GPU type; the identity rules compare the whole key). Without the GPU type
+    it needs no catalog name, so the screening pass can do without the lookup join."""
+    return f"hash(namespace, {ikey}, start_us)"
 
 
 _KEY_HASH = _key_hash(_IKEY)
@@ -144,6 +147,10 @@ class UsageEngine:
         # After check(): the good rows' columns, whether rows are left out, whether keys repeat.
         self._columns: tuple[dict[str, str], list[str], list[str], list[str]] = ({}, [], [], [])
         self._excluding = self._repeats = self._bad = False
+        # Whether the screening pass joins the lookup and runs the rules that read it on
+        # every row: None, only when some row of the lookup fails them (else they cannot
+        # fail on any row); True, always (the general path, which tests hold it to).
+        self.screen_lookup: bool | None = None
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -274,10 +281,9 @@ class UsageEngine:
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        def distinct(col: str) -> list[Any]:
-            return [r[0] for r in self.con.execute(f"SELECT DISTINCT {col} FROM typed").fetchall()]
-
-        gpu_raw, caps, regions = distinct("gpu_type_raw"), distinct("capacity_type"), distinct("region")
+        # One scan for the three (the text columns are never NULL in the typed layer).
+        got = self.con.execute("SELECT list(DISTINCT gpu_type_raw), list(DISTINCT capacity_type), list(DISTINCT region) FROM typed").fetchall()[0]
+        gpu_raw, caps, regions = (list(values or []) for values in got)
         canon: dict[str, tuple[str | None, str | None]] = {}  # raw name -> (catalog name, error)
         for g in gpu_raw:
             try:
@@ -363,13 +369,16 @@ class UsageEngine:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs
+        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs, if at all
             f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)} AS bad0 FROM ({typed})"
             for p, typed in zip(self.parts, self._typed_parts())
         ]
+        lookup = self.screen_lookup if self.screen_lookup is not None else self.lookup_fails()
         parts = [
             f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash "
             f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
+            if lookup else
+            f"SELECT CASE WHEN bad0 THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad0 THEN {_key_hash('ikey')} END AS key_hash FROM ({narrow})"
             for narrow in parts
         ]
         reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
@@ -395,6 +404,12 @@ class UsageEngine:
         self.con.unregister("screened_bad")
         self.con.unregister("screened_repeats")
         pa.default_memory_pool().release_unused()
+
+    def lookup_fails(self) -> bool:
+        """Whether some row of table ``lookup`` (each GPU type, capacity type and region
+        present, or every combination of them) fails a rule that reads the lookup: the
+        rules evaluated once per combination instead of once per row."""
+        return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.rules_bad(self.kind, lookup=True)}").fetchall()[0][0])
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them
@@ -426,7 +441,7 @@ class UsageEngine:
         # column (rows without a pod or attempt share a NULL key with their copies and are
         # compared too). Their full records are computed again and the key itself decides.
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM ({_joined('typed')})) c "
+            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM typed) c "
             "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
         )
         cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
@@ -718,8 +733,10 @@ def _byte_set(*codes: int) -> Any:
 
 def _needs_clean(values: Any) -> bool:
     """Whether some text value needs a trim or holds a control character. By its bytes
-    (UTF-8 keeps every ASCII byte for itself): a control byte anywhere says yes; the
-    pattern itself runs only when some value's first or last byte may belong to a space."""
+    (UTF-8 keeps every ASCII byte for itself): no byte outside printable ASCII without the
+    space (33-126) says no at once, with one look at the bytes (every space and control
+    character has a byte outside); a control byte anywhere says yes; the pattern itself
+    runs only when some value's first or last byte may belong to a space."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -733,7 +750,10 @@ def _needs_clean(values: Any) -> bool:
     width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
     offsets = np.frombuffer(values.buffers()[1], width, len(values) + 1, values.offset * width.itemsize)
     data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-    if len(data) and (data.min() < 32 or data.max() >= 127):  # else plain printable ASCII: no control byte
+    lo, hi = (data.min(), data.max()) if len(data) else (33, 126)
+    if lo > 32 and hi < 127:  # printable ASCII, no space byte anywhere (most columns)
+        return False
+    if lo < 32 or hi >= 127:  # else no control byte
         low = (data < 32) | (data == 127)
         if low.any() and _CONTROL_BYTES[data[low]].any():
             return True

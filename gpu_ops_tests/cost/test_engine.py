@@ -185,6 +185,48 @@ def test_random_hostile_files_price_and_quarantine_as_the_oracle(tmp_path: Path,
     assert len(want_q) > 10 and len(want_totals) >= 2  # the files are hostile and still priced
 
 
+def _both_screens(paths: list[Path]) -> list[tuple[Any, Any, bool]]:
+    """(good rows, quarantine, whether the lookup failed somewhere) of ``paths`` through
+    the engine as it chooses, then with the lookup joined in the screening pass (the
+    general path)."""
+    from gpu_ops.cost.engine import UsageEngine
+
+    out = []
+    for screen_lookup in (None, True):
+        usage, _ = load_raw(SourceSet(usage_files=[str(p) for p in paths]), window=Window(WS, WE))
+        eng = UsageEngine(MATRIX)
+        try:
+            usage.add_to(eng)
+            eng.screen_lookup = screen_lookup
+            got = eng.run()
+            out.append((got.rows, got.quarantine, eng.lookup_fails()))
+        finally:
+            eng.close()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_screen_without_the_lookup_gives_what_the_general_path_gives(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files whose GPU types, capacity types and regions all have a price (the rules that
+    read the lookup cannot fail on any row), hostile otherwise — bad times and numbers,
+    edge spaces, GPU aliases of one catalog name, copies, snapshots: the screening pass
+    without the lookup join gives the same good rows and byte-identical quarantine as the
+    general path; with an unknown GPU type the engine takes the general path itself."""
+    monkeypatch.setattr(f"{__name__}.GPUS", ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "NVIDIA-H100-80GB-HBM3", " h100"])
+    monkeypatch.setattr(f"{__name__}.CAPACITY", ["spot", "on-demand", "SPOT", "preemptible", ""])  # no reserved price for h100 here
+    (tmp_path / "priced").mkdir()
+    (tmp_path / "unknown").mkdir()
+    paths = _files(tmp_path / "priced", seed)
+    (fast_rows, fast_q, fails), (general_rows, general_q, _) = _both_screens(paths)
+    assert not fails
+    pd.testing.assert_frame_equal(fast_rows, general_rows)
+    pd.testing.assert_frame_equal(fast_q, general_q)
+    assert len(fast_q) > 10 and len(fast_rows) > 10 and (fast_q["field"] == "<row>").any()  # hostile, copies and snapshots, still priced
+    monkeypatch.setattr(f"{__name__}.GPUS", ["h100", "a10"])
+    (_, _, fails), _ = _both_screens(_files(tmp_path / "unknown", seed))
+    assert fails
+
+
 def test_a_record_that_disagrees_beyond_its_end_is_superseded_whole_and_the_reason_names_the_fields(tmp_path: Path) -> None:
     header = "start,end,namespace,pod,team,gpu_type,gpu_count,capacity_type\n"
     (tmp_path / "a.csv").write_text(header + "2026-10-01T00:00:00Z,2026-10-01T02:00:00Z,ml,p1,nlp,h100,1,on-demand\n")
@@ -242,6 +284,33 @@ def test_text_columns_are_clean_exactly_when_no_value_needs_a_trim_or_holds_a_co
         want = not any(v is not None and pattern.search(v) for v in plain.to_pylist())
         assert ("team" in clean) == want, values
         assert ("lower:capacity_type" in clean) == all(v is None or v == v.lower() for v in plain.to_pylist()), values
+
+
+def test_printable_ascii_text_is_clean_at_one_look_and_a_space_or_control_byte_still_counts() -> None:
+    """The one-look path (every byte 33-126) and the byte-by-byte path agree with the
+    pattern on text that is nearly all printable ASCII: pod names with one space, tab,
+    NUL, no-break space or DEL somewhere, or none."""
+    import re
+
+    from gpu_ops.cost import rules
+    from gpu_ops.cost.engine import clean_text_columns
+
+    spaces = re.escape(rules.SPACES)
+    pattern = re.compile(f"^[{spaces}]|[{spaces}]$|{rules.CONTROL}")
+    layout = {"pod": rules.Stored(rules.STORED_TEXT)}
+    base = [f"pod-{i}" for i in range(1000)]
+    for odd in [None, " ", "\t", "\x00", "\x7f", "\xa0", "\u3000", "é"]:
+        for where in ("start", "middle", "end"):
+            values = list(base)
+            if odd is not None:
+                values[500] = odd + values[500] if where == "start" else values[500] + odd if where == "end" else "pod-" + odd + "500"
+            want = not any(pattern.search(v) for v in values)
+            for array in (pa.array(values), pa.array(values, pa.large_string()), pa.array(values).slice(400, 200)):
+                sub = array.to_pylist()
+                clean = clean_text_columns([pa.table({"pod": array})], layout, False)
+                assert ("pod" in clean) == (not any(pattern.search(v) for v in sub)), (odd, where)
+            if odd is None:
+                assert want
 
 
 def _priced_both_ways(path: Path) -> tuple[Any, Any]:
