@@ -49,7 +49,8 @@ def busy() -> None:
 
 
 def minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{int(round(seconds % 60)):02d}"
+    m, s = divmod(int(round(seconds)), 60)  # 899.7 s is 15:00, not 14:60
+    return f"{m}:{s:02d}"
 
 
 class LoadSampler(threading.Thread):
