@@ -146,6 +146,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # worker may run other modules' tests between this one's, which would tear a
             # module-scoped fixture down and build it again (the corpus was built twice).
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The two serial groups are the longest units of work (minutes each, one test at a
+    # time): they go first, one to each worker, and the modules' groups fill in beside
+    # them (pyproject's --no-loadscope-reorder keeps this order; xdist's default puts the
+    # groups with the most tests first, which left a serial group for the end of the run).
+    first = {KILL_GROUP: 0, SERVER_GROUP: 1}
+    items.sort(key=lambda item: first.get(_group(item), 2))
+
+
+def _group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker is not None and marker.args else None
 
 
 def cuda_available() -> bool:
