@@ -46,11 +46,22 @@ def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
     assert len(files.read("usage", ["2026-10-02"])) == 1  # the refused write changed nothing
 
 
-def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_the_same(tmp_path):
+@pytest.fixture
+def small_row_groups(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Row groups of 1,000 rows instead of 256,000: what is written per row group (one
+    slice at a time, categories converted once, plain or dictionary pages) is the same
+    at any size, and several row groups take thousands of rows instead of a million."""
+    import gpu_ops.storage.files as files_module
+
+    monkeypatch.setattr(files_module, "ROW_GROUP", 1_000)
+    return 1_000
+
+
+def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_the_same(tmp_path, small_row_groups):
     import pyarrow.parquet as pq
 
     files = PartitionFiles(tmp_path)
-    n = 600_000  # more than two row groups
+    n = 6 * small_row_groups  # more than two row groups
     df = pd.DataFrame({
         "pod": pd.Categorical([f"pod-{i}" if i % 1000 else None for i in range(n)]),
         "team": pd.Categorical(["nlp", "vision", "ü \"q\""] * (n // 3)),
@@ -58,6 +69,7 @@ def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_t
     })
     files.write("usage", df, ["2026-10-01"])
     meta = pq.ParquetFile(files.path("usage", "2026-10-01")).metadata
+    assert meta.num_row_groups == 6
     encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings for i in range(meta.num_columns)}
     assert "RLE_DICTIONARY" not in encodings["pod"] and "RLE_DICTIONARY" in encodings["team"]
     back = files.read("usage", ["2026-10-01"])
@@ -65,8 +77,8 @@ def test_a_categorical_with_a_category_per_row_is_written_plain_and_reads_back_t
     assert back["pod"].isna().sum() == n // 1000 and isinstance(back["pod"].dtype, pd.CategoricalDtype)
 
 
-@pytest.mark.parametrize("n", [0, 7, 300_000])
-def test_categoricals_of_every_kind_read_back_as_arrow_converts_the_whole_frame(tmp_path, n):
+@pytest.mark.parametrize("n", [0, 7, 3_500])
+def test_categoricals_of_every_kind_read_back_as_arrow_converts_the_whole_frame(tmp_path, n, small_row_groups):
     """Each slice's categoricals are built from categories converted once: the file reads
     back as Arrow's conversion of the whole frame does (missing values, ordered, numbers
     as categories, unused categories, several row groups, no rows)."""
@@ -89,8 +101,8 @@ def test_categoricals_of_every_kind_read_back_as_arrow_converts_the_whole_frame(
     pd.testing.assert_frame_equal(files.read("usage", ["2026-10-01"]), expected.to_pandas(), check_categorical=False)
 
 
-@pytest.mark.parametrize("n", [5, 300_000])
-def test_text_categories_held_by_arrow_are_stored_as_python_string_categories_are(tmp_path, n):
+@pytest.mark.parametrize("n", [5, 3_500])
+def test_text_categories_held_by_arrow_are_stored_as_python_string_categories_are(tmp_path, n, small_row_groups):
     """A categorical whose categories are Arrow-backed text (pandas' "str", as the engine
     hands a day's pods over) is the same file as with Python-string categories: the same
     schema and metadata (``string`` values, not ``large_string``), the same rows back."""
@@ -109,6 +121,7 @@ def test_text_categories_held_by_arrow_are_stored_as_python_string_categories_ar
     for name, df in frames.items():
         files.write(name, df, ["2026-10-01"])
     arrow_file, python_file = (pq.read_table(files.path(name, "2026-10-01")) for name in frames)
+    assert pq.ParquetFile(files.path("arrow", "2026-10-01")).metadata.num_row_groups == -(-max(n, 1) // small_row_groups)
     assert arrow_file.schema.field("pod").type.value_type == pa.string()
     assert arrow_file.schema.equals(python_file.schema, check_metadata=True)
     assert arrow_file.equals(python_file)
