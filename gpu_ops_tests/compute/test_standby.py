@@ -148,7 +148,12 @@ def test_a_keeper_that_does_not_end_on_sigterm_is_killed_and_its_record_removed(
     (spare,) = b.spares
     rec = json.loads(rendezvous_files(s.folder)[0].read_text())
     os.kill(spare.proc.pid, signal.SIGSTOP)  # it will not act on SIGTERM
-    spare.stop(grace_s=0.5)
+    try:
+        spare.stop(grace_s=0.5)
+    finally:
+        if spare.proc.poll() is None:  # whatever stop() did, no stopped keeper outlives the test
+            spare.proc.kill()
+            spare.proc.wait()
     assert spare.proc.returncode == -signal.SIGKILL
     assert rendezvous_files(s.folder) == [] and not Path(rec["socket"]).exists()
     assert wait_until(lambda: not _alive(rec["worker_pid"]))  # its worker followed it

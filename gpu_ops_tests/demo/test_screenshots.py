@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import zlib
@@ -50,11 +51,24 @@ def png_size_and_colours(path: Path) -> tuple[int, int, int]:
     return width, height, len(set(zlib.decompress(idat)))
 
 
-def shoot(browser: str, url: str, out: Path) -> None:
+def shoot(browser: str, url: str, out: Path, attempts: int = 2, timeout_s: float = 90) -> None:
+    """A screenshot of ``url``. Headless Chromium can hang on a page that keeps polling (the
+    UI's GraphQL) when the machine is loaded (once in a suite run beside a busy process:
+    120 s without an answer): the hung browser, with every process it started, is killed
+    and a fresh one tries once more."""
     cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={WIDTH},{HEIGHT}",
            "--virtual-time-budget=20000", "--run-all-compositor-stages-before-draw", f"--screenshot={out}", url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and out.exists(), f"{' '.join(cmd)}\n{done.stderr[-2000:]}"
+    for _ in range(attempts):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its renderer and GPU processes too, not only the browser
+            proc.communicate()
+            continue
+        assert proc.returncode == 0 and out.exists(), f"{' '.join(cmd)}\n{err[-2000:]}"
+        return
+    pytest.fail(f"headless Chromium gave no screenshot of {url} in {attempts} tries of {timeout_s:.0f} s")
 
 
 def training_run_id(home: Path) -> str:
