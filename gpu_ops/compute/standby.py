@@ -51,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -180,14 +180,17 @@ class Standby:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    @property
-    def worker_pid(self) -> int | None:
-        """Its warm worker's pid, from the keeper's record (None before it is written)."""
+    def _records(self) -> Iterator[tuple[Path, dict[str, Any]]]:
+        """The records its keeper wrote (one, once written), with their contents."""
         for path in self.scope.records(self.rank):
             rec = _read(path) or {}
             if rec.get("keeper_pid") == self.proc.pid:
-                return int(rec["worker_pid"])
-        return None
+                yield path, rec
+
+    @property
+    def worker_pid(self) -> int | None:
+        """Its warm worker's pid, from the keeper's record (None before it is written)."""
+        return next((int(rec["worker_pid"]) for _, rec in self._records()), None)
 
     def park(self) -> None:
         """The attempt is over: the keeper's idle countdown starts (its stdin closes)."""
@@ -207,7 +210,8 @@ class Standby:
             self.proc.kill()  # its worker follows it (it watches its parent)
             # Dead but not reaped: its pid cannot be reused while its record is removed.
             os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
-            self._remove_record()
+            for path, rec in list(self._records()):
+                _remove_stale(path, rec)
             self.proc.wait()
 
     def _terminate(self, grace_s: float) -> bool:
@@ -226,12 +230,6 @@ class Standby:
             except subprocess.TimeoutExpired:
                 pass
         return True
-
-    def _remove_record(self) -> None:
-        for path in self.scope.records(self.rank):
-            rec = _read(path) or {}
-            if rec.get("keeper_pid") == self.proc.pid:
-                _remove_stale(path, rec)
 
 
 Popen = Callable[[list[str], dict[str, str], Any, Any, Any], subprocess.Popen]

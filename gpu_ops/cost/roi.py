@@ -104,8 +104,10 @@ def _team_figures(alloc: pd.DataFrame) -> Iterator[np.ndarray]:
     yield alloc["gpu_hours"].to_numpy(dtype=float)
     yield cost
     yield od
-    yield np.where(cap == "spot", np.nan_to_num(od - cost), 0.0)
-    yield np.where(cap == "reserved", np.nan_to_num(od - cost), 0.0)
+    saved = np.nan_to_num(od - cost)
+    yield np.where(cap == "spot", saved, 0.0)
+    yield np.where(cap == "reserved", saved, 0.0)
+    del saved
     whole_gpu_cost = alloc["gpu_count"].to_numpy(dtype=float) * alloc["hours"].to_numpy(dtype=float) * alloc["price_per_gpu_hour"].to_numpy(dtype=float)
     yield np.where(share < 1.0, whole_gpu_cost - cost, 0.0)
     del whole_gpu_cost
