@@ -33,6 +33,7 @@ from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.cost import rules as R
 from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
+from gpu_ops.cost.repeats import MEMORY_BYTES, RepeatedHashes
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 # Good-row columns handed on (optional ones only when some source has them).
@@ -50,6 +51,12 @@ def _key_hash(ikey: str) -> str:
 
 
 _KEY_HASH = _key_hash(_IKEY)
+
+# The raw columns the lookup is keyed by, and their names in the typed layer.
+_LOOKUP_KEYS = ("gpu_type", "capacity_type", "region")
+_LOOKUP_TYPED = ("gpu_type_raw", "capacity_type", "region")
+# Distinct raw values of a lookup key column the text check keeps at most (beyond: a scan).
+_MAX_CHOICES = 10_000
 
 _POS_SPAN = 1 << 40  # a bad row's place, ord and pos in one integer: ord * _POS_SPAN + pos
 _IDENTITY_COLUMNS = (
@@ -71,6 +78,9 @@ class Part:
     clean: frozenset[str] = frozenset()  # text columns no value of which needs a trim or holds a control character
     file: FileRows | None = None  # a Parquet file DuckDB scans (read as Arrow instead if the scan fails)
     rows: int = 0
+    # The raw values of the columns the lookup is keyed by (None: a missing value), as the
+    # text check met them (a dictionary's values); None: not known, the lookup scans for them.
+    choices: dict[str, set[Any]] | None = None
 
 
 @dataclass
@@ -151,6 +161,8 @@ class UsageEngine:
         # every row: None, only when some row of the lookup fails them (else they cannot
         # fail on any row); True, always (the general path, which tests hold it to).
         self.screen_lookup: bool | None = None
+        # What the good rows' identity-key hashes may hold in one array (beyond: bucket files).
+        self.key_memory_bytes = MEMORY_BYTES
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -188,8 +200,9 @@ class UsageEngine:
             table = _set(table, "__source", table.column("source").cast(pa.string()))
         name = self._name()
         self.con.register(name, table)
-        clean = clean_text_columns([table], layout, bool(labels)) | {c for c, st in layout.items() if st.bounded}
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean, rows=n))
+        choices = self._choices_to_gather(layout)
+        clean = clean_text_columns([table], layout, bool(labels), choices=choices) | {c for c, st in layout.items() if st.bounded}
+        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean, rows=n, choices=_known(choices)))
 
     def _name(self) -> str:
         self._parts_made += 1
@@ -211,8 +224,9 @@ class UsageEngine:
         if labels:
             layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
         text = [n for n in schema.names if stored(schema.field(n).type).kind == R.STORED_TEXT]
+        choices = self._choices_to_gather(layout)
         try:
-            clean = clean_text_columns(f.scan.text_batches(f.path, text), layout, bool(labels), utf8=True)
+            clean = clean_text_columns(f.scan.text_batches(f.path, text), layout, bool(labels), utf8=True, choices=choices)
         except (pa.ArrowException, OSError):  # not UTF-8, or unreadable: the Arrow read judges it
             self._add_loaded(f, source)
             return
@@ -235,7 +249,17 @@ class UsageEngine:
             f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT {', '.join(select)}, file_row_number + 1 AS __row, file_row_number AS __pos "
             f"FROM read_parquet({R.literal(str(f.path))}, file_row_number = true){where}"
         )
-        self.parts.append(Part(name, layout, source, str(f.path), True, labels, False, clean, f, sum(f.scan.firsts[i + 1] - f.scan.firsts[i] for i in f.scan.groups)))
+        rows = sum(f.scan.firsts[i + 1] - f.scan.firsts[i] for i in f.scan.groups)
+        self.parts.append(Part(name, layout, source, str(f.path), True, labels, False, clean, f, rows, _known(choices)))
+
+    def _choices_to_gather(self, layout: dict[str, R.Stored]) -> dict[str, set[Any] | None] | None:
+        """Sets for the text check to fill with the raw values of the lookup's key columns
+        (a missing column: its one value is None); None where they cannot stand for the
+        typed values: a key column not stored as text, or the node inventory (whose blank
+        GPU types are filled from instance types)."""
+        if self.kind != USAGE or any(c in layout and layout[c].kind != R.STORED_TEXT for c in _LOOKUP_KEYS):
+            return None
+        return {c: set() if c in layout else {None} for c in _LOOKUP_KEYS}
 
     def _add_loaded(self, f: FileRows, source: str) -> None:
         """A scanned file read as Arrow (what cannot be read: a file-level problem, and no rows)."""
@@ -276,14 +300,26 @@ class UsageEngine:
             parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
         return parts
 
+    def _distinct_keys(self) -> tuple[list[str], list[str], list[str]]:
+        """The distinct typed GPU types (raw), capacity types and regions: from the raw values
+        the text check met (each through the rule book's typed expression, on a few
+        values), or else one scan for the three (never NULL in the typed layer)."""
+        raw = [p.choices for p in self.parts]
+        if all(raw):
+            typed = R.typed_columns()
+            sql = ", ".join(f"(SELECT list(DISTINCT {typed[t]}) FROM (SELECT unnest(${i + 1}::VARCHAR[]) AS {R.quote('r_' + c)}))" for i, (c, t) in enumerate(zip(_LOOKUP_KEYS, _LOOKUP_TYPED)))
+            got = self.con.execute(f"SELECT {sql}", [sorted(set().union(*(r[c] for r in raw if r)), key=str) for c in _LOOKUP_KEYS]).fetchall()[0]
+        else:
+            got = self.con.execute(f"SELECT {', '.join(f'list(DISTINCT {t})' for t in _LOOKUP_TYPED)} FROM typed").fetchall()[0]
+        gpu_raw, caps, regions = (list(values or []) for values in got)
+        return gpu_raw, caps, regions
+
     def _lookups(self) -> None:
         """The catalog, region and price tables of the values present (a few rows each)."""
 
         from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
 
-        # One scan for the three (the text columns are never NULL in the typed layer).
-        got = self.con.execute("SELECT list(DISTINCT gpu_type_raw), list(DISTINCT capacity_type), list(DISTINCT region) FROM typed").fetchall()[0]
-        gpu_raw, caps, regions = (list(values or []) for values in got)
+        gpu_raw, caps, regions = self._distinct_keys()
         canon: dict[str, tuple[str | None, str | None]] = {}  # raw name -> (catalog name, error)
         for g in gpu_raw:
             try:
@@ -382,20 +418,17 @@ class UsageEngine:
             for narrow in parts
         ]
         reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
-        keys, n, bad_at = np.empty(sum(p.rows for p in self.parts), np.uint64), 0, []
-        for batch in reader:
-            at, key = batch.column(0), batch.column(1)
-            if at.null_count < len(at):
-                bad_at.append(_values(pc.drop_null(at), np.int64).copy())
-                key = pc.drop_null(key)
-            if n + len(key) > len(keys):  # more rows than the parts said: room for them
-                keys = np.concatenate([keys, np.empty(n + len(key) - len(keys), np.uint64)])
-            keys[n:n + len(key)] = _values(key, np.uint64)
-            n += len(key)
-        keys = keys[:n]
-        keys.sort()
-        repeats = np.unique(keys[1:][keys[1:] == keys[:-1]])
-        del keys
+        keys, bad_at = RepeatedHashes(sum(p.rows for p in self.parts), self.key_memory_bytes), []
+        try:
+            for batch in reader:
+                at, key = batch.column(0), batch.column(1)
+                if at.null_count < len(at):
+                    bad_at.append(_values(pc.drop_null(at), np.int64).copy())
+                    key = pc.drop_null(key)
+                keys.add(_values(key, np.uint64))
+            repeats = keys.repeats()
+        finally:
+            keys.close()
         at_all = np.concatenate(bad_at) if bad_at else np.empty(0, np.int64)
         self.con.register("screened_bad", pa.table({"ord": int_array(at_all // _POS_SPAN), "pos": int_array(at_all % _POS_SPAN)}))
         self.con.register("screened_repeats", pa.table({"key_hash": pa.Array.from_buffers(pa.uint64(), len(repeats), [None, pa.py_buffer(repeats)])}))
@@ -668,29 +701,56 @@ def _register_instance_map(con: Any) -> None:
     })
 
 
-def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_label_columns: bool, utf8: bool = False) -> frozenset[str]:
+def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_label_columns: bool, utf8: bool = False, choices: dict[str, set[Any] | None] | None = None) -> frozenset[str]:
     """The text columns (stored as text) no value of which needs a trim or holds a control
     character, over ``tables`` (a table, or a file's row groups one at a time): checked
     once per distinct value where a column is dictionary-encoded (as Parquet hands most
     text over), by its bytes otherwise; and ``lower:<column>`` for each choice column
     (:data:`~gpu_ops.cost.rules.LOWERED`) with no upper-case letter. ``utf8``: every text
-    column is also validated (``ArrowInvalid`` when some value is not UTF-8)."""
+    column is also validated (``ArrowInvalid`` when some value is not UTF-8). ``choices``:
+    sets (column -> set) filled with the distinct values met, None meaning missing (a set
+    becomes None past :data:`_MAX_CHOICES` values)."""
     import pyarrow as pa
 
     text = {c for c, st in layout.items() if st == R.Stored(R.STORED_TEXT)}
     candidates = {c for c in R.CLEAN_COLUMNS if c in text and not (c == "labels" and has_label_columns)}
     lowered = {c for c in R.LOWERED if c in text}
     failed: set[str] = set()  # columns with a value that needs a trim or holds a control character; "lower:<c>": an upper-case letter
+    choices = choices or {}
     for table in tables:
-        for col in table.column_names if utf8 else candidates | lowered:
+        for col in table.column_names if utf8 else candidates | lowered | (choices.keys() & set(table.column_names)):
             for chunk in table.column(col).chunks:
                 values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
                 if utf8:
                     values.validate(full=True)
                 failed |= _failing(col, values, candidates, lowered, failed)
+                if (seen := choices.get(col)) is not None:
+                    choices[col] = _gathered(seen, chunk, values)
     out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
     out |= {f"lower:{c}" for c in R.LOWERED if c not in layout}
     return frozenset(out | (candidates - failed) | {f"lower:{c}" for c in lowered if f"lower:{c}" not in failed})
+
+
+def _gathered(seen: set[Any], chunk: Any, values: Any) -> set[Any] | None:
+    """``seen`` with the distinct values of ``chunk`` (``values``: its dictionary, if it has
+    one) and None if some are missing; None past :data:`_MAX_CHOICES`."""
+    import pyarrow.compute as pc
+
+    if len(values) > _MAX_CHOICES and values is chunk:
+        values = pc.unique(values)
+    if len(values) + len(seen) > _MAX_CHOICES:
+        return None
+    seen.update(values.to_pylist())
+    if chunk.null_count:
+        seen.add(None)
+    return seen if len(seen) <= _MAX_CHOICES else None
+
+
+def _known(choices: dict[str, set[Any] | None] | None) -> dict[str, set[Any]] | None:
+    """The gathered choices if every column's values are known."""
+    if choices is None or any(v is None for v in choices.values()):
+        return None
+    return choices  # type: ignore[return-value]
 
 
 def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], failed: set[str]) -> set[str]:

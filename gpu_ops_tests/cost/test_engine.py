@@ -362,3 +362,64 @@ def test_a_parquet_file_duckdb_would_read_otherwise_is_read_as_arrow(tmp_path: P
     pq.write_table(table, tmp_path / "u.parquet")
     got = read_files([str(tmp_path / "u.parquet")], None).files[0]
     assert got.scan is None and got.table.num_rows == 2
+
+
+def _lookup_and_result(paths: list[Path], gathered: bool) -> tuple[set[tuple[Any, ...]], Any, bool]:
+    """(the engine's lookup rows, its result, whether every part came with its lookup
+    keys' values) of ``paths``; ``gathered`` False: the values found by the scan instead."""
+    from gpu_ops.cost.engine import UsageEngine
+
+    usage, _ = load_raw(SourceSet(usage_files=[str(p) for p in paths]), window=Window(WS, WE))
+    eng = UsageEngine(MATRIX)
+    try:
+        usage.add_to(eng)
+        known = all(p.choices is not None for p in eng.parts)
+        if not gathered:
+            for p in eng.parts:
+                p.choices = None
+        got = eng.run()
+        lookup = {tuple(r) for r in eng.con.execute("SELECT * FROM lookup").fetchall()}
+        return lookup, got, known
+    finally:
+        eng.close()
+
+
+def _key_file(path: Path, seed: int) -> Path:
+    """Lookup keys with edge spaces, upper case, aliases and missing values: dictionary-
+    encoded GPU and capacity types, a plain region."""
+    rng = random.Random(seed)
+    gpus, caps, regions = [" H100", "a100-80gb", None, "h100", "l4 ", "T4"], ["SPOT ", "on-demand", "spot", None, "Reserved"], [" us-east-1", None, "us-east-1", "eu-west-1"]
+    n = 40
+    start = [DAY + pd.Timedelta(minutes=rng.randrange(0, 1200)) for _ in range(n)]
+    pq.write_table(
+        pa.table({
+            "start": pa.array(start, pa.timestamp("us", tz="UTC")),
+            "end": pa.array([s + pd.Timedelta(minutes=rng.randrange(1, 300)) for s in start], pa.timestamp("us", tz="UTC")),
+            "pod": [f"k{seed}-{i}" for i in range(n)], "team": [rng.choice(["nlp", "vision"]) for _ in range(n)], "gpu_count": [1] * n,
+            "gpu_type": pa.array([rng.choice(gpus) for _ in range(n)]).dictionary_encode(),
+            "capacity_type": pa.array([rng.choice(caps) for _ in range(n)]).dictionary_encode(),
+            "region": pa.array([rng.choice(regions) for _ in range(n)]),
+        }),
+        path,
+        row_group_size=16,
+    )
+    return path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_lookup_keys_met_by_the_text_check_give_what_the_scan_gives(tmp_path: Path, seed: int) -> None:
+    """The lookup built from the GPU types, capacity types and regions the text check met
+    (a few values, through the rule book's typed expressions) holds every row the scan over
+    every row finds, and the engine gives the same good rows and quarantine either way;
+    with the hostile random files beside them (CSV, whose text is checked as bytes) the
+    engine scans."""
+    keys = [_key_file(tmp_path / f"keys{seed}-{i}.parquet", seed * 10 + i) for i in range(2)]
+    (tmp_path / "random").mkdir()
+    for paths, all_known in ((keys, True), (keys + _files(tmp_path / "random", seed), False)):
+        gathered, fast, known = _lookup_and_result(paths, True)
+        scanned, general, _ = _lookup_and_result(paths, False)
+        assert known == all_known or (not all_known and all(p.suffix == ".parquet" for p in paths))
+        assert scanned <= gathered and len(scanned) >= 8
+        pd.testing.assert_frame_equal(fast.rows, general.rows)
+        pd.testing.assert_frame_equal(fast.quarantine, general.quarantine)
+        assert len(fast.rows) >= 20 and (fast.quarantine["field"] == "capacity_type").any()  # priced, and 'missing' capacity quarantined
