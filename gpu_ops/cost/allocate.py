@@ -13,6 +13,11 @@ come back to Python:
   engine and rule book (``kind`` inventory), gives each node's fleet GPU-hours and
   dollars per day; idle = fleet − allocated per node and day, in dollars (so that
   allocated + idle equals the fleet exactly);
+- **one day's GPU-hours in the screening pass** (:func:`gpu_hours_tally`): for a window
+  inside one UTC day without an inventory, the engine sums each group's GPU-hours in
+  the pass that applies the rule book (:class:`~gpu_ops.cost.engine.Tally`), and the
+  groups read those sums instead of a second pass over the good rows, unless some
+  interval was delivered twice (then the pieces of the good rows, as above);
 - **groups** (:func:`attribute`): sums per grouping key, ``label:<key>`` read from the
   ``labels`` JSON (a key no row has is one empty group), the idle cost as an
   ``__idle__`` row or shared by each group's share of allocated cost.
@@ -29,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost.columns import group_column
-from gpu_ops.cost.engine import UsageEngine, UsageInput, values_table
+from gpu_ops.cost.engine import Tally, UsageEngine, UsageInput, values_table
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import INVENTORY
 from gpu_ops.cost.rules import quote
@@ -54,9 +59,25 @@ def pieces_sql(good: str, lo: int, hi: int) -> str:
             f"SELECT * EXCLUDE (d), d * {DAY_US} AS day_us, greatest(s_eff, d * {DAY_US}) AS piece_start_us, least(e_eff, (d + 1) * {DAY_US}) AS piece_end_us "
             f"FROM (SELECT *, unnest(range({day}, {last} + 1)) AS d FROM ({clip}) WHERE e_eff > s_eff)"
         )
-    # Hours from nanoseconds, as the stored table has always computed them.
-    hours = f"CAST((piece_end_us - piece_start_us) * 1000 AS DOUBLE) / {NS_PER_HOUR}.0"
+    hours = _hours("piece_start_us", "piece_end_us")
     return f"SELECT *, {hours} AS hours, gpu_count * gpu_share * ({hours}) AS gpu_hours FROM ({split})"
+
+
+def _hours(start: str, end: str) -> str:
+    """SQL: the hours from ``start`` to ``end`` (UTC microseconds) from nanoseconds, as the
+    stored table has always computed them."""
+    return f"CAST(({end} - {start}) * 1000 AS DOUBLE) / {NS_PER_HOUR}.0"
+
+
+def gpu_hours_tally(group_by: Sequence[str], lo: int, hi: int) -> Tally | None:
+    """The GPU-hours of each interval inside ``[lo, hi)`` summed per grouping key by the
+    engine's screening pass (the one piece of :func:`pieces_sql` of a window inside one
+    UTC day, the same figure); None for a window across midnight (pieces per day) or a
+    ``label:`` key (read from the labels JSON of the good rows)."""
+    if hi <= lo or (hi - 1) // DAY_US != lo // DAY_US or any(k.startswith("label:") for k in group_by):
+        return None
+    start, end = f"greatest(start_us, {lo})", f"least(coalesce(end_us, {hi}), {hi})"
+    return Tally(tuple(group_by), f"CASE WHEN {end} > {start} THEN gpu_count * gpu_share * ({_hours(start, end)}) END")
 
 
 def priced_sql(pieces: str, lost: bool) -> str:
@@ -265,8 +286,12 @@ def attribution_of(
         usage.add_to(engine)
         text: list[str] = []
         if engine.parts:
-            _, text, _, _ = engine.check(keep)
-            engine.con.execute(f"CREATE OR REPLACE TEMP VIEW pieces AS {pieces_sql(engine.good_sql(), window.start, window.priced_end)}")  # a view: each query reads only its columns
+            # Without an inventory (no idle per node) the groups' GPU-hours can come from the
+            # screening pass itself: one pass over the rows fewer.
+            tally = gpu_hours_tally(group_by, window.start, window.priced_end) if fleet is None else None
+            _, text, _, _ = engine.check(keep, tally)
+            pieces = f"SELECT *, value AS gpu_hours FROM ({engine.tallied_sql()})" if engine.tallied else pieces_sql(engine.good_sql(), window.start, window.priced_end)
+            engine.con.execute(f"CREATE OR REPLACE TEMP VIEW pieces AS {pieces}")  # a view: each query reads only its columns
         else:
             engine.con.execute(_NO_PIECES)
         pieces = "SELECT * FROM pieces"

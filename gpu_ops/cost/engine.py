@@ -83,6 +83,18 @@ class Part:
     choices: dict[str, set[Any]] | None = None
 
 
+@dataclass(frozen=True)
+class Tally:
+    """Sums of the good rows a caller wants from the screening pass itself (see
+    :meth:`UsageEngine.check`): ``value`` (SQL over a typed row, with the lookup's keys
+    ``gpu_type_raw``, ``capacity_type``, ``region``) summed per ``keys`` (typed columns)
+    and lookup key. They stand only when no interval is counted twice (no copies, nothing
+    superseded): :attr:`UsageEngine.tallied` is None otherwise."""
+
+    keys: tuple[str, ...]
+    value: str
+
+
 @dataclass
 class EngineResult:
     rows: Any  # pandas DataFrame of good rows (validate_usage's layout)
@@ -163,6 +175,8 @@ class UsageEngine:
         self.screen_lookup: bool | None = None
         # What the good rows' identity-key hashes may hold in one array (beyond: bucket files).
         self.key_memory_bytes = MEMORY_BYTES
+        # After check(tally=...): table name of the tally (keys, lookup keys, value), or None.
+        self.tallied: str | None = None
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -355,7 +369,7 @@ class UsageEngine:
         out = self.check(keep)
         return EngineResult(self._good_rows(*out), self._quarantine())
 
-    def check(self, keep: Sequence[str] | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    def check(self, keep: Sequence[str] | None = None, tally: Tally | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
         """Run the rule book and the identity rules; the good rows are then
         :meth:`good_sql` (a query that streams from the sources), the quarantine
         :meth:`quarantine_arrow`. Returns the good rows' columns (times: engine name ->
@@ -366,11 +380,17 @@ class UsageEngine:
         among good rows (none, usually); the identity rules then look at the rows of
         those keys alone, and the rows they and the rule book set aside are excluded from
         the good rows by position. A Parquet scan DuckDB cannot read through is read as
-        Arrow and the check run again."""
+        Arrow and the check run again.
+
+        With a ``tally`` the pass is split in two: the rule book with the tally's sums
+        (an aggregate: no row leaves DuckDB) and the identity-key hash of every row
+        (streamed); a key whose hash repeats, even a bad row's, goes to the identity rules,
+        which look at the good rows alone. The sums are :attr:`tallied` when nothing was
+        counted twice: the caller then needs no second pass over the good rows."""
         import duckdb
 
         try:
-            return self._check(keep)
+            return self._check(keep, tally)
         except duckdb.Error:
             if not any(p.file for p in self.parts):
                 raise
@@ -380,56 +400,84 @@ class UsageEngine:
                 self.parts.append(p)
             else:
                 self._add_loaded(p.file, p.source)
-        return self._check(keep)
+        return self._check(keep, tally)
 
-    def _check(self, keep: Sequence[str] | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    def _check(self, keep: Sequence[str] | None, tally: Tally | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
         self._lookups()
-        self._screen()
+        if tally is None:
+            self._screen()
+        else:
+            self._tally(tally)
         repeats = self._identity()
         parts = ["SELECT ord, pos FROM bad_pos", *(["SELECT ord, pos FROM copies", "SELECT ord, pos FROM superseded"] if repeats else [])]
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE excluded AS {' UNION ALL '.join(parts)}")
         self._bad = bool(self.con.execute("SELECT count(*) FROM bad_pos").fetchall()[0][0])
         self._excluding = bool(self.con.execute("SELECT count(*) FROM excluded").fetchall()[0][0])
         self._repeats = repeats
+        self.tallied = "tally" if tally is not None and (not repeats or not self._counted_twice()) else None
         self._columns = self._out_columns(keep)
         return self._columns
 
-    def _screen(self) -> None:
-        """One pass of the rule book over every row, streamed out as two narrow columns: the
-        place of each bad row (table ``bad_pos``: ord, pos) and the identity-key hash of
-        each good row; the hashes are sorted (numpy) and those several good rows share
-        kept (table ``repeats``, usually empty). Nothing as large as the rows is kept in
-        DuckDB."""
+    def _counted_twice(self) -> bool:
+        return bool(self.con.execute("SELECT (SELECT count(*) FROM copies) + (SELECT count(*) FROM superseded)").fetchall()[0][0])
+
+    def _flagged_parts(self, columns: str) -> list[str]:
+        """SQL per part: ``columns`` of its typed rows (the lookup joined if some row of it
+        fails a rule) and ``bad``, whether a row fails the rule book; each part's rules
+        with its own flags written in."""
+        lookup = self.screen_lookup if self.screen_lookup is not None else self.lookup_fails()
+        out = []
+        for p, typed in zip(self.parts, self._typed_parts()):
+            bad = f"storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)}"
+            if lookup:
+                out.append(f"SELECT {columns}, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined(f'(SELECT *, {bad} AS bad0 FROM ({typed}))')})")
+            else:
+                out.append(f"SELECT {columns}, {bad} AS bad FROM ({typed})")
+        return out
+
+    def _tally(self, tally: Tally) -> None:
+        """The screening pass split in two (see :meth:`check`): the rule book with the
+        tally's sums into table ``tally`` and the bad rows' places into ``bad_pos``, then
+        every row's identity-key hash (table ``repeats``)."""
         import numpy as np
-        import pyarrow as pa
+
+        keys = ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
+        rows = " UNION ALL ".join(self._flagged_parts(f"{keys}, ord, pos, {tally.value} AS __value"))
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, "
+            f"list(ord * {_POS_SPAN} + pos) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
+        )
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value FROM tally_raw WHERE value IS NOT NULL")
+        bad_at = self.con.execute("SELECT flatten(list(bad_at)) FROM tally_raw WHERE bad_at IS NOT NULL").fetchall()[0][0] or []
+        self.con.execute("DROP TABLE tally_raw")
+        reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(1 << 16)
+        self._keep_screened(np.asarray(bad_at, np.int64), self._repeated_hashes(reader))
+
+    def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
+        """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
+        more than once; with ``bad_at``, the non-NULL values of column ``bad_at`` appended."""
+        import numpy as np
         import pyarrow.compute as pc
 
-        parts = [  # each part's rules with its own flags written in; the lookup joined to the few columns it needs, if at all
-            f"SELECT ord, pos, namespace, {_IKEY} AS ikey, start_us, gpu_type_raw, capacity_type, region, storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)} AS bad0 FROM ({typed})"
-            for p, typed in zip(self.parts, self._typed_parts())
-        ]
-        lookup = self.screen_lookup if self.screen_lookup is not None else self.lookup_fails()
-        parts = [
-            f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash "
-            f"FROM (SELECT *, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined('(' + narrow + ')')}))"
-            if lookup else
-            f"SELECT CASE WHEN bad0 THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad0 THEN {_key_hash('ikey')} END AS key_hash FROM ({narrow})"
-            for narrow in parts
-        ]
-        reader = self.con.sql(" UNION ALL ".join(parts)).to_arrow_reader(1 << 16)
-        keys, bad_at = RepeatedHashes(sum(p.rows for p in self.parts), self.key_memory_bytes), []
+        keys = RepeatedHashes(sum(p.rows for p in self.parts), self.key_memory_bytes)
         try:
             for batch in reader:
-                at, key = batch.column(0), batch.column(1)
-                if at.null_count < len(at):
+                key = batch.column("key_hash")
+                if bad_at is not None and (at := batch.column("bad_at")).null_count < len(at):
                     bad_at.append(_values(pc.drop_null(at), np.int64).copy())
+                if key.null_count:
                     key = pc.drop_null(key)
                 keys.add(_values(key, np.uint64))
-            repeats = keys.repeats()
+            return keys.repeats()
         finally:
             keys.close()
-        at_all = np.concatenate(bad_at) if bad_at else np.empty(0, np.int64)
+
+    def _keep_screened(self, at_all: Any, repeats: Any) -> None:
+        """Tables ``bad_pos`` (ord, pos of each bad row, from ``at_all``: ord * span + pos)
+        and ``repeats`` (key_hash)."""
+        import pyarrow as pa
+
         self.con.register("screened_bad", pa.table({"ord": int_array(at_all // _POS_SPAN), "pos": int_array(at_all % _POS_SPAN)}))
         self.con.register("screened_repeats", pa.table({"key_hash": pa.Array.from_buffers(pa.uint64(), len(repeats), [None, pa.py_buffer(repeats)])}))
         self.con.execute("CREATE OR REPLACE TEMP TABLE bad_pos AS SELECT * FROM screened_bad")
@@ -438,11 +486,31 @@ class UsageEngine:
         self.con.unregister("screened_repeats")
         pa.default_memory_pool().release_unused()
 
+    def _screen(self) -> None:
+        """One pass of the rule book over every row, streamed out as two narrow columns: the
+        place of each bad row (table ``bad_pos``: ord, pos) and the identity-key hash of
+        each good row; the hashes are sorted (numpy) and those several good rows share
+        kept (table ``repeats``, usually empty). Nothing as large as the rows is kept in
+        DuckDB."""
+        import numpy as np
+
+        parts = self._flagged_parts(f"ord, pos, namespace, {_IKEY} AS ikey, start_us")
+        sql = f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash FROM ({' UNION ALL '.join(parts)})"
+        bad_at: list[Any] = []
+        repeats = self._repeated_hashes(self.con.sql(sql).to_arrow_reader(1 << 16), bad_at)
+        self._keep_screened(np.concatenate(bad_at) if bad_at else np.empty(0, np.int64), repeats)
+
     def lookup_fails(self) -> bool:
         """Whether some row of table ``lookup`` (each GPU type, capacity type and region
         present, or every combination of them) fails a rule that reads the lookup: the
         rules evaluated once per combination instead of once per row."""
         return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.rules_bad(self.kind, lookup=True)}").fetchall()[0][0])
+
+    def tallied_sql(self) -> str:
+        """SQL: the rows of :attr:`tallied` (keys, lookup keys, ``value``) with the lookup's
+        catalog name, region multiplier and prices."""
+        assert self.tallied is not None, "no tally to read: check(tally=...) found intervals counted twice, or had none"
+        return _joined(self.tallied)
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them

@@ -423,3 +423,43 @@ def test_the_lookup_keys_met_by_the_text_check_give_what_the_scan_gives(tmp_path
         pd.testing.assert_frame_equal(fast.rows, general.rows)
         pd.testing.assert_frame_equal(fast.quarantine, general.quarantine)
         assert len(fast.rows) >= 20 and (fast.quarantine["field"] == "capacity_type").any()  # priced, and 'missing' capacity quarantined
+
+
+def _attribution(paths: list[Path], by: list[str], tally: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, bool]:
+    """(groups, quarantine, whether the sums came from the screening pass) of one day of
+    ``paths`` by ``by``, as `gpu-ops cost attribution` computes them; ``tally`` False:
+    through the pieces of the good rows instead."""
+    from gpu_ops.cost import allocate
+    from gpu_ops.cost.engine import UsageEngine
+
+    used: list[bool] = []
+    real = UsageEngine.tallied_sql
+    with monkeypatch.context() as m:
+        m.setattr(UsageEngine, "tallied_sql", lambda self: used.append(True) or real(self))
+        if not tally:
+            m.setattr(allocate, "gpu_hours_tally", lambda *a: None)
+        usage, _ = load_raw(SourceSet(usage_files=[str(p) for p in paths]), window=Window(WS, WE))
+        span = allocate.Span(WS.value // 1000, WE.value // 1000, WE.value // 1000)
+        groups, quarantine = allocate.attribution_of(usage, None, MATRIX, span, by, keep=[*by, "labels"])
+    return groups, quarantine.to_pylist(), bool(used)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sums_from_the_screening_pass_equal_the_sums_of_the_good_rows_pieces(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One day's attribution whose GPU-hours come from the screening pass itself (files
+    whose intervals are each delivered once) and through the good rows' pieces give the
+    same groups, totals and quarantine; with copies and snapshots among the files (counted
+    once by the identity rules) the engine drops the tally and the figures still agree."""
+    (tmp_path / "once").mkdir()
+    (tmp_path / "random").mkdir()
+    once = [_key_file(tmp_path / "once" / f"k{i}.parquet", seed * 10 + i) for i in range(2)]
+    hostile = _files(tmp_path / "random", seed)
+    for paths, by, tallied in ((once, ["team"], True), (once, ["team", "project"], True), (hostile, ["team", "namespace"], False)):
+        got, got_q, used = _attribution(paths, by, True, monkeypatch)
+        want, want_q, _ = _attribution(paths, by, False, monkeypatch)
+        assert used == tallied
+        assert got_q == want_q
+        assert [r[: len(by)] for r in got.rows] == [r[: len(by)] for r in want.rows] and len(got.rows) >= 2
+        for g, w in zip(got.rows, want.rows):
+            assert g[len(by):] == pytest.approx(w[len(by):], rel=1e-12, abs=1e-9)
+        assert got.totals == pytest.approx(want.totals, rel=1e-12)
