@@ -161,15 +161,37 @@ class ParquetScan:
         return out
 
     def text_batches(self, path: Path, columns: Sequence[str]) -> Iterator[Any]:
-        """The ``columns`` of the groups read, one group at a time (dictionary-typed
-        columns as dictionaries)."""
+        """The ``columns`` of the groups read, one group at a time, in order (dictionary-typed
+        columns as dictionaries). The next groups are read meanwhile, on
+        :data:`_TEXT_READERS` threads, each with its own reader: at most one group more
+        than that is held."""
+        import threading
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(path, read_dictionary=[c for c in columns if pa.types.is_dictionary(self.schema.field(c).type)])
-        for i in self.groups:
-            yield pf.read_row_group(i, columns=list(columns))
+        dictionaries = [c for c in columns if pa.types.is_dictionary(self.schema.field(c).type)]
+        local = threading.local()
 
+        def read(i: int) -> Any:
+            if not hasattr(local, "file"):
+                local.file = pq.ParquetFile(path, read_dictionary=dictionaries)
+            return local.file.read_row_group(i, columns=list(columns))
+
+        with ThreadPoolExecutor(_TEXT_READERS, thread_name_prefix="gpu_ops-text") as pool:
+            pending: deque[Any] = deque()
+            for i in self.groups:
+                pending.append(pool.submit(read, i))
+                if len(pending) > _TEXT_READERS:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+
+# Row groups whose text columns are read at once, on threads, while the text check runs.
+_TEXT_READERS = 2
 
 # A time whose stored integer DuckDB reads as infinity (or near it) is read by Arrow.
 _SCAN_TIME_LIMIT = 2**62
