@@ -52,6 +52,11 @@ def _key_hash(ikey: str) -> str:
 
 _KEY_HASH = _key_hash(_IKEY)
 
+def _tally_keys(tally: Tally) -> str:
+    """SQL: the columns a tally is grouped by (its keys, then the lookup's)."""
+    return ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
+
+
 # The raw columns the lookup is keyed by, and their names in the typed layer.
 _LOOKUP_KEYS = ("gpu_type", "capacity_type", "region")
 _LOOKUP_TYPED = ("gpu_type_raw", "capacity_type", "region")
@@ -89,7 +94,7 @@ class Tally:
     :meth:`UsageEngine.check`): ``value`` (SQL over a typed row, with the lookup's keys
     ``gpu_type_raw``, ``capacity_type``, ``region``) summed per ``keys`` (typed columns)
     and lookup key. They stand only when no interval is counted twice (no copies, nothing
-    superseded): :attr:`UsageEngine.tallied` is None otherwise."""
+    superseded): the engine subtracts those found by the identity rules."""
 
     keys: tuple[str, ...]
     value: str
@@ -385,8 +390,9 @@ class UsageEngine:
         With a ``tally`` the pass is split in two: the rule book with the tally's sums
         (an aggregate: no row leaves DuckDB) and the identity-key hash of every row
         (streamed); a key whose hash repeats, even a bad row's, goes to the identity rules,
-        which look at the good rows alone. The sums are :attr:`tallied` when nothing was
-        counted twice: the caller then needs no second pass over the good rows."""
+        which look at the good rows alone, and the sums of the copies and superseded
+        records they find are subtracted. The sums are then :attr:`tallied`: the caller
+        needs no second pass over the good rows."""
         import duckdb
 
         try:
@@ -415,12 +421,29 @@ class UsageEngine:
         self._bad = bool(self.con.execute("SELECT count(*) FROM bad_pos").fetchall()[0][0])
         self._excluding = bool(self.con.execute("SELECT count(*) FROM excluded").fetchall()[0][0])
         self._repeats = repeats
-        self.tallied = "tally" if tally is not None and (not repeats or not self._counted_twice()) else None
+        self.tallied = None
+        if tally is not None:
+            if repeats:
+                self._untally(tally)
+            self.tallied = "tally"
         self._columns = self._out_columns(keep)
         return self._columns
 
-    def _counted_twice(self) -> bool:
-        return bool(self.con.execute("SELECT (SELECT count(*) FROM copies) + (SELECT count(*) FROM superseded)").fetchall()[0][0])
+    def _untally(self, tally: Tally) -> None:
+        """Takes the copies and superseded records (counted once by the identity rules) out
+        of table ``tally``: their own sums and counts, per key, subtracted."""
+        self.con.execute("CREATE OR REPLACE TEMP TABLE counted_twice AS SELECT ord, pos FROM copies UNION ALL SELECT ord, pos FROM superseded")
+        if not self.con.execute("SELECT count(*) FROM counted_twice").fetchall()[0][0]:
+            return
+        keys = _tally_keys(tally)
+        twice = (
+            f"SELECT {keys}, sum(v) AS value, count(v) AS n FROM (SELECT {keys}, {tally.value} AS v FROM ({self._typed_sql('counted_twice')}) "
+            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM counted_twice)) GROUP BY ALL"
+        )
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE tally AS SELECT t.* REPLACE (t.value - coalesce(m.value, 0) AS value, t.n - coalesce(m.n, 0) AS n) "
+            f"FROM tally t LEFT JOIN ({twice}) m USING ({keys})"
+        )
 
     def _flagged_parts(self, columns: str) -> list[str]:
         """SQL per part: ``columns`` of its typed rows (the lookup joined if some row of it
@@ -442,13 +465,13 @@ class UsageEngine:
         every row's identity-key hash (table ``repeats``)."""
         import numpy as np
 
-        keys = ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
+        keys = _tally_keys(tally)
         rows = " UNION ALL ".join(self._flagged_parts(f"{keys}, ord, pos, {tally.value} AS __value"))
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, "
+            f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, count(__value) FILTER (WHERE NOT bad) AS n, "
             f"list(ord * {_POS_SPAN} + pos) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
         )
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value FROM tally_raw WHERE value IS NOT NULL")
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
         bad_at = self.con.execute("SELECT flatten(list(bad_at)) FROM tally_raw WHERE bad_at IS NOT NULL").fetchall()[0][0] or []
         self.con.execute("DROP TABLE tally_raw")
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(1 << 16)
@@ -509,8 +532,8 @@ class UsageEngine:
     def tallied_sql(self) -> str:
         """SQL: the rows of :attr:`tallied` (keys, lookup keys, ``value``) with the lookup's
         catalog name, region multiplier and prices."""
-        assert self.tallied is not None, "no tally to read: check(tally=...) found intervals counted twice, or had none"
-        return _joined(self.tallied)
+        assert self.tallied is not None, "no tally to read: check() was not given one"
+        return _joined(f"(SELECT * FROM {self.tallied} WHERE n > 0)")
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them
