@@ -180,6 +180,9 @@ class ParquetScan:
                 local.file = pq.ParquetFile(path, read_dictionary=dictionaries)
             return local.file.read_row_group(i, columns=list(columns))
 
+        if len(self.groups) < 2:  # nothing to read meanwhile: on this thread (its allocator's memory is handed back)
+            yield from (read(i) for i in self.groups)
+            return
         with ThreadPoolExecutor(_TEXT_READERS, thread_name_prefix="gpu_ops-text") as pool:
             pending: deque[Any] = deque()
             for i in self.groups:
