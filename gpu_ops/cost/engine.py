@@ -93,8 +93,8 @@ class Tally:
     """Sums of the good rows a caller wants from the screening pass itself (see
     :meth:`UsageEngine.check`): ``value`` (SQL over a typed row, with the lookup's keys
     ``gpu_type_raw``, ``capacity_type``, ``region``) summed per ``keys`` (typed columns)
-    and lookup key. They stand only when no interval is counted twice (no copies, nothing
-    superseded): the engine subtracts those found by the identity rules."""
+    and lookup key. The copies and superseded records the identity rules find are
+    subtracted: each interval is counted once, as in the good rows."""
 
     keys: tuple[str, ...]
     value: str
@@ -472,10 +472,11 @@ class UsageEngine:
             f"list(ord * {_POS_SPAN} + pos) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
         )
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
-        bad_at = self.con.execute("SELECT flatten(list(bad_at)) FROM tally_raw WHERE bad_at IS NOT NULL").fetchall()[0][0] or []
+        bad_at = self.con.sql("SELECT unnest(bad_at) AS at FROM tally_raw WHERE bad_at IS NOT NULL").to_arrow_table().column("at")
         self.con.execute("DROP TABLE tally_raw")
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(1 << 16)
-        self._keep_screened(np.asarray(bad_at, np.int64), self._repeated_hashes(reader))
+        at = bad_at.combine_chunks()
+        self._keep_screened(_values(at, np.int64).copy() if len(at) else np.empty(0, np.int64), self._repeated_hashes(reader))
 
     def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
@@ -827,7 +828,7 @@ def _gathered(seen: set[Any], chunk: Any, values: Any) -> set[Any] | None:
     one) and None if some are missing; None past :data:`_MAX_CHOICES`."""
     import pyarrow.compute as pc
 
-    if len(values) > _MAX_CHOICES and values is chunk:
+    if values is chunk:  # no dictionary
         values = pc.unique(values)
     if len(values) + len(seen) > _MAX_CHOICES:
         return None
