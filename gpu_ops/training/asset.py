@@ -194,14 +194,17 @@ class _EventSink:
         self.log.info(str(data.get("message")))
 
     def _on_finished(self, data: dict[str, Any], line: str) -> None:
+        if self.first_progress_at is None:  # resumed with no step left to train: the start-up still happened
+            self._log_startup(data.get("t") or time.time(), "finished")
         self.log.info(f"training function returned after step {data.get('last_step')}")
 
-    def _log_startup(self, first_step_at: float | None) -> None:
-        """One line: how long each start-up phase took, and the absolute times (JSON)."""
+    def _log_startup(self, first_step_at: float | None, last: str = "first_step") -> None:
+        """One line: how long each start-up phase took up to the first step (or, with no
+        step, to ``last``), and the absolute times (JSON)."""
         if not self.startup or first_step_at is None:
             return
-        times = {**self.startup, "first_step": first_step_at}
-        order = ["process", "interpreter", "imports", "cuda_init", "activated", "payload", "checkpoint_loaded", "first_step"]
+        times = {**self.startup, last: first_step_at}
+        order = ["process", "interpreter", "imports", "cuda_init", "activated", "payload", "checkpoint_loaded", last]
         marks = [(k, times[k]) for k in order if isinstance(times.get(k), (int, float))]
         steps = ", ".join(f"{k} +{t - prev:.2f} s" for (_, prev), (k, t) in zip(marks, marks[1:]))
         who = "a standby worker (warm before the attempt began)" if times.get("standby") else "a new worker"
