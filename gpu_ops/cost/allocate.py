@@ -15,9 +15,9 @@ come back to Python:
   allocated + idle equals the fleet exactly);
 - **one day's GPU-hours in the screening pass** (:func:`gpu_hours_tally`): for a window
   inside one UTC day without an inventory, the engine sums each group's GPU-hours in
-  the pass that applies the rule book (:class:`~gpu_ops.cost.engine.Tally`), and the
-  groups read those sums instead of a second pass over the good rows, unless some
-  interval was delivered twice (then the pieces of the good rows, as above);
+  the pass that applies the rule book (:class:`~gpu_ops.cost.engine.Tally`, the copies
+  and superseded records the identity rules find subtracted), and the groups read those
+  sums instead of a second pass over the good rows;
 - **groups** (:func:`attribute`): sums per grouping key, ``label:<key>`` read from the
   ``labels`` JSON (a key no row has is one empty group), the idle cost as an
   ``__idle__`` row or shared by each group's share of allocated cost.
@@ -49,7 +49,8 @@ def pieces_sql(good: str, lo: int, hi: int) -> str:
     """SQL: the pieces of the intervals of ``good`` inside ``[lo, hi)`` (UTC microseconds),
     one per UTC day: the rows' columns plus ``day_us``, ``piece_start_us``,
     ``piece_end_us``, ``hours`` and ``gpu_hours``. Pieces without time are dropped."""
-    clip = f"SELECT *, greatest(start_us, {lo}) AS s_eff, least(coalesce(end_us, {hi}), {hi}) AS e_eff FROM ({good})"
+    s_eff, e_eff = _clipped(lo, hi)
+    clip = f"SELECT *, {s_eff} AS s_eff, {e_eff} AS e_eff FROM ({good})"
     if (hi - 1) // DAY_US == lo // DAY_US:  # one day: no fan-out
         split = f"SELECT *, {lo // DAY_US * DAY_US} AS day_us, s_eff AS piece_start_us, e_eff AS piece_end_us FROM ({clip}) WHERE e_eff > s_eff"
     else:
@@ -61,6 +62,11 @@ def pieces_sql(good: str, lo: int, hi: int) -> str:
         )
     hours = _hours("piece_start_us", "piece_end_us")
     return f"SELECT *, {hours} AS hours, gpu_count * gpu_share * ({hours}) AS gpu_hours FROM ({split})"
+
+
+def _clipped(lo: int, hi: int) -> tuple[str, str]:
+    """SQL: an interval's start and end inside ``[lo, hi)`` (an open interval runs to ``hi``)."""
+    return f"greatest(start_us, {lo})", f"least(coalesce(end_us, {hi}), {hi})"
 
 
 def _hours(start: str, end: str) -> str:
@@ -76,7 +82,7 @@ def gpu_hours_tally(group_by: Sequence[str], lo: int, hi: int) -> Tally | None:
     ``label:`` key (read from the labels JSON of the good rows)."""
     if hi <= lo or (hi - 1) // DAY_US != lo // DAY_US or any(k.startswith("label:") for k in group_by):
         return None
-    start, end = f"greatest(start_us, {lo})", f"least(coalesce(end_us, {hi}), {hi})"
+    start, end = _clipped(lo, hi)
     return Tally(tuple(group_by), f"CASE WHEN {end} > {start} THEN gpu_count * gpu_share * ({_hours(start, end)}) END")
 
 

@@ -180,8 +180,8 @@ class UsageEngine:
         self.screen_lookup: bool | None = None
         # What the good rows' identity-key hashes may hold in one array (beyond: bucket files).
         self.key_memory_bytes = MEMORY_BYTES
-        # After check(tally=...): table name of the tally (keys, lookup keys, value), or None.
-        self.tallied: str | None = None
+        # After check(tally=...): table ``tally`` holds the tally's sums (keys, lookup keys, value, n).
+        self.tallied = False
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -421,11 +421,9 @@ class UsageEngine:
         self._bad = bool(self.con.execute("SELECT count(*) FROM bad_pos").fetchall()[0][0])
         self._excluding = bool(self.con.execute("SELECT count(*) FROM excluded").fetchall()[0][0])
         self._repeats = repeats
-        self.tallied = None
-        if tally is not None:
-            if repeats:
-                self._untally(tally)
-            self.tallied = "tally"
+        if tally is not None and repeats:
+            self._untally(tally)
+        self.tallied = tally is not None
         self._columns = self._out_columns(keep)
         return self._columns
 
@@ -531,10 +529,10 @@ class UsageEngine:
         return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.rules_bad(self.kind, lookup=True)}").fetchall()[0][0])
 
     def tallied_sql(self) -> str:
-        """SQL: the rows of :attr:`tallied` (keys, lookup keys, ``value``) with the lookup's
-        catalog name, region multiplier and prices."""
-        assert self.tallied is not None, "no tally to read: check() was not given one"
-        return _joined(f"(SELECT * FROM {self.tallied} WHERE n > 0)")
+        """SQL: the tally's rows (keys, lookup keys, ``value``; see :attr:`tallied`) with the
+        lookup's catalog name, region multiplier and prices."""
+        assert self.tallied, "no tally to read: check() was not given one"
+        return _joined("(SELECT * FROM tally WHERE n > 0)")
 
     def good_sql(self, columns: Sequence[str] | None = None) -> str:
         """SQL: the good rows after :meth:`check` (each interval once), ``columns`` of them

@@ -1,6 +1,7 @@
-"""Which identity-key hashes repeat among the good rows, in memory bounded by a setting.
+"""Which identity-key hashes repeat, in memory bounded by a setting.
 
-The engine's screening pass streams one 64-bit hash per good row (see
+The engine's screening pass streams one 64-bit hash per row (each good row's; with a
+tally, every row's: see
 :meth:`gpu_ops.cost.engine.UsageEngine.check`); the hashes several rows share are the only
 candidates for the identity rules. Up to :data:`MEMORY_BYTES` of hashes (32M rows) are
 gathered in one array and sorted. Beyond that they are written, batch by batch, to

@@ -198,12 +198,12 @@ class _EventSink:
             self._log_startup(data.get("t") or time.time(), "finished")
         self.log.info(f"training function returned after step {data.get('last_step')}")
 
-    def _log_startup(self, first_step_at: float | None, last: str = "first_step") -> None:
+    def _log_startup(self, at: float | None, last: str = "first_step") -> None:
         """One line: how long each start-up phase took up to the first step (or, with no
-        step, to ``last``), and the absolute times (JSON)."""
-        if not self.startup or first_step_at is None:
+        step, to ``last``) at ``at``, and the absolute times (JSON)."""
+        if not self.startup or at is None:
             return
-        times = {**self.startup, last: first_step_at}
+        times = {**self.startup, last: at}
         order = ["process", "interpreter", "imports", "cuda_init", "activated", "payload", "checkpoint_loaded", last]
         marks = [(k, times[k]) for k in order if isinstance(times.get(k), (int, float))]
         steps = ", ".join(f"{k} +{t - prev:.2f} s" for (_, prev), (k, t) in zip(marks, marks[1:]))
