@@ -33,13 +33,13 @@ def _collect(h: np.ndarray, memory_bytes: int, rows: int | None = None) -> tuple
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_bucket_files_find_the_same_repeats_as_one_sorted_array(seed: int) -> None:
+def test_held_and_filed_buckets_find_the_repeats_numpy_finds(seed: int) -> None:
     h = _hashes(seed, 200_000)
     values, counts = np.unique(h, return_counts=True)
     want = values[counts > 1]
     in_memory, bits, _ = _collect(h, memory_bytes=8 * len(h))
     spilled, spill_bits, files = _collect(h, memory_bytes=64 * 1024)  # 1.6 MB of hashes against 64 KiB
-    assert bits == 0 and spill_bits >= 3  # one array; then 2**k buckets of at most 16 KiB... as near as 8 bits go
+    assert bits == 0 and spill_bits >= 3  # held in memory; then 2**k buckets of at most 16 KiB... as near as 8 bits go
     np.testing.assert_array_equal(in_memory, want)
     np.testing.assert_array_equal(spilled, want)
     assert len(want) > 3_000 and {0, 2**64 - 1} <= set(want.tolist())
