@@ -18,8 +18,11 @@ Sections (all by default):
                  rows written per second (goal: < 60 s and < 2 GB peak for the day).
   daily_job_mp   the real job: `dagster asset materialize` of every cost asset (multiprocess
                  executor), day 1 and day 30, nested and independent keys; wall time and
-                 the process tree's peak RSS (--steps: each step's work, start-up and peak;
-                 --row-level-mp parquet|postgresql). Goal: <= 30 s, <= 1 GB, day 30 <= 1.2x day 1.
+                 the process tree's peak, as summed RSS (every process's resident pages,
+                 shared ones counted in each) and summed PSS (each page once: what the tree
+                 holds) (--steps: each step's work, start-up and peak;
+                 --row-level-mp parquet|postgresql). Goal: <= 30 s, <= 1 GB (of summed
+                 RSS, the stricter), day 30 <= 1.2x day 1.
 
 Big runs hold the benchmark lock:
     flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/history.py --section daily_job
@@ -38,7 +41,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +331,19 @@ def tree_rss(pid: int) -> dict[int, int]:
     return out
 
 
+def tree_pss_mib(pids: Iterable[int]) -> float:
+    """Proportional set size of ``pids`` summed, MiB: each shared page counted once across
+    them (a step forked from the forkserver shares its imports), what the tree really holds."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total / 1024
+
+
 def tree_rss_mib(pid: int) -> float:
     """Resident memory of a process and all its descendants now (from /proc), MiB."""
     return sum(tree_rss(pid).values()) / 2**20
@@ -346,15 +362,16 @@ def process_label(pid: int) -> str:
     return cmd[:40]
 
 
-def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str, dict[int, float], dict[int, tuple[str, float]]]:
-    """Run ``cmd`` (a whole process tree) sampling its summed RSS every 50 ms:
-    (wall s, process-tree peak MiB, output, peak MiB of each process of the tree, each
-    process's MiB and label at the tree's peak)."""
+def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str, dict[int, float], dict[int, tuple[str, float]]]:
+    """Run ``cmd`` (a whole process tree) sampling its summed RSS and summed PSS every
+    50 ms: (wall s, process-tree peak MiB of summed RSS, of summed PSS, output, peak RSS
+    MiB of each process of the tree, each process's RSS MiB and label at the tree's RSS
+    peak)."""
     import subprocess
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    peak, out, per_pid = 0.0, [], {}
+    peak, pss_peak, out, per_pid = 0.0, 0.0, [], {}
     at_peak: dict[int, tuple[str, float]] = {}
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))  # type: ignore[union-attr]
     reader.start()
@@ -365,12 +382,13 @@ def run_job_tree(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str
             at_peak = {p: (process_label(p), b / 2**20) for p, b in now.items()}
         for p, b in now.items():
             per_pid[p] = max(per_pid.get(p, 0.0), b / 2**20)
+        pss_peak = max(pss_peak, tree_pss_mib(now))
         time.sleep(0.05)
     reader.join()
     text = out[0].decode(errors="replace") if out else ""
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{text[-3000:]}")
-    return time.perf_counter() - t0, peak, text, per_pid, at_peak
+    return time.perf_counter() - t0, peak, pss_peak, text, per_pid, at_peak
 
 
 def step_profile(home: Path, per_pid: dict[int, float]) -> list[tuple[str, float, float, float]]:
@@ -435,7 +453,7 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
 
     n = args.intervals
     print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets, row-level gpu_usage as {args.row_level_mp}, aggregates on PostgreSQL; {load_note()}")
-    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'gpu_cost_daily rows/day':>24} {'budget read rows/day':>21}")
+    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'PSS peak MiB':>13} {'gpu_cost_daily rows/day':>24} {'budget read rows/day':>21}")
     for layout in args.keys or ("nested", "independent"):
         with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
             tmp = Path(tmp_)
@@ -457,10 +475,10 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
                         other = MONTH + dt.timedelta(days=i)
                         store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
                 cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
-                wall, peak, _, per_pid, at_peak = run_job_tree(cmd, env)
+                wall, peak, pss, _, per_pid, at_peak = run_job_tree(cmd, env)
                 rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
                 read = len(budget_read(config, store, d))
-                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {rows:>24,} {read:>21,}", flush=True)
+                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {pss:13.0f} {rows:>24,} {read:>21,}", flush=True)
                 if args.steps:
                     profile = step_profile(home, per_pid)
                     for step, boot, secs, mib in profile:

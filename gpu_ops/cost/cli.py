@@ -239,17 +239,18 @@ def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:
 
 
 def _report_rows(records: list[dict[str, Any]], path: str | None) -> None:
-    """Say what was set aside (stderr); exit 1 when a file or pattern gave no rows at all.
+    """Say what was set aside (stderr) and write it to ``path`` (a CSV with its header even
+    when empty); exit 1 when a file or pattern gave no rows at all.
 
     Called last, after the table was printed: the good files are priced either way, but a
     missing or unreadable file must not pass for a cheap day in a script (exit status).
     """
     from gpu_ops.cost.rules import FILE_FIELD
 
+    if path:  # written every run, the header alone when nothing was set aside: never an earlier run's rows
+        _write_quarantine(records, path)
     if not records:
         return
-    if path:
-        _write_quarantine(records, path)
     files = [r for r in records if r["field"] == FILE_FIELD]
     rows = [r for r in records if r["field"] != FILE_FIELD]
     if rows:

@@ -473,8 +473,8 @@ class UsageEngine:
         bad_at = self.con.sql("SELECT unnest(bad_at) AS at FROM tally_raw WHERE bad_at IS NOT NULL").to_arrow_table().column("at")
         self.con.execute("DROP TABLE tally_raw")
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(1 << 16)
-        at = bad_at.combine_chunks()
-        self._keep_screened(_values(at, np.int64).copy() if len(at) else np.empty(0, np.int64), self._repeated_hashes(reader))
+        at = [_values(c, np.int64) for c in bad_at.chunks if len(c)]  # (combine_chunks of none would import pandas)
+        self._keep_screened(np.concatenate(at) if at else np.empty(0, np.int64), self._repeated_hashes(reader))
 
     def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur

@@ -215,3 +215,36 @@ def test_attribution_over_files_starts_light(files, fmt):
         # n1: 8 spot A100s all day ($192), n2: one L4 for 12 h ($9.60): fleet $201.60, $22.80 of it allocated
         assert by_team["nlp"] == pytest.approx(6.0) and by_team["vision"] == pytest.approx(16.8) and by_team["__idle__"] == pytest.approx(201.6 - 22.8)
         assert {row["label_tier"] for row in rows} == {"", "__idle__"}
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+@pytest.mark.parametrize("dirty", [False, True], ids=["clean", "dirty"])
+def test_one_days_attribution_by_team_starts_light(files, kind, dirty):
+    """The plain `cost attribution --by team` of one day (no inventory, no label: the sums
+    come from the engine's screening pass) loads neither pandas nor pydantic either: on
+    clean rows, and with a bad row and a snapshot re-exported closed among them (the
+    identity rules and the quarantine run); the figures are the hand-computed ones."""
+    usage = files / "usage.csv"
+    snapshot = USAGE[1].replace("2026-10-02T03:00:00Z", "")  # p1 exported while running, then closed
+    usage.write_text("\n".join([*USAGE, snapshot] if dirty else USAGE[:4]) + "\n")
+    if kind == "parquet":
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+
+        pq.write_table(pacsv.read_csv(usage), files / "usage.parquet")
+        usage = files / "usage.parquet"
+    argv = ["gpu-ops", "cost", "attribution", "--usage", str(usage), "--prices", str(files / "prices.yaml"), "--date", "2026-10-02",
+            "--by", "team", "--format", "json", "--quarantine", str(files / "q.csv")]
+    runs = {}
+    for blocked in ((), ("pandas", "pydantic")):
+        r = subprocess.run([sys.executable, "-c", _LIGHT_PROBE.format(blocked=blocked, argv=argv)], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs[blocked] = r
+    light, plain = runs[("pandas", "pydantic")], runs[()]
+    assert "LOADED []" in plain.stdout and "LOADED []" in light.stdout, plain.stdout[-300:]
+    assert light.stdout == plain.stdout and light.stderr == plain.stderr
+    by_team = {row["team"]: row["cost_usd"] for row in json.loads(light.stdout[: light.stdout.rindex("LOADED")])}
+    assert by_team == pytest.approx({"nlp": 6.0, "vision": 16.8})  # p1 once: its closed record supersedes the snapshot
+    with open(files / "q.csv") as f:
+        q = sorted((row["field"], row["row"]) for row in csv.DictReader(f))
+    assert q == ([("<row>", "5"), ("team", "4")] if dirty else [])
