@@ -446,11 +446,13 @@ class UsageEngine:
     def _flagged_parts(self, columns: str) -> list[str]:
         """SQL per part: ``columns`` of its typed rows (the lookup joined if some row of it
         fails a rule) and ``bad``, whether a row fails the rule book; each part's rules
-        with its own flags written in."""
+        with its own flags written in, those that read only the lookup's keys left out when
+        no row of the lookup fails them."""
         lookup = self.screen_lookup if self.screen_lookup is not None else self.lookup_fails()
+        keys = self.screen_lookup is not None or self.key_rules_fail()
         out = []
         for p, typed in zip(self.parts, self._typed_parts()):
-            bad = f"storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False)}"
+            bad = f"storage_bad OR {R.rules_bad(self.kind, p.layout if self.kind == USAGE else None, lookup=False, keys=keys)}"
             if lookup:
                 out.append(f"SELECT {columns}, bad0 OR {R.rules_bad(self.kind, lookup=True)} AS bad FROM ({_joined(f'(SELECT *, {bad} AS bad0 FROM ({typed}))')})")
             else:
@@ -527,6 +529,12 @@ class UsageEngine:
         present, or every combination of them) fails a rule that reads the lookup: the
         rules evaluated once per combination instead of once per row."""
         return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.rules_bad(self.kind, lookup=True)}").fetchall()[0][0])
+
+    def key_rules_fail(self) -> bool:
+        """Whether some row of table ``lookup`` fails a rule that reads nothing but the
+        lookup's keys (an empty GPU type, a missing or unknown capacity type): else no row
+        of the sources can, and the screening pass leaves them out."""
+        return bool(self.con.execute(f"SELECT count(*) FROM lookup WHERE {R.key_rules_bad(self.kind)}").fetchall()[0][0])
 
     def tallied_sql(self) -> str:
         """SQL: the tally's rows (keys, lookup keys, ``value``; see :attr:`tallied`) with the

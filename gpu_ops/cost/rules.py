@@ -399,19 +399,55 @@ LOOKUP_COLUMNS = ("gpu_type", "gpu_type_error", "region_multiplier", "region_err
 _READS_LOOKUP = re.compile(r'(?<![\w"])"?(?:' + "|".join(LOOKUP_COLUMNS) + r')"?(?![\w"])')
 
 
-def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, lookup: bool | None = None) -> str:
+# The lookup's keys, as the typed layer names them: a rule that reads nothing else is true
+# or false alike on every row with the same keys, so one look at the lookup table (one row
+# per combination present) tells whether it can fail on any row.
+LOOKUP_KEYS = ("gpu_type_raw", "capacity_type", "region")
+_SQL_WORDS = frozenset(("and", "or", "not", "in", "is", "null"))
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def reads_only_lookup_keys(cond: str) -> bool:
+    """Whether a rule's condition reads :data:`LOOKUP_KEYS` and nothing else (its words
+    outside string literals, SQL's few comparison words aside; a function or any other
+    name says no)."""
+    words = {w.lower() if w.lower() in _SQL_WORDS else w for w in _WORD.findall(_LITERAL.sub("", cond.replace('"', "")))} - _SQL_WORDS
+    return bool(words) and words <= set(LOOKUP_KEYS)
+
+
+def _in_group(cond: str, lookup: bool | None, keys: bool) -> bool:
+    if cond.startswith("regexp_matches("):
+        return False  # the control-character rules: text_control, one look across every column
+    if lookup is None:
+        return True
+    if _READS_LOOKUP.search(cond):
+        return lookup
+    return not lookup and (keys or not reads_only_lookup_keys(cond))
+
+
+def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, lookup: bool | None = None, keys: bool = True) -> str:
     """Whether any rule fails (cheap: no reason is built; one look for control
     characters across every text column instead of one per column). With the ``layout``
     of the one source it runs over, its :func:`flags` are written in as constants (so
     that DuckDB drops what cannot apply to how that source stores its columns).
     ``lookup``: only the rules that read :data:`LOOKUP_COLUMNS` (True), or only the others
-    (False: they run before the lookup is joined, on the wide rows)."""
-    conds = [f"({cond})" for field, cond, _ in row_rules(kind) if not cond.startswith("regexp_matches(") and lookup in (None, bool(_READS_LOOKUP.search(cond)))]
-    sql = f"(coalesce({' OR '.join(conds)}, false){'' if lookup else ' OR text_control'})"  # text_control: see :func:`text_control`
+    (False: they run before the lookup is joined, on the wide rows); with ``keys`` False,
+    the others without the rules that read nothing but :data:`LOOKUP_KEYS` (for when no row
+    of the lookup fails them: :func:`key_rules_bad`)."""
+    conds = [f"({cond})" for _, cond, _ in row_rules(kind) if _in_group(cond, lookup, keys)]
+    sql = f"(coalesce({' OR '.join(conds) or 'false'}, false){'' if lookup else ' OR text_control'})"  # text_control: see :func:`text_control`
     if layout is None:
         return sql
     known = constants(layout)
     return re.sub(r'(?<![\w"])"?((?:typed|has|r|p)_\w+)"?(?![\w"])', lambda m: known.get(m.group(1), m.group(0)), sql)
+
+
+def key_rules_bad(kind: str = "usage") -> str:
+    """Whether any rule that reads nothing but :data:`LOOKUP_KEYS` fails (SQL over a row of
+    the lookup table, or a typed row)."""
+    conds = [f"({cond})" for _, cond, _ in row_rules(kind) if not _READS_LOOKUP.search(cond) and reads_only_lookup_keys(cond)]
+    return f"coalesce({' OR '.join(conds) or 'false'}, false)"
 
 
 def constants(layout: dict[str, Stored]) -> dict[str, str]:

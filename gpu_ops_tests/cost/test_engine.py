@@ -16,7 +16,6 @@ field) rows.
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 from pathlib import Path
 from typing import Any
@@ -33,96 +32,8 @@ from gpu_ops.cost.usage import quarantine_in_window, read_usage_files
 from gpu_ops.cost.window import Window
 
 from .helpers import MATRIX
+from .random_files import DAY, WE, WS, random_files
 from .oracle import price_pieces, split_by_day, validate_usage
-
-DAY = pd.Timestamp("2026-10-01", tz="UTC")
-WS, WE = DAY, DAY + pd.Timedelta(days=1)
-TEAMS = ["nlp", " nlp", "NLP", "vision ", "", "research"]
-GPUS = ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "l4", "a10", "t4"]
-CAPACITY = ["spot", "on-demand", "SPOT", "reserved", "preemptible", ""]
-SHARING = ["none", "", "mig", "timeslice", "gpu"]
-
-
-def _row(rng: random.Random, i: int) -> dict[str, Any]:
-    start = DAY + pd.Timedelta(minutes=rng.randrange(-36 * 60, 30 * 60, 15))
-    kind = rng.random()
-    end = None if kind < 0.12 else start - pd.Timedelta(hours=1) if kind < 0.16 else start + pd.Timedelta(minutes=rng.randrange(15, 40 * 60, 15))
-    sharing = rng.choice(SHARING)
-    share = rng.choice([None, 1.0, 0.5, 1 / 7, 0.0, 1.5]) if sharing not in ("none", "") else rng.choice([None, 1.0, 1.0, 0.5])
-    count = rng.choice([1, 1, 2, 8, 0, -1, 1.5, 200_000])
-    return {
-        "start": start, "end": end, "namespace": rng.choice(["ml", "research"]), "pod": f"pod-{i}", "node": f"n{rng.randrange(3)}",
-        "team": rng.choice(TEAMS), "project": rng.choice(["llm", "det", ""]), "cost_center": "", "experiment_id": "",
-        "gpu_type": rng.choice(GPUS), "gpu_count": count, "capacity_type": rng.choice(CAPACITY), "sharing": sharing, "gpu_share": share,
-    }
-
-
-def _rows(seed: int, n: int) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    rows = [_row(rng, seed * 10_000 + i) for i in range(n)]
-    for r in rng.sample(rows, n // 10):  # identical copies
-        rows.append(dict(r))
-    for r in rng.sample(rows, n // 10):  # the same interval, running here (finished elsewhere)
-        rows.append({**r, "end": None})
-    for r in rng.sample(rows, n // 20):  # re-exported with a later end
-        if r["end"] is not None:
-            rows.append({**r, "end": r["end"] + pd.Timedelta(hours=1)})
-    rng.shuffle(rows)
-    return rows
-
-
-def _parquet(rows: list[dict[str, Any]], path: Path, rng: random.Random) -> None:
-    unit = rng.choice(["s", "ms", "us", "ns"])
-    tz = rng.choice(["UTC", None, "Europe/Paris"])
-    def times(key: str) -> pa.Array:
-        values = [None if r[key] is None else (r[key] if tz else r[key].tz_convert("UTC").tz_localize(None)) for r in rows]
-        return pa.array(values, pa.timestamp(unit, tz=tz))
-    count_float = any(isinstance(r["gpu_count"], float) for r in rows)
-    table = pa.table({
-        "start": times("start"), "end": times("end"),
-        **{c: pa.array([r[c] for r in rows]) for c in ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing")},
-        "gpu_count": pa.array([float(r["gpu_count"]) if count_float else int(r["gpu_count"]) for r in rows]),
-        "gpu_share": pa.array([r["gpu_share"] for r in rows], pa.float64()),
-    })
-    dictionary = rng.random() < 0.5
-    with pq.ParquetWriter(path, table.schema, use_dictionary=dictionary) as w:
-        w.write_table(table.slice(0, 0))  # an empty row group
-        for lo in range(0, table.num_rows, 37):
-            w.write_table(table.slice(lo, 37))
-
-
-def _csv(rows: list[dict[str, Any]], path: Path, rng: random.Random) -> None:
-    offset = rng.choice([0, 2, -5])
-    def t(v: Any) -> str:
-        if v is None:
-            return ""
-        local = v.tz_convert(dt.timezone(dt.timedelta(hours=offset)))
-        return local.isoformat() if offset else v.strftime("%Y-%m-%dT%H:%M:%SZ")
-    cols = list(rows[0])
-    lines = [",".join(cols)]
-    for r in rows:
-        vals = [t(r[c]) if c in ("start", "end") else "" if r[c] is None else (f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols]
-        lines.append(",".join(vals))
-    data = ("\ufeff" if rng.random() < 0.5 else "") + "\n".join(lines) + "\n"
-    path.write_text(data, encoding="utf-8")
-
-
-def _files(tmp_path: Path, seed: int) -> list[Path]:
-    rng = random.Random(seed)
-    rows = _rows(seed, 160)
-    cut = len(rows) // 3
-    parts = [rows[:cut], rows[cut : 2 * cut], rows[2 * cut :]]
-    paths = []
-    for i, part in enumerate(parts):
-        if rng.random() < 0.5:
-            path = tmp_path / f"u{seed}-{i}.parquet"
-            _parquet(part, path, rng)
-        else:
-            path = tmp_path / f"u{seed}-{i}.csv"
-            _csv(part, path, rng)
-        paths.append(path)
-    return paths
-
 
 # --------------------------------------------------------------------------- the oracle
 
@@ -175,7 +86,7 @@ def engine(paths: list[Path]) -> tuple[dict[str, float], set[tuple[str, int, str
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_hostile_files_price_and_quarantine_as_the_oracle(tmp_path: Path, seed: int) -> None:
-    paths = _files(tmp_path, seed)
+    paths = random_files(tmp_path, seed)
     want_totals, want_q = oracle(paths)
     got_totals, got_q = engine(paths)
     assert sorted(got_totals) == sorted(want_totals)
@@ -212,18 +123,18 @@ def test_the_screen_without_the_lookup_gives_what_the_general_path_gives(tmp_pat
     edge spaces, GPU aliases of one catalog name, copies, snapshots: the screening pass
     without the lookup join gives the same good rows and byte-identical quarantine as the
     general path; with an unknown GPU type the engine takes the general path itself."""
-    monkeypatch.setattr(f"{__name__}.GPUS", ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "NVIDIA-H100-80GB-HBM3", " h100"])
-    monkeypatch.setattr(f"{__name__}.CAPACITY", ["spot", "on-demand", "SPOT", "preemptible", ""])  # no reserved price for h100 here
+    monkeypatch.setattr("gpu_ops_tests.cost.random_files.GPUS", ["a100-80gb", "NVIDIA-A100-SXM4-80GB", "h100", "NVIDIA-H100-80GB-HBM3", " h100"])
+    monkeypatch.setattr("gpu_ops_tests.cost.random_files.CAPACITY", ["spot", "on-demand", "SPOT", "preemptible", ""])  # no reserved price for h100 here
     (tmp_path / "priced").mkdir()
     (tmp_path / "unknown").mkdir()
-    paths = _files(tmp_path / "priced", seed)
+    paths = random_files(tmp_path / "priced", seed)
     (fast_rows, fast_q, fails), (general_rows, general_q, _) = _both_screens(paths)
     assert not fails
     pd.testing.assert_frame_equal(fast_rows, general_rows)
     pd.testing.assert_frame_equal(fast_q, general_q)
     assert len(fast_q) > 10 and len(fast_rows) > 10 and (fast_q["field"] == "<row>").any()  # hostile, copies and snapshots, still priced
-    monkeypatch.setattr(f"{__name__}.GPUS", ["h100", "a10"])
-    (_, _, fails), _ = _both_screens(_files(tmp_path / "unknown", seed))
+    monkeypatch.setattr("gpu_ops_tests.cost.random_files.GPUS", ["h100", "a10"])
+    (_, _, fails), _ = _both_screens(random_files(tmp_path / "unknown", seed))
     assert fails
 
 
@@ -415,7 +326,7 @@ def test_the_lookup_keys_met_by_the_text_check_give_what_the_scan_gives(tmp_path
     engine scans."""
     keys = [_key_file(tmp_path / f"keys{seed}-{i}.parquet", seed * 10 + i) for i in range(2)]
     (tmp_path / "random").mkdir()
-    for paths, all_known in ((keys, True), (keys + _files(tmp_path / "random", seed), False)):
+    for paths, all_known in ((keys, True), (keys + random_files(tmp_path / "random", seed), False)):
         gathered, fast, known = _lookup_and_result(paths, True)
         scanned, general, _ = _lookup_and_result(paths, False)
         assert known == all_known or (not all_known and all(p.suffix == ".parquet" for p in paths))
@@ -453,8 +364,9 @@ def test_sums_from_the_screening_pass_equal_the_sums_of_the_good_rows_pieces(tmp
     (tmp_path / "once").mkdir()
     (tmp_path / "random").mkdir()
     once = [_key_file(tmp_path / "once" / f"k{i}.parquet", seed * 10 + i) for i in range(2)]
-    hostile = _files(tmp_path / "random", seed)
-    for paths, by, twice in ((once, ["team"], False), (once, ["team", "project"], False), (hostile, ["team", "namespace"], True), (hostile, ["namespace"], True)):
+    hostile = random_files(tmp_path / "random", seed)
+    cases = ((once, ["team"], False), (once, ["team", "project"], False), (hostile, ["team", "namespace"], True), (hostile, ["namespace"], True), (hostile, ["gpu_type", "capacity_type", "region"], True))
+    for paths, by, twice in cases:
         got, got_q, used = _attribution(paths, by, True, monkeypatch)
         want, want_q, _ = _attribution(paths, by, False, monkeypatch)
         assert used
@@ -464,3 +376,23 @@ def test_sums_from_the_screening_pass_equal_the_sums_of_the_good_rows_pieces(tmp
         for g, w in zip(got.rows, want.rows):
             assert g[len(by):] == pytest.approx(w[len(by):], rel=1e-12, abs=1e-9)
         assert got.totals == pytest.approx(want.totals, rel=1e-12)
+
+
+def test_the_rules_that_read_only_the_lookups_keys_are_told_by_what_they_read() -> None:
+    """A rule reads only the lookup's keys when every name in it (outside string literals,
+    SQL's comparison words aside) is one of them: an empty GPU type or capacity type, an
+    unknown capacity type; a rule that also reads another column, or a function, does not;
+    and every rule the engine leaves out of its screen when the lookup passes is one of them."""
+    from gpu_ops.cost import rules as R
+
+    assert R.reads_only_lookup_keys("capacity_type <> '' AND capacity_type NOT IN ('spot', 'on-demand', 'reserved')")
+    assert R.reads_only_lookup_keys('"gpu_type_raw" = \'\'')
+    assert not R.reads_only_lookup_keys("capacity_type = '' OR team = ''")  # another column
+    assert not R.reads_only_lookup_keys("lower(capacity_type) = 'spot'")  # a function
+    assert not R.reads_only_lookup_keys("'capacity_type' = 'region'")  # names in literals only
+    assert not R.reads_only_lookup_keys("gpu_type IS NULL")  # the lookup's catalog name, not a key
+    keys = [cond for _, cond, _ in R.row_rules() if R.reads_only_lookup_keys(cond)]
+    assert {f for f, cond, _ in R.row_rules() if cond in keys} == {"gpu_type", "capacity_type"} and len(keys) == 3
+    every, without = R.rules_bad(lookup=False), R.rules_bad(lookup=False, keys=False)
+    assert all(f"({cond})" in every and f"({cond})" not in without for cond in keys)
+    assert R.key_rules_bad() == "coalesce(" + " OR ".join(f"({c})" for c in keys) + ", false)"

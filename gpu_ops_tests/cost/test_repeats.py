@@ -57,14 +57,15 @@ def test_more_rows_than_expected_still_count() -> None:
 def test_the_engine_prices_and_quarantines_the_same_when_the_hashes_go_to_bucket_files(tmp_path: Path) -> None:
     """Copies and snapshots of one interval across files, hostile rows around them: the
     identity rules see the same repeated keys through bucket files as through one array."""
-    from gpu_ops_tests.cost.test_engine import MATRIX, WE, WS, _files
+    from gpu_ops_tests.cost.helpers import MATRIX
+    from gpu_ops_tests.cost.random_files import WE, WS, random_files
 
     from gpu_ops.cost.engine import UsageEngine
     from gpu_ops.cost.pipeline import load_raw
     from gpu_ops.cost.sources import SourceSet
     from gpu_ops.cost.window import Window
 
-    paths = _files(tmp_path, 3)
+    paths = random_files(tmp_path, 3)
     out = []
     for memory in (None, 1024):
         usage, _ = load_raw(SourceSet(usage_files=[str(p) for p in paths]), window=Window(WS, WE))
