@@ -64,6 +64,9 @@ _LOOKUP_TYPED = ("gpu_type_raw", "capacity_type", "region")
 # Distinct raw values of a lookup key column the text check keeps at most (beyond: a scan).
 _MAX_CHOICES = 10_000
 
+# Key hashes a batch of the tally's hash pass holds (8 MiB): fewer, larger batches to split
+# into buckets (10M rows: 0.8 s -> 0.7 s for the pass).
+_HASH_BATCH = 1 << 20
 _POS_SPAN = 1 << 40  # a bad row's place, ord and pos in one integer: ord * _POS_SPAN + pos
 _IDENTITY_COLUMNS = (
     "start_us", "end_us", *R.TEXT_COLUMNS, "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "attempt", "last_checkpoint_us", "lost_seconds",
@@ -476,7 +479,7 @@ class UsageEngine:
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
         bad_at = self.con.sql("SELECT unnest(bad_at) AS at FROM tally_raw WHERE bad_at IS NOT NULL").to_arrow_table().column("at")
         self.con.execute("DROP TABLE tally_raw")
-        reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(1 << 16)
+        reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(_HASH_BATCH)
         at = [_values(c, np.int64) for c in bad_at.chunks if len(c)]  # (combine_chunks of none would import pandas)
         self._keep_screened(np.concatenate(at) if at else np.empty(0, np.int64), self._repeated_hashes(reader))
 
