@@ -189,14 +189,9 @@ print("LOADED", sorted({{m.split(".")[0] for m in sys.modules if sys.modules[m] 
 """
 
 
-@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
-def test_attribution_over_files_starts_light(files, fmt):
-    """`cost attribution --usage --prices --inventory` loads neither pandas nor pydantic,
-    and runs the same with both unimportable (issue 19: the CLI starts light); the
-    figures are the hand-computed ones."""
-    (files / "inventory.csv").write_text("\n".join(INVENTORY) + "\n")
-    argv = ["gpu-ops", "cost", "attribution", "--usage", str(files / "usage.csv"), "--prices", str(files / "prices.yaml"), "--inventory", str(files / "inventory.csv"),
-            "--date", "2026-10-02", "--by", "team,label:tier", "--format", fmt, "--quarantine", str(files / "q.csv")]
+def _runs_light(argv: list[str]) -> subprocess.CompletedProcess:
+    """Runs ``argv`` with pandas and pydantic importable and with both blocked: neither run
+    loads them, and both print the same (the light run is returned)."""
     runs = {}
     for blocked in ((), ("pandas", "pydantic")):
         r = subprocess.run([sys.executable, "-c", _LIGHT_PROBE.format(blocked=blocked, argv=argv)], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -205,6 +200,18 @@ def test_attribution_over_files_starts_light(files, fmt):
     light, plain = runs[("pandas", "pydantic")], runs[()]
     assert "LOADED []" in light.stdout and "LOADED []" in plain.stdout, plain.stdout[-300:]
     assert light.stdout == plain.stdout and light.stderr == plain.stderr
+    return light
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_attribution_over_files_starts_light(files, fmt):
+    """`cost attribution --usage --prices --inventory` loads neither pandas nor pydantic,
+    and runs the same with both unimportable (issue 19: the CLI starts light); the
+    figures are the hand-computed ones."""
+    (files / "inventory.csv").write_text("\n".join(INVENTORY) + "\n")
+    argv = ["gpu-ops", "cost", "attribution", "--usage", str(files / "usage.csv"), "--prices", str(files / "prices.yaml"), "--inventory", str(files / "inventory.csv"),
+            "--date", "2026-10-02", "--by", "team,label:tier", "--format", fmt, "--quarantine", str(files / "q.csv")]
+    light = _runs_light(argv)
     assert "quarantined 1 row(s)" in light.stderr
     with open(files / "q.csv") as f:
         q = list(csv.DictReader(f))
@@ -235,14 +242,7 @@ def test_one_days_attribution_by_team_starts_light(files, kind, dirty):
         usage = files / "usage.parquet"
     argv = ["gpu-ops", "cost", "attribution", "--usage", str(usage), "--prices", str(files / "prices.yaml"), "--date", "2026-10-02",
             "--by", "team", "--format", "json", "--quarantine", str(files / "q.csv")]
-    runs = {}
-    for blocked in ((), ("pandas", "pydantic")):
-        r = subprocess.run([sys.executable, "-c", _LIGHT_PROBE.format(blocked=blocked, argv=argv)], capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert r.returncode == 0, r.stderr
-        runs[blocked] = r
-    light, plain = runs[("pandas", "pydantic")], runs[()]
-    assert "LOADED []" in plain.stdout and "LOADED []" in light.stdout, plain.stdout[-300:]
-    assert light.stdout == plain.stdout and light.stderr == plain.stderr
+    light = _runs_light(argv)
     by_team = {row["team"]: row["cost_usd"] for row in json.loads(light.stdout[: light.stdout.rindex("LOADED")])}
     assert by_team == pytest.approx({"nlp": 6.0, "vision": 16.8})  # p1 once: its closed record supersedes the snapshot
     with open(files / "q.csv") as f:
