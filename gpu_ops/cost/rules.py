@@ -446,7 +446,7 @@ def rules_bad(kind: str = "usage", layout: dict[str, Stored] | None = None, look
 def key_rules_bad(kind: str = "usage") -> str:
     """Whether any rule that reads nothing but :data:`LOOKUP_KEYS` fails (SQL over a row of
     the lookup table, or a typed row)."""
-    conds = [f"({cond})" for _, cond, _ in row_rules(kind) if not _READS_LOOKUP.search(cond) and reads_only_lookup_keys(cond)]
+    conds = [f"({cond})" for _, cond, _ in row_rules(kind) if reads_only_lookup_keys(cond)]
     return f"coalesce({' OR '.join(conds) or 'false'}, false)"
 
 
