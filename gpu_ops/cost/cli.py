@@ -289,11 +289,14 @@ def _write_quarantine(records: list[dict[str, Any]], path: str) -> None:
     import csv
 
     starts, ends = _times([r["start_us"] for r in records]), _times([r["end_us"] for r in records])
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(QUARANTINE_CSV)
-        for r, s0, e0 in zip(records, starts, ends):
-            w.writerow([r["source"], r["location"], "" if r["row"] is None else r["row"], r["field"], r["reason"], r["record"], s0, e0])
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(QUARANTINE_CSV)
+            for r, s0, e0 in zip(records, starts, ends):
+                w.writerow([r["source"], r["location"], "" if r["row"] is None else r["row"], r["field"], r["reason"], r["record"], s0, e0])
+    except OSError as exc:
+        raise click.ClickException(f"--quarantine {path}: cannot be written: {exc.strerror or exc}") from None
 
 
 def _emit_groups(groups: "Groups", fmt: str, title: str) -> None:
@@ -363,8 +366,25 @@ _common = [
     click.option("--date", "date_", help="UTC day, YYYY-MM-DD (default: yesterday)."),
     click.option("--as-of", "as_of", help="Clip open intervals here (default: the end of the day, or now)."),
     click.option("--format", "fmt", type=FORMATS, default="table", show_default=True),
-    click.option("--quarantine", "quarantine_path", type=click.Path(dir_okay=False), help="Write quarantined rows (with reasons) to this CSV."),
+    click.option(
+        "--quarantine", "quarantine_path", type=click.Path(dir_okay=False), callback=lambda ctx, param, value: _writable(value),
+        help="Write quarantined rows (with reasons) to this CSV (its header alone when none).",
+    ),
 ]
+
+
+def _writable(path: str | None) -> str | None:
+    """``--quarantine``'s file, checked before any work: its folder exists and can be written."""
+    import os
+
+    if path is None:
+        return None
+    folder = Path(path).expanduser().absolute().parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{path}: there is no folder {folder} to write it in", param_hint="--quarantine")
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{path}: the folder {folder} cannot be written", param_hint="--quarantine")
+    return path
 
 
 def common(fn: Any) -> Any:

@@ -111,6 +111,10 @@ def test_errors_name_the_file_and_field(files):
     assert r.returncode != 0 and "unknown grouping key 'colour'" in r.stderr
     r = gpu_ops("cost", "attribution", "--usage", str(files / "nope.csv"), "--prices", str(files / "prices.yaml"))
     assert r.returncode != 0 and "nope.csv: no such file" in r.stderr
+    for command in ("attribution", "roi"):  # a quarantine file with nowhere to go: said before any work, no traceback
+        r = gpu_ops("cost", command, *common(files, "--quarantine", str(files / "no-folder" / "q.csv")))
+        assert r.returncode == 2 and "--quarantine" in r.stderr and "no-folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert r.stdout == ""
 
 
 def test_the_cost_commands_never_import_dagster_or_torch(files):
