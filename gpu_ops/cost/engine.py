@@ -53,16 +53,18 @@ def _key_hash(ikey: str) -> str:
 
 _KEY_HASH = _key_hash(_IKEY)
 
-def _tally_keys(tally: Tally) -> str:
-    """SQL: the columns a tally is grouped by (its keys, then the lookup's)."""
-    return ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
-
 
 # The raw columns the lookup is keyed by, and their names in the typed layer.
 _LOOKUP_KEYS = ("gpu_type", "capacity_type", "region")
 _LOOKUP_TYPED = ("gpu_type_raw", "capacity_type", "region")
 # Distinct raw values of a lookup key column the text check keeps at most (beyond: a scan).
 _MAX_CHOICES = 10_000
+
+
+def _tally_keys(tally: Tally) -> str:
+    """SQL: the columns a tally is grouped by (its keys, then the lookup's)."""
+    return ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
+
 
 # Key hashes a batch of the tally's hash pass holds (8 MiB): fewer, larger batches to split
 # into buckets (10M rows: 0.8 s -> 0.7 s for the pass).
@@ -480,8 +482,7 @@ class UsageEngine:
         bad_at = self.con.sql("SELECT unnest(bad_at) AS at FROM tally_raw WHERE bad_at IS NOT NULL").to_arrow_table().column("at")
         self.con.execute("DROP TABLE tally_raw")
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(_HASH_BATCH)
-        at = [_values(c, np.int64) for c in bad_at.chunks if len(c)]  # (combine_chunks of none would import pandas)
-        self._keep_screened(np.concatenate(at) if at else np.empty(0, np.int64), self._repeated_hashes(reader))
+        self._keep_screened([_values(c, np.int64) for c in bad_at.chunks if len(c)], self._repeated_hashes(reader))  # (combine_chunks of none would import pandas)
 
     def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
@@ -502,10 +503,13 @@ class UsageEngine:
         finally:
             keys.close()
 
-    def _keep_screened(self, at_all: Any, repeats: Any) -> None:
-        """Tables ``bad_pos`` (ord, pos of each bad row, from ``at_all``: ord * span + pos)
-        and ``repeats`` (key_hash)."""
+    def _keep_screened(self, bad_at: list[Any], repeats: Any) -> None:
+        """Tables ``bad_pos`` (ord, pos of each bad row, from the int64 arrays ``bad_at``:
+        ord * span + pos) and ``repeats`` (key_hash)."""
+        import numpy as np
         import pyarrow as pa
+
+        at_all = np.concatenate(bad_at) if bad_at else np.empty(0, np.int64)
 
         self.con.register("screened_bad", pa.table({"ord": int_array(at_all // _POS_SPAN), "pos": int_array(at_all % _POS_SPAN)}))
         self.con.register("screened_repeats", pa.table({"key_hash": pa.Array.from_buffers(pa.uint64(), len(repeats), [None, pa.py_buffer(repeats)])}))
@@ -521,13 +525,11 @@ class UsageEngine:
         each good row; the hashes are sorted (numpy) and those several good rows share
         kept (table ``repeats``, usually empty). Nothing as large as the rows is kept in
         DuckDB."""
-        import numpy as np
-
         parts = self._flagged_parts(f"ord, pos, namespace, {_IKEY} AS ikey, start_us")
         sql = f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash FROM ({' UNION ALL '.join(parts)})"
         bad_at: list[Any] = []
         repeats = self._repeated_hashes(self.con.sql(sql).to_arrow_reader(1 << 16), bad_at)
-        self._keep_screened(np.concatenate(bad_at) if bad_at else np.empty(0, np.int64), repeats)
+        self._keep_screened(bad_at, repeats)
 
     def lookup_fails(self) -> bool:
         """Whether some row of table ``lookup`` (each GPU type, capacity type and region

@@ -412,7 +412,7 @@ def reads_only_lookup_keys(cond: str) -> bool:
     """Whether a rule's condition reads :data:`LOOKUP_KEYS` and nothing else (its words
     outside string literals, SQL's few comparison words aside; a function or any other
     name says no)."""
-    words = {w.lower() if w.lower() in _SQL_WORDS else w for w in _WORD.findall(_LITERAL.sub("", cond.replace('"', "")))} - _SQL_WORDS
+    words = {w for w in _WORD.findall(_LITERAL.sub("", cond.replace('"', ""))) if w.lower() not in _SQL_WORDS}
     return bool(words) and words <= set(LOOKUP_KEYS)
 
 
