@@ -136,6 +136,49 @@ def stored(t: Any) -> R.Stored:
     return R.Stored(R.STORED_OTHER)
 
 
+def _held_type(t: Any) -> Any:
+    """The type DuckDB and Arrow's compute kernels take for a value of type ``t``: views
+    as their large layouts, half floats as doubles, 256-bit decimals as doubles (a usage
+    number past 1e38 is quarantined as implausible either way), nested types by their
+    children; ``t`` itself when it is taken as it is."""
+    import pyarrow as pa
+
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    if pa.types.is_float16(t) or pa.types.is_decimal256(t):
+        return pa.float64()
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _held_type(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(_held_type(t.key_type), _held_type(t.item_type))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t) or pa.types.is_fixed_size_list(t):
+        return pa.large_list(_held_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_held_type(f.type)) for f in t])
+    return t
+
+
+def _held_types(table: Any) -> Any:
+    """``table`` with each column of a type DuckDB or Arrow's text kernels refuse (string
+    and binary views, half floats, 256-bit decimals, anywhere in a nested type) cast to
+    one they take (:func:`_held_type`); the values are unchanged."""
+    import pyarrow as pa
+
+    for i, fld in enumerate(table.schema):
+        want = _held_type(fld.type)
+        if want.equals(fld.type):
+            continue
+        col = table.column(i)
+        if pa.types.is_dictionary(fld.type):  # Arrow casts no dictionary to another value type
+            col = pa.chunked_array([pa.DictionaryArray.from_arrays(c.indices, c.dictionary.cast(want.value_type)) for c in col.chunks], want)
+        else:
+            col = col.cast(want)
+        table = table.set_column(i, pa.field(fld.name, want), col)
+    return table
+
+
 def _text_as_binary_where_invalid(table: Any) -> Any:
     """Text columns with invalid UTF-8 become BINARY (the rule book quarantines the bad
     values row by row); DuckDB refuses such text outright."""
@@ -205,7 +248,7 @@ class UsageEngine:
 
         if self.kind == INVENTORY:  # a node's GPUs are whole: sharing is a pod's
             table = table.drop_columns([c for c in ("sharing", "gpu_share") if c in table.column_names])
-        table = _text_as_binary_where_invalid(table)
+        table = _text_as_binary_where_invalid(_held_types(table))
         layout = {f.name: stored(f.type) for f in table.schema if f.name in R.ALL_COLUMNS}
         labels = {f.name: stored(f.type) for f in table.schema if f.name.startswith("label:")}
         if labels:

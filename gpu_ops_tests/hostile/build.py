@@ -9,6 +9,7 @@ the generated CSV files (``GENERATED_CSV``) under ``folder/csv/``.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,6 +95,12 @@ PARQUET: dict[str, Callable[[Path], None]] = {
     # Issue 19: one bad value takes down its row, not its file or day.
     "year_75000_us.parquet": lambda p: pq.write_table(_table(end=pa.array([int(T2.timestamp() * 1e6), YEAR_75000_US], pa.int64()).cast(pa.timestamp("us", tz="UTC"))), p),
     "bad_utf8_team.parquet": lambda p: pq.write_table(_table(team=_bad_utf8_text([b"nlp", b"n\xfflp"])), p),
+    # Arrow types that an Arrow read hands over and DuckDB or Arrow's text kernels do not take.
+    "view_types.parquet": lambda p: pq.write_table(_table(
+        team=pa.array(["nlp", "vision "], pa.string_view()), pod=pa.array(["p0", "p\x00"], pa.string_view()), labels=pa.array(['{"tier": "gold"}', None], pa.string_view()),
+        gpu_count=pa.array([1.0, 1.0], pa.float16()), gpu_share=pa.array([1.0, 1.0], pa.float16()),
+    ), p),
+    "decimal256_count.parquet": lambda p: pq.write_table(_table(gpu_count=pa.array([decimal.Decimal("1.0"), decimal.Decimal("0.5")], pa.decimal256(40, 1))), p),
     "binary_team.parquet": lambda p: pq.write_table(_table(team=pa.array([b"nlp", b"vision"], pa.binary())), p),
     "binary_team_bad_utf8.parquet": lambda p: pq.write_table(_table(team=pa.array([b"nlp", b"\xff"], pa.binary())), p),
     "nul_team.parquet": lambda p: pq.write_table(_table(team=pa.array(["nlp", "nl\x00p"]).dictionary_encode()), p),
