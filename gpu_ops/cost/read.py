@@ -359,10 +359,12 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
     return FileRows(path, table, numbers)
 
 
-def _csv_header(path: Path) -> list[str]:
+def _csv_header(path: Path) -> tuple[list[str], bool]:
+    """The header's names, and whether any byte follows the header line."""
     try:
         with path.open("rb") as f:  # the header line only: a bad byte further down costs its row
             first = f.readline(1 << 20)
+            more = bool(f.read(1))
         text = first.decode("utf-8-sig")  # a byte-order mark is not part of the first name
         header = next(csv.reader([text.rstrip("\r\n")]), None)
     except UnicodeDecodeError as exc:
@@ -371,7 +373,7 @@ def _csv_header(path: Path) -> list[str]:
         raise UsageSourceError(path, f"cannot be read: {exc}") from None
     if not header:
         raise UsageSourceError(path, "empty file (a CSV needs a header row)")
-    return header
+    return header, more
 
 
 def _not_text(path: Path) -> None:
@@ -390,7 +392,7 @@ def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kin
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    header = _csv_header(path)
+    header, more = _csv_header(path)
     present = [c for c in header if columns is None or c in columns or c.startswith("label:")]
     try:
         require_columns(path, present, kind)
@@ -408,7 +410,10 @@ def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kin
         return "skip"
 
     try:
-        table = pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
+        if more:
+            table = pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
+        else:  # the header alone, without a line end: Arrow's reader would find no row to skip
+            table = pa.table({c: pa.array([], pa.binary()) for c in present})
     except (pa.ArrowException, OSError) as exc:
         raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
     numbers = np.arange(1, table.num_rows + len(skipped) + 1, dtype=np.int64)
