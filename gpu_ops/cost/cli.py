@@ -102,10 +102,15 @@ def _config(path: str | None) -> "GpuOpsConfig":
 def _date(value: str | None) -> dt.date:
     if not value:
         return dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+    from gpu_ops.cost.rules import FIRST_DAY, LAST_DAY
+
     try:
-        return dt.date.fromisoformat(value)
+        day = dt.date.fromisoformat(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a date (YYYY-MM-DD)", param_hint="--date") from None
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise click.BadParameter(f"{value!r} is outside the days whose times can be held ({FIRST_DAY} to {LAST_DAY})", param_hint="--date")
+    return day
 
 
 def _as_of_utc(value: str | None, day: dt.date) -> dt.datetime:

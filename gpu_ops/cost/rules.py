@@ -29,6 +29,7 @@ the last delivered (reading order) the others; the losers are quarantined as
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
@@ -38,6 +39,9 @@ from dataclasses import dataclass
 TIME_MIN_US = -9_223_372_036_854_775 + 1  # 1677-09-21T00:12:43.145225
 TIME_MAX_US = 9_223_372_036_854_775  # 2262-04-11T23:47:16.854775
 TIME_RANGE = "1677-09-21 to 2262-04-11"
+# The UTC days wholly inside that range: the days a cost can be asked for.
+FIRST_DAY = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=TIME_MIN_US)).date() + dt.timedelta(days=1)
+LAST_DAY = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=TIME_MAX_US)).date() - dt.timedelta(days=1)
 MAX_GPUS_PER_ROW = 100_000
 CAPACITY_TYPES = ("spot", "on-demand", "reserved")
 SHARING_MODES = ("none", "mig", "mps", "timeslice")
