@@ -306,8 +306,8 @@ class FileSource(_Model):
     type: Literal["file"]
     path: str  # a glob; CSV or Parquet by extension; `{date}` = the partition's UTC day
     # Day files (`{date}`, `day=YYYY-MM-DD/` folders) hold the intervals that start that day:
-    # a day also reads this many days before it (an interval crossing midnight).
-    lookback_days: int = Field(default=1, ge=0)
+    # a day also reads this many days before it (an interval crossing midnight); at most ten years.
+    lookback_days: int = Field(default=1, ge=0, le=3650)
 
 
 class KubernetesSource(_Model):

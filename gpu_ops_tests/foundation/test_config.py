@@ -137,3 +137,20 @@ def test_threshold_needs_exactly_one_amount_and_durations_parse(tmp_path):
     assert parse_duration("60m").total_seconds() == 3600
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("soon")
+
+
+def test_a_file_sources_lookback_is_bounded_and_a_larger_one_is_named(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    for days, problem in ((3650, None), (3651, "must be <= 3650"), (10**12, "must be <= 3650")):
+        path = write(tmp_path, f"""
+            prices: prices.yaml
+            usage:
+              sources:
+                - {{type: file, path: "day={{date}}/*.parquet", lookback_days: {days}}}
+            """)
+        if problem is None:
+            assert load_config(path).usage.sources[0].lookback_days == days
+            continue
+        with pytest.raises(ConfigError) as exc:
+            load_config(path)
+        assert exc.value.problems == [f"{path}: usage.sources[0].lookback_days: {problem}"]
