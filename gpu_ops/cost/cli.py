@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,7 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
-    def engine_input(self, window: Any, columns: list[str]) -> "tuple[UsageInput, UsageInput | None]":
+    def engine_input(self, window: Any, columns: Sequence[str]) -> "tuple[UsageInput, UsageInput | None]":
         """(usage, inventory) of ``window`` as the engine takes them: files read as Arrow
         (the same bounded read as the daily asset), the ledger and Kubernetes tables as
         frames (pandas, only then)."""
@@ -413,16 +414,16 @@ def cost() -> None:
 def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, by: str | None, idle: str | None, batch_rows: int | None, engine: str | None) -> None:
     """Cost per group for one UTC day."""
     from gpu_ops.cost.allocate import Span, attribution_of
-    from gpu_ops.cost.columns import attribution_columns, needed_columns
+    from gpu_ops.cost.columns import attribution_columns
+    from gpu_ops.cost.rules import ALL_COLUMNS
     from gpu_ops.cost.window import Window
 
     inputs = Inputs(usage, prices, inventory, config_path, idle, by)
     day = _date(date_)
     window, as_of_t = Window.of_utc_days(day), _as_of_utc(as_of, day)
-    cols = needed_columns(inputs.group_by, inputs.sources.has_inventory, inputs.sources.count > 1)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
-    try:
-        raw, inv = inputs.engine_input(window, cols)
+    try:  # every column the rule book judges, whatever the grouping: the asset's quarantine
+        raw, inv = inputs.engine_input(window, ALL_COLUMNS)
     except (UsageSourceError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     span = Span(_us(window.start), _us(window.end), _us(as_of_t))

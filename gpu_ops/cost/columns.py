@@ -99,16 +99,6 @@ def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[s
     return cols
 
 
-def needed_columns(group_by: Sequence[str], with_inventory: bool, dedupe: bool) -> list[str]:
-    """Columns to read from usage files for an attribution: fewer columns, less I/O."""
-    # namespace and pod always: they tell two intervals apart, so identical-row detection
-    # never mistakes two pods for one; labels always: a bad labels cell is quarantined
-    # whatever the grouping, so the CLI prices exactly what the asset prices.
-    cols = {"start", "end", "team", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region", "lost_seconds", "outcome", "namespace", "pod", "labels"}
-    cols |= set(attribution_columns(group_by, with_inventory))
-    return sorted(cols)
-
-
 def parquet_columns(schema_names: Iterable[str], columns: Sequence[str] | None) -> list[str]:
     """The columns of a Parquet file that a read with ``columns`` loads (labels always)."""
     return [c for c in schema_names if columns is None or c in columns or c.startswith("label:")]

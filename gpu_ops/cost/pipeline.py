@@ -16,7 +16,7 @@ import pandas as pd
 
 from gpu_ops.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, priced_sql
 from gpu_ops.cost.attribution import day_window, utc
-from gpu_ops.cost.columns import attribution_columns, needed_columns  # noqa: F401  (re-exported: part of the flow's API)
+from gpu_ops.cost.columns import attribution_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window

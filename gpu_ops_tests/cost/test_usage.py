@@ -137,14 +137,12 @@ def test_the_same_pod_from_two_sources_is_counted_once():
 
 
 def test_parquet_reads_only_the_columns_asked_for_and_bad_files_name_themselves(tmp_path):
-    from gpu_ops.cost.columns import needed_columns
-
     good = tmp_path / "a.parquet"
     pq.write_table(pa.table({k: [v] for k, v in GOOD.items() if k in USAGE_COLUMNS}), good)
-    cols = needed_columns(["team"], False, False)
+    cols = ["start", "end", "namespace", "pod", "team", "gpu_type", "gpu_count", "capacity_type"]
     df = read_usage_files([str(good)], columns=cols)
     assert list(df["team"]) == ["nlp"]
-    assert "node" not in df.columns and "pod" in df.columns  # only the columns asked for (pod tells intervals apart)
+    assert "node" not in df.columns and "pod" in df.columns  # only the columns asked for
 
     bad = tmp_path / "b.parquet"
     bad.write_bytes(b"not parquet at all")

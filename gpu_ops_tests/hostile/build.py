@@ -133,7 +133,22 @@ def _nul_team(path: Path) -> None:
     path.write_bytes(f"{HEADER}\n{GOOD_LINE}\n".encode() + GOOD_LINE.replace("p1", "p2").replace(",nlp,", ",nl\x00p,").encode() + b"\n")
 
 
-GENERATED_CSV: dict[str, Callable[[Path], None]] = {"big_with_problems.csv": _big_csv, "nul_team.csv": _nul_team}
+def _control_in_unread(path: Path) -> None:
+    """Control characters in columns a grouping by team does not read (project, node,
+    cost center): rows 2-4 are quarantined whatever the grouping."""
+    lines = [GOOD_LINE, GOOD_LINE.replace("p1", "p2").replace(",llm,", ",l\x01lm,"), GOOD_LINE.replace("p1", "p3").replace(",n1,", ",n\x00 1,"), GOOD_LINE.replace("p1", "p4").replace(",llm,,", ",llm,c\x7fc,")]
+    path.write_bytes(f"{HEADER}\n".encode() + "\n".join(lines).encode() + b"\n")
+
+
+def _differs_in_node(path: Path) -> None:
+    """One interval (namespace, pod, start, GPU type) delivered twice, the second from
+    another node: the second supersedes the first, whether the node is grouped by or not."""
+    path.write_text(f"{HEADER}\n{GOOD_LINE}\n{GOOD_LINE.replace(',n1,', ',n2,')}\n")
+
+
+GENERATED_CSV: dict[str, Callable[[Path], None]] = {
+    "big_with_problems.csv": _big_csv, "nul_team.csv": _nul_team, "control_in_unread.csv": _control_in_unread, "differs_in_node.csv": _differs_in_node,
+}
 YEAR_75000_US = 2_304_000_000_000_000_000  # a seconds value written as microseconds, roughly
 
 
