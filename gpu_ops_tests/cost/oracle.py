@@ -99,6 +99,11 @@ def _as_text(s: pd.Series) -> pd.Series:
 
 
 _NAT = np.iinfo(np.int64).min
+# Text columns no value of which may hold a control character once trimmed: C0 controls
+# but tab, line feed and carriage return, and DEL (written here apart from the rule book;
+# a choice column's odd value is already not one of its choices).
+_CONTROL_CHECKED = (*ATTRIBUTE_COLUMNS, "region", "labels", "run_id", "asset_key", "outcome", "instance_type")
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def time_problem(value: Any) -> str:
@@ -427,6 +432,12 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
             out[col] = raw[col]
         elif col != "row":
             out[col] = pd.Series(const_column(n, "unknown"), index=raw.index)
+
+    for col in _CONTROL_CHECKED:  # a control character left after the trim (checked last): refused before any database sees it
+        if col in raw:
+            text = _as_text(raw[col])
+            control = lut([_CONTROL.search(str(c)) is not None for c in text.cat.categories], False, bool)[text.cat.codes.to_numpy()]
+            problems.add(control, col, "contains a control character")
 
     typed = pd.DataFrame(out, index=raw.index, copy=False)
     _duplicates(typed, raw, problems)

@@ -1,7 +1,8 @@
 """Random hostile usage files (seeded), shared by the engine's differential tests: time
 units and zones, naive and aware times, text spellings (case, edge spaces, GPU aliases),
 bad numbers, inverted and open intervals, identical copies, running-then-finished
-snapshots of one interval across files, dictionary and plain pages, empty row groups, CSV
+snapshots of one interval across files, deliveries differing in the node alone, control
+characters in columns a grouping by team does not read, dictionary and plain pages, empty row groups, CSV
 with offsets and a BOM. A test may narrow the choices (``GPUS``, ``CAPACITY``, ...) with
 ``monkeypatch.setattr`` on this module."""
 
@@ -33,7 +34,7 @@ def random_row(rng: random.Random, i: int) -> dict[str, Any]:
     count = rng.choice([1, 1, 2, 8, 0, -1, 1.5, 200_000])
     return {
         "start": start, "end": end, "namespace": rng.choice(["ml", "research"]), "pod": f"pod-{i}", "node": f"n{rng.randrange(3)}",
-        "team": rng.choice(TEAMS), "project": rng.choice(["llm", "det", ""]), "cost_center": "", "experiment_id": "",
+        "team": rng.choice(TEAMS), "project": rng.choice(["llm", "det", "", "l\x01m"]), "cost_center": "", "experiment_id": "",
         "gpu_type": rng.choice(GPUS), "gpu_count": count, "capacity_type": rng.choice(CAPACITY), "sharing": sharing, "gpu_share": share,
     }
 
@@ -45,6 +46,8 @@ def random_rows(seed: int, n: int) -> list[dict[str, Any]]:
         rows.append(dict(r))
     for r in rng.sample(rows, n // 10):  # the same interval, running here (finished elsewhere)
         rows.append({**r, "end": None})
+    for r in rng.sample(rows, n // 20):  # delivered again from another node (a column a grouping by team does not read)
+        rows.append({**r, "node": "n9"})
     for r in rng.sample(rows, n // 20):  # re-exported with a later end
         if r["end"] is not None:
             rows.append({**r, "end": r["end"] + pd.Timedelta(hours=1)})
