@@ -183,13 +183,16 @@ class ParquetScan:
         if len(self.groups) < 2:  # nothing to read meanwhile: on this thread (its allocator's memory is handed back)
             yield from (read(i) for i in self.groups)
             return
+        memory = pa.default_memory_pool()
         with ThreadPoolExecutor(_TEXT_READERS, thread_name_prefix="gpu_ops-text") as pool:
             pending: deque[Any] = deque()
             for i in self.groups:
                 pending.append(pool.submit(read, i))
                 if len(pending) > _TEXT_READERS:
+                    memory.release_unused()  # the groups already checked: back to the system, not kept by the allocator
                     yield pending.popleft().result()
             while pending:
+                memory.release_unused()
                 yield pending.popleft().result()
 
 
