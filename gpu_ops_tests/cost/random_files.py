@@ -34,7 +34,7 @@ def random_row(rng: random.Random, i: int) -> dict[str, Any]:
     count = rng.choice([1, 1, 2, 8, 0, -1, 1.5, 200_000])
     return {
         "start": start, "end": end, "namespace": rng.choice(["ml", "research"]), "pod": f"pod-{i}", "node": f"n{rng.randrange(3)}",
-        "team": rng.choice(TEAMS), "project": rng.choice(["llm", "det", "", "l\x01m"]), "cost_center": "", "experiment_id": "",
+        "team": rng.choice(TEAMS), "project": "l\x01m" if i % 25 == 7 else rng.choice(["llm", "det", ""]), "cost_center": "", "experiment_id": "",
         "gpu_type": rng.choice(GPUS), "gpu_count": count, "capacity_type": rng.choice(CAPACITY), "sharing": sharing, "gpu_share": share,
     }
 
