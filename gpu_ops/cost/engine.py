@@ -139,8 +139,8 @@ def stored(t: Any) -> R.Stored:
 def _held_type(t: Any) -> Any:
     """The type DuckDB and Arrow's compute kernels take for a value of type ``t``: views
     as their large layouts, half floats as doubles, 256-bit decimals as doubles (a usage
-    number past 1e38 is quarantined as implausible either way), nested types by their
-    children; ``t`` itself when it is taken as it is."""
+    number past 1e38 is quarantined as implausible either way), dictionaries and nested
+    types by their values; ``t`` itself when it is taken as it is."""
     import pyarrow as pa
 
     if pa.types.is_string_view(t):
@@ -150,14 +150,17 @@ def _held_type(t: Any) -> Any:
     if pa.types.is_float16(t) or pa.types.is_decimal256(t):
         return pa.float64()
     if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _held_type(t.value_type))
+        value = _held_type(t.value_type)
+        return t if value.equals(t.value_type) else pa.dictionary(t.index_type, value)
+    fields = [t.field(i) for i in range(t.num_fields)]
+    held = [f.with_type(_held_type(f.type)) for f in fields]
+    if all(a.equals(b) for a, b in zip(fields, held)):
+        return t
+    if pa.types.is_struct(t):
+        return pa.struct(held)
     if pa.types.is_map(t):
         return pa.map_(_held_type(t.key_type), _held_type(t.item_type))
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t) or pa.types.is_fixed_size_list(t):
-        return pa.large_list(_held_type(t.value_type))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_held_type(f.type)) for f in t])
-    return t
+    return pa.large_list(held[0].type)  # the list layouts
 
 
 def _held_types(table: Any) -> Any:
