@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,22 +189,24 @@ class Inputs:
 
         return TableStore.from_config(self.config)  # type: ignore[union-attr]
 
-    def engine_input(self, window: Any, columns: Sequence[str]) -> "tuple[UsageInput, UsageInput | None]":
+    def engine_input(self, window: Any) -> "tuple[UsageInput, UsageInput | None]":
         """(usage, inventory) of ``window`` as the engine takes them: files read as Arrow
         (the same bounded read as the daily asset), the ledger and Kubernetes tables as
-        frames (pandas, only then)."""
+        frames (pandas, only then). Every column the rule book judges is read, whatever
+        the grouping: the asset's quarantine."""
         from gpu_ops.cost.engine import UsageInput
         from gpu_ops.cost.read import INVENTORY, read_files
+        from gpu_ops.cost.rules import ALL_COLUMNS
         from gpu_ops.cost.window import ReadStats
 
         src, stats = self.sources, ReadStats()
         if src.ledger or src.kubernetes or src.inventory_karpenter:
             from gpu_ops.cost.pipeline import load_raw
 
-            usage, frame = load_raw(src, self.store(), columns, window=window, stats=stats)
+            usage, frame = load_raw(src, self.store(), ALL_COLUMNS, window=window, stats=stats)
             inventory = None if frame is None else UsageInput(frames=[frame], source="inventory")
         else:
-            got = read_files(src.usage_files, src.base_dir, columns, window, stats, lookback_days=src.lookback_days)
+            got = read_files(src.usage_files, src.base_dir, ALL_COLUMNS, window, stats, lookback_days=src.lookback_days)
             usage = UsageInput(got.files, problems=got.problems)
             inv = read_files(src.inventory_files, src.base_dir, kind=INVENTORY) if src.inventory_files else None
             inventory = None if inv is None else UsageInput(inv.files, problems=inv.problems, source="inventory")
@@ -415,15 +416,14 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     """Cost per group for one UTC day."""
     from gpu_ops.cost.allocate import Span, attribution_of
     from gpu_ops.cost.columns import attribution_columns
-    from gpu_ops.cost.rules import ALL_COLUMNS
     from gpu_ops.cost.window import Window
 
     inputs = Inputs(usage, prices, inventory, config_path, idle, by)
     day = _date(date_)
     window, as_of_t = Window.of_utc_days(day), _as_of_utc(as_of, day)
     keep = attribution_columns(inputs.group_by, inputs.sources.has_inventory)
-    try:  # every column the rule book judges, whatever the grouping: the asset's quarantine
-        raw, inv = inputs.engine_input(window, ALL_COLUMNS)
+    try:
+        raw, inv = inputs.engine_input(window)
     except (UsageSourceError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     span = Span(_us(window.start), _us(window.end), _us(as_of_t))
