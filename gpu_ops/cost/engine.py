@@ -75,6 +75,25 @@ _IDENTITY_COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class _Key:
+    """What makes records one interval seen several times: columns of table ``good``
+    (``ikey``: the pod or attempt, or the node), and how a reason names them."""
+
+    columns: tuple[str, ...]
+    named: str
+
+
+_INTERVAL_KEY = _Key(("namespace", "ikey", "start_us", "gpu_type"), "the same interval (namespace, pod, start, gpu_type)")
+_NODE_KEY = _Key(("ikey", "start_us"), "the same node record (node, start)")
+_OPEN = 2**63 - 1  # the end of an open record, in the node inventory's overlap rule
+
+
+def _record_at(location: str, row: str, here: str) -> str:
+    """SQL: a record named by its ``location`` (left out when it is ``here``) and ``row``."""
+    return f"(CASE WHEN {location} = {here} THEN '' ELSE {location} || ' ' END) || 'row ' || coalesce(CAST({row} AS VARCHAR), '?')"
+
+
 @dataclass
 class Part:
     """One source table registered in the engine."""
@@ -226,7 +245,7 @@ class UsageEngine:
         self.problems: list[dict[str, Any]] = []  # ready-made quarantine rows (file, line)
         # After check(): the good rows' columns, whether rows are left out, whether keys repeat.
         self._columns: tuple[dict[str, str], list[str], list[str], list[str]] = ({}, [], [], [])
-        self._excluding = self._repeats = self._bad = False
+        self._excluding = self._repeats = self._bad = self._clipping = False
         # Whether the screening pass joins the lookup and runs the rules that read it on
         # every row: None, only when some row of the lookup fails them (else they cannot
         # fail on any row); True, always (the general path, which tests hold it to).
@@ -606,6 +625,8 @@ class UsageEngine:
         rows = _joined("typed")
         if self._excluding:  # an anti join built on the few rows set aside (NOT EXISTS would hold every row)
             rows = f"SELECT g.* FROM ({rows}) g ANTI JOIN excluded e ON e.ord = g.ord AND e.pos = g.pos"
+        if self._clipping:  # node records that count from where earlier records of the node end
+            rows = f"SELECT g.* REPLACE (coalesce(c.start_us, g.start_us) AS start_us) FROM ({rows}) g LEFT JOIN clipped c ON c.ord = g.ord AND c.pos = g.pos"
         rows = f"SELECT {', '.join(select)} FROM ({rows})"
         cols = "*" if columns is None else ", ".join(R.quote(c) for c in columns)
         return f"SELECT {cols} FROM ({rows})"
@@ -614,12 +635,15 @@ class UsageEngine:
         """Duplicates (identical typed rows: the first counts) and superseded records
         (same identity key: the closed, latest-ending, last-delivered record wins), into
         tables ``copies`` and ``superseded``; False (and no tables) when no identity-key
-        hash repeats among the good rows."""
+        hash repeats among the good usage rows. The node inventory (small, node-scale) is
+        looked at whole, keyed by node and start, and its overlaps set aside too
+        (:meth:`_node_overlaps`)."""
+        if self.kind == INVENTORY:
+            self._gather(f"SELECT t.* FROM ({_joined('typed')}) t ANTI JOIN bad_pos b ON b.ord = t.ord AND b.pos = t.pos", "node", repeated=False)
+            self._copies_and_superseded(_NODE_KEY)
+            return self._node_overlaps()
         if not self.con.execute("SELECT count(*) FROM repeats").fetchall()[0][0]:
             return False
-        ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
-        window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
-        key = "namespace, ikey, start_us, gpu_type"
         # Identical rows share their key (namespace, pod or attempt, start, GPU type); only
         # good rows whose key hash repeats are kept in ``good`` and compared column by
         # column (rows without a pod or attempt share a NULL key with their copies and are
@@ -628,36 +652,75 @@ class UsageEngine:
             f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM typed) c "
             "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
         )
-        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         typed = "(" + self._typed_sql("colliding") + ")"
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE good AS SELECT * EXCLUDE (n_key) FROM (SELECT *, count(*) OVER (PARTITION BY {key}) AS n_key "
-            f"FROM (SELECT {cols}, {_IKEY} AS ikey FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding))) WHERE n_key > 1"
-        )
+        self._gather(f"SELECT * FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding)", _IKEY, repeated=True)
+        self._copies_and_superseded(_INTERVAL_KEY)
+        return True
+
+    def _gather(self, rows: str, ikey: str, repeated: bool) -> None:
+        """Table ``good``: the records of ``rows`` the identity rules compare, with their
+        ``ikey`` (pod or attempt; node), only those whose interval key repeats when
+        ``repeated``."""
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
+        gathered = f"SELECT {cols}, {ikey} AS ikey FROM ({rows})"
+        if repeated:
+            key = ", ".join(_INTERVAL_KEY.columns)
+            gathered = f"SELECT * EXCLUDE (n_key) FROM (SELECT *, count(*) OVER (PARTITION BY {key}) AS n_key FROM ({gathered})) WHERE n_key > 1"
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE good AS {gathered}")
+
+    def _copies_and_superseded(self, key: _Key) -> None:
+        """Tables ``copies`` (identical to an earlier record) and ``superseded`` (the same
+        ``key`` as the record that wins) from table ``good``."""
+        ident = ", ".join(R.quote(c) for c in _IDENTITY_COLUMNS)
+        window = f"OVER (PARTITION BY {ident} ORDER BY ord, pos)"
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE copies AS SELECT ord, pos, "
             f"row_number() {window} AS copy_n, first_value(location) {window} AS first_location, first_value(row) {window} AS first_row "
             "FROM good"
         )
         self.con.execute("DELETE FROM copies WHERE copy_n = 1")
+        by = ", ".join(key.columns)
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE keyed AS SELECT *, "
-            f"row_number() OVER (PARTITION BY {key} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
-            f"count(*) OVER (PARTITION BY {key}) AS records "
+            f"row_number() OVER (PARTITION BY {by} ORDER BY end_us IS NULL, end_us DESC, ord DESC, pos DESC) AS rank, "
+            f"count(*) OVER (PARTITION BY {by}) AS records "
             "FROM good g WHERE ikey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos)"
         )
         self.con.execute("DELETE FROM keyed WHERE records = 1")
         diff = ", ".join(f"CASE WHEN l.{R.quote(c)} IS DISTINCT FROM w.{R.quote(c)} THEN {R.literal(c.removesuffix('_us'))} END" for c in _IDENTITY_COLUMNS)
+        same = " AND ".join(f"l.{c} = w.{c}" for c in key.columns)
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE superseded AS SELECT l.ord, l.pos, "
-            "'superseded by ' || (CASE WHEN w.location = l.location THEN '' ELSE w.location || ' ' END) || 'row ' || coalesce(CAST(w.row AS VARCHAR), '?') || "
-            "': the same interval (namespace, pod, start, gpu_type) ' || (CASE WHEN l.end_us IS NULL AND w.end_us IS NOT NULL THEN 'closed there, open here' "
+            f"'superseded by ' || {_record_at('w.location', 'w.row', 'l.location')} || "
+            f"': {key.named} ' || (CASE WHEN l.end_us IS NULL AND w.end_us IS NOT NULL THEN 'closed there, open here' "
             "WHEN l.end_us < w.end_us THEN 'ending later there' ELSE 'delivered again later' END) || '; counted once; differs in: ' || "
             f"coalesce(nullif(array_to_string(list_filter([{diff}], lambda x: x IS NOT NULL), ', '), ''), 'nothing else') AS reason "
-            "FROM keyed l JOIN keyed w ON w.rank = 1 AND l.namespace = w.namespace AND l.ikey = w.ikey AND l.start_us = w.start_us AND l.gpu_type = w.gpu_type "
-            "WHERE l.rank > 1"
+            f"FROM keyed l JOIN keyed w ON w.rank = 1 AND {same} WHERE l.rank > 1"
         )
-        return True
+
+    def _node_overlaps(self) -> bool:
+        """A node is one machine: at any moment it is in the fleet once. Among a node's
+        records left after the identity rules, ordered by start, the earlier record holds
+        the time they share: a record wholly inside the time of earlier ones is set aside
+        (table ``superseded``: "overlaps"), one partly inside counts from where they end
+        (table ``clipped``: its new start). True when anything is set aside or clipped."""
+        held = (
+            f"SELECT ord, pos, ikey AS node, start_us, coalesce(end_us, {_OPEN}) AS until, location, row FROM good g "
+            "WHERE NOT EXISTS (SELECT 1 FROM copies c WHERE c.ord = g.ord AND c.pos = g.pos) AND NOT EXISTS (SELECT 1 FROM superseded s WHERE s.ord = g.ord AND s.pos = g.pos)"
+        )
+        earlier = "OVER (PARTITION BY node ORDER BY start_us, ord, pos ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE covered AS SELECT * FROM (SELECT *, max(until) {earlier} AS cover, "
+            f"arg_max({{'location': location, 'row': row}}, [until, -ord, -pos]) {earlier} AS holder FROM ({held})) WHERE cover > start_us"
+        )
+        until = f"CASE WHEN cover = {_OPEN} THEN 'it ends (open there)' ELSE strftime(make_timestamp(cover), '%Y-%m-%dT%H:%M:%S') || '+00:00' END"
+        self.con.execute(
+            f"INSERT INTO superseded SELECT ord, pos, 'overlaps ' || {_record_at('holder.location', 'holder.row', 'location')} || ': node ' || node || "
+            f"' is in the fleet there until ' || {until} || ', and a node is counted once at any time; counted once' FROM covered WHERE until <= cover"
+        )
+        self.con.execute("CREATE OR REPLACE TEMP TABLE clipped AS SELECT ord, pos, cover AS start_us FROM covered WHERE until > cover")
+        self._clipping = bool(self.con.execute("SELECT count(*) FROM clipped").fetchall()[0][0])
+        return bool(self.con.execute("SELECT (SELECT count(*) FROM copies) + (SELECT count(*) FROM superseded)").fetchall()[0][0])
 
     def _present(self) -> set[str]:
         return {c for p in self.parts for c in p.layout}

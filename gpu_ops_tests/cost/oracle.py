@@ -20,7 +20,7 @@ import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
-from gpu_ops.cost.attribution import IDLE, utc
+from gpu_ops.cost.attribution import utc
 from gpu_ops.cost.window import Window
 from gpu_ops.cost.usage import (
     blank_mask,
@@ -657,68 +657,37 @@ def price_dollars(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(cols, copy=False)
 
 
-def idle_rows(inventory_pieces: pd.DataFrame, allocated: pd.DataFrame) -> pd.DataFrame:
-    """One ``kind == "idle"`` row per node and day: fleet − allocated (GPU-hours and dollars).
-
-    Dollars are subtracted, not GPU-hours re-priced, so allocated + idle equals the fleet
-    exactly even when a pod's recorded capacity type differs from its node's.
-    """
-    if inventory_pieces.empty:
-        return pd.DataFrame()
-    inv = inventory_pieces.assign(
-        _cap_gpu_hours=inventory_pieces["gpu_count"].to_numpy(dtype=float) * inventory_pieces["hours"].to_numpy(),
-    )
-    inv["price_per_gpu_hour"] = as_floats(inv["price_per_gpu_hour"])
-    inv["on_demand_price_per_gpu_hour"] = as_floats(inv["on_demand_price_per_gpu_hour"])
-    inv["_cap_cost"] = inv["_cap_gpu_hours"] * inv["price_per_gpu_hour"].to_numpy()
-    inv["_cap_od"] = inv["_cap_gpu_hours"] * inv["on_demand_price_per_gpu_hour"].to_numpy()
-    inv["node"] = inv["node"].astype(str)
-    first = {c: "first" for c in ("gpu_type", "capacity_type", "region", "gpu_count", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row") if c in inv}
-    if "instance_type" in inv:
-        first["instance_type"] = "first"
-    fleet = inv.groupby(["node", "day"], sort=True, observed=True).agg(
-        start=("start", "min"), end=("end", "max"), hours=("hours", "sum"), fleet_gpu_hours=("_cap_gpu_hours", "sum"),
-        fleet_cost_usd=("_cap_cost", "sum"), fleet_on_demand_usd=("_cap_od", "sum"), **{c: (c, how) for c, how in first.items()},
-    ).reset_index()
-    if len(allocated):
-        alloc = (
-            allocated.assign(node=allocated["node"].astype(str))
-            .groupby(["node", "day"], sort=False, observed=True)[["gpu_hours", "cost_usd", "on_demand_usd"]]
-            .sum()
-            .rename(columns=lambda c: f"_alloc_{c}")
-            .reset_index()
-        )
-        fleet = fleet.merge(alloc, on=["node", "day"], how="left")
-    for c in ("gpu_hours", "cost_usd", "on_demand_usd"):
-        col = f"_alloc_{c}"
-        fleet[col] = fleet[col].fillna(0.0) if col in fleet else 0.0
-    n = len(fleet)
-    out = pd.DataFrame(
-        {
-            "start": fleet["start"], "end": fleet["end"], "day": fleet["day"],
-            **{c: IDLE for c in ("namespace", "team", "project", "cost_center", "experiment_id")},
-            "pod": "", "node": fleet["node"],
-            "gpu_type": fleet["gpu_type"].astype(str), "gpu_count": fleet["gpu_count"].astype(float),
-            "capacity_type": fleet["capacity_type"].astype(str), "sharing": "none", "gpu_share": 1.0,
-            "region": fleet["region"].astype(str) if "region" in fleet else "",
-            "hours": fleet["hours"],
-            "price_per_gpu_hour": fleet["price_per_gpu_hour"], "on_demand_price_per_gpu_hour": fleet["on_demand_price_per_gpu_hour"],
-            "gpu_hours": fleet["fleet_gpu_hours"] - fleet["_alloc_gpu_hours"],
-            "cost_usd": fleet["fleet_cost_usd"] - fleet["_alloc_cost_usd"],
-            "on_demand_usd": fleet["fleet_on_demand_usd"] - fleet["_alloc_on_demand_usd"],
-            "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0,
-            "fleet_gpu_hours": fleet["fleet_gpu_hours"], "fleet_cost_usd": fleet["fleet_cost_usd"],
-            "kind": "idle",
-            "source": fleet["source"].astype(str) if "source" in fleet else "inventory",
-            "location": fleet["location"].astype(str) if "location" in fleet else "",
-            "row": fleet["row"].astype("Int64") if "row" in fleet else pd.array([None] * n, dtype="Int64"),
-        }
-    )
-    if "instance_type" in fleet:
-        out["instance_type"] = fleet["instance_type"].astype(str)
-    out["interval_start"] = out["start"]
-    out["interval_end"] = out["end"]
-    return out
+def one_node_at_a_time(nodes: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
+    """A node is one machine, in the fleet once at any moment, record by record in Python:
+    of a node's records with one start the closed, latest-ending, last-delivered one
+    counts; then, by start, a record wholly inside the time of earlier ones is set aside
+    and one partly inside counts from where they end. Returns (the rows that count, with
+    their starts moved; position in ``nodes`` -> "superseded"/"overlaps" of those set aside)."""
+    never = np.iinfo(np.int64).max
+    starts, ends = nodes["start"].array.asi8.copy(), nodes["end"].array.asi8
+    aside: dict[int, str] = {}
+    for _, group in nodes.groupby(nodes["node"].astype(str), sort=False).indices.items():
+        by_start: dict[int, list[int]] = {}
+        for i in group.tolist():
+            by_start.setdefault(int(starts[i]), []).append(i)
+        kept = []
+        for same in by_start.values():
+            # the closed before the open, the later end, the later delivered
+            best = max(same, key=lambda i: (ends[i] != _NAT, ends[i] if ends[i] != _NAT else 0, i))
+            aside.update({i: "superseded" for i in same if i != best})
+            kept.append(best)
+        cover = None
+        for i in sorted(kept, key=lambda i: (starts[i], i)):
+            until = never if ends[i] == _NAT else int(ends[i])
+            if cover is not None and until <= cover:
+                aside[i] = "overlaps"
+                continue
+            if cover is not None and starts[i] < cover:
+                starts[i] = cover
+            cover = until if cover is None else max(cover, until)
+    keep = np.array([i for i in range(len(nodes)) if i not in aside], dtype=np.int64)
+    out = nodes.assign(start=utc_series(starts)).take(keep).reset_index(drop=True)
+    return out, aside
 
 
 def as_floats(s: pd.Series) -> np.ndarray:

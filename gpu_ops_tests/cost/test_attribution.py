@@ -166,3 +166,44 @@ def test_missing_on_demand_price_leaves_the_equivalent_unknown_not_zero():
         t = attribute(priced.rows, ["team"]).table
         assert t.loc[0, "cost_usd"] == pytest.approx(2.0)
         assert pd.isna(t.loc[0, "on_demand_equivalent_usd"]) and pd.isna(t.loc[0, "savings_usd"])
+
+
+# A node is one machine: at any moment it is in the fleet once, whatever its records say.
+P4DE = {"node": "n1", "instance_type": "p4de.24xlarge", "region": "us-east-1"}  # 8 A100-80GB: $32/h on-demand, $8/h spot
+
+
+def _fleet(inv):
+    res = attribute(day([], D2, inv=inv, drop_empty=False).rows, ["team"], "row")
+    return res.totals["fleet_cost_usd"], day([], D2, inv=inv).quarantine
+
+
+def test_a_node_exported_open_then_closed_is_in_the_fleet_once():
+    inv = [
+        {**P4DE, "capacity_type": "on-demand", "start": "2026-10-01T00:00:00Z", "end": ""},  # the snapshot while it ran
+        {**P4DE, "capacity_type": "on-demand", "start": "2026-10-01T00:00:00Z", "end": "2026-10-02T12:00:00Z"},  # the final export
+    ]
+    fleet, q = _fleet(inv)
+    assert fleet == pytest.approx(32 * 12)
+    assert q["row"].tolist() == [1] and q["reason"].str.contains("superseded by row 2").all()
+    assert q["reason"].str.contains("closed there, open here").all()
+
+
+def test_overlapping_records_of_one_node_count_the_overlap_once_the_earlier_record_holding_it():
+    inv = [
+        {**P4DE, "capacity_type": "spot", "start": "2026-10-02T00:00:00Z", "end": "2026-10-02T12:00:00Z"},
+        {**P4DE, "capacity_type": "on-demand", "start": "2026-10-02T06:00:00Z", "end": "2026-10-02T18:00:00Z"},  # counted from 12:00
+        {**P4DE, "capacity_type": "on-demand", "start": "2026-10-02T13:00:00Z", "end": "2026-10-02T14:00:00Z"},  # wholly inside row 2
+    ]
+    fleet, q = _fleet(inv)
+    assert fleet == pytest.approx(8 * 12 + 32 * 6)  # 00-12 spot, 12-18 on-demand; not 8*12 + 32*12 + 32
+    assert q["row"].tolist() == [3] and q["field"].tolist() == ["<row>"]
+    assert "overlaps row 2" in q["reason"].iloc[0] and "counted once" in q["reason"].iloc[0]
+
+
+def test_records_of_different_nodes_at_the_same_time_are_each_counted():
+    inv = [
+        {**P4DE, "capacity_type": "spot", "start": "2026-10-02T00:00:00Z", "end": "2026-10-02T12:00:00Z"},
+        {**P4DE, "node": "n2", "capacity_type": "spot", "start": "2026-10-02T00:00:00Z", "end": "2026-10-02T12:00:00Z"},
+    ]
+    fleet, q = _fleet(inv)
+    assert fleet == pytest.approx(2 * 8 * 12) and q.empty

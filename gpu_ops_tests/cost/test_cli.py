@@ -177,6 +177,27 @@ INVENTORY = [
 ]
 
 
+
+def test_a_node_is_in_the_fleet_once_whatever_its_records_say(files):
+    """An inventory exported while a node ran and again when it ended, and two records of
+    one node that overlap: the CLI's fleet counts each node once at any time, the
+    snapshot quarantined as superseded (issue 19: identity; the same rule as the assets)."""
+    (files / "inventory.csv").write_text("\n".join([
+        INVENTORY[0],
+        "n1,,a100-80gb,8,spot,2026-10-01T00:00:00Z,",  # the running snapshot
+        "n1,,a100-80gb,8,spot,2026-10-01T00:00:00Z,2026-10-03T00:00:00Z",  # the final export
+        "n2,g6.xlarge,,,on-demand,2026-10-02T00:00:00Z,2026-10-02T12:00:00Z",
+        "n2,g6.xlarge,,,on-demand,2026-10-02T06:00:00Z,2026-10-02T18:00:00Z",  # counted from 12:00
+    ]) + "\n")
+    r = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--prices", "prices.yaml", "--inventory", "inventory.csv", "--date", "2026-10-02",
+                "--by", "team", "--format", "json", "--quarantine", "q.csv", cwd=files)
+    assert r.returncode == 0, r.stderr
+    # n1: 8 spot A100s all day ($192); n2: one L4 for 18 h, not 24 ($14.40)
+    assert sum(row["cost_usd"] for row in json.loads(r.stdout)) == pytest.approx(192 + 0.8 * 18)
+    with open(files / "q.csv") as f:
+        q = [(row["location"].rsplit("/", 1)[-1], row["row"], row["reason"].split(":")[0]) for row in csv.DictReader(f)]
+    assert ("inventory.csv", "1", "superseded by row 2") in q and len(q) == 2  # and the usage row without a team
+
 # The light run makes pandas and pydantic unimportable; the plain run must not load
 # them either (pyarrow imports pandas, when installed, to probe what ``pa.array`` is
 # given: the engine builds its arrays and lookup tables without it).
