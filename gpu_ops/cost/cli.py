@@ -214,21 +214,22 @@ class Inputs:
             click.echo(f"warning: {stats.lookback_warning()}", err=True)
         return usage, inventory
 
-    def priced(self, window_start: Any, window_end: Any, as_of: Any, columns: list[str] | None = None, keep: list[str] | None = None, drop_empty: bool = True) -> Any:
-        """Priced usage of the window, read as the daily asset reads it (``keep``: only
-        sums by those columns are needed)."""
+    def priced(self, window_start: Any, window_end: Any, as_of: Any) -> Any:
+        """Priced usage of the window (pandas, for budgets and ROI), read as the daily asset
+        reads it and as :meth:`engine_input` does: every column the rule book judges."""
         from gpu_ops.cost.pipeline import load_raw, price_window
+        from gpu_ops.cost.rules import ALL_COLUMNS
         from gpu_ops.cost.window import ReadStats, Window
 
         stats = ReadStats()
         try:
             # The same bounded read as the daily asset: what is priced is what it prices.
-            raw, inventory = load_raw(self.sources, self.store(), columns, window=Window(window_start, window_end), stats=stats)
+            raw, inventory = load_raw(self.sources, self.store(), ALL_COLUMNS, window=Window(window_start, window_end), stats=stats)
             if stats.files_beyond_lookback:
                 click.echo(f"warning: {stats.lookback_warning()}", err=True)
         except (UsageSourceError, ValueError, RuntimeError) as exc:
             raise click.ClickException(str(exc)) from None
-        return price_window(raw, inventory, self.prices, window_start, window_end, as_of, dedupe=self.sources.count > 1, keep_columns=keep, drop_empty=drop_empty)
+        return price_window(raw, inventory, self.prices, window_start, window_end, as_of)
 
 
 def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:

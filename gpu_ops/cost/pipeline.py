@@ -77,15 +77,15 @@ def price_window(
     window_start: Any,
     window_end: Any,
     as_of: Any,
-    dedupe: bool = False,
     keep_columns: Sequence[str] | None = None,
     drop_empty: bool = True,
 ) -> PricedUsage:
     """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``:
     the engine and :mod:`gpu_ops.cost.allocate` in DuckDB, the pieces handed over as a
     pandas frame (the consumers' boundary). ``keep_columns``: the text columns the
-    consumer reads (fewer columns, less to hand over). ``dedupe`` and ``drop_empty`` are
-    kept for callers; every source is de-duplicated and pieces always have time."""
+    consumer reads (fewer columns, less to hand over). ``drop_empty`` is kept for
+    callers: pieces always have time. Every source is de-duplicated (the engine's identity
+    rules)."""
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
     span = Span(ws.value // 1000, we.value // 1000, asof.value // 1000)
     engine = UsageEngine(prices)
@@ -368,7 +368,7 @@ def usage_for_days(
     window, stats = Window.of_days(first, last), ReadStats()
     raw, inventory = load_raw(sources, store, core_api_factory=core_api_factory, now=now, window=window, stats=stats)
     as_of = default_as_of(last, now)
-    priced = price_window(raw, inventory, prices, window.start, window.end, as_of, dedupe=sources.count > 1)
+    priced = price_window(raw, inventory, prices, window.start, window.end, as_of)
     table = usage_table(priced.rows, shared_defaults=True)  # stored, never modified in place
     table[PARTITION_KEY] = _day_keys(table["day"]) if len(table) else pd.Series([], dtype=object)
     quarantine = pd.concat(

@@ -74,7 +74,7 @@ def write_parquet(df: pd.DataFrame, path: Path, row_group_size: int = 16) -> Non
 
 def unpruned(sources: SourceSet, store: TableStore | None, day: dt.date):
     raw, inventory = load_raw(sources, store)
-    return price_window(raw, inventory, MATRIX, *day_window(day), default_as_of(day), dedupe=sources.count > 1)
+    return price_window(raw, inventory, MATRIX, *day_window(day), default_as_of(day))
 
 
 def plain(df: pd.DataFrame) -> pd.DataFrame:
