@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,3 +107,29 @@ def random_files(tmp_path: Path, seed: int) -> list[Path]:
             write_csv(part, path, rng)
         paths.append(path)
     return paths
+
+
+NODE_TYPES = [("p4de.24xlarge", "", ""), ("", "a100-80gb", 4), ("", "l4", 1), ("g6.xlarge", "", ""), ("", "h100", 8)]
+
+
+def random_inventory(seed: int, day: pd.Timestamp = DAY) -> pd.DataFrame:
+    """A random node inventory around ``day`` (a frame with provenance): snapshots of
+    running nodes, re-deliveries, records of one node that overlap or disagree, copies, bad
+    rows, in random order."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(int(rng.integers(15, 40))):
+        instance, gpu, count = NODE_TYPES[int(rng.integers(len(NODE_TYPES)))]
+        start = day + pd.Timedelta(hours=int(rng.integers(-30, 40)))
+        end = "" if rng.random() < 0.25 else (start + pd.Timedelta(minutes=int(rng.integers(0, 60 * 30)))).isoformat()
+        rows.append({"node": f"n{rng.integers(6)}", "instance_type": instance, "gpu_type": gpu, "gpu_count": count,
+                     "capacity_type": str(rng.choice(["spot", "on-demand", "reserved"])), "region": "us-east-1", "start": start.isoformat(), "end": end})
+        if rng.random() < 0.3:  # the same node exported while it ran, or again
+            rows.append({**rows[-1], "end": "" if rows[-1]["end"] else (start + pd.Timedelta(hours=3)).isoformat()})
+        if rng.random() < 0.15:  # an exact copy, delivered again
+            rows.append(dict(rows[-1]))
+        if rng.random() < 0.1:  # a bad row
+            rows.append({**rows[-1], "capacity_type": "weekly"})
+    order = rng.permutation(len(rows))
+    df = pd.DataFrame([rows[i] for i in order]).astype(object)
+    return df.assign(source="inventory", location="inventory.csv", row=np.arange(1, len(df) + 1))

@@ -5,7 +5,6 @@ and overlap rules for ``kind`` inventory; :func:`oracle.one_node_at_a_time` in P
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -15,29 +14,9 @@ from gpu_ops.cost.read import INVENTORY
 
 from .helpers import MATRIX
 from .oracle import one_node_at_a_time, split_by_day, validate_inventory
+from .random_files import random_inventory
 
 DAY = pd.Timestamp("2026-10-02", tz="UTC")
-TYPES = [("p4de.24xlarge", "", ""), ("", "a100-80gb", 4), ("", "l4", 1), ("g6.xlarge", "", ""), ("", "h100", 8)]
-
-
-def _random_inventory(seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(int(rng.integers(15, 40))):
-        instance, gpu, count = TYPES[int(rng.integers(len(TYPES)))]
-        start = DAY + pd.Timedelta(hours=int(rng.integers(-30, 40)))
-        end = "" if rng.random() < 0.25 else (start + pd.Timedelta(minutes=int(rng.integers(0, 60 * 30)))).isoformat()
-        rows.append({"node": f"n{rng.integers(6)}", "instance_type": instance, "gpu_type": gpu, "gpu_count": count,
-                     "capacity_type": str(rng.choice(["spot", "on-demand", "reserved"])), "region": "us-east-1", "start": start.isoformat(), "end": end})
-        if rng.random() < 0.3:  # the same node exported while it ran, or again
-            rows.append({**rows[-1], "end": "" if rows[-1]["end"] else (start + pd.Timedelta(hours=3)).isoformat()})
-        if rng.random() < 0.15:  # an exact copy, delivered again
-            rows.append(dict(rows[-1]))
-        if rng.random() < 0.1:  # a bad row
-            rows.append({**rows[-1], "capacity_type": "weekly"})
-    order = rng.permutation(len(rows))
-    df = pd.DataFrame([rows[i] for i in order]).astype(object)
-    return df.assign(source="inventory", location="inventory.csv", row=np.arange(1, len(df) + 1))
 
 
 def _why(q: pd.DataFrame) -> dict[int, str]:
@@ -73,7 +52,7 @@ def _oracle_fleet(raw: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> tupl
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_fleet_and_its_quarantine_agree_with_the_oracle_on_random_inventories(seed: int) -> None:
-    raw = _random_inventory(seed)
+    raw = random_inventory(seed, DAY)
     for lo, hi in ((DAY, DAY + pd.Timedelta(days=1)), (DAY - pd.Timedelta(days=1), DAY + pd.Timedelta(days=2))):
         got, got_q = _engine_fleet(raw, lo.value // 1000, hi.value // 1000)
         want, want_q = _oracle_fleet(raw, lo, hi)
