@@ -519,16 +519,35 @@ def _terms(s: pd.Series) -> str:
 
 
 
-def node_instance_ids(raw_inventory: pd.DataFrame | None) -> dict[str, str]:
-    """node -> EC2 instance id: the inventory's ``instance_id`` column, else the node name
-    when it is one (``i-…``), else the id in a Karpenter ``provider_id`` (``aws:///zone/i-…``)."""
-    if raw_inventory is None or not len(raw_inventory):
-        return {}
-    nodes = _text(raw_inventory, "node")
-    ids = _text(raw_inventory, "instance_id")
-    provider = _text(raw_inventory, "provider_id").str.extract(r"(i-[0-9a-f]+)$", expand=False).fillna("")
-    chosen = ids.where(ids != "", nodes.where(nodes.str.match(_INSTANCE_ID.pattern), provider))
-    return {n: i for n, i in zip(nodes, chosen) if n and i}
+def node_instance_ids(inventory: Any) -> dict[str, str]:
+    """node -> EC2 instance id of a node inventory (a :class:`~gpu_ops.cost.engine.UsageInput`
+    from :func:`~gpu_ops.cost.inventory.load_inventory`, or None): its ``instance_id``
+    column, else the node name when it is one (``i-…``), else the id in a Karpenter
+    ``provider_id`` (``aws:///zone/i-…``)."""
+    out: dict[str, str] = {}
+    for raw in _id_frames(inventory):
+        nodes = _text(raw, "node")
+        ids = _text(raw, "instance_id")
+        provider = _text(raw, "provider_id").str.extract(r"(i-[0-9a-f]+)$", expand=False).fillna("")
+        chosen = ids.where(ids != "", nodes.where(nodes.str.match(_INSTANCE_ID.pattern), provider))
+        out.update((n, i) for n, i in zip(nodes, chosen) if n and i)
+    return out
+
+
+_ID_COLUMNS = ("node", "instance_id", "provider_id")
+
+
+def _id_frames(inventory: Any) -> list[pd.DataFrame]:
+    """The node and id columns of each part of an inventory, as text (a CSV's bytes
+    decoded, what is not UTF-8 replaced: an id is matched, never priced)."""
+    if inventory is None:
+        return []
+    frames = [f for f in inventory.frames if len(f)]
+    for f in inventory.files:
+        table = f.load()[0]
+        cols = [c for c in _ID_COLUMNS if c in table.column_names]
+        frames.append(pd.DataFrame({c: [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in table.column(c).to_pylist()] for c in cols}))
+    return frames
 
 
 # --------------------------------------------------------------------------- reconciliation
@@ -703,7 +722,7 @@ def settle(config: Any, table: pd.DataFrame, first: Any, last: Any, store: Any =
     """Read the bill (``usage.billing``) day by day, reconcile each day of ``first..last``
     against the fleet in ``table`` and, with ``prices.from_bill``, re-price the days that
     reconcile at the bill."""
-    from gpu_ops.cost.pipeline import load_inventory
+    from gpu_ops.cost.inventory import load_inventory
     from gpu_ops.cost.sources import SourceSet
 
     billing = config.usage.billing

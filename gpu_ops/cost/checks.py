@@ -11,7 +11,8 @@ def check_usage_sources(config: GpuOpsConfig) -> CheckResult:
     file, and the files open with the usage columns (headers and Parquet footers only).
     A ``{date}`` placeholder is checked as any day (``*``)."""
     from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.usage import INVENTORY_COLUMNS, INVENTORY_REQUIRED, USAGE_REQUIRED, probe_files
+    from gpu_ops.cost.read import INVENTORY_COLUMNS, INVENTORY_REQUIRED
+    from gpu_ops.cost.usage import USAGE_REQUIRED, probe_files
 
     sources = SourceSet.from_config(config)
     if not sources.usage_files and not sources.inventory_files:

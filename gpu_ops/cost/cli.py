@@ -192,10 +192,10 @@ class Inputs:
     def engine_input(self, window: Any) -> "tuple[UsageInput, UsageInput | None]":
         """(usage, inventory) of ``window`` as the engine takes them: files read as Arrow
         (the same bounded read as the daily asset), the ledger and Kubernetes tables as
-        frames (pandas, only then). Every column the rule book judges is read, whatever
-        the grouping: the asset's quarantine."""
+        frames (pandas, only then); the inventory as the daily asset reads it. Every column
+        the rule book judges is read, whatever the grouping: the asset's quarantine."""
         from gpu_ops.cost.engine import UsageInput
-        from gpu_ops.cost.read import INVENTORY, read_files
+        from gpu_ops.cost.read import read_files
         from gpu_ops.cost.rules import ALL_COLUMNS
         from gpu_ops.cost.window import ReadStats
 
@@ -203,13 +203,12 @@ class Inputs:
         if src.ledger or src.kubernetes or src.inventory_karpenter:
             from gpu_ops.cost.pipeline import load_raw
 
-            usage, frame = load_raw(src, self.store(), ALL_COLUMNS, window=window, stats=stats)
-            inventory = None if frame is None else UsageInput(frames=[frame], source="inventory")
+            usage, inventory = load_raw(src, self.store(), ALL_COLUMNS, window=window, stats=stats)
         else:
+            from gpu_ops.cost.inventory import load_inventory
+
             got = read_files(src.usage_files, src.base_dir, ALL_COLUMNS, window, stats, lookback_days=src.lookback_days)
-            usage = UsageInput(got.files, problems=got.problems)
-            inv = read_files(src.inventory_files, src.base_dir, kind=INVENTORY) if src.inventory_files else None
-            inventory = None if inv is None else UsageInput(inv.files, problems=inv.problems, source="inventory")
+            usage, inventory = UsageInput(got.files, problems=got.problems), load_inventory(src)
         if stats.files_beyond_lookback:
             click.echo(f"warning: {stats.lookback_warning()}", err=True)
         return usage, inventory

@@ -21,12 +21,11 @@ from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
 from gpu_ops.cost.engine import UsageEngine, UsageInput, add_frame
+from gpu_ops.cost.inventory import load_inventory
 from gpu_ops.cost.read import INVENTORY, read_files
 from gpu_ops.cost.usage import (
-    concat_raw,
     quarantine_in_window,
     read_intervals,
-    read_inventory_files,
     read_ledger,
     const_column,
     running_starts,
@@ -72,7 +71,7 @@ def default_as_of(day: dt.date, now: dt.datetime | None = None) -> pd.Timestamp:
 
 def price_window(
     raw_usage: Any,
-    raw_inventory: pd.DataFrame | None,
+    raw_inventory: Any,
     prices: PriceMatrix,
     window_start: Any,
     window_end: Any,
@@ -83,9 +82,10 @@ def price_window(
     """Validate, split by UTC day, price and add idle rows for ``[window_start, window_end)``:
     the engine and :mod:`gpu_ops.cost.allocate` in DuckDB, the pieces handed over as a
     pandas frame (the consumers' boundary). ``keep_columns``: the text columns the
-    consumer reads (fewer columns, less to hand over). ``drop_empty`` is kept for
-    callers: pieces always have time. Every source is de-duplicated (the engine's identity
-    rules)."""
+    consumer reads (fewer columns, less to hand over). ``raw_inventory``: the node
+    inventory (:func:`~gpu_ops.cost.inventory.load_inventory`, or raw frames) or None.
+    ``drop_empty`` is kept for callers: pieces always have time. Every source is
+    de-duplicated (the engine's identity rules)."""
     ws, we, asof = utc(window_start), utc(window_end), utc(as_of)
     span = Span(ws.value // 1000, we.value // 1000, asof.value // 1000)
     engine = UsageEngine(prices)
@@ -126,24 +126,25 @@ def _pieces(engine: UsageEngine, span: Span, keep: list[str] | None) -> pd.DataF
     return rows
 
 
-def with_idle(priced: PricedUsage, raw_inventory: pd.DataFrame | None, prices: PriceMatrix) -> PricedUsage:
+def with_idle(priced: PricedUsage, inventory: Any, prices: PriceMatrix) -> PricedUsage:
     """Add one idle row per inventory node and day (fleet − allocated) to priced pieces,
     and the inventory's bad rows to the quarantine (the inventory checked by the same
-    engine and rule book, ``kind`` inventory). No inventory: unchanged."""
-    if raw_inventory is None:
+    engine and rule book, ``kind`` inventory). ``inventory``: a :class:`UsageInput`
+    (:func:`load_inventory`) or raw frames; None: unchanged."""
+    if inventory is None:
         return priced
     ws, we = priced.window_start, priced.window_end
     span = Span(ws.value // 1000, we.value // 1000, priced.as_of.value // 1000)
-    inventory = UsageEngine(prices, INVENTORY)
+    engine = UsageEngine(prices, INVENTORY)
     try:
-        _add(inventory, raw_inventory)
+        _add(engine, inventory)
         fleet = None
-        if inventory.parts:
-            inventory.check()
-            fleet = fleet_days(inventory, span.start, span.priced_end, detail=True)
-        inv_quarantine = quarantine_in_window(inventory.result_quarantine(), ws, we)
+        if engine.parts:
+            engine.check()
+            fleet = fleet_days(engine, span.start, span.priced_end, detail=True)
+        inv_quarantine = quarantine_in_window(engine.result_quarantine(), ws, we)
     finally:
-        inventory.close()
+        engine.close()
     idle = _idle_rows(fleet, priced.rows, prices)
     pieces = pd.concat([_plain(priced.rows), idle], ignore_index=True) if len(idle) else priced.rows
     quarantine = pd.concat([priced.quarantine, inv_quarantine], ignore_index=True)
@@ -254,8 +255,8 @@ def load_raw(
     now: dt.datetime | None = None,
     window: Window | None = None,
     stats: ReadStats | None = None,
-) -> tuple[UsageInput, pd.DataFrame | None]:
-    """(what every usage source holds, as the engine takes it; raw inventory or None).
+) -> tuple[UsageInput, UsageInput | None]:
+    """(what every usage source holds, as the engine takes it; the inventory or None).
 
     Kubernetes sources are collected now and recorded in ``store`` (see
     :mod:`gpu_ops.cost.kubernetes`); what was recorded before is read back with them.
@@ -331,21 +332,6 @@ def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp
             continue
         out.extend(running_starts(frame, window.start))
     return out
-
-
-def load_inventory(sources: SourceSet, store: Any = None, window: Window | None = None, stats: ReadStats | None = None) -> pd.DataFrame | None:
-    """The raw node inventory (files, and the Karpenter nodes recorded in ``store``; with a
-    ``window``, those that can touch it), or None."""
-    if not sources.has_inventory:
-        return None
-    inv_frames = []
-    if sources.inventory_files:
-        inv_frames.append(read_inventory_files(sources.inventory_files, sources.base_dir))
-    if sources.inventory_karpenter:
-        from gpu_ops.cost import kubernetes as k8s
-
-        inv_frames.append(read_intervals(store, k8s.COLLECTED_NODES_TABLE, window, stats))
-    return concat_raw(inv_frames)
 
 
 @dataclass

@@ -25,8 +25,6 @@ import pandas as pd
 
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import (  # re-exported: the readers' names
-    INVENTORY_COLUMNS,
-    INVENTORY_REQUIRED,
     USAGE_COLUMNS,
     USAGE_REQUIRED,
     UsageSourceError,
@@ -560,10 +558,6 @@ def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end
 
 
 # --------------------------------------------------------------------------- inventory
-
-
-def read_inventory_files(patterns: Iterable[str], base_dir: Path | None = None) -> pd.DataFrame:
-    return _read_files(patterns, base_dir, None, "inventory", INVENTORY_REQUIRED, INVENTORY_COLUMNS)
 
 
 def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[str] = ("team",)) -> Validated:

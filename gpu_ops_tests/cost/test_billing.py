@@ -226,6 +226,7 @@ def test_from_bill_attributes_the_billed_cost_and_conserves_it_to_the_cent(tmp_p
 
 def test_apply_bill_keeps_list_prices_for_a_node_without_bill_lines():
     from gpu_ops.config import PriceTable
+    from gpu_ops.cost.engine import UsageInput
     from gpu_ops.cost.pipeline import price_window
     from gpu_ops.cost.pricing import PriceMatrix
     from gpu_ops_tests.cost.helpers import inventory as inv_frame, raw, row
@@ -236,7 +237,7 @@ def test_apply_bill_keeps_list_prices_for_a_node_without_bill_lines():
     priced = price_window(usage, inv, matrix, "2026-10-20", "2026-10-21", "2026-10-21")
     lines = gpu_bill(cur_month(), [n[1] for n in NODES]).lines
     lines = lines[lines["instance_id"] != NODES[0][1]]  # the spot node's lines are missing
-    out, summary = apply_bill(priced.rows, lines, node_instance_ids(inv))
+    out, summary = apply_bill(priced.rows, lines, node_instance_ids(UsageInput(frames=[inv])))
     assert summary["unbilled_nodes"] == [A_SPOT]
     alloc = out[out["kind"].astype(str) != "idle"]
     assert alloc["cost_usd"].sum() == pytest.approx(48 * 1.79)  # list price kept, never zero

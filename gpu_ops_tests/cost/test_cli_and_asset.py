@@ -84,3 +84,39 @@ def test_the_cli_and_gpu_usage_price_and_quarantine_random_hostile_files_alike(t
     assert any(f == "<row>" for _, _, f, _ in asset_q) and len(asset_q) > 20  # copies and snapshots found
     assert any("project: contains a control character" in reason for *_, reason in asset_q)  # in a column the grouping does not read
     assert "__idle__" in asset_totals and any(loc == "inventory.csv" and field == "<row>" for loc, _, field, _ in asset_q)  # a node counted once
+
+
+def _inventory_case(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    for d in ("files", "cli", "asset"):
+        (tmp_path / d).mkdir()
+    usage = tmp_path / "files" / "usage.csv"
+    usage.write_text("start,end,namespace,pod,node,team,gpu_type,gpu_count,capacity_type\n2026-10-01T02:00:00Z,,ml,p2,n2,cv,l4,1,on-demand\n")
+    inventory = tmp_path / "files" / "inventory.csv"
+    inventory.write_text(text)
+    return usage, inventory
+
+
+def test_an_inventory_line_that_cannot_be_split_is_quarantined_alone_by_the_cli_and_gpu_usage(tmp_path: Path) -> None:
+    """One line with too many fields: that line is quarantined and the others price, in both
+    (the asset read inventory files with a pandas reader of its own, which shifted every row
+    by the extra fields and quarantined them all: no idle at all)."""
+    usage, inventory = _inventory_case(tmp_path, "node,instance_type,gpu_type,gpu_count,capacity_type,region,start,end\n"
+                                       "n1,,a100-80gb,8,spot,,2026-10-01T00:00:00Z,,extra,fields\nn2,,l4,1,on-demand,,2026-10-01T00:00:00Z,\n")
+    cli_totals, cli_q = _cli([usage], inventory, tmp_path / "cli")
+    with dg.DagsterInstance.ephemeral() as instance:
+        asset_totals, asset_q = _asset([usage], inventory, tmp_path / "asset", instance)
+    assert cli_totals == pytest.approx(asset_totals) and cli_q == asset_q
+    assert {(row, field) for loc, row, field, _ in asset_q if loc == "inventory.csv"} == {(1, "<line>")}
+    assert asset_totals["__idle__"] == pytest.approx(0.8 * 24 - 0.8 * 22)  # n2's L4 all day, 22 h of it used
+
+
+def test_an_inventory_file_without_a_node_column_fails_gpu_usages_blocking_check(tmp_path: Path) -> None:
+    from gpu_ops.storage.tables import TableStore
+
+    usage, inventory = _inventory_case(tmp_path, "gpu_type,gpu_count,capacity_type,start,end\nl4,1,on-demand,2026-10-01T00:00:00Z,\n")
+    r = run_one(["cost", "attribution", "--date", DAY, "--usage", str(usage), "--inventory", str(inventory), "--prices", str(PRICES)], str(tmp_path / "cli"))
+    assert r["exit"] == 1 and "inventory.csv: missing column(s) node" in str(r["stderr"]) and "Traceback" not in str(r["stderr"])
+    with dg.DagsterInstance.ephemeral() as instance, pytest.raises(Exception, match="blocking asset check failed.*\n.*gpu_usage: sources_complete"):
+        _asset([usage], inventory, tmp_path / "asset", instance)
+    q = TableStore(f"sqlite:///{tmp_path / 'asset' / 'tables.db'}").read("gpu_usage_quarantine", missing_ok=True)
+    assert [(Path(loc).name, f) for loc, f in zip(q["location"], q["field"])] == [("inventory.csv", "<file>")] and "missing column(s) node" in q["reason"].iloc[0]
