@@ -45,15 +45,15 @@ SCRIPT = textwrap.dedent(
     from gpu_ops.config import PriceTable
     import yaml
     from gpu_ops.cost.attribution import attribute
-    from gpu_ops.cost.pipeline import price_window
+    from gpu_ops.cost.pipeline import load_raw, price_window
     from gpu_ops.cost.pricing import PriceMatrix
-    from gpu_ops.cost.usage import read_usage_files
+    from gpu_ops.cost.sources import SourceSet
     from gpu_ops.cost.utilization import SAMPLE_COLUMNS, group_efficiency, join_efficiency
 
     path, mode, covered, step, day, as_of = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
     prices = PriceMatrix.from_table(PriceTable.model_validate(yaml.safe_load(open(sys.argv[7]))))
     t0 = time.perf_counter()
-    raw = read_usage_files([path], None, row_numbers=False)
+    raw = load_raw(SourceSet(usage_files=[path]))[0]
     priced = price_window(raw, None, prices, day, pd.Timestamp(day) + pd.Timedelta(days=1), as_of)
     rows = priced.rows
     t_price = time.perf_counter() - t0

@@ -165,22 +165,28 @@ class Inputs:
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--by") from None
 
-    def data_range(self) -> tuple[Any, Any] | None:
-        """(first start, last end) of the usage in the file and ledger sources, or None."""
-        import pandas as pd
+    def data_range(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """(first start, last end) of the usage in the file and ledger sources, or None:
+        the times as the rule book reads them, through the one reader and the engine."""
+        from gpu_ops.cost.engine import UsageEngine, UsageInput
+        from gpu_ops.cost.read import read_files
+        from gpu_ops.cost.rules import ALL_COLUMNS
 
-        from gpu_ops.cost.usage import read_ledger, read_usage_files
-
-        frames = []
+        usage = UsageInput()
         if self.sources.usage_files:
-            frames.append(read_usage_files(self.sources.usage_files, self.sources.base_dir, row_numbers=False))
+            usage.files = read_files(self.sources.usage_files, self.sources.base_dir, ALL_COLUMNS).files
         if self.sources.ledger and self.store() is not None:
-            frames.append(read_ledger(self.store()))
-        starts = [pd.to_datetime(f["start"], utc=True, errors="coerce") for f in frames if "start" in f]
-        ends = [pd.to_datetime(f["end"], utc=True, errors="coerce") for f in frames if "end" in f]
-        first = min((s.min() for s in starts if s.notna().any()), default=None)
-        last = max((e.max() for e in ends if e.notna().any()), default=first)
-        return (first, last) if first is not None else None
+            from gpu_ops.cost.usage import read_ledger
+
+            usage.frames.append(read_ledger(self.store()))
+        engine = UsageEngine(self.prices)
+        try:
+            usage.add_to(engine)
+            span = engine.time_span()
+        finally:
+            engine.close()
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        return None if span is None else (epoch + dt.timedelta(microseconds=span[0]), epoch + dt.timedelta(microseconds=span[1]))
 
     def store(self) -> Any:
         if not (self.sources.ledger or self.sources.kubernetes or self.sources.inventory_karpenter):

@@ -446,6 +446,21 @@ class UsageEngine:
         out = self.check(keep)
         return EngineResult(self._good_rows(*out), self._quarantine())
 
+    def time_span(self) -> tuple[int, int] | None:
+        """(first start, last end: the first start when no row has ended) in UTC
+        microseconds over every row whose times the rule book reads, good or bad, or None:
+        where the usage is (the CLI's hint for an empty day). Nothing is checked."""
+        import duckdb
+
+        if not self.parts:
+            return None
+        held = {c: f"CASE WHEN {c} BETWEEN {R.TIME_MIN_US} AND {R.TIME_MAX_US} THEN {c} END" for c in ("start_us", "end_us")}
+        try:
+            first, last = self.con.execute(f"SELECT min({held['start_us']}), max({held['end_us']}) FROM ({self._typed_sql()})").fetchall()[0]
+        except duckdb.Error:  # a file DuckDB cannot scan: no hint rather than a traceback
+            return None
+        return None if first is None else (first, first if last is None else last)
+
     def check(self, keep: Sequence[str] | None = None, tally: Tally | None = None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
         """Run the rule book and the identity rules; the good rows are then
         :meth:`good_sql` (a query that streams from the sources), the quarantine
@@ -1269,19 +1284,10 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
 
 
 def add_frame(engine: UsageEngine, raw: Any) -> None:
-    """A raw pandas frame (the usage format plus provenance; file-level rows carry a
-    ``file_error``) into the engine."""
-    import pandas as pd
+    """A raw pandas frame (the usage format plus provenance: a table's rows, a caller's
+    frame) into the engine."""
     import pyarrow as pa
 
-    from gpu_ops.cost.usage import FILE_ERROR
-
-    if FILE_ERROR in raw:
-        failed = raw[FILE_ERROR].notna().to_numpy()
-        for rec in raw[failed].to_dict("records"):
-            row = rec.get("row")
-            engine.add_problem(str(rec.get("location", "")), str(rec[FILE_ERROR]), str(rec.get("source", "file")), None if row is None or pd.isna(row) else int(row))
-        raw = raw[~failed].drop(columns=FILE_ERROR).reset_index(drop=True)
     if not len(raw.columns):
         return
     arrays, names = [], []

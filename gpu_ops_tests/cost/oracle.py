@@ -29,10 +29,6 @@ from gpu_ops.cost.usage import (
     lut,
     show_value,
     NS_PER_HOUR,
-    CELL_ERRORS,
-    FILE_ERROR,
-    FILE_FIELD,
-    LINE_FIELD,
     PROVENANCE_COLUMNS,
     TIME_RANGE,
     Validated,
@@ -41,6 +37,10 @@ from gpu_ops.cost.usage import (
     parse_times,
     utc_series,
 )
+
+from gpu_ops.cost.rules import FILE_FIELD, LINE_FIELD
+
+from .oracle_read import CELL_ERRORS, FILE_ERROR
 
 ATTRIBUTE_COLUMNS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id")
 

@@ -255,12 +255,12 @@ def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(id
     from gpu_ops.cost.pricing import PriceMatrix
     from gpu_ops.cost.inventory import load_inventory
     from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.usage import read_usage_files
+    from gpu_ops.cost.pipeline import load_raw
 
     cfg = load_config()
     demo = BUNDLED_CONFIG.parent
     start, end = pd.Timestamp("2026-10-01", tz="UTC"), pd.Timestamp("2026-11-01", tz="UTC")
-    rows = price_window(read_usage_files([str(demo / "usage" / "*.csv")]), load_inventory(SourceSet(inventory_files=[str(demo / "inventory.csv")])), PriceMatrix.from_table(cfg.prices), start, end, end).rows
+    rows = price_window(load_raw(SourceSet(usage_files=[str(demo / "usage" / "*.csv")]))[0], load_inventory(SourceSet(inventory_files=[str(demo / "inventory.csv")])), PriceMatrix.from_table(cfg.prices), start, end, end).rows
     budgets = [*cfg.budgets, Budget(name="everything", amount_usd=50000)]
     daily = pd.concat([daily_costs(rows[rows["day"].dt.date == d], [d], []) for d in days("2026-10-01", "2026-10-31")])
     for day in (1, 10, 30):

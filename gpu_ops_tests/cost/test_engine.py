@@ -28,12 +28,13 @@ import pytest
 
 from gpu_ops.cost.pipeline import load_raw, price_window
 from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.usage import quarantine_in_window, read_usage_files
+from gpu_ops.cost.usage import quarantine_in_window
 from gpu_ops.cost.window import Window
 
 from .helpers import MATRIX
 from .random_files import DAY, WE, WS, random_files
 from .oracle import price_pieces, split_by_day, validate_usage
+from .oracle_read import read_usage_files
 
 # --------------------------------------------------------------------------- the oracle
 

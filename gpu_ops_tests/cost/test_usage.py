@@ -12,12 +12,21 @@ import pytest
 from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.pipeline import price_window
 from gpu_ops.cost.engine import validate
-from gpu_ops.cost.usage import USAGE_COLUMNS, read_usage_files
+from gpu_ops.cost.pipeline import load_raw
+from gpu_ops.cost.read import read_files
+from gpu_ops.cost.sources import SourceSet
+from gpu_ops.cost.usage import USAGE_COLUMNS
 
 from .oracle import validate_usage
 from .helpers import MATRIX, raw, row
 
 DAY = pd.Timestamp("2026-10-02", tz="UTC")
+
+
+def one_reader(patterns):
+    """The usage files of ``patterns`` as the package reads them (the one reader)."""
+    return load_raw(SourceSet(usage_files=list(patterns)))[0]
+
 NEXT = DAY + pd.Timedelta(days=1)
 
 GOOD = row("2026-10-02T00:00:00Z", "2026-10-02T01:00:00Z")  # $4
@@ -46,7 +55,7 @@ def test_bad_rows_are_quarantined_with_file_row_and_reason(tmp_path):
     path = tmp_path / "export.csv"
     rows = [GOOD] + [{**r, "region": r.get("region", "")} for r, _, _ in BAD] + [{**GOOD, "pod": "another"}]
     _write_csv(path, [{**r, "region": r.get("region", "")} for r in rows])
-    p = price_window(read_usage_files([str(path)]), None, MATRIX, DAY, NEXT, NEXT)
+    p = price_window(one_reader([str(path)]), None, MATRIX, DAY, NEXT, NEXT)
     q = p.quarantine.set_index("row")
     assert len(q) == len(BAD)
     for i, (_, field, text) in enumerate(BAD, start=2):  # data row 1 is GOOD
@@ -88,7 +97,7 @@ def test_parquet_with_typed_columns_and_naive_times_as_utc(tmp_path):
         }
     )
     pq.write_table(table, path)
-    p = price_window(read_usage_files([str(tmp_path / "*.parquet")]), None, MATRIX, DAY, NEXT, pd.Timestamp("2026-10-02T06:00:00Z"))
+    p = price_window(one_reader([str(tmp_path / "*.parquet")]), None, MATRIX, DAY, NEXT, pd.Timestamp("2026-10-02T06:00:00Z"))
     t = attribute(p.rows, ["team"]).table.set_index("team")
     assert t.loc["nlp", "cost_usd"] == pytest.approx(2 * 3 * 3.0)  # 2 spot H100s × 3 h × $3
     assert t.loc["vision", "cost_usd"] == pytest.approx(4 * 10.0)  # open, clipped at 06:00
@@ -98,7 +107,7 @@ def test_parquet_with_typed_columns_and_naive_times_as_utc(tmp_path):
 def test_label_columns_of_a_file_become_labels(tmp_path):
     path = tmp_path / "l.csv"
     _write_csv(path, [{**GOOD, "label:tier": "gold"}, {**GOOD, "label:tier": ""}])
-    p = price_window(read_usage_files([str(path)]), None, MATRIX, DAY, NEXT, NEXT)
+    p = price_window(one_reader([str(path)]), None, MATRIX, DAY, NEXT, NEXT)
     t = attribute(p.rows, ["label:tier"]).table.set_index("label_tier")
     assert t["cost_usd"].to_dict() == {"gold": pytest.approx(4.0), "": pytest.approx(4.0)}
 
@@ -108,8 +117,7 @@ def test_unreadable_sources_are_file_level_quarantine_rows_and_the_rest_is_read(
     _write_csv(good, [GOOD])
     bad = tmp_path / "short.csv"
     bad.write_text("start,end,team\n2026-10-02T00:00:00Z,,nlp\n")
-    raw_rows = read_usage_files([str(tmp_path / "missing.csv"), str(bad), str(good), str(tmp_path / "none-*.parquet")])
-    v = validate_usage(raw_rows, MATRIX)
+    v = validate(one_reader([str(tmp_path / "missing.csv"), str(bad), str(good), str(tmp_path / "none-*.parquet")]), MATRIX)
     assert len(v.rows) == 1  # the readable file is still priced
     q = v.quarantine
     assert list(q["field"]) == ["<file>"] * 3 and q["row"].isna().all()
@@ -123,8 +131,8 @@ def test_unreadable_sources_are_file_level_quarantine_rows_and_the_rest_is_read(
 def test_a_file_matched_by_several_patterns_is_read_once(tmp_path):
     good = tmp_path / "good.csv"
     _write_csv(good, [GOOD])
-    raw_rows = read_usage_files([str(good), str(tmp_path / "*.csv"), str(tmp_path / "." / "good.csv")])
-    assert len(raw_rows) == 1
+    usage = one_reader([str(good), str(tmp_path / "*.csv"), str(tmp_path / "." / "good.csv")])
+    assert len(usage.files) == 1 and not usage.problems
 
 
 def test_the_same_pod_from_two_sources_is_counted_once():
@@ -140,14 +148,14 @@ def test_parquet_reads_only_the_columns_asked_for_and_bad_files_name_themselves(
     good = tmp_path / "a.parquet"
     pq.write_table(pa.table({k: [v] for k, v in GOOD.items() if k in USAGE_COLUMNS}), good)
     cols = ["start", "end", "namespace", "pod", "team", "gpu_type", "gpu_count", "capacity_type"]
-    df = read_usage_files([str(good)], columns=cols)
-    assert list(df["team"]) == ["nlp"]
-    assert "node" not in df.columns and "pod" in df.columns  # only the columns asked for
+    table = read_files([str(good)], None, cols).files[0].load()[0]
+    assert table.column("team").to_pylist() == ["nlp"]
+    assert "node" not in table.column_names and "pod" in table.column_names  # only the columns asked for
 
     bad = tmp_path / "b.parquet"
     bad.write_bytes(b"not parquet at all")
-    problem = read_usage_files([str(bad)], columns=cols)
-    assert problem["location"].tolist() == [str(bad)] and problem["file_error"].iloc[0].startswith("not a readable Parquet file")
+    got = read_files([str(bad)], None, cols)
+    assert not got.files and got.problems[0][0] == str(bad) and got.problems[0][1].startswith("not a readable Parquet file")
 
 
 def test_validate_usage_is_a_deprecated_wrapper_over_the_engine():
