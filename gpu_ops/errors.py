@@ -54,7 +54,7 @@ PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
     ("gpu_ops.training.attempts", "TransitionError"),
     ("gpu_ops.storage.errors", "StorageError"),
     ("gpu_ops.storage.errors", "StorageUnavailable"),
-    ("gpu_ops.cost.usage", "UsageSourceError"),
+    ("gpu_ops.cost.read", "UsageSourceError"),
     ("gpu_ops.validate", "UnknownCheck"),
 )
 

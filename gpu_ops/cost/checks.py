@@ -8,19 +8,19 @@ from gpu_ops.validate import CheckResult
 
 def check_usage_sources(config: GpuOpsConfig) -> CheckResult:
     """Every file pattern of ``usage.sources`` (and a file inventory) matches at least one
-    file, and the files open with the usage columns (headers and Parquet footers only).
+    file, and the files open with the format's columns, judged as the read judges them
+    (headers and Parquet footers only).
     A ``{date}`` placeholder is checked as any day (``*``)."""
+    from gpu_ops.cost.read import INVENTORY, probe_files
     from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.read import INVENTORY_COLUMNS, INVENTORY_REQUIRED
-    from gpu_ops.cost.usage import USAGE_REQUIRED, probe_files
 
     sources = SourceSet.from_config(config)
     if not sources.usage_files and not sources.inventory_files:
         return CheckResult("usage_sources", "skipped", "no file sources configured (usage comes from the ledger or the collector)")
     any_day = [p.replace("{date}", "*") for p in sources.usage_files]
-    seen, problems = probe_files(any_day, sources.base_dir, USAGE_REQUIRED)
+    seen, problems = probe_files(any_day, sources.base_dir)
     if sources.inventory_files:
-        inv_seen, inv_problems = probe_files([p.replace("{date}", "*") for p in sources.inventory_files], sources.base_dir, INVENTORY_REQUIRED, "inventory", INVENTORY_COLUMNS)
+        inv_seen, inv_problems = probe_files([p.replace("{date}", "*") for p in sources.inventory_files], sources.base_dir, INVENTORY)
         seen, problems = seen + inv_seen, problems + inv_problems
     if problems:
         return CheckResult(

@@ -5,7 +5,7 @@ window, see :mod:`gpu_ops.cost.window`); a CSV file as BINARY cells (the rule bo
 decodes them as UTF-8, quarantining a bad value on its own row) with its line-level
 problems (a line with the wrong number of fields). What stops a whole file (no such
 file, not Parquet, a missing or duplicated column name, an empty CSV) is one
-:class:`~gpu_ops.cost.usage.UsageSourceError` naming the file; the engine turns it into
+:class:`UsageSourceError` naming the file; the engine turns it into
 a file-level quarantine row.
 """
 
@@ -266,6 +266,46 @@ def read_file(
     if suffix == ".csv":
         return _csv(path, columns, stats, kind)
     raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+
+
+def column_names(path: Path) -> list[str]:
+    """A file's column names as the read sees them: its CSV header line or its Parquet
+    footer, each name once (a file-level error otherwise, with the read's own reason)."""
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            names = list(pq.read_schema(path).names)
+        except Exception as exc:  # any reader error names the file
+            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+    elif suffix == ".csv":
+        names = _csv_header(path)[0]
+    else:
+        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+    _unique_names(path, names)
+    return names
+
+
+def probe_files(patterns: Sequence[str], base_dir: Path | None, kind: str = USAGE, limit: int = 200) -> tuple[int, list[str]]:
+    """A cheap look at what a read would find (`gpu-ops validate`): each pattern matches a
+    file, each file (up to ``limit``) has the ``kind`` format's columns, judged by
+    :func:`column_names` as the read judges them. Only headers and Parquet footers are
+    read. -> (files seen, problems as "location: reason")."""
+    problems, seen = [], 0
+    for path, problem in distinct_files(patterns, base_dir):
+        if problem is not None:
+            problems.append(str(problem))
+            continue
+        seen += 1
+        if seen > limit:
+            continue
+        assert path is not None
+        try:
+            require_columns(path, column_names(path), kind)
+        except UsageSourceError as exc:
+            problems.append(str(exc))
+    return seen, problems
 
 
 @dataclass

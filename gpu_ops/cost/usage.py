@@ -14,23 +14,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
 from gpu_ops.cost.rules import FILE_FIELD
-from gpu_ops.cost.read import (  # re-exported: the readers' names
-    USAGE_COLUMNS,
-    USAGE_REQUIRED,
-    UsageSourceError,
-    distinct_files,
-    raise_missing,
-)
 
 if TYPE_CHECKING:
     from gpu_ops.cost.window import ReadStats, Window
@@ -138,57 +131,6 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
 
 
 # --------------------------------------------------------------------------- sources
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def probe_files(
-    patterns: Iterable[str], base_dir: Path | None, required: Sequence[str] = USAGE_REQUIRED, kind: str = "usage", layout: Sequence[str] = USAGE_COLUMNS, limit: int = 200,
-) -> tuple[int, list[str]]:
-    """Cheap look at what a read would find: each pattern matches a file, each file
-    (up to ``limit`` per read) opens as CSV or Parquet with the required columns. Only
-    headers and Parquet footers are read. -> (files seen, problems as "location: reason")."""
-    problems, seen = [], 0
-    for path, problem in distinct_files(patterns, base_dir):
-        if problem is not None:
-            problems.append(str(problem))
-            continue
-        seen += 1
-        if seen > limit:
-            continue
-        assert path is not None
-        try:
-            raise_missing(path, _column_names(path), required, kind, layout)
-        except UsageSourceError as exc:
-            problems.append(str(exc))
-    return seen, problems
-
-
-def _column_names(path: Path) -> list[str]:
-    """The column names of a CSV header or a Parquet footer (a file-level error otherwise)."""
-    import csv
-
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        try:
-            return list(pq.read_schema(path).names)
-        except Exception as exc:  # any reader error names the file
-            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-    if suffix != ".csv":
-        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            names = next(csv.reader(f), None) or []
-    except (UnicodeDecodeError, OSError, csv.Error) as exc:
-        raise UsageSourceError(path, f"cannot be read as CSV: {_first_line(exc)}") from None
-    if not names:
-        raise UsageSourceError(path, "empty file (a CSV needs a header row)")
-    return names
 
 
 def file_problems(quarantine: pd.DataFrame) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from gpu_ops.cost.engine import validate
 from gpu_ops.cost.pipeline import load_raw
 from gpu_ops.cost.read import read_files
 from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.usage import USAGE_COLUMNS
+from gpu_ops.cost.read import USAGE_COLUMNS
 
 from .oracle import validate_usage
 from .helpers import MATRIX, raw, row

@@ -214,6 +214,26 @@ def test_validate_fails_on_a_pattern_that_matches_nothing(corpus: Path) -> None:
     assert ok.returncode == 0 and "ok   usage_sources: 3 pattern(s) match 1 file(s)" in ok.stdout
 
 
+def test_validate_judges_a_files_columns_as_the_read_does(corpus: Path) -> None:
+    """`gpu-ops validate` opens each file with the reader's own header check: a file the read
+    rejects (a column named twice, in usage or in the inventory) fails the check with the
+    read's reason; a file whose header the read accepts passes (a bad byte further down
+    costs its row, not the file)."""
+    csv_dir = corpus / "csv"
+    config = corpus / "configs" / "probe_as_read.yaml"
+    (corpus / "configs" / "nodes_twice.csv").write_text("node,node,gpu_type,gpu_count,capacity_type,start,end\nn1,n1,l4,1,spot,2026-10-01T00:00:00Z,\n")
+    config.write_text(
+        'storage: {url: "sqlite:///costs.db"}\nprices: ../prices.yaml\nusage:\n  sources:\n'
+        f"    - {{type: file, path: {csv_dir / 'dup_columns.csv'}}}\n    - {{type: file, path: {csv_dir / 'bad_utf8.csv'}}}\n"
+        f"  inventory: {{type: file, path: {corpus / 'configs' / 'nodes_twice.csv'}}}\n"
+    )
+    r = _validate(corpus, "--config", str(config), "--only", "usage_sources")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "dup_columns.csv: duplicate column name(s) 'team': each column must appear once" in r.stdout, r.stdout
+    assert "nodes_twice.csv: duplicate column name(s) 'node'" in r.stdout
+    assert "bad_utf8.csv" not in r.stdout
+
+
 def test_validate_only_with_an_unknown_name_is_an_error_listing_the_names(corpus: Path) -> None:
     r = _validate(corpus, "--config", str(corpus / "configs" / "two_patterns_one_file.yaml"), "--only", "typo")
     assert r.returncode == 2 and "Traceback" not in r.stderr
