@@ -454,9 +454,8 @@ class UsageEngine:
 
         if not self.parts:
             return None
-        held = {c: f"CASE WHEN {c} BETWEEN {R.TIME_MIN_US} AND {R.TIME_MAX_US} THEN {c} END" for c in ("start_us", "end_us")}
-        try:
-            first, last = self.con.execute(f"SELECT min({held['start_us']}), max({held['end_us']}) FROM ({self._typed_sql()})").fetchall()[0]
+        try:  # the typed layer's times are supported ones or NULL
+            first, last = self.con.execute(f"SELECT min(start_us), max(end_us) FROM ({self._typed_sql()})").fetchall()[0]
         except duckdb.Error:  # a file DuckDB cannot scan: no hint rather than a traceback
             return None
         return None if first is None else (first, first if last is None else last)
@@ -728,7 +727,7 @@ class UsageEngine:
             f"CREATE OR REPLACE TEMP TABLE covered AS SELECT * FROM (SELECT *, max(until) {earlier} AS cover, "
             f"arg_max({{'location': location, 'row': row}}, [until, -ord, -pos]) {earlier} AS holder FROM ({held})) WHERE cover > start_us"
         )
-        until = f"CASE WHEN cover = {_OPEN} THEN 'it ends (open there)' ELSE strftime(make_timestamp(cover), '%Y-%m-%dT%H:%M:%S') || '+00:00' END"
+        until = f"CASE WHEN cover = {_OPEN} THEN 'it ends (open there)' ELSE {R.utc_text('cover')} END"
         self.con.execute(
             f"INSERT INTO superseded SELECT ord, pos, 'overlaps ' || {_record_at('holder.location', 'holder.row', 'location')} || ': node ' || node || "
             f"' is in the fleet there until ' || {until} || ', and a node is counted once at any time; counted once' FROM covered WHERE until <= cover"

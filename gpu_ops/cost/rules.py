@@ -239,6 +239,11 @@ def _text(col: str, clean: frozenset[str] = frozenset()) -> str:
     return f"coalesce({raw}, '')" if col in clean else f"coalesce({_trim(raw)}, '')"
 
 
+def utc_text(expr: str) -> str:
+    """SQL: a supported time (UTC microseconds) as reasons show it, ``…T…+00:00``."""
+    return f"strftime(make_timestamp({expr}), '%Y-%m-%dT%H:%M:%S') || '+00:00'"
+
+
 def _in_range(expr: str) -> str:
     return f"({expr} BETWEEN {TIME_MIN_US} AND {TIME_MAX_US})"
 
@@ -354,7 +359,7 @@ ROW_RULES: list[tuple[str, str, str]] = [
     *_time_rules("start", required=True),
     *_time_rules("end", required=False),
     ("end", "start_us IS NOT NULL AND end_us IS NOT NULL AND end_us < start_us",
-     "strftime(make_timestamp(end_us), '%Y-%m-%dT%H:%M:%S') || '+00:00 is before start ' || strftime(make_timestamp(start_us), '%Y-%m-%dT%H:%M:%S') || '+00:00'"),
+     f"{utc_text('end_us')} || ' is before start ' || {utc_text('start_us')}"),
     *REQUIRED_TEXT_RULE,
     ("gpu_type", "gpu_type_raw = ''", "'missing'"),
     ("gpu_type", "gpu_type_raw <> '' AND gpu_type IS NULL", "gpu_type_error"),
