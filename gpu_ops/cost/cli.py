@@ -167,14 +167,15 @@ class Inputs:
 
     def data_range(self) -> tuple[dt.datetime, dt.datetime] | None:
         """(first start, last end) of the usage in the file and ledger sources, or None:
-        the times as the rule book reads them, through the one reader and the engine."""
+        the times as the rule book reads them, through the one reader and the engine (of
+        the files, only their time columns)."""
         from gpu_ops.cost.engine import UsageEngine, UsageInput
         from gpu_ops.cost.read import read_files
         from gpu_ops.cost.rules import ALL_COLUMNS
 
         usage = UsageInput()
         if self.sources.usage_files:
-            usage.files = read_files(self.sources.usage_files, self.sources.base_dir, ALL_COLUMNS).files
+            usage.files = [f.narrowed(("start", "end")) for f in read_files(self.sources.usage_files, self.sources.base_dir, ALL_COLUMNS).files]
         if self.sources.ledger and self.store() is not None:
             from gpu_ops.cost.usage import read_ledger
 

@@ -16,7 +16,7 @@ import glob as globmod
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -136,6 +136,15 @@ class FileRows:
             raise UsageSourceError(self.path, f"not a readable Parquet file: {_first_line(exc)}") from None
         rows = np.concatenate([np.arange(firsts[i] + 1, firsts[i + 1] + 1, dtype=np.int64) for i in groups])
         return table, rows
+
+    def narrowed(self, columns: Sequence[str]) -> "FileRows":
+        """The same rows with only ``columns`` of those read (a scan reads no others)."""
+        if self.scan is None:
+            return replace(self, table=self.table.select([c for c in self.table.column_names if c in columns]))
+        import pyarrow as pa
+
+        schema = pa.schema([f for f in self.scan.schema if f.name in columns])
+        return replace(self, scan=replace(self.scan, schema=schema, times={c: t for c, t in self.scan.times.items() if c in columns}))
 
 
 @dataclass(frozen=True)

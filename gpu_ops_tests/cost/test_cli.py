@@ -170,6 +170,24 @@ def test_an_empty_default_day_says_where_the_data_is(files):
     assert explicit.returncode == 0 and "usage found" not in explicit.stderr  # a day asked for is answered as asked
 
 
+
+def test_the_empty_day_hint_reads_the_times_of_every_source(files):
+    """The hint spans Parquet and CSV files, times in any unit, and rows the rule book
+    refuses for other fields (it says where usage is, good or bad)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    closed = [line for line in USAGE if ",p3," not in line]
+    (files / "usage.csv").write_text("\n".join(closed) + "\n")
+    ns = [1_790_553_600_000_000_000, 1_790_640_000_000_000_000]  # 2026-09-28, 2026-09-29 (UTC)
+    pq.write_table(pa.table({
+        "start": pa.array(ns, pa.timestamp("ns", "UTC")), "end": pa.array([ns[1], ns[1] + 3_600_000_000_000], pa.timestamp("ns", "UTC")),
+        "team": ["nlp\x00", "vision"], "gpu_type": ["a100-80gb", "no-such-gpu"], "gpu_count": [1, 2], "capacity_type": ["spot", "spot"],
+    }), files / "old.parquet")
+    r = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--usage", "old.parquet", "--prices", "prices.yaml", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert "usage found from 2026-09-28 to 2026-10-02: try --date 2026-10-02" in r.stderr
+
 INVENTORY = [
     "node,instance_type,gpu_type,gpu_count,capacity_type,start,end",
     "n1,,a100-80gb,8,spot,2026-10-01T00:00:00Z,",
