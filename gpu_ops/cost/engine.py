@@ -567,16 +567,15 @@ class UsageEngine:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
         more than once; with ``bad_at``, the non-NULL values of column ``bad_at`` appended."""
         import numpy as np
-        import pyarrow.compute as pc
 
         keys = RepeatedHashes(sum(p.rows for p in self.parts), self.key_memory_bytes)
         try:
             for batch in reader:
                 key = batch.column("key_hash")
                 if bad_at is not None and (at := batch.column("bad_at")).null_count < len(at):
-                    bad_at.append(_values(pc.drop_null(at), np.int64).copy())
+                    bad_at.append(_values(at.drop_null(), np.int64).copy())
                 if key.null_count:
-                    key = pc.drop_null(key)
+                    key = key.drop_null()
                 keys.add(_values(key, np.uint64))
             return keys.repeats()
         finally:
@@ -978,10 +977,8 @@ def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_l
 def _gathered(seen: set[Any], chunk: Any, values: Any) -> set[Any] | None:
     """``seen`` with the distinct values of ``chunk`` (``values``: its dictionary, if it has
     one) and None if some are missing; None past :data:`_MAX_CHOICES`."""
-    import pyarrow.compute as pc
-
     if values is chunk:  # no dictionary
-        values = pc.unique(values)
+        values = values.unique()
     if len(values) + len(seen) > _MAX_CHOICES:
         return None
     seen.update(values.to_pylist())
@@ -999,14 +996,26 @@ def _known(choices: dict[str, set[Any] | None] | None) -> dict[str, set[Any]] | 
 
 def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], failed: set[str]) -> set[str]:
     """What ``values`` of column ``col`` newly fail of the checks of :func:`clean_text_columns`."""
-    import pyarrow.compute as pc
-
     out = set()
     if col in candidates and col not in failed and _needs_clean(values):
         out.add(col)
-    if col in lowered and f"lower:{col}" not in failed and pc.all(pc.equal(pc.utf8_lower(values), values)).as_py() is False:  # None: no value
+    if col in lowered and f"lower:{col}" not in failed and _has_upper(values):
         out.add(f"lower:{col}")
     return out
+
+
+def _has_upper(values: Any) -> bool:
+    """Whether some text value changes when lower-cased: by its bytes when they are all
+    ASCII (an upper-case letter is a byte A-Z), else by the lower-casing itself."""
+    got = _text_bytes(values)
+    if got is not None and not len(got[1]):
+        return False
+    if got is not None and got[1].max() < 128:
+        data = got[1]
+        return bool(((data >= 65) & (data <= 90)).any())
+    import pyarrow.compute as pc
+
+    return pc.all(pc.equal(pc.utf8_lower(values), values)).as_py() is False  # None: no value
 
 
 def _time_layout(unit: str, span: tuple[int, int] | None) -> R.Stored:
@@ -1041,19 +1050,14 @@ def _needs_clean(values: Any) -> bool:
     space (33-126) says no at once, with one look at the bytes (every space and control
     character has a byte outside); a control byte anywhere says yes; the pattern itself
     runs only when some value's first or last byte may belong to a space."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if values.null_count:
         values = values.drop_null()
     if not len(values):
         return False
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)) or values.buffers()[2] is None:
-        return bool(pc.any(pc.match_substring_regex(values, R.clean_pattern())).as_py())
-    width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
-    offsets = np.frombuffer(values.buffers()[1], width, len(values) + 1, values.offset * width.itemsize)
-    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    got = _text_bytes(values)
+    if got is None:
+        return _matches_clean_pattern(values)
+    offsets, data = got
     lo, hi = (data.min(), data.max()) if len(data) else (33, 126)
     if lo > 32 and hi < 127:  # printable ASCII, no space byte anywhere (most columns)
         return False
@@ -1067,8 +1071,27 @@ def _needs_clean(values: Any) -> bool:
         starts, ends = starts[filled], ends[filled]
     first, last = data[starts], data[ends - 1]
     if len(first) and (_EDGE_FIRST[first].any() or _EDGE_LAST[last].any()):
-        return bool(pc.any(pc.match_substring_regex(values, R.clean_pattern())).as_py())
+        return _matches_clean_pattern(values)
     return False
+
+
+def _matches_clean_pattern(values: Any) -> bool:
+    import pyarrow.compute as pc
+
+    return bool(pc.any(pc.match_substring_regex(values, R.clean_pattern())).as_py())
+
+
+def _text_bytes(values: Any) -> tuple[Any, Any] | None:
+    """(offsets, the bytes they index) of a text array, as numpy views (no copy); None for
+    an array of another type or without a data buffer. Null entries keep their bytes, if any."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)) or values.buffers()[2] is None:
+        return None
+    width = np.dtype(np.int64 if pa.types.is_large_string(values.type) else np.int32)
+    offsets = np.frombuffer(values.buffers()[1], width, len(values) + 1, values.offset * width.itemsize)
+    return offsets, np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
 
 
 # Bytes of R.CONTROL; the first bytes of the characters of R.SPACES; their last bytes (any

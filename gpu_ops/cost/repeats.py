@@ -42,7 +42,8 @@ def repeated(sorted_hashes: Any) -> Any:
     import numpy as np
 
     h = sorted_hashes
-    return np.unique(h[1:][h[1:] == h[:-1]])
+    twice = h[1:][h[1:] == h[:-1]]  # sorted: each value once where it first repeats (np.unique would import numpy.ma)
+    return twice[np.concatenate(([True], twice[1:] != twice[:-1]))] if len(twice) else twice
 
 
 class RepeatedHashes:
