@@ -10,6 +10,7 @@ all: opening one would fail the read.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from gpu_ops.cost.usage import LEDGER_TABLE
 from gpu_ops.cost.window import ReadStats, Window, hive_day
 from gpu_ops_tests.cost.oracle import touch_mask
 from gpu_ops.storage.tables import TableStore
+from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.cost.helpers import MATRIX
 
 DAY = dt.date(2026, 10, 10)
@@ -412,3 +414,60 @@ def test_the_days_text_is_held_by_arrow_and_stored_as_python_strings_would_be(tm
     a, b = (pq.read_table(files.path(name, DAY.isoformat())) for name in ("arrow", "python"))
     assert a.schema.equals(b.schema, check_metadata=True) and a.equals(b)
     pd.testing.assert_frame_equal(files.read("arrow", [DAY.isoformat()]), files.read("python", [DAY.isoformat()]))
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's mallopt: Linux only")
+@pytest.mark.parametrize("chosen", ["", "mimalloc", "jemalloc"])
+def test_freed_blocks_go_back_from_pyarrow_too_unless_a_pool_is_chosen(chosen):
+    """After freed_blocks_back_at_once, pyarrow allocates from the system allocator (whose
+    large blocks are unmapped when freed), and a freed million-row column is handed back;
+    a pool chosen with ARROW_DEFAULT_MEMORY_POOL is left as it is."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import numpy as np, pyarrow as pa\n"
+        "from gpu_ops._gc import freed_blocks_back_at_once\n"
+        "assert freed_blocks_back_at_once()\n"
+        "pool = pa.default_memory_pool()\n"
+        "a = pa.array(np.arange(1_000_000, dtype=np.float64)) + 0\n"  # allocated by pyarrow's pool
+        "held = pool.bytes_allocated()\n"
+        "del a\n"
+        "print(pool.backend_name, held >= 8_000_000, pool.bytes_allocated())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"} | ({"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {})
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    backend, held, left = r.stdout.split()
+    assert backend == (chosen or "system") and held == "True" and left == "0"
+
+
+_POOL_PROBE = """
+import os, sys
+{run}
+import pyarrow as pa
+print(os.environ.get("ARROW_DEFAULT_MEMORY_POOL"), pa.default_memory_pool().backend_name, pa.total_allocated_bytes() >= 0)
+"""
+_LOAD = "import gpu_ops.definitions\nassert 'pyarrow' not in sys.modules"
+_CLI = (
+    "from gpu_ops.cli import main\n"
+    "sys.argv = ['gpu-ops', 'cost', 'attribution', '--date', '2026-10-14', '--format', 'json']\n"
+    "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's mallopt: Linux only")
+@pytest.mark.parametrize("run", [_LOAD, _CLI], ids=["code location", "cli"])
+@pytest.mark.parametrize("chosen", ["", "mimalloc"])
+def test_the_code_location_and_the_cli_choose_the_system_allocator_before_pyarrow_loads(run, chosen):
+    """Loading the code location (as every step process does before its step imports
+    pyarrow) and `gpu-ops cost` set ARROW_DEFAULT_MEMORY_POOL=system, so that pyarrow's own
+    C++ allocations come from it too; a pool the environment chose is kept."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"} | ({"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {})
+    r = subprocess.run([sys.executable, "-c", _POOL_PROBE.format(run=run)], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    variable, backend, _ = r.stdout.split()[-3:]
+    assert variable == (chosen or "system") and backend == (chosen or "system")
