@@ -51,20 +51,16 @@ def freed_blocks_back_at_once() -> bool:
     after a few one-MiB column chunks were freed, later ones come from the heap, whose free
     memory stays resident. A step that builds a million-row table batch by batch then
     kept both the batches and the table (about 90 MiB more at a million usage pieces).
-    Fixed, a freed column goes back to the system at once; pyarrow's allocations then
-    come from that allocator too (:func:`arrow_allocates_from_the_system`). True where it
-    was set (Linux with glibc), False elsewhere (nothing changed)."""
+    Fixed, a freed column goes back to the system at once. True where it was set (Linux
+    with glibc), False elsewhere (nothing changed)."""
     import ctypes
     import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        if not libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
-            return False
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     except (OSError, AttributeError):
         return False
-    arrow_allocates_from_the_system()
-    return True
 
 
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
@@ -72,14 +68,17 @@ ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 
 def arrow_allocates_from_the_system() -> None:
     """pyarrow's default memory pool is the system allocator, unless
-    ``ARROW_DEFAULT_MEMORY_POOL`` already chooses one: mimalloc, pyarrow's own default,
+    ``ARROW_DEFAULT_MEMORY_POOL`` already chooses one. mimalloc, pyarrow's own default,
     keeps the pages of what was freed for later use, and a step that reads a day's million
-    pieces into pandas held them at its peak (the ROI step 410 -> 345 MiB; the whole daily
-    job 1,028 -> 947-960 MiB of summed RSS). Set in the environment, which pyarrow reads
-    when it first allocates (in this process and the processes it starts: the code
-    location sets it as it loads, before any step imports pyarrow; so does the CLI), and,
-    where pyarrow is already loaded, as its default pool for what it allocates from
-    Python."""
+    pieces into pandas held them at its peak: the ROI step 390-410 -> 337-352 MiB, the whole
+    daily job (1M intervals, multiprocess executor) 1,014-1,034 -> 925-963 MiB of summed
+    RSS and 769-797 -> 692-712 MiB of PSS. Set in the environment, which pyarrow reads
+    when it first allocates, in this process and the processes it starts (the code
+    location sets it as it loads, before any step imports pyarrow), and, where pyarrow is
+    already loaded, as its default pool for what it allocates from Python.
+
+    Not for the CLI: over 10M rows its reads allocate and free row groups fast enough that
+    mapping and unmapping them cost 0.4-0.6 s (0.8 s of system time) for 40 MiB less."""
     if os.environ.get(ARROW_POOL_VARIABLE):
         return
     os.environ[ARROW_POOL_VARIABLE] = "system"

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.cost.read import UsageSourceError
 
 if TYPE_CHECKING:
@@ -411,7 +410,6 @@ def common(fn: Any) -> Any:
 @click.group()
 def cost() -> None:
     """GPU cost attribution, budgets and ROI over usage files."""
-    freed_blocks_back_at_once()  # pyarrow's pool included, before it is imported
 
 
 @cost.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from gpu_ops._gc import freed_blocks_back_at_once
+from gpu_ops._gc import arrow_allocates_from_the_system
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.cost.assets import build_assets, build_collector
 
@@ -13,9 +13,9 @@ DAILY_SCHEDULE = "daily_gpu_cost_schedule"
 
 
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
-    # Every process that loads the code location (the run, its step processes) gives freed
-    # blocks back at once, pyarrow's included: set before any step imports pyarrow.
-    freed_blocks_back_at_once()
+    # Every process that loads the code location (the run, its forkserver and step
+    # processes) has pyarrow allocate from the system: set before any step imports it.
+    arrow_allocates_from_the_system()
     assets, _partitions = build_assets(config)
     job = dg.define_asset_job(
         DAILY_JOB,

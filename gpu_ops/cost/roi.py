@@ -50,7 +50,7 @@ def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
     """
     if rows.empty:
         rows = pd.DataFrame({c: pd.Series([], dtype=float) for c in ("gpu_hours", "cost_usd", "on_demand_usd", "lost_gpu_hours", "lost_cost_usd", "gpu_count", "gpu_share", "hours", "price_per_gpu_hour", "fleet_gpu_hours")} | {c: pd.Series([], dtype=object) for c in ("team", "kind", "capacity_type", "outcome", "node", "gpu_type", "sharing", "project")})
-    allocated = _text(rows["kind"]) != "idle"
+    allocated = ~_equals(rows["kind"], "idle")
     alloc = _rows_where(rows, allocated)
     idle = rows[~allocated]
     by_team = _team_sums(alloc)
@@ -95,32 +95,32 @@ _TEAM_SUMS = (
 
 def _team_figures(alloc: pd.DataFrame) -> Iterator[np.ndarray]:
     """Each row's figures of :data:`_TEAM_SUMS`, one array at a time."""
-    cap = _text(alloc["capacity_type"])
+    spot, reserved = _equals(alloc["capacity_type"], "spot"), _equals(alloc["capacity_type"], "reserved")
     cost = alloc["cost_usd"].to_numpy(dtype=float)
     od = alloc["on_demand_usd"].to_numpy(dtype=float)
     share = alloc["gpu_share"].to_numpy(dtype=float)
-    preempted = (_text(alloc["outcome"]) == "preempted") if "outcome" in alloc else np.zeros(len(alloc), bool)
+    preempted = _equals(alloc["outcome"], "preempted") if "outcome" in alloc else np.zeros(len(alloc), bool)
     lost_usd = np.where(preempted, alloc["lost_cost_usd"].to_numpy(dtype=float), 0.0) if "lost_cost_usd" in alloc else np.zeros(len(alloc))
     yield alloc["gpu_hours"].to_numpy(dtype=float)
     yield cost
     yield od
     saved = np.nan_to_num(od - cost)
-    yield np.where(cap == "spot", saved, 0.0)
-    yield np.where(cap == "reserved", saved, 0.0)
+    yield np.where(spot, saved, 0.0)
+    yield np.where(reserved, saved, 0.0)
     del saved
     whole_gpu_cost = alloc["gpu_count"].to_numpy(dtype=float) * alloc["hours"].to_numpy(dtype=float) * alloc["price_per_gpu_hour"].to_numpy(dtype=float)
     yield np.where(share < 1.0, whole_gpu_cost - cost, 0.0)
     del whole_gpu_cost
     yield np.where(preempted, alloc["lost_gpu_hours"].to_numpy(dtype=float), 0.0) if "lost_gpu_hours" in alloc else np.zeros(len(alloc))
     yield lost_usd
-    yield np.where(cap == "spot", lost_usd, 0.0)
+    yield np.where(spot, lost_usd, 0.0)
 
 
 def _team_sums(alloc: pd.DataFrame) -> pd.DataFrame:
     """:data:`_TEAM_SUMS` per team (sorted; rows without a team left out, missing figures
     counted as 0, as a groupby sum gives), each figure computed, summed and let go in
     turn: a frame of all nine for a day's million pieces held ~80 MiB more at once."""
-    codes, teams = pd.factorize(_text(alloc["team"]), sort=True)
+    codes, teams = _sorted_codes(alloc["team"])
     keep = codes >= 0
     every = bool(keep.all())
     codes = codes if every else codes[keep]
@@ -137,6 +137,39 @@ def _rows_where(rows: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
     million pieces (~130 MiB of the columns the report reads)."""
     n = int(keep.sum())
     return rows.iloc[:n] if keep[:n].all() else rows[keep]
+
+
+def _text_categories(s: pd.Series) -> np.ndarray | None:
+    """The category names of a categorical of text (as ``str``), else None."""
+    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories.dtype):
+        return np.asarray(s.cat.categories.astype(str), dtype=object)
+    return None
+
+
+def _equals(s: pd.Series, value: str) -> np.ndarray:
+    """``_text(s) == value`` without a string object per row: a categorical of text by its
+    codes, a text column by pandas' own comparison (a missing value matches nothing)."""
+    names = _text_categories(s)
+    if names is None and isinstance(s.dtype, pd.StringDtype):
+        return (s == value).to_numpy(dtype=bool, na_value=False)
+    if names is None:
+        return _text(s) == value
+    return np.isin(s.cat.codes.to_numpy(), np.flatnonzero(names == value))  # code -1 (missing) matches nothing
+
+
+def _sorted_codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(_text(s), sort=True)``: each row's index among the sorted distinct
+    values present (-1: missing); a categorical of text by its codes."""
+    names = _text_categories(s)
+    if names is None:
+        codes, values = pd.factorize(_text(s), sort=True)
+        return codes, np.asarray(values, dtype=object)
+    codes = s.cat.codes.to_numpy()
+    present = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(names)))
+    order = present[np.argsort(names[present], kind="stable")]
+    lookup = np.full(len(names) + 1, -1, np.int64)  # the last slot: code -1
+    lookup[order] = np.arange(len(order))
+    return lookup[codes], names[order]
 
 
 def _text(s: pd.Series) -> np.ndarray:
@@ -173,7 +206,7 @@ def _sharing_candidates(alloc: pd.DataFrame, candidates: np.ndarray) -> dict[str
     the cost of the half-GPU slice they would fit if their memory allows."""
     if alloc.empty:
         return {}
-    whole = candidates & (alloc["gpu_count"].to_numpy(dtype=float) == 1) & (_text(alloc["sharing"]) == "none")
+    whole = candidates & (alloc["gpu_count"].to_numpy(dtype=float) == 1) & _equals(alloc["sharing"], "none")
     single = alloc[["team", "project", "gpu_type", "cost_usd", "gpu_hours"]][whole]  # only the columns grouped and summed
     out: dict[str, list[dict[str, Any]]] = {}
     if single.empty:
@@ -262,7 +295,7 @@ def efficiency_recommendations(alloc: pd.DataFrame, prices: Any = None) -> dict[
         return out
     measured_cost = m["cost_usd"].to_numpy(dtype=float) * m["metered_gpu_hours"].to_numpy(dtype=float) / m["gpu_hours"].to_numpy(dtype=float)
     m = m.assign(_measured_cost=measured_cost)
-    whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & (_text(m["sharing"]) == "none")]
+    whole = m[(m["gpu_count"].to_numpy(dtype=float) == 1) & _equals(m["sharing"], "none")]
     keys = [whole["team"].astype(str), whole["project"].astype(str), whole["gpu_type"].astype(str), whole["capacity_type"].astype(str)]
     for (team, project, gpu_type, capacity), g in whole.groupby(keys, sort=True):
         rec = _workload_recommendation(f"{team}/{project}", gpu_type, capacity, g, prices)

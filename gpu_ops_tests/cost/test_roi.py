@@ -78,13 +78,21 @@ def test_empty_day_gives_a_zero_total_row():
 
 
 def test_the_report_is_the_same_from_categorical_or_plain_text_columns():
-    """The pieces come as categoricals (the engine, the Parquet store) or plain text (a SQL
-    table); a missing value among them too: the report does not depend on which."""
+    """The pieces come as categoricals (the engine, the Parquet store), pandas text or
+    plain Python strings (a SQL table); a missing value among them too, categories no row
+    has: the report (which compares a categorical's codes) does not depend on which."""
     _, p = report(ROWS, inv=[{"node": "n1", "gpu_type": "a100-80gb", "gpu_count": 8}])
     cat = p.rows.reset_index(drop=True)
     cat["outcome"] = pd.Categorical(cat["outcome"].astype(object).where(cat.index != 0, None))
     plain = cat.assign(**{c: cat[c].astype(object) for c in cat.columns if isinstance(cat[c].dtype, pd.CategoricalDtype)})
     assert any(isinstance(cat[c].dtype, pd.CategoricalDtype) for c in ("team", "kind", "capacity_type", "sharing"))
+    pd.testing.assert_frame_equal(roi_report(cat, MATRIX), roi_report(plain, MATRIX))
+    _, p = report(ROWS, inv=[{"node": "n1", "gpu_type": "a100-80gb", "gpu_count": 8, "capacity_type": "on-demand", "start": "2026-10-02T00:00:00Z", "end": ""}])
+    cat = p.rows.reset_index(drop=True).astype({c: "category" for c in ("kind", "capacity_type", "sharing")})
+    cat["team"] = cat["team"].astype("category").cat.add_categories(["zz-unused", ""]).where(cat.index != 1, None)
+    cat["outcome"] = cat["outcome"].astype(object).astype("str")
+    assert isinstance(cat["outcome"].dtype, pd.StringDtype) and cat["team"].isna().sum() == 1 and (cat["kind"].astype(str) == "idle").any()
+    plain = cat.assign(**{c: cat[c].astype(object) for c in ("team", "kind", "capacity_type", "sharing", "outcome")})
     pd.testing.assert_frame_equal(roi_report(cat, MATRIX), roi_report(plain, MATRIX))
 
 
@@ -122,3 +130,4 @@ def test_the_report_of_many_pieces_holds_less_than_the_pieces_themselves():
     spot = rows["capacity_type"] == "spot"
     expected = (rows["on_demand_usd"] - rows["cost_usd"]).where(spot, 0.0).groupby(rows["team"], observed=True).sum()
     assert got.set_index("team").loc[["cv", "nlp", "res"], "spot_savings_usd"].to_numpy() == pytest.approx(expected.loc[["cv", "nlp", "res"]].to_numpy(), rel=1e-12)
+

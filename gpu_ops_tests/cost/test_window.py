@@ -416,58 +416,30 @@ def test_the_days_text_is_held_by_arrow_and_stored_as_python_strings_would_be(tm
     pd.testing.assert_frame_equal(files.read("arrow", [DAY.isoformat()]), files.read("python", [DAY.isoformat()]))
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's mallopt: Linux only")
-@pytest.mark.parametrize("chosen", ["", "mimalloc", "jemalloc"])
-def test_freed_blocks_go_back_from_pyarrow_too_unless_a_pool_is_chosen(chosen):
-    """After freed_blocks_back_at_once, pyarrow allocates from the system allocator (whose
-    large blocks are unmapped when freed), and a freed million-row column is handed back;
-    a pool chosen with ARROW_DEFAULT_MEMORY_POOL is left as it is."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import numpy as np, pyarrow as pa\n"
-        "from gpu_ops._gc import freed_blocks_back_at_once\n"
-        "assert freed_blocks_back_at_once()\n"
-        "pool = pa.default_memory_pool()\n"
-        "a = pa.array(np.arange(1_000_000, dtype=np.float64)) + 0\n"  # allocated by pyarrow's pool
-        "held = pool.bytes_allocated()\n"
-        "del a\n"
-        "print(pool.backend_name, held >= 8_000_000, pool.bytes_allocated())\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"} | ({"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {})
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 0, r.stderr
-    backend, held, left = r.stdout.split()
-    assert backend == (chosen or "system") and held == "True" and left == "0"
-
-
 _POOL_PROBE = """
 import os, sys
-{run}
-import pyarrow as pa
-print(os.environ.get("ARROW_DEFAULT_MEMORY_POOL"), pa.default_memory_pool().backend_name, pa.total_allocated_bytes() >= 0)
+import gpu_ops.definitions
+assert "pyarrow" not in sys.modules
+import numpy as np, pyarrow as pa
+pool = pa.default_memory_pool()
+a = pa.array(np.arange(1_000_000, dtype=np.float64)) + 0  # allocated by pyarrow's default pool
+held = pool.bytes_allocated()
+del a
+print(os.environ.get("ARROW_DEFAULT_MEMORY_POOL"), pool.backend_name, held >= 8_000_000, pool.bytes_allocated())
 """
-_LOAD = "import gpu_ops.definitions\nassert 'pyarrow' not in sys.modules"
-_CLI = (
-    "from gpu_ops.cli import main\n"
-    "sys.argv = ['gpu-ops', 'cost', 'attribution', '--date', '2026-10-14', '--format', 'json']\n"
-    "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code"
-)
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="glibc's mallopt: Linux only")
-@pytest.mark.parametrize("run", [_LOAD, _CLI], ids=["code location", "cli"])
-@pytest.mark.parametrize("chosen", ["", "mimalloc"])
-def test_the_code_location_and_the_cli_choose_the_system_allocator_before_pyarrow_loads(run, chosen):
-    """Loading the code location (as every step process does before its step imports
-    pyarrow) and `gpu-ops cost` set ARROW_DEFAULT_MEMORY_POOL=system, so that pyarrow's own
-    C++ allocations come from it too; a pool the environment chose is kept."""
+@pytest.mark.parametrize("chosen", ["", "mimalloc", "jemalloc"])
+def test_loading_the_code_location_has_pyarrow_allocate_from_the_system(chosen):
+    """Loading the code location (as the run, its forkserver and every step process do
+    before a step imports pyarrow) sets ARROW_DEFAULT_MEMORY_POOL=system, so that pyarrow's
+    own C++ allocations come from the system allocator too, and a freed million-row column
+    is handed back; a pool the environment chose is kept."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"} | ({"ARROW_DEFAULT_MEMORY_POOL": chosen} if chosen else {})
-    r = subprocess.run([sys.executable, "-c", _POOL_PROBE.format(run=run)], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    r = subprocess.run([sys.executable, "-c", _POOL_PROBE], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    variable, backend, _ = r.stdout.split()[-3:]
-    assert variable == (chosen or "system") and backend == (chosen or "system")
+    variable, backend, held, left = r.stdout.split()[-4:]
+    assert variable == (chosen or "system") and backend == (chosen or "system") and held == "True" and left == "0"
