@@ -71,7 +71,7 @@ def arrow_allocates_from_the_system() -> None:
     ``ARROW_DEFAULT_MEMORY_POOL`` already chooses one. mimalloc, pyarrow's own default,
     keeps the pages of what was freed for later use, and a step that reads a day's million
     pieces into pandas held them at its peak: the ROI step 390-410 -> 337-352 MiB, the whole
-    daily job (1M intervals, multiprocess executor) 1,014-1,034 -> 925-963 MiB of summed
+    daily job (1M intervals, multiprocess executor) 1,014-1,034 -> 925-969 MiB of summed
     RSS and 769-797 -> 692-712 MiB of PSS. Set in the environment, which pyarrow reads
     when it first allocates, in this process and the processes it starts (the code
     location sets it as it loads, before any step imports pyarrow), and, where pyarrow is
