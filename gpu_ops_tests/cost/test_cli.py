@@ -170,7 +170,6 @@ def test_an_empty_default_day_says_where_the_data_is(files):
     assert explicit.returncode == 0 and "usage found" not in explicit.stderr  # a day asked for is answered as asked
 
 
-
 def test_the_empty_day_hint_reads_the_times_of_every_source(files):
     """The hint spans Parquet and CSV files, times in any unit, and rows the rule book
     refuses for other fields (it says where usage is, good or bad)."""
@@ -187,6 +186,7 @@ def test_the_empty_day_hint_reads_the_times_of_every_source(files):
     r = gpu_ops("cost", "attribution", "--usage", "usage.csv", "--usage", "old.parquet", "--prices", "prices.yaml", cwd=files)
     assert r.returncode == 0, r.stderr
     assert "usage found from 2026-09-28 to 2026-10-02: try --date 2026-10-02" in r.stderr
+
 
 INVENTORY = [
     "node,instance_type,gpu_type,gpu_count,capacity_type,start,end",

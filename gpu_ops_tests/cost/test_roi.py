@@ -130,4 +130,3 @@ def test_the_report_of_many_pieces_holds_less_than_the_pieces_themselves():
     spot = rows["capacity_type"] == "spot"
     expected = (rows["on_demand_usd"] - rows["cost_usd"]).where(spot, 0.0).groupby(rows["team"], observed=True).sum()
     assert got.set_index("team").loc[["cv", "nlp", "res"], "spot_savings_usd"].to_numpy() == pytest.approx(expected.loc[["cv", "nlp", "res"]].to_numpy(), rel=1e-12)
-
