@@ -133,7 +133,7 @@ class FileRows:
         try:
             table = pq.ParquetFile(self.path).read_row_groups(groups, columns=list(self.scan.schema.names if columns is None else columns))
         except Exception as exc:  # a corrupt page, a truncated file
-            raise UsageSourceError(self.path, f"not a readable Parquet file: {_first_line(exc)}") from None
+            raise _unreadable_parquet(self.path, exc) from None
         rows = np.concatenate([np.arange(firsts[i] + 1, firsts[i + 1] + 1, dtype=np.int64) for i in groups])
         return table, rows
 
@@ -266,32 +266,38 @@ def _unique_names(path: Path, names: Sequence[str]) -> None:
         raise UsageSourceError(path, f"duplicate column name(s) {', '.join(repr(n) for n in twice)}: each column must appear once")
 
 
+def _is_parquet(path: Path) -> bool:
+    """Whether ``path`` is read as Parquet (else as CSV); any other extension: a file-level error."""
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".pq", ".csv"):
+        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+    return suffix != ".csv"
+
+
+def _unreadable_parquet(path: Path, exc: BaseException) -> UsageSourceError:
+    return UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}")
+
+
 def read_file(
     path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None, kind: str = USAGE,
 ) -> FileRows:
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if _is_parquet(path):
         return _parquet(path, columns, window, stats, footers, kind)
-    if suffix == ".csv":
-        return _csv(path, columns, stats, kind)
-    raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+    return _csv(path, columns, stats, kind)
 
 
 def column_names(path: Path) -> list[str]:
     """A file's column names as the read sees them: its CSV header line or its Parquet
     footer, each name once (a file-level error otherwise, with the read's own reason)."""
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if _is_parquet(path):
         import pyarrow.parquet as pq
 
         try:
             names = list(pq.read_schema(path).names)
         except Exception as exc:  # any reader error names the file
-            raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
-    elif suffix == ".csv":
-        names = _csv_header(path)[0]
+            raise _unreadable_parquet(path, exc) from None
     else:
-        raise UsageSourceError(path, f"unsupported extension {suffix!r} (use .csv or .parquet)")
+        names = _csv_header(path)[0]
     _unique_names(path, names)
     return names
 
@@ -384,7 +390,7 @@ def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, s
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
     except Exception as exc:  # any reader error names the file
-        raise UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
+        raise _unreadable_parquet(path, exc) from None
     if footers is not None and window is not None:  # remembered even when its columns are wrong
         footers.remember(path, win.FooterSummary.of(schema, pf.metadata))
     _unique_names(path, schema.names)
