@@ -21,10 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 
 from gpu_ops._gc import collection_deferred
-from gpu_ops.fastyaml import load_yaml
+from gpu_ops.fastyaml import YamlFileError, read_yaml_file
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -847,16 +846,9 @@ def _field_path(loc: tuple[Any, ...], data: Any) -> str:
 
 def _read_yaml(path: Path, problems: list[str]) -> Any:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        problems.append(f"{path}: cannot be read: {exc.strerror or exc}")
-        return None
-    try:
-        return load_yaml(text)  # yaml.safe_load's answer, from libyaml's events (fastyaml)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problems.append(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        return read_yaml_file(path)  # yaml.safe_load's answer, from libyaml's events (fastyaml)
+    except YamlFileError as exc:
+        problems.append(str(exc))
         return None
 
 

@@ -41,6 +41,7 @@ class GpuOpsError(Exception):
 # Where each plain error lives (module, class): one list, checked by a test.
 PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
     ("gpu_ops.config", "ConfigError"),
+    ("gpu_ops.fastyaml", "YamlFileError"),
     ("gpu_ops.compute.catalog", "UnknownGpuType"),
     ("gpu_ops.compute.catalog", "UnknownMigProfile"),
     ("gpu_ops.compute.karpenter", "NotManagedError"),

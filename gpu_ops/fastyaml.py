@@ -16,10 +16,14 @@ libyaml's error texts when it is there). Without libyaml, the pure-Python parser
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml import events as ev
+
+from gpu_ops.errors import GpuOpsError
+from gpu_ops.formatting import not_utf8
 
 try:
     from yaml import CSafeLoader as _Base
@@ -33,6 +37,32 @@ _PLAIN_COLLECTION_TAGS = (None, "!", "tag:yaml.org,2002:map", "tag:yaml.org,2002
 
 class _Fallback(Exception):
     pass
+
+
+class YamlFileError(GpuOpsError, ValueError):
+    """A YAML file that cannot be read, is not UTF-8 text or does not parse: ``str()`` is
+    one line naming the file (and the line and column, or the byte)."""
+
+
+def read_yaml_file(path: Path | str) -> Any:
+    """:func:`load_yaml` of the file at ``path`` (None when it is empty), or
+    :class:`YamlFileError`: the one reading of the configuration's YAML files (the
+    configuration, its prices, budgets and channels files, the CLI's ``--prices`` and
+    ``--budgets``)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise YamlFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlFileError(f"{path}: {not_utf8(exc)}") from None
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        raise YamlFileError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
 
 
 def load_yaml(text: str) -> Any:

@@ -1,6 +1,7 @@
 """How figures read, everywhere gpu_ops shows them (CLI, demo, logs, asset metadata): money
 to the cent, hours to three decimals, percentages to one, and a missing figure said as
-``n/a``, never ``NaN``. Pure: no Dagster, no pandas import.
+``n/a``, never ``NaN``; and how a file that is not UTF-8 text is said
+(:func:`not_utf8`). Pure: no Dagster, no pandas import.
 
 Two kinds of helpers: ``round_*`` give numbers (for metadata the UI plots and sorts; None
 when there is no figure) and the others give text (for logs and terminals).
@@ -24,6 +25,12 @@ def finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """The reason a file that failed to decode as UTF-8 is refused, naming the first bad
+    byte and its offset (a usage CSV, a YAML file): ``not UTF-8 text (byte b'\\xe9' at offset 41)``."""
+    return f"not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} at offset {exc.start})"
 
 
 def round_money(value: Any) -> float | None:

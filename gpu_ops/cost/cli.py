@@ -39,14 +39,12 @@ FORMATS = click.Choice(["table", "csv", "json"])
 
 
 def _read_yaml(path: str) -> Any:
-    import yaml
+    from gpu_ops.fastyaml import YamlFileError, read_yaml_file
 
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise click.BadParameter(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise click.BadParameter(f"{path}: not valid YAML: {exc}") from None
+        return read_yaml_file(path)
+    except YamlFileError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _errors(path: str, prefix: str, exc: Any, data: Any) -> str:
@@ -142,7 +140,7 @@ class Inputs:
     """What a command works on: explicit files and prices first, the configuration otherwise."""
 
     def __init__(self, usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, idle: str | None, by: str | None):
-        from gpu_ops.cost.columns import check_group_by
+        from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by
         from gpu_ops.cost.pricing import PriceMatrix
         from gpu_ops.cost.sources import SourceSet
 
@@ -159,8 +157,10 @@ class Inputs:
                 self.sources.inventory_files, self.sources.inventory_karpenter = [inventory], False
         self.config = cfg
         self.idle = idle or (cfg.usage.idle if cfg else "row")
-        self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by else (list(cfg.usage.group_by) if cfg else ["team", "project"])
+        self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by is not None else (list(cfg.usage.group_by) if cfg else ["team", "project"])
         try:
+            if not self.group_by:
+                raise ValueError(f"no grouping key in {by!r}: give one or more of {', '.join(GROUPING_KEYS)} or label:<name>, separated by commas")
             self.group_by = check_group_by(self.group_by)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--by") from None

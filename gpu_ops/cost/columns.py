@@ -22,6 +22,8 @@ def check_group_by(keys: list[str]) -> list[str]:
     for key in keys:
         if key not in GROUPING_KEYS and not key.startswith("label:"):
             raise ValueError(f"unknown grouping key {key!r}: use one of {', '.join(GROUPING_KEYS)} or label:<name>")
+        if key.startswith("label:") and not key[len("label:") :].strip():
+            raise ValueError(f"grouping key {key!r} names no label: write label:<name>, e.g. label:tier")
         col = group_column(key)
         if col in seen and seen[col] != key:
             raise ValueError(f"grouping keys {seen[col]} and {key} both become the column {col!r}: group by one of them")

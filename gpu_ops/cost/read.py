@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.formatting import not_utf8
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
@@ -442,7 +443,7 @@ def _not_text(path: Path) -> None:
         head.decode("utf-8")
     except UnicodeDecodeError as exc:
         if exc.start < len(head) - 4:  # not just a character cut at the block's end
-            raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
+            raise UsageSourceError(path, not_utf8(exc)) from None
 
 
 def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kind: str = USAGE) -> FileRows:

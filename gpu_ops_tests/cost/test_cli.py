@@ -109,6 +109,9 @@ def test_errors_name_the_file_and_field(files):
     assert r.returncode != 0 and "bad_prices.yaml: gpus" in r.stderr and "a10" in r.stderr
     r = gpu_ops("cost", "attribution", *common(files, "--by", "colour"))
     assert r.returncode != 0 and "unknown grouping key 'colour'" in r.stderr
+    for by, said in (("team,label:", "'label:' names no label"), ("label: ", "'label:' names no label"), (",,", "no grouping key in ',,'"), (" , ", "no grouping key in ' , '")):
+        r = gpu_ops("cost", "attribution", *common(files, "--by", by))
+        assert r.returncode == 2 and "--by" in r.stderr and said in r.stderr and "Traceback" not in r.stderr and r.stdout == "", r.stderr
     r = gpu_ops("cost", "attribution", "--usage", str(files / "nope.csv"), "--prices", str(files / "prices.yaml"))
     assert r.returncode != 0 and "nope.csv: no such file" in r.stderr
     for command, day in (("attribution", "9999-12-31"), ("roi", "0001-01-01"), ("attribution", "2262-04-11")):  # a day whose times no engine holds: said, no traceback

@@ -92,6 +92,14 @@ def test_validate_reports_every_config_problem_and_exits_non_zero(tmp_path):
     assert f"{cfg}: budgets[0].amount_usd: must be > 0" in out.stdout
 
 
+def test_validate_names_a_config_that_is_not_utf8(tmp_path):
+    cfg = tmp_path / "latin1.yaml"
+    cfg.write_bytes(b"# Ren\xe9\nprices: p.yaml\n")
+    out = run([str(BIN / "gpu-ops"), "validate", "--config", str(cfg)])
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"{cfg}: not UTF-8 text (byte b'\\xe9' at offset 5)" in out.stdout
+
+
 def test_a_broken_config_is_a_load_error_of_the_code_location(tmp_path):
     cfg = tmp_path / "broken.yaml"
     cfg.write_text("prices: {source: s, as_of: 2026-11-01, gpus: {t4: {spot: 0}}}\n")

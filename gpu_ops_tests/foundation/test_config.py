@@ -100,6 +100,18 @@ def test_broken_yaml_names_file_and_line(tmp_path):
         load_config(path)
 
 
+def test_a_file_that_is_not_utf8_names_the_file_and_byte(tmp_path):
+    """A configuration, or the prices file it names, saved in Latin-1: a ConfigError
+    naming the file and the byte (it was a UnicodeDecodeError traceback)."""
+    (tmp_path / "prices.yaml").write_bytes(PRICES.encode().replace(b"currency", b"# caf\xe9\ncurrency"))
+    path = write(tmp_path, "prices: prices.yaml\n")
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'prices.yaml'}: not UTF-8 text \(byte b'\\xe9' at offset \d+\)"):
+        load_config(path)
+    path.write_bytes(b"# Ren\xe9\nprices: prices.yaml\n")
+    with pytest.raises(ConfigError, match=rf"{path}: not UTF-8 text \(byte b'\\xe9' at offset 5\)"):
+        load_config(path)
+
+
 def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_OPS_CONFIG", str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="nope.yaml: cannot be read"):
