@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
+from gpu_ops.compute.request import namespace_name, object_name
 from gpu_ops.errors import GpuOpsError
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
@@ -715,8 +716,8 @@ class AdmissionConfig(_Model):
 
 class ComputeConfig(_Model):
     backend: Literal["local", "kubetorch"] = "local"
-    namespace: str = "default"
-    priority_class: str | None = None
+    namespace: Annotated[str, AfterValidator(namespace_name)] = "default"
+    priority_class: Annotated[str, AfterValidator(object_name)] | None = None
     cleanup: Literal["always", "on_exception", "never"] = "always"
     # Local backend: a standby worker (interpreter, warm imports, CUDA ready) takes over a retry.
     standby: bool = True

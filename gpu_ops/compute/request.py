@@ -14,6 +14,28 @@ Capacity = Literal["spot", "on-demand", "spot-then-on-demand"]
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
+# RFC 1123: a namespace is a label, most other objects' names (a PriorityClass) a subdomain.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The largest quantity Kubernetes holds (an int64); CPU quantities are held in millicores.
+MAX_QUANTITY = 2**63 - 1
+
+
+def namespace_name(value: str) -> str:
+    """``value`` if it can name a namespace (an RFC 1123 label), else ValueError."""
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes namespace name (at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit)")
+    return value
+
+
+def object_name(value: str) -> str:
+    """``value`` if it can name a Kubernetes object such as a PriorityClass (an RFC 1123
+    subdomain), else ValueError."""
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes object name (at most 253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)")
+    return value
+
+
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*$")
 _SUFFIX = {
     None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
@@ -33,7 +55,13 @@ def parse_memory(value: str | int) -> int:
     if not m:
         raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)")
     number, exponent, suffix = m.groups()
-    return math.ceil(float(number) * 10 ** int(exponent or 0) * _SUFFIX[suffix])
+    try:
+        n_bytes = float(number) * 10.0 ** int(exponent or 0) * _SUFFIX[suffix]
+    except OverflowError:  # 1e400: no float holds it
+        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)") from None
+    if not math.isfinite(n_bytes):
+        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)")
+    return math.ceil(n_bytes)
 
 
 def format_memory(n_bytes: int) -> str:
@@ -69,7 +97,7 @@ class GpuRequest(BaseModel):
     gpus: int = Field(default=1, ge=0)
     workers: int = Field(default=1, ge=1)
     capacity: Capacity = "spot-then-on-demand"
-    cpus: float = Field(default=4, gt=0)
+    cpus: float = Field(default=4, gt=0, le=MAX_QUANTITY / 1000, allow_inf_nan=False)
     memory: str = "16Gi"
     image: str | None = None
     namespace: str = "default"
@@ -85,8 +113,22 @@ class GpuRequest(BaseModel):
     @field_validator("memory")
     @classmethod
     def _memory(cls, v: str) -> str:
-        parse_memory(v)
+        n_bytes = parse_memory(v)
+        if n_bytes <= 0:
+            raise ValueError(f"{v!r} is no memory: a worker needs some (use e.g. 32Gi or 512Mi)")
+        if n_bytes > MAX_QUANTITY:
+            raise ValueError(f"{v!r} is more than Kubernetes can hold in a quantity (2^63 - 1 bytes)")
         return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return namespace_name(v)
+
+    @field_validator("priority_class")
+    @classmethod
+    def _priority_class(cls, v: str | None) -> str | None:
+        return v if v is None else object_name(v)
 
     @model_validator(mode="after")
     def _fits(self) -> "GpuRequest":

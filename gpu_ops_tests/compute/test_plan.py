@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -70,6 +71,41 @@ def test_plan_errors_name_the_option() -> None:
     assert code == 2 and "no h100 instance has 16 GPUs" in out
     code, out = _plan("--gpu-type", "h100", "--team", "NLP team!")
     assert code == 2 and "--team: 'NLP team!' is not a valid Kubernetes label value" in out
+
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--memory", "1e400", "'1e400' is not a memory quantity"),  # was an OverflowError traceback
+        ("--memory", "0", "'0' is no memory"),
+        ("--memory", "1e30Ei", "more than Kubernetes can hold"),
+        ("--cpus", "inf", "--cpus"),
+        ("--cpus", "nan", "--cpus"),
+        ("--cpus", "1e300", "--cpus"),
+        ("--namespace", "UPPER", "'UPPER' is not a Kubernetes namespace name"),
+        ("--namespace", "-x", "'-x' is not a Kubernetes namespace name"),
+        ("--namespace", "a" * 64, "is not a Kubernetes namespace name"),
+        ("--priority-class", "Not Valid", "'Not Valid' is not a Kubernetes object name"),
+    ],
+)
+def test_a_request_kubernetes_would_refuse_is_an_error_naming_the_option(option: str, value: str, said: str) -> None:
+    """Values the API server (or the scheduler) would refuse, or that no node can hold,
+    are refused here, naming the option: nothing is printed for kubectl to fail on."""
+    code, out = _plan("--gpu-type", "h100", option, value)
+    assert code == 2 and said in out and "Traceback" not in out, out
+    assert "kind: NodePool" not in out
+
+
+def test_the_configured_namespace_is_checked_where_the_configuration_is(tmp_path: Path) -> None:
+    from gpu_ops.config import ConfigError, load_config
+
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text("prices: {source: s, as_of: 2026-11-01, gpus: {t4: {spot: 1}}}\ncompute: {namespace: ML_Team, priority_class: High Priority}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(cfg)
+    assert f"{cfg}: compute.namespace: 'ML_Team' is not a Kubernetes namespace name" in str(caught.value)
+    assert f"{cfg}: compute.priority_class: 'High Priority' is not a Kubernetes object name" in str(caught.value)
 
 
 def test_plan_is_json_clean() -> None:
