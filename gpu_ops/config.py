@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -29,7 +29,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -53,6 +52,19 @@ class ConfigError(GpuOpsError, ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+# A positive, finite float: an amount, threshold, timeout or interval of .inf never
+# crosses or never ends (pydantic's PositiveFloat takes .inf).
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _named_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A label scope's keys each name a label (a key '' or ' ' matches no interval)."""
+    unnamed = [k for k in labels if not k.strip()]
+    if unnamed:
+        raise ValueError("each key must be a label's name (e.g. {tier: gold}), not " + ", ".join(f"{k!r}" for k in unnamed))
+    return labels
 
 
 class _Model(BaseModel):
@@ -489,7 +501,7 @@ class BudgetScope(_Model):
     project: str | None = None
     namespace: str | None = None
     cost_center: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
+    labels: Annotated[dict[str, str], AfterValidator(_named_labels)] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
 
     def as_filters(self) -> dict[str, str]:
         """Grouping-key filters, labels as ``label:<name>``; empty means everything."""
@@ -858,7 +870,7 @@ def describe_errors(exc: ValidationError, data: Any, label: str, prefix: str = "
     lines = []
     for err in exc.errors():
         path = _field_path(tuple(err["loc"]), data)
-        full = f"{prefix}.{path}" if prefix and path != "(top level)" else (prefix or path)
+        full = f"{prefix}{'' if path.startswith('[') else '.'}{path}" if prefix and path != "(top level)" else (prefix or path)
         lines.append(f"{label}: {full}: {_friendly(err)}")
     return lines
 
@@ -940,12 +952,23 @@ def _read_section_files(data: dict[str, Any], base: Path, problems: list[str]) -
             data[section] = loaded if loaded is not None else ([] if section == "budgets" else {})
 
 
-def _check_budgets(cfg: GpuOpsConfig, label: str, problems: list[str]) -> None:
-    """Budget names are unique and every channel a budget names is defined."""
+def repeated_budget_names(budgets: Sequence[Budget], label: str) -> dict[int, str]:
+    """Budget index -> a problem line, for each budget whose name an earlier one has (a
+    budget's alert state and its rows are kept by name)."""
     first_index: dict[str, int] = {}
+    return {
+        i: f"{label}: budgets[{i}].name: {b.name!r} is used by another budget (budgets[{first_index[b.name]}])"
+        for i, b in enumerate(budgets)
+        if first_index.setdefault(b.name, i) != i
+    }
+
+
+def _check_budgets(cfg: GpuOpsConfig, label: str, problems: list[str]) -> None:
+    """Budget names are unique and every channel a budget names is defined (in the budgets' order)."""
+    repeated = repeated_budget_names(cfg.budgets, label)
     for i, b in enumerate(cfg.budgets):
-        if first_index.setdefault(b.name, i) != i:
-            problems.append(f"{label}: budgets[{i}].name: {b.name!r} is used by another budget (budgets[{first_index[b.name]}])")
+        if i in repeated:
+            problems.append(repeated[i])
         for j, ch in enumerate(b.channels):
             if ch not in cfg.channels:
                 known = ", ".join(sorted(cfg.channels)) or "none defined"

@@ -77,15 +77,18 @@ def load_prices(path: str) -> "PriceTable":
 def load_budgets(path: str) -> "list[Budget]":
     from pydantic import TypeAdapter, ValidationError
 
-    from gpu_ops.config import Budget
+    from gpu_ops.config import Budget, repeated_budget_names
 
     data = _read_yaml(path)
     if isinstance(data, dict) and "budgets" in data:
         data = data["budgets"]
     try:
-        return TypeAdapter(list[Budget]).validate_python(data or [])
+        budgets = TypeAdapter(list[Budget]).validate_python(data or [])
     except ValidationError as exc:
         raise click.ClickException(_errors(path, "budgets", exc, data)) from None
+    if problems := repeated_budget_names(budgets, path):
+        raise click.ClickException("\n".join(problems.values()))
+    return budgets
 
 
 def _config(path: str | None) -> "GpuOpsConfig":

@@ -125,6 +125,17 @@ def test_errors_name_the_file_and_field(files):
         assert r.stdout == ""
 
 
+def test_a_budgets_file_is_judged_as_the_configuration_judges_budgets(files):
+    """--budgets: two budgets of one name are refused as in the configuration (the
+    alert state is kept per name), and a field's place reads budgets[0].period."""
+    (files / "twice.yaml").write_text("- {name: b, amount_usd: 10}\n- {name: b, amount_usd: 20}\n")
+    r = gpu_ops("cost", "budgets", *common(files, "--budgets", str(files / "twice.yaml")))
+    assert r.returncode == 1 and "twice.yaml: budgets[1].name: 'b' is used by another budget (budgets[0])" in r.stderr and r.stdout == "", r.stderr
+    (files / "period.yaml").write_text("budgets:\n  - {name: b, amount_usd: 10, period: fortnight}\n")
+    r = gpu_ops("cost", "budgets", *common(files, "--budgets", str(files / "period.yaml")))
+    assert r.returncode == 1 and "period.yaml: budgets[0].period: must be one of" in r.stderr, r.stderr
+
+
 def test_the_cost_commands_never_import_dagster_or_torch(files):
     probe = textwrap.dedent(
         f"""

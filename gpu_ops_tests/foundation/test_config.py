@@ -87,6 +87,24 @@ def test_errors_in_a_separate_prices_file_name_that_file(tmp_path):
     assert "a10g" in text
 
 
+def test_budget_amounts_are_finite_and_label_scopes_name_a_label(tmp_path):
+    """An amount or threshold of .inf never crosses and a label scope keyed '' never
+    matches: said, naming the field (they loaded, and a budget showed 'n/a' forever)."""
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(
+        tmp_path,
+        "prices: prices.yaml\nbudgets:\n  - {name: a, amount_usd: .inf}\n  - {name: b, amount_usd: 10, thresholds: [{percent: .inf}, {absolute_usd: .nan}]}\n"
+        "  - {name: c, amount_usd: 10, scope: {labels: {'': x, ' ': y, tier: gold}}}\n",
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert f"{path}: budgets[0].amount_usd: must be a finite number" in text
+    assert f"{path}: budgets[1].thresholds[0].percent: must be a finite number" in text
+    assert f"{path}: budgets[1].thresholds[1].absolute_usd: must be a finite number" in text
+    assert f"{path}: budgets[2].scope.labels: each key must be a label's name (e.g. {{tier: gold}}), not '', ' '" in text
+
+
 def test_budget_naming_an_undefined_channel_is_an_error(tmp_path):
     write(tmp_path, PRICES, "prices.yaml")
     path = write(tmp_path, "prices: prices.yaml\nbudgets:\n  - {name: b, amount_usd: 10, channels: [pager]}\n")
