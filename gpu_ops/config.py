@@ -54,9 +54,10 @@ class ConfigError(GpuOpsError, ValueError):
         super().__init__("\n".join(problems))
 
 
-# A positive, finite float: an amount, threshold, timeout or interval of .inf never
-# crosses or never ends (pydantic's PositiveFloat takes .inf).
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A finite number above zero (YAML's .inf and .nan are refused: pydantic's PositiveFinite
+# takes .inf): a price, multiplier, amount or threshold of .inf never crosses, a timeout or
+# interval of .inf never ends.
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 def _named_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -167,10 +168,10 @@ class StorageConfig(_Model):
 
     url: Union[SecretRef, str] = "sqlite:///costs.db"
     password: SecretRef | None = None
-    connect_timeout_s: PositiveFloat = 10.0
+    connect_timeout_s: PositiveFinite = 10.0
     # PostgreSQL: the server cancels any statement running longer. SQLite: how long a
     # writer waits for another writer's lock on the file.
-    statement_timeout_s: PositiveFloat = 300.0
+    statement_timeout_s: PositiveFinite = 300.0
     # Row-level usage (gpu_usage) as Parquet files under this folder, one per day, with
     # the aggregates in SQL; relative folders resolve against the config file's folder.
     # Every run worker must see the same folder (in Kubernetes, a ReadWriteMany volume).
@@ -217,10 +218,6 @@ class StorageConfig(_Model):
 
 
 # --------------------------------------------------------------------------- prices
-
-
-# A price or multiplier: a finite number above zero (YAML's .inf and .nan are refused).
-PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class RegionAdjustment(_Model):
@@ -371,7 +368,7 @@ class UtilizationConfig(_Model):
     # shorter than this leaves most steps without a sample, so it is refused.
     scrape_interval: str = "15s"
     # A total deadline per query (connect to the answer's last byte), not per read.
-    timeout_s: PositiveFloat = 30.0
+    timeout_s: PositiveFinite = 30.0
     # At most this many bytes of one answer, and this many samples in it (the answer is
     # parsed as it streams in: memory follows the samples kept, not the bytes).
     max_response_bytes: PositiveInt = 268_435_456
@@ -512,8 +509,8 @@ class BudgetScope(_Model):
 
 
 class Threshold(_Model):
-    percent: PositiveFloat | None = None
-    absolute_usd: PositiveFloat | None = None
+    percent: PositiveFinite | None = None
+    absolute_usd: PositiveFinite | None = None
     severity: Literal["info", "warning", "critical"] | None = None
     basis: Literal["actual", "forecast"] = "actual"
 
@@ -546,7 +543,7 @@ class Enforcement(_Model):
     max_gpus: int | None = Field(default=None, ge=0)  # throttle: the NodePool's GPU limit
     spot_only: bool = False  # throttle: restrict the scope's pool to spot capacity
     zero_pool_limit: bool = False  # block: also set the pool's GPU limit to 0
-    threshold_percent: PositiveFloat = 100.0  # enforce once spend crosses this share
+    threshold_percent: PositiveFinite = 100.0  # enforce once spend crosses this share
 
     @field_validator("grace_period")
     @classmethod
@@ -571,7 +568,7 @@ class Budget(_Model):
     period: Literal["monthly", "weekly", "daily"] = "monthly"
     # monthly: day of month 1-28; weekly: ISO weekday 1 (Monday) to 7; daily: ignored.
     reset_day: int = Field(default=1, ge=1, le=28)
-    amount_usd: PositiveFloat
+    amount_usd: PositiveFinite
     thresholds: list[Threshold] = [Threshold(percent=80), Threshold(percent=100)]
     channels: list[str] = Field(default_factory=list)
     enforcement: Enforcement = Enforcement()
@@ -626,7 +623,7 @@ class SmtpSettings(_Model):
     username: str | None = None
     password: Annotated[Secret, Field()] | None = None
     starttls: Literal["auto", "always", "never"] = "auto"
-    timeout_s: PositiveFloat = 10.0
+    timeout_s: PositiveFinite = 10.0
     ca_file: str | None = None  # CA bundle that signs the server's STARTTLS certificate
 
     _wrap = field_validator("password", mode="before")(_secret_from_literal)
@@ -665,13 +662,13 @@ class AlertsConfig(_Model):
     # from delivery_backoff_s), then the op's RetryPolicy retries the channels that
     # still failed, run_retries times, run_retry_delay_s apart (doubling).
     delivery_attempts: PositiveInt = 4
-    delivery_backoff_s: PositiveFloat = 1.0
+    delivery_backoff_s: PositiveFinite = 1.0
     # A total deadline per request (connect to the answer's last byte), not per read.
-    delivery_timeout_s: PositiveFloat = 10.0
+    delivery_timeout_s: PositiveFinite = 10.0
     # At most this much of a receiver's answer body is read (a 2xx body not at all).
     delivery_max_response_bytes: PositiveInt = 65_536
     run_retries: int = Field(default=3, ge=0)
-    run_retry_delay_s: PositiveFloat = 60.0
+    run_retry_delay_s: PositiveFinite = 60.0
     # Redelivery: an alert whose run failed stays pending; budget_alert_sensor requests
     # it again this often (a fresh run key, the same idempotency keys, delivered channels
     # skipped) until every channel delivered or max_pending_s has passed since its first
@@ -720,10 +717,10 @@ class QuotasConfig(_Model):
 class AdmissionConfig(_Model):
     # A launch over quota waits (backoff_s, x1.5 each time, up to backoff_max_s) this
     # long, then fails; a lease not renewed for lease_ttl_s is reclaimed.
-    wait_timeout_s: PositiveFloat = 3600.0
-    lease_ttl_s: PositiveFloat = 60.0
-    backoff_s: PositiveFloat = 2.0
-    backoff_max_s: PositiveFloat = 30.0
+    wait_timeout_s: PositiveFinite = 3600.0
+    lease_ttl_s: PositiveFinite = 60.0
+    backoff_s: PositiveFinite = 2.0
+    backoff_max_s: PositiveFinite = 30.0
 
 
 class ComputeConfig(_Model):
@@ -734,7 +731,7 @@ class ComputeConfig(_Model):
     # Local backend: a standby worker (interpreter, warm imports, CUDA ready) takes over a retry.
     standby: bool = True
     # ... and exits when no attempt claimed it this long after its own attempt ended (or with the run).
-    standby_idle_s: PositiveFloat = 600.0
+    standby_idle_s: PositiveFinite = 600.0
     karpenter: KarpenterConfig = KarpenterConfig()
     kubetorch: KubetorchConfig = KubetorchConfig()
     orphan_grace: str = "1h"
@@ -751,7 +748,7 @@ class TrainingConfig(_Model):
     # all), its fixed checkpoint interval, and the base backoff before a retry (tests
     # shrink all three).
     demo_steps: PositiveInt = 3000
-    demo_checkpoint_interval_s: PositiveFloat = 3.0
+    demo_checkpoint_interval_s: PositiveFinite = 3.0
     retry_backoff_s: float = Field(default=5.0, ge=0)
     # The ledger records and prices the hardware that ran: a CPU run is CPU, not a GPU.
     # A demo on a machine without a GPU may opt in to price CPU attempts as the
