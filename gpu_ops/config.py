@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal, Union
 
 
@@ -36,6 +37,7 @@ from pydantic import (
 )
 from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
 from gpu_ops.compute.request import namespace_name, object_name
+from gpu_ops.cost.rules import FIRST_DAY
 from gpu_ops.errors import GpuOpsError
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
@@ -60,12 +62,40 @@ class ConfigError(GpuOpsError, ValueError):
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-def _named_labels(labels: dict[str, str]) -> dict[str, str]:
-    """A label scope's keys each name a label (a key '' or ' ' matches no interval)."""
-    unnamed = [k for k in labels if not k.strip()]
-    if unnamed:
-        raise ValueError("each key must be a label's name (e.g. {tier: gold}), not " + ", ".join(f"{k!r}" for k in unnamed))
-    return labels
+def _named_keys(what: str, example: str) -> AfterValidator:
+    """A mapping's keys each name a ``what`` (a key '' or ' ' matches nothing)."""
+
+    def check(mapping: dict[str, Any]) -> dict[str, Any]:
+        unnamed = [k for k in mapping if not k.strip()]
+        if unnamed:
+            raise ValueError(f"each key must be a {what}'s name (e.g. {example}), not " + ", ".join(f"{k!r}" for k in unnamed))
+        return mapping
+
+    return AfterValidator(check)
+
+
+def _named(what: str) -> AfterValidator:
+    """A text setting that is not blank ('' would mean the working directory, or nothing)."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise ValueError(f"must name {what} (or leave the setting out)")
+        return value
+
+    return AfterValidator(check)
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{value!r} is not an http(s) URL (e.g. https://dagster.example.com)")
+    return value
+
+
+# What a storage URL may start with (the drivers gpu_ops.storage.tables opens).
+_STORAGE_URL = re.compile(r"^(sqlite:///|postgresql(\+[a-z0-9_]+)?://)")
+# Karpenter's duration format (consolidateAfter): 30s, 10m, 1h30m, or Never.
+KARPENTER_DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
 
 
 class _Model(BaseModel):
@@ -176,11 +206,13 @@ class StorageConfig(_Model):
     # the aggregates in SQL; relative folders resolve against the config file's folder.
     # Every run worker must see the same folder (in Kubernetes, a ReadWriteMany volume).
     # Unset: a SQL table like the rest. See README, "Row-level storage".
-    row_level_path: str | None = None
+    row_level_path: Annotated[str, _named("a folder")] | None = None
 
     @field_validator("url")
     @classmethod
     def _no_literal_password(cls, url: Any) -> Any:
+        if isinstance(url, str) and not _STORAGE_URL.match(url):
+            raise ValueError("must be sqlite:///<file> or postgresql://<user>@<host>/<database>")
         if isinstance(url, str) and _literal_password(url):
             raise ValueError(
                 "holds a literal password, which would end up in Dagster's run storage; write "
@@ -466,6 +498,8 @@ class UsageConfig(_Model):
 
     @model_validator(mode="after")
     def _partitions_in_order(self) -> "UsageConfig":
+        if self.partitions_start < FIRST_DAY:
+            raise ValueError(f"partitions_start: must be {FIRST_DAY} or later (the first day whose times can be held)")
         if self.partitions_end is not None and self.partitions_end < self.partitions_start:
             raise ValueError(f"partitions_end ({self.partitions_end}) is before partitions_start ({self.partitions_start})")
         return self
@@ -493,12 +527,21 @@ def parse_duration(value: str | int | float) -> dt.timedelta:
     return dt.timedelta(seconds=n * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
 
 
+def _duration(value: str) -> str:
+    parse_duration(value)
+    return value
+
+
+# A duration setting (90s, 60m, 2h, 1d), kept as written.
+Duration = Annotated[str, AfterValidator(_duration)]
+
+
 class BudgetScope(_Model):
     team: str | None = None
     project: str | None = None
     namespace: str | None = None
     cost_center: str | None = None
-    labels: Annotated[dict[str, str], AfterValidator(_named_labels)] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
+    labels: Annotated[dict[str, str], _named_keys("label", "{tier: gold}")] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
 
     def as_filters(self) -> dict[str, str]:
         """Grouping-key filters, labels as ``label:<name>``; empty means everything."""
@@ -656,7 +699,7 @@ Channel = Annotated[
 
 class AlertsConfig(_Model):
     # Links in notifications point here (the Dagster UI's base URL).
-    dagster_url: str = "http://localhost:3000"
+    dagster_url: Annotated[str, AfterValidator(_http_url)] = "http://localhost:3000"
     evaluation_interval_s: PositiveInt = 300
     # Delivery: tries per channel inside one attempt of the alert op (backoff doubles
     # from delivery_backoff_s), then the op's RetryPolicy retries the channels that
@@ -691,7 +734,7 @@ class KarpenterConfig(_Model):
     node_class: str = "gpu-ops"  # EC2NodeClass name the NodePools reference
     node_role: str | None = None  # IAM role for a managed EC2NodeClass
     cluster_name: str | None = None  # for discovery tags in a managed EC2NodeClass
-    consolidate_after: str = "10m"
+    consolidate_after: Annotated[str, Field(pattern=KARPENTER_DURATION)] = "10m"
     gpu_limit: PositiveInt = 64  # default nvidia.com/gpu limit of a generated pool
     # team: pools shared by a team (budget enforcement patches them); run: a pool per
     # run, deleted by its cleanup or the orphan sensor.
@@ -700,7 +743,7 @@ class KarpenterConfig(_Model):
 
 class KubetorchConfig(_Model):
     launch_timeout_s: PositiveInt = 900
-    inactivity_ttl: str = "30m"
+    inactivity_ttl: Duration = "30m"
     image: str | None = None
     # The training pods' ServiceAccount (the chart creates gpu-ops-training-worker: `get`
     # on its node and pod, for preemption notices). None: Kubetorch's default.
@@ -710,8 +753,8 @@ class KubetorchConfig(_Model):
 class QuotasConfig(_Model):
     """GPUs, not steps: at most this many GPUs held at once per team and per NodePool."""
 
-    team: dict[str, PositiveInt] = {}
-    pool: dict[str, PositiveInt] = {}
+    team: Annotated[dict[str, PositiveInt], _named_keys("team", "{nlp: 8}")] = {}
+    pool: Annotated[dict[str, PositiveInt], _named_keys("NodePool", "{gpu-ops-nlp-h100-spot: 16}")] = {}
 
 
 class AdmissionConfig(_Model):
@@ -734,7 +777,7 @@ class ComputeConfig(_Model):
     standby_idle_s: PositiveFinite = 600.0
     karpenter: KarpenterConfig = KarpenterConfig()
     kubetorch: KubetorchConfig = KubetorchConfig()
-    orphan_grace: str = "1h"
+    orphan_grace: Duration = "1h"
     quotas: QuotasConfig = QuotasConfig()
     admission: AdmissionConfig = AdmissionConfig()
 
@@ -742,7 +785,7 @@ class ComputeConfig(_Model):
 class TrainingConfig(_Model):
     # A folder or any fsspec URL (s3://, gs://, a PVC path); relative folders resolve
     # against GPU_OPS_HOME.
-    checkpoint_url: str = "checkpoints"
+    checkpoint_url: Annotated[str, _named("a folder or URL")] = "checkpoints"
     keep_last: PositiveInt = 3
     # The demo asset train_demo_model: steps (7-20 ms each on two CPU cores, 20-60 s in
     # all), its fixed checkpoint interval, and the base backoff before a retry (tests

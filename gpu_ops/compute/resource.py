@@ -55,7 +55,7 @@ from gpu_ops.compute.admission import BudgetGate, GpuAdmission
 from gpu_ops.compute.backend import Backend, LogSink, StartSink, WorkerReport
 from gpu_ops.compute.naming import launch_labels, launch_name
 from gpu_ops.compute.request import GpuRequest
-from gpu_ops.config import ComputeConfig
+from gpu_ops.config import KARPENTER_DURATION, ComputeConfig
 
 CleanupPolicy = Literal["always", "on_exception", "never"]
 
@@ -134,7 +134,7 @@ class KarpenterPools(dg.Config):
     node_class: str = Field(default="gpu-ops", description="EC2NodeClass the generated NodePools reference.")
     node_role: str | None = Field(default=None, description="IAM role of a managed EC2NodeClass.")
     cluster_name: str | None = Field(default=None, description="Cluster name for a managed EC2NodeClass's discovery tags.")
-    consolidate_after: str = Field(default="10m", pattern=r"^(([0-9]+(s|m|h))+|Never)$", description="Karpenter consolidateAfter of generated pools (30s, 10m, 1h, Never).")
+    consolidate_after: str = Field(default="10m", pattern=KARPENTER_DURATION, description="Karpenter consolidateAfter of generated pools (30s, 10m, 1h, Never).")
     gpu_limit: int = Field(default=64, gt=0, description="nvidia.com/gpu limit of generated pools.")
     pool_scope: Literal["team", "run"] = Field(default="team", description="NodePools shared by a team, or created and deleted per run.")
 

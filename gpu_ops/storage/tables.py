@@ -704,7 +704,10 @@ def _check_name(name: str) -> None:
 
 
 def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except (sa.exc.ArgumentError, ValueError):  # not shown: an unparsed URL's password cannot be told apart
+        raise StorageError("storage.url is no database URL: only sqlite:/// and postgresql:// are supported") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         engine = _sqlite_engine(url, parsed, statement_timeout_s)

@@ -105,6 +105,43 @@ def test_budget_amounts_are_finite_and_label_scopes_name_a_label(tmp_path):
     assert f"{path}: budgets[2].scope.labels: each key must be a label's name (e.g. {{tier: gold}}), not '', ' '" in text
 
 
+@pytest.mark.parametrize(
+    ("section", "said"),
+    [
+        ("storage: {url: 'not a url'}", "storage.url: must be sqlite:///<file> or postgresql://<user>@<host>/<database>"),
+        ("storage: {url: ''}", "storage.url: must be sqlite:///<file> or postgresql://"),
+        ("storage: {url: 'mysql://x/y'}", "storage.url: must be sqlite:///<file> or postgresql://"),
+        ("storage: {row_level_path: ''}", "storage.row_level_path: must name a folder (or leave the setting out)"),
+        ("training: {checkpoint_url: ''}", "training.checkpoint_url: must name a folder or URL"),
+        ("alerts: {dagster_url: 'not a url'}", "alerts.dagster_url: 'not a url' is not an http(s) URL"),
+        ("compute: {orphan_grace: forever}", "compute.orphan_grace: 'forever' is not a duration"),
+        ("compute: {kubetorch: {inactivity_ttl: x}}", "compute.kubetorch.inactivity_ttl: 'x' is not a duration"),
+        ("compute: {karpenter: {consolidate_after: x}}", "compute.karpenter.consolidate_after: String should match pattern"),
+        ("compute: {quotas: {team: {'': 3}}}", "compute.quotas.team: each key must be a team's name (e.g. {nlp: 8}), not ''"),
+        ("usage: {partitions_start: 0001-01-01}", "usage: partitions_start: must be 1677-09-22 or later"),
+    ],
+)
+def test_a_setting_that_fails_later_is_refused_when_the_file_loads(tmp_path, section, said):
+    """Values that loaded and then failed at launch, in a sensor tick or in an engine (or
+    matched nothing): refused as the file loads, naming the field."""
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(tmp_path, f"prices: prices.yaml\n{section}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert f"{path}: {said}" in str(caught.value)
+
+
+def test_the_settings_those_checks_let_through(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(
+        tmp_path,
+        "prices: prices.yaml\nstorage: {url: 'postgresql+psycopg2://u@h/db', row_level_path: rows}\nalerts: {dagster_url: 'https://dagster.example.com/'}\n"
+        "compute: {orphan_grace: 90m, kubetorch: {inactivity_ttl: 2h}, karpenter: {consolidate_after: Never}, quotas: {team: {nlp: 8}}}\n",
+    )
+    cfg = load_config(path)
+    assert cfg.compute.karpenter.consolidate_after == "Never" and cfg.compute.quotas.team == {"nlp": 8}
+
+
 def test_budget_naming_an_undefined_channel_is_an_error(tmp_path):
     write(tmp_path, PRICES, "prices.yaml")
     path = write(tmp_path, "prices: prices.yaml\nbudgets:\n  - {name: b, amount_usd: 10, channels: [pager]}\n")

@@ -207,3 +207,13 @@ def test_read_grouped_sums_per_grouping_in_the_database(url):
     assert store.read_grouped("nothing", {"": []}, ["cost_usd"], missing_ok=True).empty
     with pytest.raises(StorageError, match="does not exist"):
         store.read_grouped("nothing", {"": []}, ["cost_usd"])
+
+
+@pytest.mark.parametrize("bad", ["not a url", "", "mysql://u:hunter2@db/x", "postgresql://u:hunter2@[::1/x"])
+def test_a_storage_url_that_is_no_database_url_is_a_storage_error_that_keeps_its_secret(bad):
+    """A URL from the environment (storage.url: {env: NAME}) is only seen when the store
+    opens: one that SQLAlchemy cannot parse was an ArgumentError; now a StorageError saying
+    what is accepted, with no password in it."""
+    with pytest.raises(StorageError, match=r"only sqlite:/// and postgresql:// are supported") as caught:
+        TableStore(bad).read("t", missing_ok=True)
+    assert "hunter2" not in str(caught.value)
