@@ -14,8 +14,10 @@ from __future__ import annotations
 import csv
 import glob as globmod
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -446,10 +448,89 @@ def _not_text(path: Path) -> None:
             raise UsageSourceError(path, not_utf8(exc)) from None
 
 
+def _ragged(row: int, expected: int, saw: int) -> tuple[int, str]:
+    """A line with the wrong number of fields, as the quarantine names it (``row``: its data row)."""
+    return row, f"line {row + 1}: expected {expected} fields, saw {saw}; the line was not read"
+
+
+def _csv_table(path: Path, header: list[str], present: list[str], skipped: list[tuple[int, str]]) -> Any:
+    """The CSV's rows (columns ``present``, cells as bytes: the rule book decodes them, so
+    one bad byte costs one row); each line with the wrong number of fields appended to
+    ``skipped`` and left out. Arrow's reader cannot hand such a line over when its bytes
+    are not UTF-8 (its handler fails and the read with it): the file is then read again
+    without those lines (:func:`_without_ragged_lines`)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    opts = pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}, include_columns=present, strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
+    read = pacsv.ReadOptions(column_names=header, skip_rows=1, use_threads=False, block_size=1 << 24)
+
+    def bad_line(row: Any) -> str:
+        skipped.append(_ragged(row.number - 1, row.expected_columns, row.actual_columns))
+        return "skip"
+
+    with _failures_of(bad_line) as failed:
+        try:
+            return pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
+        except (pa.ArrowException, OSError) as exc:
+            if not failed:
+                raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+    skipped.clear()
+    data = _without_ragged_lines(path, len(header), skipped)
+    try:
+        return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=opts)
+    except pa.ArrowException as exc:
+        raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+
+
+@contextmanager
+def _failures_of(handler: Any) -> Iterator[list[BaseException]]:
+    """The exceptions raised where Arrow calls ``handler`` (it reports them as unraisable,
+    printing a traceback, and fails the read): collected instead of printed."""
+    failed: list[BaseException] = []
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.object is handler:
+            failed.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield failed
+    finally:
+        sys.unraisablehook = previous
+
+
+def _without_ragged_lines(path: Path, fields: int, skipped: list[tuple[int, str]]) -> bytes:
+    """The CSV's bytes with each record of the wrong number of fields left out (appended to
+    ``skipped``), the others written again field by field; bytes that are not UTF-8 are
+    kept as they are (for the rule book). Records are numbered as Arrow numbers them
+    (blank lines not counted). Holds the file in memory: only for a file whose ragged line
+    Arrow's reader could not hand over."""
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    records = (r for r in csv.reader(io.StringIO(path.read_bytes().decode("utf-8", "surrogateescape"), newline="")) if r)
+    try:
+        writer.writerow(next(records, []))  # the header
+        for row, record in enumerate(records, start=1):
+            if len(record) == fields:
+                writer.writerow(record)
+            else:
+                skipped.append(_ragged(row, fields, len(record)))
+    except csv.Error as exc:
+        raise UsageSourceError(path, f"not a readable CSV file: {exc}") from None
+    return out.getvalue().encode("utf-8", "surrogateescape")
+
+
 def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kind: str = USAGE) -> FileRows:
     import numpy as np
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     header, more = _csv_header(path)
     present = [c for c in header if columns is None or c in columns or c.startswith("label:")]
@@ -459,22 +540,11 @@ def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kin
         _not_text(path)  # bytes that are no text at all say so, rather than "missing columns"
         raise
     _unique_names(path, header)
-    # Cells as bytes: the rule book decodes them, so one bad byte costs one row.
-    opts = pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}, include_columns=present, strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
-    read = pacsv.ReadOptions(column_names=header, skip_rows=1, use_threads=False, block_size=1 << 24)
     skipped: list[tuple[int, str]] = []
-
-    def bad_line(row: Any) -> str:
-        skipped.append((row.number - 1, f"line {row.number}: expected {row.expected_columns} fields, saw {row.actual_columns}; the line was not read"))
-        return "skip"
-
-    try:
-        if more:
-            table = pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
-        else:  # the header alone, without a line end: Arrow's reader would find no row to skip
-            table = pa.table({c: pa.array([], pa.binary()) for c in present})
-    except (pa.ArrowException, OSError) as exc:
-        raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+    if more:
+        table = _csv_table(path, header, present, skipped)
+    else:  # the header alone, without a line end: Arrow's reader would find no row to skip
+        table = pa.table({c: pa.array([], pa.binary()) for c in present})
     numbers = np.arange(1, table.num_rows + len(skipped) + 1, dtype=np.int64)
     rows = np.setdiff1d(numbers, np.asarray([r for r, _ in skipped], np.int64)) if skipped else numbers
     if stats is not None:
