@@ -101,7 +101,7 @@ class Lifecycle(dg.Config):
     """What happens to what a launch created, after it (as dagster-ray's ``Lifecycle``)."""
 
     cleanup: CleanupPolicy = Field(default="always", description="When launched objects are removed: always, on_exception or never.")
-    grace_period_s: float = Field(default=10.0, gt=0, description="SIGTERM-to-SIGKILL grace for workers.")
+    grace_period_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="SIGTERM-to-SIGKILL grace for workers.")
 
 
 class StandbySettings(dg.Config):
@@ -111,7 +111,7 @@ class StandbySettings(dg.Config):
         default=True,
         description="While an attempt runs, keep a standby worker that takes over the retry, also when the retry is a new step process (multiprocess executor).",
     )
-    idle_s: float = Field(default=600.0, gt=0, description="A standby worker no attempt claims for this long after its own attempt ended exits.")
+    idle_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, description="A standby worker no attempt claims for this long after its own attempt ended exits.")
 
 
 class KubetorchLaunch(dg.Config):

@@ -25,7 +25,7 @@ class PreemptionPolicy(BaseModel):
     """Per-asset retry policy. Defaults follow SkyPilot managed jobs: preemptions are
     retried (and resume from the newest checkpoint), user errors are not."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a backoff or interval of inf: a wait that never ends
 
     max_preemptions: NonNegativeInt = 20
     max_oom_retries: NonNegativeInt = 2

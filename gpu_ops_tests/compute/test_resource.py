@@ -9,7 +9,7 @@ import pytest
 
 from gpu_ops.compute.backend import WorkerExit
 from gpu_ops.compute.naming import MAX_SERVICE_NAME, launch_labels, launch_name
-from gpu_ops.compute.resource import GpuCompute, should_clean_up
+from gpu_ops.compute.resource import GpuCompute, Lifecycle, StandbySettings, should_clean_up
 from gpu_ops_tests.compute import launch_assets, worker_fns
 
 
@@ -208,3 +208,13 @@ def test_one_class_per_backend_with_nested_settings_and_the_old_call_still_works
     result = dg.materialize([launch_assets.summed], resources={"gpu_compute": new}, instance=instance)
     assert result.success and result.output_for_node("summed")["sum"] == 5
     assert KubetorchGpuCompute(kubetorch=KubetorchLaunch(launch_timeout_s=60)).backend == "kubetorch"
+
+
+@pytest.mark.parametrize("make", [lambda: Lifecycle(grace_period_s=float("inf")), lambda: StandbySettings(idle_s=float("inf")), lambda: Lifecycle(grace_period_s=float("nan"))])
+def test_a_grace_or_idle_time_of_inf_is_refused(make) -> None:
+    """inf seconds of SIGTERM grace would never SIGKILL a worker that ignores SIGTERM; a
+    standby idle for ever would never exit."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="finite number"):
+        make()

@@ -202,3 +202,12 @@ def test_dagster_attempt_count_caps_retries_when_the_ledger_lost_rows() -> None:
     d = decide(policy, BASE, [rec(3, Outcome.PREEMPTED)], cls(Outcome.PREEMPTED), attempt=3)
     assert d.action is Action.FAIL and "budget" in d.reason
     assert decide(policy, BASE, [rec(2, Outcome.PREEMPTED)], cls(Outcome.PREEMPTED), attempt=2).action is Action.RETRY
+
+
+@pytest.mark.parametrize("field", ["backoff_s", "backoff_max_s", "checkpoint_interval", "mtbp_prior_s", "spot_notice_poll_s", "oom_memory_factor"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_policy_of_endless_waits_is_refused(field: str, value: float) -> None:
+    """A backoff of inf would sleep for ever before the retry (the step never ends); an
+    interval of inf would never checkpoint. Refused with the field named, as NaN is."""
+    with pytest.raises(ValidationError, match=field):
+        PreemptionPolicy(**{field: value})
