@@ -140,14 +140,19 @@ def in_time_range(lo: int, hi: int, unit: str) -> bool:
     return TIME_MIN_US <= us(lo) and us(hi) <= TIME_MAX_US
 
 
+def _within(c: str, bound: int) -> str:
+    """SQL: ``|c| < bound`` without abs(), which overflows on the smallest BIGINT (-2**63)."""
+    return f"({c} > -{bound} AND {c} < {bound})"
+
+
 def _epoch_us(c: str, stored: Stored) -> str:
     """SQL: an integer time of ``stored.unit`` as microseconds (NULL past what DuckDB holds)."""
     if stored.unit == "ns":
         return f"({c} // 1000)"
     scale = _US_PER[stored.unit]
     if scale == 1:
-        return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US} THEN {c} END)"
-    return f"(CASE WHEN abs({c}) < {_DUCK_MAX_US // scale} THEN {c} * {scale} END)"
+        return f"(CASE WHEN {_within(c, _DUCK_MAX_US)} THEN {c} END)"
+    return f"(CASE WHEN {_within(c, _DUCK_MAX_US // scale)} THEN {c} * {scale} END)"
 
 
 def raw_problems(col: str, stored: Stored) -> list[tuple[str, str, str]]:
@@ -301,7 +306,7 @@ def clean_pattern() -> str:
 
 
 def _time_display(p: str) -> str:
-    return f"CASE WHEN abs({p}) < {_DUCK_MAX_US} THEN strftime(make_timestamp({p}), '%Y-%m-%dT%H:%M:%S') ELSE 'a time past the year 287,000' END"
+    return f"CASE WHEN {_within(p, _DUCK_MAX_US)} THEN strftime(make_timestamp({p}), '%Y-%m-%dT%H:%M:%S') WHEN {p} < 0 THEN 'a time before the year 283,000 BC' ELSE 'a time past the year 287,000' END"
 
 
 def _time_rules(col: str, required: bool) -> list[tuple[str, str, str]]:

@@ -94,6 +94,11 @@ PARQUET: dict[str, Callable[[Path], None]] = {
     "corrupt_page.parquet": _corrupt,
     # Issue 19: one bad value takes down its row, not its file or day.
     "year_75000_us.parquet": lambda p: pq.write_table(_table(end=pa.array([int(T2.timestamp() * 1e6), YEAR_75000_US], pa.int64()).cast(pa.timestamp("us", tz="UTC"))), p),
+    # The extremes of the stored integer (-2**63 is also what some writers store for "no time").
+    "int64_extreme_times.parquet": lambda p: pq.write_table(
+        _table(3, start=pa.array([-(2**63), int(T0.timestamp() * 1e6), int(T0.timestamp() * 1e6)], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+               end=pa.array([int(T2.timestamp() * 1e6), 2**63 - 1, int(T2.timestamp() * 1e6)], pa.int64()).cast(pa.timestamp("us", tz="UTC"))), p
+    ),
     "bad_utf8_team.parquet": lambda p: pq.write_table(_table(team=_bad_utf8_text([b"nlp", b"n\xfflp"])), p),
     # Arrow types that an Arrow read hands over and DuckDB or Arrow's text kernels do not take.
     "view_types.parquet": lambda p: pq.write_table(_table(
