@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
-from gpu_ops.compute.request import namespace_name, object_name
+from gpu_ops.compute.request import NamespaceName, ObjectName
 from gpu_ops.cost.rules import FIRST_DAY
 from gpu_ops.errors import GpuOpsError
 
@@ -56,7 +56,7 @@ class ConfigError(GpuOpsError, ValueError):
         super().__init__("\n".join(problems))
 
 
-# A finite number above zero (YAML's .inf and .nan are refused: pydantic's PositiveFinite
+# A finite number above zero (YAML's .inf and .nan are refused: pydantic's PositiveFloat
 # takes .inf): a price, multiplier, amount or threshold of .inf never crosses, a timeout or
 # interval of .inf never ends.
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -768,8 +768,8 @@ class AdmissionConfig(_Model):
 
 class ComputeConfig(_Model):
     backend: Literal["local", "kubetorch"] = "local"
-    namespace: Annotated[str, AfterValidator(namespace_name)] = "default"
-    priority_class: Annotated[str, AfterValidator(object_name)] | None = None
+    namespace: NamespaceName = "default"
+    priority_class: ObjectName | None = None
     cleanup: Literal["always", "on_exception", "never"] = "always"
     # Local backend: a standby worker (interpreter, warm imports, CUDA ready) takes over a retry.
     standby: bool = True

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpu_ops.compute.catalog import canonical_gpu_type, gpu_share, gpu_spec
 
@@ -35,6 +35,10 @@ def object_name(value: str) -> str:
         raise ValueError(f"{value!r} is not a Kubernetes object name (at most 253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)")
     return value
 
+
+# Settings that name a namespace or an object (GpuRequest, the configuration's compute section).
+NamespaceName = Annotated[str, AfterValidator(namespace_name)]
+ObjectName = Annotated[str, AfterValidator(object_name)]
 
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*$")
 _SUFFIX = {
@@ -100,8 +104,8 @@ class GpuRequest(BaseModel):
     cpus: float = Field(default=4, gt=0, le=MAX_QUANTITY / 1000, allow_inf_nan=False)
     memory: str = "16Gi"
     image: str | None = None
-    namespace: str = "default"
-    priority_class: str | None = None
+    namespace: NamespaceName = "default"
+    priority_class: ObjectName | None = None
     mig_profile: str | None = None
     labels: Attribution = Attribution()
 
@@ -119,16 +123,6 @@ class GpuRequest(BaseModel):
         if n_bytes > MAX_QUANTITY:
             raise ValueError(f"{v!r} is more than Kubernetes can hold in a quantity (2^63 - 1 bytes)")
         return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, v: str) -> str:
-        return namespace_name(v)
-
-    @field_validator("priority_class")
-    @classmethod
-    def _priority_class(cls, v: str | None) -> str | None:
-        return v if v is None else object_name(v)
 
     @model_validator(mode="after")
     def _fits(self) -> "GpuRequest":
