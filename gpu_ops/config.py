@@ -445,7 +445,7 @@ class BillingConfig(_Model):
 
     type: Literal["aws_cur"]
     path: str
-    tolerance_percent: Annotated[float, Field(ge=0)] = 2.0
+    tolerance_percent: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 2.0
     # Bill lines in another currency than prices.currency are converted only by a rate
     # given here (ISO 4217 code -> rate); without one they are quarantined, never summed.
     currency_rates: dict[str, CurrencyRate] = {}
@@ -792,7 +792,7 @@ class TrainingConfig(_Model):
     # shrink all three).
     demo_steps: PositiveInt = 3000
     demo_checkpoint_interval_s: PositiveFinite = 3.0
-    retry_backoff_s: float = Field(default=5.0, ge=0)
+    retry_backoff_s: float = Field(default=5.0, ge=0, allow_inf_nan=False)
     # The ledger records and prices the hardware that ran: a CPU run is CPU, not a GPU.
     # A demo on a machine without a GPU may opt in to price CPU attempts as the
     # declared GPUs in the asset's metadata (said there); the ledger stays as run.

@@ -85,11 +85,16 @@ def test_validate_passes_on_the_default_and_fails_with_a_fix_on_bad_storage(tmp_
 
 def test_validate_reports_every_config_problem_and_exits_non_zero(tmp_path):
     cfg = tmp_path / "broken.yaml"
-    cfg.write_text("prices: {source: s, as_of: 2026-11-01, gpus: {a10: {spot: 1}}}\nbudgets: [{name: b, amount_usd: -1}]\n")
+    cfg.write_text(
+        "prices: {source: s, as_of: 2026-11-01, gpus: {a10: {spot: 1}}}\nbudgets: [{name: b, amount_usd: -1}]\n"
+        "training: {retry_backoff_s: .inf}\nusage: {billing: {type: aws_cur, path: cur.parquet, tolerance_percent: .nan}}\n"
+    )
     out = run([str(BIN / "gpu-ops"), "validate", "--config", str(cfg)])
     assert out.returncode == 1
     assert f"{cfg}: prices.gpus.a10: unknown GPU type 'a10'" in out.stdout
     assert f"{cfg}: budgets[0].amount_usd: must be > 0" in out.stdout
+    assert f"{cfg}: training.retry_backoff_s: must be a finite number" in out.stdout  # a retry that waits for ever
+    assert f"{cfg}: usage.billing.tolerance_percent: must be a finite number" in out.stdout
 
 
 def test_validate_names_a_config_that_is_not_utf8(tmp_path):
