@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import multiprocessing
 import os
 import re
@@ -49,7 +50,7 @@ def busy() -> None:
 
 
 def minutes(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)  # 899.7 s is 15:00, not 14:60
+    m, s = divmod(math.ceil(seconds), 60)  # up to the whole second: 720.3 s over a 12:00 budget reads 12:01, not 12:00
     return f"{m}:{s:02d}"
 
 
