@@ -92,8 +92,9 @@ def _http_url(value: str) -> str:
     return value
 
 
-# What a storage URL may start with (the drivers gpu_ops.storage.tables opens).
-_STORAGE_URL = re.compile(r"^(sqlite:///|postgresql(\+[a-z0-9_]+)?://)")
+# What a storage URL may start with: the backends gpu_ops.storage.tables opens (SQLite,
+# PostgreSQL), with or without a driver (sqlite+pysqlite://, postgresql+psycopg2://).
+_STORAGE_URL = re.compile(r"^(sqlite|postgresql)(\+[a-z0-9_]+)?://")
 # Karpenter's duration format (consolidateAfter): 30s, 10m, 1h30m, or Never.
 KARPENTER_DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
 

@@ -62,7 +62,7 @@ def parse_memory(value: str | int) -> int:
     try:
         n_bytes = float(number) * 10.0 ** int(exponent or 0) * _SUFFIX[suffix]
     except OverflowError:  # 1e400: no float holds it
-        raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)") from None
+        n_bytes = math.inf
     if not math.isfinite(n_bytes):
         raise ValueError(f"{value!r} is not a memory quantity (use e.g. 32Gi or 512Mi)")
     return math.ceil(n_bytes)

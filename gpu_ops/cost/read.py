@@ -281,6 +281,10 @@ def _unreadable_parquet(path: Path, exc: BaseException) -> UsageSourceError:
     return UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}")
 
 
+def _unreadable_csv(path: Path, exc: BaseException) -> UsageSourceError:
+    return UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}")
+
+
 def read_file(
     path: Path, columns: Sequence[str] | None = None, window: Window | None = None, stats: ReadStats | None = None, footers: FooterCache | None = None, kind: str = USAGE,
 ) -> FileRows:
@@ -476,13 +480,13 @@ def _csv_table(path: Path, header: list[str], present: list[str], skipped: list[
             return pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
         except (pa.ArrowException, OSError) as exc:
             if not failed:
-                raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+                raise _unreadable_csv(path, exc) from None
     skipped.clear()
     data = _without_ragged_lines(path, len(header), skipped)
     try:
         return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=opts)
     except pa.ArrowException as exc:
-        raise UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}") from None
+        raise _unreadable_csv(path, exc) from None
 
 
 @contextmanager
@@ -524,7 +528,7 @@ def _without_ragged_lines(path: Path, fields: int, skipped: list[tuple[int, str]
             else:
                 skipped.append(_ragged(row, fields, len(record)))
     except csv.Error as exc:
-        raise UsageSourceError(path, f"not a readable CSV file: {exc}") from None
+        raise _unreadable_csv(path, exc) from None
     return out.getvalue().encode("utf-8", "surrogateescape")
 
 
