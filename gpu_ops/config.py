@@ -35,8 +35,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from gpu_ops.cost.columns import GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
-from gpu_ops.compute.request import NamespaceName, ObjectName
+from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
+from gpu_ops.compute.request import LabelKey, NamespaceName, ObjectName
 from gpu_ops.cost.rules import FIRST_DAY
 from gpu_ops.errors import GpuOpsError
 
@@ -354,8 +354,18 @@ class FileSource(_Model):
 
 class KubernetesSource(_Model):
     type: Literal["kubernetes"]
-    namespaces: list[str] = []  # empty: all namespaces
-    label_keys: dict[str, str] = {}  # attribution key -> pod label (defaults in cost/)
+    namespaces: list[NamespaceName] = []  # empty: all namespaces
+    # attribution key (team, project, cost_center, experiment_id) -> the pod label that
+    # holds it, in place of the default (gpu-ops.io/team, ...)
+    label_keys: dict[str, LabelKey] = {}
+
+    @field_validator("label_keys")
+    @classmethod
+    def _attribution_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = [k for k in v if k not in DEFAULT_LABEL_KEYS]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} is not an attribution key (one of {', '.join(DEFAULT_LABEL_KEYS)})")
+        return v
 
 
 UsageSource = Annotated[Union[LedgerSource, FileSource, KubernetesSource], Field(discriminator="type")]

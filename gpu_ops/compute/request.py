@@ -36,9 +36,21 @@ def object_name(value: str) -> str:
     return value
 
 
-# Settings that name a namespace or an object (GpuRequest, the configuration's compute section).
+def label_key(value: str) -> str:
+    """``value`` if it can be a Kubernetes label's key (``name`` or ``prefix/name``: a
+    prefix is an RFC 1123 subdomain, a name at most 63 letters, digits, '-', '_' and '.',
+    starting and ending with a letter or digit), else ValueError."""
+    prefix, _, name = value.rpartition("/")
+    if not name or len(name) > 63 or not _LABEL_VALUE.match(name) or ("/" in value and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+        raise ValueError(f"{value!r} is not a Kubernetes label key (name or prefix/name, e.g. example.com/team)")
+    return value
+
+
+# Settings that name a namespace, an object or a label (GpuRequest, the configuration's
+# compute section and Kubernetes usage source).
 NamespaceName = Annotated[str, AfterValidator(namespace_name)]
 ObjectName = Annotated[str, AfterValidator(object_name)]
+LabelKey = Annotated[str, AfterValidator(label_key)]
 
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\s*$")
 _SUFFIX = {

@@ -31,6 +31,15 @@ def check_group_by(keys: list[str]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+# The attribution keys a pod's labels give (the Kubernetes source), and the labels read by
+# default; usage.sources[].label_keys names others.
+DEFAULT_LABEL_KEYS = {
+    "team": "gpu-ops.io/team",
+    "project": "gpu-ops.io/project",
+    "cost_center": "gpu-ops.io/cost-center",
+    "experiment_id": "gpu-ops.io/experiment-id",
+}
+
 # The grain budgets scope on (plus the labels some budget's scope names).
 DAILY_KEYS = ("team", "project", "namespace", "cost_center")
 # gpu_cost_daily's columns and their types (dagster/column_schema names): declared on the

@@ -23,15 +23,10 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type, gpu_spec
+from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS
 
 COLLECTED_PODS_TABLE = "gpu_usage_collected"
 COLLECTED_NODES_TABLE = "gpu_nodes_collected"
-DEFAULT_LABEL_KEYS = {
-    "team": "gpu-ops.io/team",
-    "project": "gpu-ops.io/project",
-    "cost_center": "gpu-ops.io/cost-center",
-    "experiment_id": "gpu-ops.io/experiment-id",
-}
 CAPACITY_LABELS = ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType")
 _CAPACITY_VALUES = {"spot": "spot", "on-demand": "on-demand", "on_demand": "on-demand", "reserved": "reserved"}
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -119,6 +119,11 @@ def test_budget_amounts_are_finite_and_label_scopes_name_a_label(tmp_path):
         ("compute: {karpenter: {consolidate_after: x}}", "compute.karpenter.consolidate_after: String should match pattern"),
         ("compute: {quotas: {team: {'': 3}}}", "compute.quotas.team: each key must be a team's name (e.g. {nlp: 8}), not ''"),
         ("usage: {partitions_start: 0001-01-01}", "usage: partitions_start: must be 1677-09-22 or later"),
+        ("usage: {sources: [{type: kubernetes, namespaces: [ML]}]}", "usage.sources[0].namespaces[0]: 'ML' is not a Kubernetes namespace name"),
+        ("usage: {sources: [{type: kubernetes, namespaces: ['']}]}", "usage.sources[0].namespaces[0]: '' is not a Kubernetes namespace name"),
+        ("usage: {sources: [{type: kubernetes, label_keys: {teem: example.com/team}}]}", "usage.sources[0].label_keys: 'teem' is not an attribution key (one of team, project, cost_center, experiment_id)"),
+        ("usage: {sources: [{type: kubernetes, label_keys: {team: 'a b'}}]}", "usage.sources[0].label_keys.team: 'a b' is not a Kubernetes label key"),
+        ("usage: {sources: [{type: kubernetes, label_keys: {team: 'example.com/'}}]}", "usage.sources[0].label_keys.team: 'example.com/' is not a Kubernetes label key"),
     ],
 )
 def test_a_setting_that_fails_later_is_refused_when_the_file_loads(tmp_path, section, said):
@@ -136,10 +141,12 @@ def test_the_settings_those_checks_let_through(tmp_path):
     path = write(
         tmp_path,
         "prices: prices.yaml\nstorage: {url: 'postgresql+psycopg2://u@h/db', row_level_path: rows}\nalerts: {dagster_url: 'https://dagster.example.com/'}\n"
-        "compute: {orphan_grace: 90m, kubetorch: {inactivity_ttl: 2h}, karpenter: {consolidate_after: Never}, quotas: {team: {nlp: 8}}}\n",
+        "compute: {orphan_grace: 90m, kubetorch: {inactivity_ttl: 2h}, karpenter: {consolidate_after: Never}, quotas: {team: {nlp: 8}}}\n"
+        "usage: {sources: [{type: kubernetes, namespaces: [ml, team-a], label_keys: {team: example.com/Team_Name, cost_center: billing.example.com/cost-center, project: project}}]}\n",
     )
     cfg = load_config(path)
     assert cfg.compute.karpenter.consolidate_after == "Never" and cfg.compute.quotas.team == {"nlp": 8}
+    assert cfg.usage.sources[0].namespaces == ["ml", "team-a"] and cfg.usage.sources[0].label_keys["team"] == "example.com/Team_Name"
 
 
 def test_budget_naming_an_undefined_channel_is_an_error(tmp_path):
