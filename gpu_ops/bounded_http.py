@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu_ops.config import redact_url
+from gpu_ops.config import is_http_url, redact_url
 from gpu_ops.errors import GpuOpsError
 
 ErrorKind = Literal["connect", "deadline", "dropped", "protocol", "too_large"]
@@ -161,9 +161,9 @@ class Exchange:
 
 
 def _connection(url: str, timeout: float, ca_file: str | None) -> tuple[http.client.HTTPConnection, str]:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(url):
         raise RemoteError(redact_url(url), "not an http(s) URL", kind="connect", sent=False)
+    parts = urllib.parse.urlsplit(url)
     target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     if parts.scheme == "https":
         context = ssl.create_default_context(cafile=ca_file)

@@ -85,10 +85,28 @@ def _named(what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+def is_http_url(value: str) -> bool:
+    """Whether ``value`` is an http(s) URL with a host: what every HTTP call of gpu_ops sends to."""
+    try:
+        parts = urlsplit(value)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed [IPv6 host
+        return False
+
+
 def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if not is_http_url(value):
         raise ValueError(f"{value!r} is not an http(s) URL (e.g. https://dagster.example.com)")
+    return value
+
+
+def _http_url_unshown(value: Any) -> Any:
+    """A URL setting that may hold a token (a Slack webhook's path is one): when written in
+    the file, an http(s) URL; the value is never repeated. One from the environment is
+    read by `gpu-ops validate` (the channels check) and when a message is sent."""
+    text = value.get() if isinstance(value, LiteralSecret) else value if isinstance(value, str) else None
+    if text is not None and not is_http_url(text):
+        raise ValueError("not an http(s) URL (e.g. https://hooks.example.com/...; the value is not shown: it may hold a token)")
     return value
 
 
@@ -641,24 +659,40 @@ class Budget(_Model):
 # --------------------------------------------------------------------------- channels
 
 
-class SlackChannel(_Model):
+# A secret that is a URL: http(s) when written in the file (see _http_url_unshown).
+UrlSecret = Annotated[Secret, AfterValidator(_http_url_unshown)]
+
+
+class _ChannelModel(_Model):
+    def secrets(self) -> dict[str, tuple[Secret, bool]]:
+        """Every secret the channel reads, by field: (the secret, whether it is a URL)."""
+        return {}
+
+
+class SlackChannel(_ChannelModel):
     type: Literal["slack"]
-    webhook_url: Annotated[Secret, Field()]
+    webhook_url: UrlSecret
 
     _wrap = field_validator("webhook_url", mode="before")(_secret_from_literal)
 
+    def secrets(self) -> dict[str, tuple[Secret, bool]]:
+        return {"webhook_url": (self.webhook_url, True)}
 
-class PagerDutyChannel(_Model):
+
+class PagerDutyChannel(_ChannelModel):
     type: Literal["pagerduty"]
     routing_key: Annotated[Secret, Field()]
-    events_url: str = "https://events.pagerduty.com/v2/enqueue"
+    events_url: Annotated[str, AfterValidator(_http_url_unshown)] = "https://events.pagerduty.com/v2/enqueue"
 
     _wrap = field_validator("routing_key", mode="before")(_secret_from_literal)
 
+    def secrets(self) -> dict[str, tuple[Secret, bool]]:
+        return {"routing_key": (self.routing_key, False)}
 
-class WebhookChannel(_Model):
+
+class WebhookChannel(_ChannelModel):
     type: Literal["webhook"]
-    url: Annotated[Secret, Field()]
+    url: UrlSecret
     secret: Annotated[Secret, Field()] | None = None
     # Extra request headers; a value may be {env: NAME} (e.g. Authorization: {env: HOOK_TOKEN}).
     headers: dict[str, Annotated[Secret, Field()]] = {}
@@ -669,6 +703,12 @@ class WebhookChannel(_Model):
     @classmethod
     def _wrap_headers(cls, headers: Any) -> Any:
         return {k: _secret_from_literal(v) for k, v in headers.items()} if isinstance(headers, Mapping) else headers
+
+    def secrets(self) -> dict[str, tuple[Secret, bool]]:
+        out: dict[str, tuple[Secret, bool]] = {"url": (self.url, True), **{f"headers.{k}": (v, False) for k, v in self.headers.items()}}
+        if self.secret is not None:
+            out["secret"] = (self.secret, False)
+        return out
 
 
 class SmtpSettings(_Model):
@@ -683,7 +723,7 @@ class SmtpSettings(_Model):
     _wrap = field_validator("password", mode="before")(_secret_from_literal)
 
 
-class EmailChannel(_Model):
+class EmailChannel(_ChannelModel):
     type: Literal["email"]
     to: Annotated[list[str], Field(min_length=1)]
     sender: str = "gpu-ops@localhost"
@@ -697,8 +737,11 @@ class EmailChannel(_Model):
                 raise ValueError(f"{addr!r} is not an e-mail address")
         return to
 
+    def secrets(self) -> dict[str, tuple[Secret, bool]]:
+        return {} if self.smtp.password is None else {"smtp.password": (self.smtp.password, False)}
 
-class LogChannel(_Model):
+
+class LogChannel(_ChannelModel):
     type: Literal["log"]
 
 

@@ -72,3 +72,47 @@ def test_validate_check_names_missing_channel_secrets(tmp_path, monkeypatch):
     monkeypatch.setenv("PD_ROUTING_KEY", "x" * 32)
     ok = check_channels(load_config(path))
     assert ok.status == "ok" and "x" * 32 not in ok.detail
+
+
+def test_validate_check_names_a_channel_url_secret_that_is_no_http_url(tmp_path, monkeypatch):
+    """A webhook or Slack URL held in the environment was only read when a budget fired
+    (then: 'not an http(s) URL', the alert lost). `gpu-ops validate` reads it now, naming
+    the variable and never its value (a Slack URL's path is its token)."""
+    from gpu_ops.alerts.checks import check_channels
+    from gpu_ops.config import load_config
+
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "hooks.slack.com/services/T1/B1/topsecret")  # no scheme: a common paste
+    monkeypatch.setenv("HOOK_URL", "ftp://hooks.example.com/topsecret")
+    monkeypatch.setenv("PD_ROUTING_KEY", "x" * 32)  # not a URL and need not be one
+    path = write_config(
+        tmp_path,
+        budgets=[{"name": "b", "amount_usd": 10, "channels": ["slack", "hook", "oncall"]}],
+        channels={
+            "slack": {"type": "slack", "webhook_url": {"env": "SLACK_WEBHOOK_URL"}},
+            "hook": {"type": "webhook", "url": {"env": "HOOK_URL"}},
+            "oncall": {"type": "pagerduty", "routing_key": {"env": "PD_ROUTING_KEY"}},
+        },
+    )
+    result = check_channels(load_config(path))
+    assert result.failed and result.detail == "not http(s) URLs: hook: $HOOK_URL, slack: $SLACK_WEBHOOK_URL"
+    assert "topsecret" not in result.detail + result.fix and "hooks." not in result.detail
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T1/B1/topsecret")
+    monkeypatch.setenv("HOOK_URL", "http://127.0.0.1:9/x")
+    assert check_channels(load_config(path)).status == "ok"
+
+
+def test_a_channel_url_written_in_the_file_must_be_an_http_url(tmp_path):
+    import pytest
+
+    from gpu_ops.config import ConfigError, load_config
+
+    for channel, field in (
+        ({"type": "slack", "webhook_url": "hooks.slack.com/services/T1/B1/topsecret"}, "channels.c.webhook_url"),
+        ({"type": "webhook", "url": "mailto:ops@example.com"}, "channels.c.url"),
+        ({"type": "pagerduty", "routing_key": "k", "events_url": "events.pagerduty.com/v2/enqueue"}, "channels.c.events_url"),
+    ):
+        path = write_config(tmp_path, budgets=[], channels={"c": channel})
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+        assert f"{field}: not an http(s) URL" in str(caught.value), str(caught.value)
+        assert "topsecret" not in str(caught.value)
