@@ -164,11 +164,12 @@ def _connection(url: str, timeout: float, ca_file: str | None) -> tuple[http.cli
     if not is_http_url(url):
         raise RemoteError(redact_url(url), "not an http(s) URL", kind="connect", sent=False)
     parts = urllib.parse.urlsplit(url)
+    host = str(parts.hostname)  # there is one: is_http_url
     target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     if parts.scheme == "https":
         context = ssl.create_default_context(cafile=ca_file)
-        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context), target
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context), target
+    return http.client.HTTPConnection(host, parts.port, timeout=timeout), target
 
 
 @contextlib.contextmanager

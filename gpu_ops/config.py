@@ -86,11 +86,12 @@ def _named(what: str) -> AfterValidator:
 
 
 def is_http_url(value: str) -> bool:
-    """Whether ``value`` is an http(s) URL with a host: what every HTTP call of gpu_ops sends to."""
+    """Whether ``value`` is an http(s) URL with a host (and a port, if any, that is one):
+    what every HTTP call of gpu_ops sends to."""
     try:
         parts = urlsplit(value)
-        return parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # e.g. an unclosed [IPv6 host
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # an unclosed [IPv6 host, a port past 65535 or not a number
         return False
 
 
@@ -113,6 +114,13 @@ def _http_url_unshown(value: Any) -> Any:
 # What a storage URL may start with: the backends gpu_ops.storage.tables opens (SQLite,
 # PostgreSQL), with or without a driver (sqlite+pysqlite://, postgresql+psycopg2://).
 _STORAGE_URL = re.compile(r"^(sqlite|postgresql)(\+[a-z0-9_]+)?://")
+
+
+def storage_backend(url: str) -> str | None:
+    """``"sqlite"`` or ``"postgresql"``: the backend a storage URL names, None for any other
+    URL. The one rule for the literal setting and for a URL from the environment (the store)."""
+    m = _STORAGE_URL.match(url)
+    return m.group(1) if m else None
 # Karpenter's duration format (consolidateAfter): 30s, 10m, 1h30m, or Never.
 KARPENTER_DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
 
@@ -230,7 +238,7 @@ class StorageConfig(_Model):
     @field_validator("url")
     @classmethod
     def _no_literal_password(cls, url: Any) -> Any:
-        if isinstance(url, str) and not _STORAGE_URL.match(url):
+        if isinstance(url, str) and storage_backend(url) is None:
             raise ValueError("must be sqlite:///<file> or postgresql://<user>@<host>/<database>")
         if isinstance(url, str) and _literal_password(url):
             raise ValueError(

@@ -98,6 +98,10 @@ def test_the_deadline_covers_a_body_streamed_by_the_caller():
     assert err.value.kind == "deadline" and time.monotonic() - t0 < 1.0 + 3.0
 
 
-def test_not_an_http_url():
-    with pytest.raises(RemoteError, match="not an http"):
-        fetch("GET", "ftp://example.com/x", bounds=B)
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "http://example.com:99999/x", "http://example.com:port/x", "http://[::1/x", "http:///x"])
+def test_not_an_http_url(url):
+    """A port past 65535 or not a number, an unclosed IPv6 host: a RemoteError that sends
+    nothing (a port past 65535 was a raw ValueError from urllib)."""
+    with pytest.raises(RemoteError, match="not an http") as caught:
+        fetch("GET", url, bounds=B)
+    assert caught.value.sent is False

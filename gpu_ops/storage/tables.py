@@ -37,6 +37,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
+from gpu_ops.config import storage_backend
 from gpu_ops.storage.errors import StorageError, StorageUnavailable
 
 PARTITION_COLUMN = "partition_key"
@@ -704,14 +705,16 @@ def _check_name(name: str) -> None:
 
 
 def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:
+    backend = storage_backend(url)
     try:
         parsed = make_url(url)
     except (sa.exc.ArgumentError, ValueError):  # not shown: an unparsed URL's password cannot be told apart
-        raise StorageError("storage.url is no database URL: only sqlite:/// and postgresql:// are supported") from None
-    backend = parsed.get_backend_name()
+        backend = None
+    if backend is None:
+        raise StorageError("storage.url is no database URL: only sqlite:/// and postgresql:// are supported")
     if backend == "sqlite":
         engine = _sqlite_engine(url, parsed, statement_timeout_s)
-    elif backend == "postgresql":
+    else:  # postgresql
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg2")
         connect_args = {
@@ -726,8 +729,6 @@ def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: floa
             "keepalives_count": 3,
         }
         engine = sa.create_engine(parsed, pool_pre_ping=True, pool_timeout=max(connect_timeout_s, 1), connect_args=connect_args)
-    else:
-        raise StorageError(f"storage.url {display_url(url)}: only sqlite:/// and postgresql:// are supported")
 
     @sa.event.listens_for(engine, "handle_error")
     def _explain(ctx: sa.engine.ExceptionContext) -> BaseException | None:
