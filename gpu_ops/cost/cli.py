@@ -120,11 +120,19 @@ def _as_of_utc(value: str | None, day: dt.date) -> dt.datetime:
     if not value:
         end = dt.datetime(day.year, day.month, day.day, tzinfo=utc) + dt.timedelta(days=1)
         return min(end, dt.datetime.now(utc))
+    from gpu_ops.cost.rules import FIRST_DAY, LAST_DAY
+
     try:
         t = dt.datetime.fromisoformat(value.strip())
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a time (ISO 8601, UTC when no offset)", param_hint="--as-of") from None
-    return t.replace(tzinfo=utc) if t.tzinfo is None else t.astimezone(utc)
+    try:
+        t = t.replace(tzinfo=utc) if t.tzinfo is None else t.astimezone(utc)
+    except OverflowError:  # an offset that takes it before year 1 or past 9999
+        t = dt.datetime.min.replace(tzinfo=utc)
+    if not FIRST_DAY <= t.date() <= LAST_DAY:  # the days --date takes: every time in them can be held
+        raise click.BadParameter(f"{value!r} is outside the days whose times can be held ({FIRST_DAY} to {LAST_DAY})", param_hint="--as-of")
+    return t
 
 
 def _as_of(value: str | None, day: dt.date) -> "pd.Timestamp":

@@ -117,6 +117,12 @@ def test_errors_name_the_file_and_field(files):
     for command, day in (("attribution", "9999-12-31"), ("roi", "0001-01-01"), ("attribution", "2262-04-11")):  # a day whose times no engine holds: said, no traceback
         r = gpu_ops("cost", command, *common(files), "--date", day)
         assert r.returncode == 2 and "--date" in r.stderr and "1677-09-22 to 2262-04-10" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for command, as_of in (("roi", "9999-12-31T23:59:59"), ("roi", "0001-01-01T00:00:00Z"), ("roi", "0001-01-01T00:00:00+01:00"), ("budgets", "9999-12-31"), ("attribution", "2262-04-12T00:00:00Z")):
+        extra = ["--budgets", str(files / "budgets.yaml")] if command == "budgets" else []
+        r = gpu_ops("cost", command, *common(files, *extra), "--as-of", as_of)  # roi: an OverflowError traceback
+        assert r.returncode == 2 and "--as-of" in r.stderr and "1677-09-22 to 2262-04-10" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = gpu_ops("cost", "roi", *common(files), "--as-of", "2262-04-10T23:59:59Z")  # within the last day held
+    assert r.returncode == 0, r.stderr
     r = gpu_ops("cost", "attribution", *common(files), "--date", "2262-04-10")  # the last day held: no rows, no error
     assert r.returncode == 0 and "(no rows)" in r.stdout, r.stderr
     for command in ("attribution", "roi"):  # a quarantine file with nowhere to go: said before any work, no traceback
