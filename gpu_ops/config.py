@@ -556,12 +556,15 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 def parse_duration(value: str | int | float) -> dt.timedelta:
     """``90s``, ``60m``, ``2h``, ``1d``; a bare number is seconds."""
     if isinstance(value, (int, float)):
-        return dt.timedelta(seconds=float(value))
-    m = _DURATION.match(value)
-    if not m:
+        seconds = float(value)
+    elif m := _DURATION.match(value):
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    else:
         raise ValueError(f"{value!r} is not a duration (use e.g. 90s, 60m, 2h, 1d)")
-    n, unit = float(m.group(1)), m.group(2)
-    return dt.timedelta(seconds=n * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+    try:
+        return dt.timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # past 999,999,999 days, or not a number
+        raise ValueError(f"{value!r} is longer than a duration can be (use e.g. 90s, 60m, 2h, 1d)") from None
 
 
 def _duration(value: str) -> str:
@@ -619,17 +622,11 @@ class Threshold(_Model):
 
 class Enforcement(_Model):
     action: Literal["alert", "throttle", "block"] = "alert"
-    grace_period: str = "0s"
+    grace_period: Duration = "0s"
     max_gpus: int | None = Field(default=None, ge=0)  # throttle: the NodePool's GPU limit
     spot_only: bool = False  # throttle: restrict the scope's pool to spot capacity
     zero_pool_limit: bool = False  # block: also set the pool's GPU limit to 0
     threshold_percent: PositiveFinite = 100.0  # enforce once spend crosses this share
-
-    @field_validator("grace_period")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        parse_duration(value)
-        return value
 
     @model_validator(mode="after")
     def _throttle_needs_a_limit(self) -> "Enforcement":
@@ -654,13 +651,12 @@ class Budget(_Model):
     enforcement: Enforcement = Enforcement()
     notify_resolve: bool = True
     # No forecast until this much of the period has data (one hour says nothing).
-    forecast_min_history: str = "3d"
+    forecast_min_history: Duration = "3d"
 
     @model_validator(mode="after")
     def _weekly_reset_day(self) -> "Budget":
         if self.period == "weekly" and self.reset_day > 7:
             raise ValueError("reset_day for a weekly budget is an ISO weekday, 1 (Monday) to 7")
-        parse_duration(self.forecast_min_history)
         return self
 
 
