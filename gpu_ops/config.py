@@ -39,6 +39,7 @@ from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_
 from gpu_ops.compute.request import LabelKey, NamespaceName, ObjectName
 from gpu_ops.cost.rules import FIRST_DAY
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.paths import PathNotUsable, path_kind
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
 HOME_ENV = "GPU_OPS_HOME"
@@ -60,6 +61,8 @@ class ConfigError(GpuOpsError, ValueError):
 # takes .inf): a price, multiplier, amount or threshold of .inf never crosses, a timeout or
 # interval of .inf never ends.
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# The longest timeout a database driver holds: 2**31 - 1 milliseconds, in whole seconds.
+_DRIVER_SECONDS = 2_147_483
 
 
 def _named_keys(what: str, example: str) -> AfterValidator:
@@ -225,10 +228,12 @@ class StorageConfig(_Model):
 
     url: Union[SecretRef, str] = "sqlite:///costs.db"
     password: SecretRef | None = None
-    connect_timeout_s: PositiveFinite = 10.0
+    # At most 2,147,483 s (24.8 days) each: the drivers hold them as 32-bit milliseconds
+    # (PostgreSQL's statement_timeout, SQLite's busy_timeout) or seconds.
+    connect_timeout_s: Annotated[PositiveFinite, Field(le=_DRIVER_SECONDS)] = 10.0
     # PostgreSQL: the server cancels any statement running longer. SQLite: how long a
     # writer waits for another writer's lock on the file.
-    statement_timeout_s: PositiveFinite = 300.0
+    statement_timeout_s: Annotated[PositiveFinite, Field(le=_DRIVER_SECONDS)] = 300.0
     # Row-level usage (gpu_usage) as Parquet files under this folder, one per day, with
     # the aggregates in SQL; relative folders resolve against the config file's folder.
     # Every run worker must see the same folder (in Kubernetes, a ReadWriteMany volume).
@@ -907,7 +912,9 @@ _BOUND_SYMBOLS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": 
 
 def _bound_message(sym: str, ctx: Mapping[str, Any]) -> str:
     bound = ctx[next(k for k in ("gt", "ge", "lt", "le") if k in ctx)]
-    return f"must be {sym} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sym} {bound}"
+    if isinstance(bound, (int, float)) and float(bound).is_integer():
+        return f"must be {sym} {int(bound):,}"  # every digit: 2,147,483 (not 2.14748e+06)
+    return f"must be {sym} {bound:g}" if isinstance(bound, float) else f"must be {sym} {bound}"
 
 
 def _friendly(err: Mapping[str, Any]) -> str:
@@ -1076,7 +1083,14 @@ def _check_budgets(cfg: GpuOpsConfig, label: str, problems: list[str]) -> None:
 def _check_sources(cfg: GpuOpsConfig, label: str, base: Path, problems: list[str]) -> None:
     """A usage file named without wildcards must exist."""
     for i, src in enumerate(cfg.usage.sources):
-        if isinstance(src, FileSource) and not any(c in src.path for c in "*?[{") and not (base / src.path).exists():
+        if not isinstance(src, FileSource) or any(c in src.path for c in "*?[{"):
+            continue
+        try:
+            missing = path_kind(base / src.path) == "missing"
+        except PathNotUsable as exc:
+            problems.append(f"{label}: usage.sources[{i}].path: {base / src.path}: {exc}")
+            continue
+        if missing:
             problems.append(f"{label}: usage.sources[{i}].path: {base / src.path} does not exist")
 
 

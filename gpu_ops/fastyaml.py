@@ -49,6 +49,9 @@ def read_yaml_file(path: Path | str) -> Any:
     :class:`YamlFileError`: the one reading of the configuration's YAML files (the
     configuration, its prices, budgets and channels files, the CLI's ``--prices`` and
     ``--budgets``)."""
+    if "\0" in str(path):  # no file system takes one (open() raises ValueError)
+        shown = str(path).replace("\0", "\\x00")
+        raise YamlFileError(f"{shown}: cannot be read: the name holds a NUL byte")
     try:
         data = Path(path).read_bytes()
     except OSError as exc:

@@ -16,6 +16,7 @@ import click
 
 from gpu_ops.config import ConfigError, GpuOpsConfig, load_config
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.paths import PathNotUsable, path_kind
 
 
 @dataclass
@@ -31,17 +32,21 @@ class CheckResult:
 
 
 def nearest_existing(path: Path) -> Path:
-    """``path`` or its nearest ancestor that exists."""
-    return next(p for p in (path, *path.parents) if p.exists())
+    """``path`` or its nearest ancestor that exists (:class:`PathNotUsable` for a name no
+    file system takes)."""
+    return next(p for p in (path, *path.parents) if path_kind(p) != "missing")
 
 
 def not_yet_created(name: str, path: Path, what: str, setting: str, shown: str | None = None) -> CheckResult | None:
     """For a local file or folder that does not exist yet: whether it could be created,
     decided without creating anything (`gpu-ops validate` writes nothing). None when
     ``path`` exists, so the check goes on to probe it."""
-    if path.exists():
-        return None
-    parent = nearest_existing(path.parent)
+    try:
+        if path_kind(path) != "missing":
+            return None
+        parent = nearest_existing(path.parent)
+    except PathNotUsable as exc:
+        return CheckResult(name, "failed", f"{shown or path}: {exc}", f"point {setting} at a path the file system takes")
     if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
         return CheckResult(name, "ok", f"{shown or path} does not exist yet: {what} creates it ({parent} is writable)")
     return CheckResult(name, "failed", f"{shown or path} does not exist and cannot be created: {parent} is not a writable folder",

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
+from gpu_ops.paths import PathNotUsable, path_kind
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
@@ -61,12 +62,16 @@ def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False
         if not paths and not missing_ok:
             raise UsageSourceError(p, f"no file matches {pattern!r}")
         return paths
-    if p.is_dir():
+    try:
+        kind = path_kind(p)
+    except PathNotUsable as exc:
+        raise UsageSourceError(p, str(exc)) from None
+    if kind == "dir":
         paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
         if not paths and not missing_ok:
             raise UsageSourceError(p, "no .csv or .parquet file in this folder")
         return paths
-    if not p.exists():
+    if kind == "missing":
         if missing_ok:
             return []
         raise UsageSourceError(p, "no such file")

@@ -131,6 +131,15 @@ def test_errors_name_the_file_and_field(files):
         assert r.stdout == ""
 
 
+def test_a_file_name_no_file_system_takes_is_said_naming_the_option(files):
+    """A name longer than the file system takes (ENAMETOOLONG) was a raw OSError traceback
+    from --usage and --inventory; it is a problem with that source now, as a missing file is."""
+    long = str(files / ("x" * 3000 + ".csv"))
+    for args in (["--usage", long], ["--usage", str(files / "usage.csv"), "--inventory", long]):
+        r = gpu_ops("cost", "attribution", *args, "--prices", str(files / "prices.yaml"), "--date", "2026-10-02")
+        assert r.returncode == 1 and "the name is too long" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def test_a_budgets_file_is_judged_as_the_configuration_judges_budgets(files):
     """--budgets: two budgets of one name are refused as in the configuration (the
     alert state is kept per name), and a field's place reads budgets[0].period."""

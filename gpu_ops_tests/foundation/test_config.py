@@ -115,6 +115,8 @@ def test_budget_amounts_are_finite_and_label_scopes_name_a_label(tmp_path):
         ("training: {checkpoint_url: ''}", "training.checkpoint_url: must name a folder or URL"),
         ("alerts: {dagster_url: 'not a url'}", "alerts.dagster_url: 'not a url' is not an http(s) URL"),
         ("compute: {orphan_grace: forever}", "compute.orphan_grace: 'forever' is not a duration"),
+        ("storage: {statement_timeout_s: 1e308}", "storage.statement_timeout_s: must be <= 2,147,483"),
+        ("storage: {connect_timeout_s: 3000000}", "storage.connect_timeout_s: must be <= 2,147,483"),
         ("compute: {orphan_grace: 99999999999d}", "compute.orphan_grace: '99999999999d' is longer than a duration can be"),
         ("budgets: [{name: b, amount_usd: 1, forecast_min_history: 99999999999d}]", "budgets[0].forecast_min_history: '99999999999d' is longer than a duration can be"),
         ("budgets: [{name: b, amount_usd: 1, forecast_min_history: soon}]", "budgets[0].forecast_min_history: 'soon' is not a duration"),
@@ -184,6 +186,25 @@ def test_missing_file_is_a_clear_error(tmp_path, monkeypatch):
         load_config()
 
 
+@pytest.mark.parametrize("section", ["prices", "budgets", "channels"])
+def test_a_section_file_named_with_a_nul_byte_is_a_clear_error(tmp_path, section):
+    """A section given as a file name with a NUL in it was a raw 'ValueError: embedded null
+    byte' from the open; it names the field's file now, like any file that cannot be read."""
+    write(tmp_path, PRICES, "prices.yaml")
+    text = f'prices: prices.yaml\n{section}: "a\\0b.yaml"\n' if section != "prices" else 'prices: "a\\0b.yaml"\n'
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"a\\x00b.yaml: cannot be read: the name holds a NUL byte") as caught:
+        load_config(path)
+    assert "Traceback" not in str(caught.value)
+
+
+def test_a_usage_file_name_too_long_for_the_file_system_is_a_clear_error(tmp_path):
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(tmp_path, f"prices: prices.yaml\nusage: {{sources: [{{type: file, path: {'x' * 3000}.csv}}]}}\n")
+    with pytest.raises(ConfigError, match=r"usage.sources\[0\].path: .*xxx.csv: the name is too long"):
+        load_config(path)
+
+
 def test_secrets_stay_references_and_never_render_their_value(tmp_path, monkeypatch):
     write(tmp_path, PRICES, "prices.yaml")
     path = write(
@@ -219,7 +240,7 @@ def test_threshold_needs_exactly_one_amount_and_durations_parse(tmp_path):
 
 def test_a_file_sources_lookback_is_bounded_and_a_larger_one_is_named(tmp_path):
     write(tmp_path, PRICES, "prices.yaml")
-    for days, problem in ((3650, None), (3651, "must be <= 3650"), (10**12, "must be <= 3650")):
+    for days, problem in ((3650, None), (3651, "must be <= 3,650"), (10**12, "must be <= 3,650")):
         path = write(tmp_path, f"""
             prices: prices.yaml
             usage:

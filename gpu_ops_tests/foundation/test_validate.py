@@ -38,6 +38,19 @@ def test_a_folder_that_cannot_be_created_fails_with_a_fix(tmp_path: Path):
     assert "FAIL checkpoints:" in out.stdout and "fix: make" in out.stdout
 
 
+def test_a_path_no_file_system_takes_fails_its_check_with_a_fix(tmp_path: Path):
+    """A name past the file system's limit was 'the check itself failed: OSError: [Errno 36]'."""
+    prices = Path(__file__).resolve().parents[2] / "gpu_ops" / "demo" / "prices.yaml"
+    cfg = tmp_path / "gpu_ops.yaml"
+    long = "x" * 3000
+    cfg.write_text(f"storage: {{url: 'sqlite:///{long}.db'}}\nprices: {prices}\ntraining: {{checkpoint_url: {long}}}\n")
+    out = _validate(tmp_path, "--config", str(cfg))
+    assert out.returncode == 1 and "the check itself failed" not in out.stdout, out.stdout
+    assert f"FAIL storage: sqlite:///{tmp_path}/{long}.db: the name is too long for the file system" in out.stdout
+    assert f"FAIL checkpoints: {tmp_path}/{long}: the name is too long for the file system" in out.stdout
+    assert "fix: point training.checkpoint_url at a path the file system takes" in out.stdout
+
+
 def test_every_printed_check_name_is_what_only_takes(tmp_path: Path):
     out = _validate(tmp_path)
     printed = re.findall(r"^(?:ok  |FAIL|skip) ([a-z_ ]+):", out.stdout, re.M)

@@ -1,0 +1,43 @@
+"""Looking at a path a user named, without an exception the user cannot act on.
+
+``Path.exists()`` and ``Path.is_dir()`` answer False for a missing file but raise for a
+name no file system takes: ``OSError`` (ENAMETOOLONG: a name part over 255 bytes, a path
+over 4,096) or ``ValueError`` (a NUL byte). Every probe of a configured or command-line
+path goes through :func:`path_kind`, which turns those into :class:`PathNotUsable` with a
+reason to show beside the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Literal
+
+from gpu_ops.errors import GpuOpsError
+
+
+class PathNotUsable(GpuOpsError, ValueError):
+    """A path no file system takes, or that cannot be looked at: ``str()`` is the reason
+    alone (the caller names the path)."""
+
+
+def path_kind(path: Path) -> Literal["file", "dir", "missing"]:
+    """What ``path`` is (anything that is not a folder counts as a file), or
+    :class:`PathNotUsable`."""
+    if "\0" in str(path):
+        raise PathNotUsable("the name holds a NUL byte")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    except NotADirectoryError:  # a file where a folder of the path should be
+        return "missing"
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise PathNotUsable("the name is too long for the file system") from None
+        if exc.errno == errno.ELOOP:
+            raise PathNotUsable("a symbolic link loop") from None
+        raise PathNotUsable(f"cannot be looked at: {exc.strerror or exc}") from None
+    return "dir" if stat.S_ISDIR(st.st_mode) else "file"
