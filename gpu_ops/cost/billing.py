@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,8 +51,10 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG
+from gpu_ops.cost.read import handler_failures, ragged_line, write_without_ragged_lines
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.formatting import not_utf8
 
 START = "line_item_usage_start_date"
 END = "line_item_usage_end_date"
@@ -71,9 +74,10 @@ CUR_COLUMNS = (START, END, RESOURCE, USAGE_TYPE, LINE_TYPE, UNBLENDED, NET, SP_E
 REQUIRED = (START, RESOURCE, USAGE_TYPE, UNBLENDED)
 BILLED_COLUMNS = ("day", "instance_id", "instance_type", "pricing_term", "billed_usd", "lines")
 ADJUSTMENT_COLUMNS = ("day", "instance_id", "line_type", "amount", "location", "row")
-# Where each index row comes from (not CUR columns): file, row in it, the file's version.
-PROVENANCE = ("location", "row", "file_version", "start_ns")
-INDEX_VERSION = "1"
+# Where each index row comes from (not CUR columns): file, row in it, the file's version,
+# the parsed start, and for a line that cannot be read its field and reason ("" otherwise).
+PROVENANCE = ("location", "row", "file_version", "start_ns", "problem_field", "problem")
+INDEX_VERSION = "2"
 _INSTANCE_HOURS = r"(?:^|:|-)(?:BoxUsage|SpotUsage|DedicatedUsage|HeavyUsage|HostUsage)(?::|$)"
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 _DISCOUNTS = ("EdpDiscount", "PrivateRateDiscount", "BundledDiscount", "DistributorDiscount")
@@ -113,31 +117,54 @@ def _readable_name(p: Path) -> bool:
 
 def _csv_header(path: Path) -> list[str]:
     opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
-        return next(csv.reader(f), [])
+    try:
+        with opener(path, "rb") as f:  # the header line only: a bad byte further down costs its line
+            first = f.readline(1 << 20)
+        return next(csv.reader([first.decode("utf-8-sig").rstrip("\r\n")]), [])
+    except UnicodeDecodeError as exc:
+        raise BillingSourceError(f"{path}: {not_utf8(exc)}") from None
+    except (OSError, EOFError, csv.Error) as exc:  # a .gz that is not gzip, a NUL in the header
+        raise BillingSourceError(f"{path}: cannot be read: {exc}") from None
 
 
-def _batches(path: Path, batch_rows: int) -> Iterator[Any]:
-    """The file's CUR columns in batches (pyarrow RecordBatches), streamed."""
+class _Unhanded(Exception):
+    """Arrow's reader could not hand a line of the wrong number of fields over (its bytes
+    are not UTF-8): the file is read again without such lines (:func:`_read_lines`)."""
+
+
+def _csv_batches(path: Path, source: Path, cols: list[str], batch_rows: int, skipped: list[tuple[int, str]]) -> Iterator[Any]:
+    """``cols`` of the CSV ``source`` in batches, cells as bytes (a cell that is not UTF-8
+    costs its line: :func:`_decoded`); each line of the wrong number of fields appended to
+    ``skipped`` (data row, reason) as the reader meets it, and left out."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
+
+    def bad_line(row: Any) -> str:
+        skipped.append(ragged_line(row.number - 1, row.expected_columns, row.actual_columns))
+        return "skip"
+
+    read = pacsv.ReadOptions(block_size=max(1 << 20, min(batch_rows * 64, 1 << 26)), use_threads=False)
+    convert = pacsv.ConvertOptions(include_columns=cols, column_types={c: pa.binary() for c in cols}, strings_can_be_null=False)
+    with handler_failures(bad_line) as failed:
+        try:
+            yield from pacsv.open_csv(source, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=convert)
+        except (pa.ArrowException, OSError, EOFError) as exc:
+            if failed:
+                raise _Unhanded from None
+            raise BillingSourceError(f"{path}: not a readable CSV file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+
+
+def _parquet_batches(path: Path, batch_rows: int) -> Iterator[Any]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if path.name.endswith(".parquet"):
+    try:
         pf = pq.ParquetFile(path)
         names = list(pf.schema_arrow.names)
         _require(path, names)
         yield from pf.iter_batches(batch_size=batch_rows, columns=[c for c in CUR_COLUMNS if c in names])
-        return
-    names = _csv_header(path)
-    _require(path, names)
-    cols = [c for c in CUR_COLUMNS if c in names]
-    reader = pacsv.open_csv(
-        path,
-        read_options=pacsv.ReadOptions(block_size=max(1 << 20, min(batch_rows * 64, 1 << 26)), use_threads=False),
-        convert_options=pacsv.ConvertOptions(include_columns=cols, column_types={c: pa.string() for c in cols}, strings_can_be_null=False),
-    )
-    yield from reader
+    except (pa.ArrowException, OSError) as exc:
+        raise BillingSourceError(f"{path}: not a readable Parquet file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
 
 
 def _require(path: Path, names: list[str]) -> None:
@@ -146,24 +173,57 @@ def _require(path: Path, names: list[str]) -> None:
         raise BillingSourceError(f"{path}: missing CUR column(s) {', '.join(missing)}")
 
 
-def _relevant(batch: Any) -> Any:
-    """Instance-hour lines of an ``i-…`` resource (the rest of the bill is never kept)."""
+def _not_utf8_cells(col: Any) -> dict[int, str]:
+    """Position -> reason of each cell of a binary column that is not UTF-8 (none, at the
+    cost of one cast, when all are)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    resource = pc.cast(batch.column(RESOURCE), "string")
-    usage = pc.cast(batch.column(USAGE_TYPE), "string")
-    keep = pc.and_(pc.match_substring_regex(resource, _INSTANCE_ID.pattern), pc.match_substring_regex(usage, _INSTANCE_HOURS))
-    return batch.filter(pc.fill_null(keep, False))
+    if not pa.types.is_binary(col.type):
+        return {}
+    try:
+        pc.cast(col, pa.string())
+        return {}
+    except pa.ArrowInvalid:
+        pass
+    out = {}
+    for i, value in enumerate(col.to_pylist()):
+        try:
+            value is None or value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            out[i] = not_utf8(exc)
+    return out
+
+
+def _relevant(batch: Any) -> Any:
+    """Instance-hour lines of an ``i-…`` resource (the rest of the bill is never kept), and
+    lines whose resource or usage type is not UTF-8 (which cannot be told apart: quarantined)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def text(c: str) -> Any:
+        col = batch.column(c)
+        return col if pa.types.is_binary(col.type) else pc.cast(col, "string")
+
+    keep = pc.and_(pc.match_substring_regex(text(RESOURCE), _INSTANCE_ID.pattern), pc.match_substring_regex(text(USAGE_TYPE), _INSTANCE_HOURS))
+    keep = np.asarray(pc.fill_null(keep, False), dtype=bool)
+    for c in (RESOURCE, USAGE_TYPE):
+        unreadable = list(_not_utf8_cells(batch.column(c)))
+        keep[unreadable] = True
+    return batch.filter(pa.array(keep))
 
 
 def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
-    """A batch as string columns (every CUR column, blank where absent) plus provenance
-    and the parsed start (``start_ns``): Arrow all the way, no Python object per cell."""
+    """A batch as string columns (every CUR column, blank where absent) plus provenance,
+    the parsed start (``start_ns``) and, for a line that cannot be read, the field and
+    reason (a cell that is not UTF-8 is blanked and named): Arrow all the way, no Python
+    object per cell."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = batch.num_rows
     arrays, start_ns = [], None
+    problems: dict[int, tuple[str, str]] = {}
     for c in CUR_COLUMNS:
         if c not in batch.schema.names:
             arrays.append(pa.array([""] * n, pa.string()))
@@ -172,10 +232,29 @@ def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
         if c == START and pa.types.is_timestamp(col.type):
             ts = pc.cast(col, pa.timestamp("ns", tz="UTC") if col.type.tz else pa.timestamp("ns"))
             start_ns = np.asarray(ts.cast(pa.int64()).fill_null(_NAT), dtype=np.int64)
+        bad = _not_utf8_cells(col)
+        for i, reason in bad.items():
+            problems.setdefault(i, (c, reason))
+        if bad:
+            col = pc.if_else(pa.array(np.isin(np.arange(n), list(bad))), pa.scalar(b"", pa.binary()), col)
         arrays.append(pc.fill_null(pc.cast(col, pa.string()), ""))
     if start_ns is None:
         start_ns = _parse_start(arrays[CUR_COLUMNS.index(START)])
-    arrays += [pa.array([location] * n, pa.string()), pa.array(rows, pa.int64()), pa.array(np.full(n, version, np.int64)), pa.array(start_ns, pa.int64())]
+    fields = [problems[i][0] if i in problems else "" for i in range(n)] if problems else [""] * n
+    reasons = [problems[i][1] if i in problems else "" for i in range(n)] if problems else [""] * n
+    arrays += [pa.array([location] * n, pa.string()), pa.array(rows, pa.int64()), pa.array(np.full(n, version, np.int64)), pa.array(start_ns, pa.int64()),
+               pa.array(fields, pa.string()), pa.array(reasons, pa.string())]
+    return pa.RecordBatch.from_arrays(arrays, names=[*CUR_COLUMNS, *PROVENANCE])
+
+
+def _unread_lines(skipped: list[tuple[int, str]], location: str, version: int) -> Any:
+    """Index rows for lines the reader left out (wrong number of fields): blank, named ``<line>``."""
+    import pyarrow as pa
+
+    n = len(skipped)
+    arrays = [pa.array([""] * n, pa.string()) for _ in CUR_COLUMNS]
+    arrays += [pa.array([location] * n, pa.string()), pa.array([r for r, _ in skipped], pa.int64()), pa.array(np.full(n, version, np.int64)),
+               pa.array(np.full(n, _NAT, np.int64)), pa.array(["<line>"] * n, pa.string()), pa.array([reason for _, reason in skipped], pa.string())]
     return pa.RecordBatch.from_arrays(arrays, names=[*CUR_COLUMNS, *PROVENANCE])
 
 
@@ -189,31 +268,81 @@ def _frame(table: Any) -> pd.DataFrame:
 
 def _parse_start(text: Any) -> np.ndarray:
     """ISO 8601 texts (an Arrow string array, or objects) -> UTC ns, the NaT sentinel where
-    unparseable; each distinct text parsed once."""
+    unparseable or outside what a time can hold; each distinct text parsed once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     encoded = pc.dictionary_encode(pa.array(text, pa.string()) if not isinstance(text, pa.Array) else text)
     uniques = pd.Series(encoded.dictionary.to_pylist(), dtype=object).str.strip()
     parsed = pd.to_datetime(uniques, utc=True, errors="coerce", format="ISO8601")
-    lut = np.append(np.asarray(parsed.dt.as_unit("ns").array.asi8, dtype=np.int64) if len(parsed) else np.zeros(0, np.int64), _NAT)
+    held = parsed.notna() & (parsed >= pd.Timestamp.min.tz_localize("UTC")) & (parsed <= pd.Timestamp.max.tz_localize("UTC"))
+    lut = np.append(np.where(held, parsed.where(held, pd.Timestamp(0, tz="UTC")).dt.as_unit("ns").array.asi8, _NAT).astype(np.int64) if len(parsed) else np.zeros(0, np.int64), _NAT)
     codes = np.asarray(encoded.indices.fill_null(len(lut) - 1), dtype=np.int64)
     return lut[codes]
 
 
-def _file_lines(path: Path, batch_rows: int) -> Iterator[Any]:
-    """The relevant lines of one file (Arrow batches from :func:`_uniform`), with their row numbers (1-based)."""
+class _RowNumbers:
+    """Data-row numbers (1-based) of a file's batches, passing over the lines the reader left out."""
+
+    def __init__(self, skipped: list[tuple[int, str]]):
+        self.skipped, self.next = skipped, 1
+
+    def take(self, n: int) -> np.ndarray:
+        pending = [r for r, _ in self.skipped if r >= self.next]
+        span = np.arange(self.next, self.next + n + len(pending), dtype=np.int64)
+        rows = span[~np.isin(span, pending)][:n]
+        if n:
+            self.next = int(rows[-1]) + 1
+        return rows
+
+
+def _file_lines(path: Path, batch_rows: int, clean: Path | None = None, skipped: list[tuple[int, str]] | None = None) -> Iterator[Any]:
+    """The relevant lines of one file (Arrow batches from :func:`_uniform`), with their row
+    numbers (1-based), then the lines that could not be read. ``clean``: read this copy of
+    a CSV instead (``skipped``: the lines it leaves out)."""
     import pyarrow as pa
 
     version = path.stat().st_mtime_ns
-    seen = 0
-    for batch in _batches(path, batch_rows):
-        n = batch.num_rows
-        numbered = batch.append_column("__row", pa.array(np.arange(seen + 1, seen + n + 1, dtype=np.int64)))
-        seen += n
+    skipped = [] if skipped is None else skipped
+    if path.name.endswith(".parquet"):
+        batches = _parquet_batches(path, batch_rows)
+    else:
+        names = _csv_header(path)
+        _require(path, names)
+        batches = _csv_batches(path, clean or path, [c for c in CUR_COLUMNS if c in names], batch_rows, skipped)
+    numbers, shown = _RowNumbers(skipped), 0
+    for batch in batches:
+        numbered = batch.append_column("__row", pa.array(numbers.take(batch.num_rows)))
         kept = _relevant(numbered)
         if kept.num_rows:
             yield _uniform(kept.drop_columns(["__row"]), str(path), np.asarray(kept.column("__row"), dtype=np.int64), version)
+        if len(skipped) > shown:
+            yield _unread_lines(skipped[shown:], str(path), version)
+            shown = len(skipped)
+    if len(skipped) > shown:
+        yield _unread_lines(skipped[shown:], str(path), version)
+
+
+def _read_lines(path: Path, batch_rows: int, consume: Any, restart: Any = None) -> Any:
+    """``consume(lines of path)``; when Arrow's reader cannot hand a line of the wrong number
+    of fields over, ``restart()`` and ``consume`` a copy of the CSV without such lines
+    (written to a temporary file, field by field: memory stays a batch)."""
+    try:
+        return consume(_file_lines(path, batch_rows))
+    except _Unhanded:
+        pass
+    if restart is not None:
+        restart()
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    skipped: list[tuple[int, str]] = []
+    with tempfile.TemporaryDirectory(prefix="gpu_ops-cur-") as tmp:
+        clean = Path(tmp) / "clean.csv"
+        with opener(path, "rt", encoding="utf-8-sig", errors="surrogateescape", newline="") as src, clean.open("w", encoding="utf-8", errors="surrogateescape", newline="") as out:
+            try:
+                write_without_ragged_lines(src, len(_csv_header(path)), skipped, out)
+            except csv.Error as exc:
+                raise BillingSourceError(f"{path}: not a readable CSV file: {exc}") from None
+        return consume(_file_lines(path, batch_rows, clean, skipped))
 
 
 def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: int = 16_384) -> pd.DataFrame:
@@ -221,7 +350,7 @@ def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: 
     (:class:`CurIndex` reads one day of them; this reads them all, for small bills and tests.)"""
     import pyarrow as pa
 
-    batches = [b for path in cur_files(patterns, base_dir) for b in _file_lines(path, batch_rows)]
+    batches = [b for path in cur_files(patterns, base_dir) for b in _read_lines(path, batch_rows, list)]
     return _frame(pa.Table.from_batches(batches)) if batches else _empty_lines()
 
 
@@ -229,7 +358,31 @@ def _empty_lines() -> pd.DataFrame:
     out = pd.DataFrame({c: pd.Series([], dtype=object) for c in (*CUR_COLUMNS, "location")})
     for c in ("row", "file_version", "start_ns"):
         out[c] = pd.Series([], dtype=np.int64)
+    for c in ("problem_field", "problem"):
+        out[c] = pd.Series([], dtype=object)
     return out
+
+
+def _write_days(folder: Path, lines: Iterator[Any]) -> list[str]:
+    """Index batches into ``folder``: one Parquet file per UTC day of their start
+    (``unknown``: no readable start). Returns the days written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writers: dict[str, Any] = {}
+    try:
+        for batch in lines:
+            ns = np.asarray(batch.column("start_ns"), dtype=np.int64)
+            day = np.where(ns == _NAT, -1, ns // 86_400_000_000_000)
+            for d in np.unique(day):
+                name = "unknown" if d < 0 else f"{np.datetime64(int(d), 'D')}"
+                if name not in writers:
+                    writers[name] = pq.ParquetWriter(folder / f"{name}.parquet", batch.schema)
+                writers[name].write_batch(batch.filter(pa.array(day == d)))
+    finally:
+        for w in writers.values():
+            w.close()
+    return sorted(writers)
 
 
 class CurIndex:
@@ -250,29 +403,18 @@ class CurIndex:
 
     def build(self, path: Path) -> Path:
         """The index of ``path`` (built now if it is missing): one streaming read."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         where = self._key(path)
         if (where / "_done").exists():
             return where
         tmp = where.with_name(where.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        writers: dict[str, Any] = {}
-        try:
-            for batch in _file_lines(path, self.batch_rows):
-                ns = np.asarray(batch.column("start_ns"), dtype=np.int64)
-                day = np.where(ns == _NAT, -1, ns // 86_400_000_000_000)
-                for d in np.unique(day):
-                    name = "unknown" if d < 0 else f"{np.datetime64(int(d), 'D')}"
-                    if name not in writers:
-                        writers[name] = pq.ParquetWriter(tmp / f"{name}.parquet", batch.schema)
-                    writers[name].write_batch(batch.filter(pa.array(day == d)))
-        finally:
-            for w in writers.values():
-                w.close()
-        (tmp / "_done").write_text(json.dumps({"file": str(path.resolve()), "days": sorted(writers)}))
+
+        def empty() -> None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+
+        empty()
+        days = _read_lines(path, self.batch_rows, lambda lines: _write_days(tmp, lines), restart=empty)
+        (tmp / "_done").write_text(json.dumps({"file": str(path.resolve()), "days": days}))
         if where.exists() and not (where / "_done").exists():
             shutil.rmtree(where, ignore_errors=True)  # a build that was interrupted
         try:
@@ -437,10 +579,15 @@ def gpu_bill(raw: pd.DataFrame, inventory_ids: Iterable[str] = (), *, currency: 
     has_net = NET in raw and bool(_text(raw, NET).ne("").any())
     if has_net:
         relevant &= ~line_type.isin(_DISCOUNTS).to_numpy()
-    raw, duplicates, restated, dup_amount = _dedupe(raw[relevant].reset_index(drop=True))
+    unread = (_text(raw, "problem_field") != "").to_numpy()  # lines that could not be read: no identity to compare
+    kept, duplicates, restated, dup_amount = _dedupe(raw[relevant & ~unread].reset_index(drop=True))
+    raw = pd.concat([kept, raw[unread]], ignore_index=True) if unread.any() else kept
     resource, itype = _text(raw, RESOURCE), _text(raw, INSTANCE_TYPE)
     lt = _text(raw, LINE_TYPE).where(_text(raw, LINE_TYPE) != "", "Usage").to_numpy(dtype=object)
     problems = _Reasons(len(raw))
+    field_ = _text(raw, "problem_field").to_numpy(dtype=object)
+    for name in dict.fromkeys(field_[field_ != ""]):
+        problems.add(field_ == name, name, lambda idx: [raw["problem"].iloc[i] for i in idx])
     start = _start(raw)
     problems.add(start.isna().to_numpy(), START, lambda idx: [f"unparseable or missing time {raw[START].iloc[i]!r}" for i in idx])
     cost = _effective_cost(raw, lt, has_net, problems)

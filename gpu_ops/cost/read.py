@@ -457,7 +457,7 @@ def _not_text(path: Path) -> None:
             raise UsageSourceError(path, not_utf8(exc)) from None
 
 
-def _ragged(row: int, expected: int, saw: int) -> tuple[int, str]:
+def ragged_line(row: int, expected: int, saw: int) -> tuple[int, str]:
     """A line with the wrong number of fields, as the quarantine names it (``row``: its data row)."""
     return row, f"line {row + 1}: expected {expected} fields, saw {saw}; the line was not read"
 
@@ -467,7 +467,7 @@ def _csv_table(path: Path, header: list[str], present: list[str], skipped: list[
     one bad byte costs one row); each line with the wrong number of fields appended to
     ``skipped`` and left out. Arrow's reader cannot hand such a line over when its bytes
     are not UTF-8 (its handler fails and the read with it): the file is then read again
-    without those lines (:func:`_without_ragged_lines`)."""
+    without those lines (:func:`write_without_ragged_lines`)."""
     import io
 
     import pyarrow as pa
@@ -477,25 +477,30 @@ def _csv_table(path: Path, header: list[str], present: list[str], skipped: list[
     read = pacsv.ReadOptions(column_names=header, skip_rows=1, use_threads=False, block_size=1 << 24)
 
     def bad_line(row: Any) -> str:
-        skipped.append(_ragged(row.number - 1, row.expected_columns, row.actual_columns))
+        skipped.append(ragged_line(row.number - 1, row.expected_columns, row.actual_columns))
         return "skip"
 
-    with _failures_of(bad_line) as failed:
+    with handler_failures(bad_line) as failed:
         try:
             return pacsv.read_csv(path, read_options=read, parse_options=pacsv.ParseOptions(invalid_row_handler=bad_line), convert_options=opts)
         except (pa.ArrowException, OSError) as exc:
             if not failed:
                 raise _unreadable_csv(path, exc) from None
     skipped.clear()
-    data = _without_ragged_lines(path, len(header), skipped)
+    out = io.StringIO()
+    with path.open(encoding="utf-8", errors="surrogateescape", newline="") as src:
+        try:
+            write_without_ragged_lines(src, len(header), skipped, out)
+        except csv.Error as exc:
+            raise _unreadable_csv(path, exc) from None
     try:
-        return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=opts)
+        return pacsv.read_csv(io.BytesIO(out.getvalue().encode("utf-8", "surrogateescape")), read_options=read, convert_options=opts)
     except pa.ArrowException as exc:
         raise _unreadable_csv(path, exc) from None
 
 
 @contextmanager
-def _failures_of(handler: Any) -> Iterator[list[BaseException]]:
+def handler_failures(handler: Any) -> Iterator[list[BaseException]]:
     """The exceptions raised where Arrow calls ``handler`` (it reports them as unraisable,
     printing a traceback, and fails the read): collected instead of printed."""
     failed: list[BaseException] = []
@@ -514,27 +519,21 @@ def _failures_of(handler: Any) -> Iterator[list[BaseException]]:
         sys.unraisablehook = previous
 
 
-def _without_ragged_lines(path: Path, fields: int, skipped: list[tuple[int, str]]) -> bytes:
-    """The CSV's bytes with each record of the wrong number of fields left out (appended to
-    ``skipped``), the others written again field by field; bytes that are not UTF-8 are
-    kept as they are (for the rule book). Records are numbered as Arrow numbers them
-    (blank lines not counted). Holds the file in memory: only for a file whose ragged line
-    Arrow's reader could not hand over."""
-    import io
-
-    out = io.StringIO()
+def write_without_ragged_lines(src: Any, fields: int, skipped: list[tuple[int, str]], out: Any) -> None:
+    """A CSV's text (``src``, read with errors="surrogateescape") written to ``out`` with each
+    record of the wrong number of fields left out (appended to ``skipped``), the others
+    written again field by field; bytes that are not UTF-8 stay as they are (for the rule
+    book). Records are numbered as Arrow numbers them (blank lines not counted). For a file
+    whose ragged line Arrow's reader could not hand over (:func:`handler_failures`);
+    ``csv.Error`` for text the csv module cannot split."""
     writer = csv.writer(out, lineterminator="\n")
-    records = (r for r in csv.reader(io.StringIO(path.read_bytes().decode("utf-8", "surrogateescape"), newline="")) if r)
-    try:
-        writer.writerow(next(records, []))  # the header
-        for row, record in enumerate(records, start=1):
-            if len(record) == fields:
-                writer.writerow(record)
-            else:
-                skipped.append(_ragged(row, fields, len(record)))
-    except csv.Error as exc:
-        raise _unreadable_csv(path, exc) from None
-    return out.getvalue().encode("utf-8", "surrogateescape")
+    records = (r for r in csv.reader(src) if r)
+    writer.writerow(next(records, []))  # the header
+    for row, record in enumerate(records, start=1):
+        if len(record) == fields:
+            writer.writerow(record)
+        else:
+            skipped.append(ragged_line(row, fields, len(record)))
 
 
 def _csv(path: Path, columns: Sequence[str] | None, stats: ReadStats | None, kind: str = USAGE) -> FileRows:

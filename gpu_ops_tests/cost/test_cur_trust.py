@@ -208,3 +208,54 @@ def test_in_a_two_day_run_only_the_day_that_does_not_reconcile_is_blocked(tmp_pa
     assert round(float(idle20["cost_usd"].sum()), 2) == round(24 * sum(r for *_x, r in NODES), 2)
     on21 = usage[day == pd.Timestamp("2026-10-21", tz="UTC")]  # at the yen bill they would be 153× these
     assert len(on21) and (on21.loc[on21["kind"] != "idle", "price_per_gpu_hour"].isin([5.12, 7.0, 1.5, 12.29, 2.25])).all()
+
+
+def _spot_rows(cur: pd.DataFrame, day: str) -> list[int]:
+    return [int(i) for i in cur.index[cur["line_item_usage_start_date"].str.startswith(day) & (cur["line_item_usage_type"] == "USE1-SpotUsage:p4de.24xlarge")]]
+
+
+@pytest.mark.parametrize("batch_rows", [16_384, 7])
+def test_a_csv_line_that_cannot_be_read_costs_its_line_not_the_bill(tmp_path, batch_rows):
+    """A CUR CSV with lines of the wrong number of fields (one of them not UTF-8, which
+    Arrow cannot hand over), a cell that is not UTF-8 and a start outside what a time can
+    hold: each was a raw ArrowInvalid/UnicodeDecodeError/OutOfBoundsDatetime that lost the
+    whole bill. Now each such line is quarantined with file, row and reason, the other
+    lines keep their row numbers, and the day's bill is the rest of its lines."""
+    cur = cur_month()
+    cur = cur[cur["line_item_usage_start_date"].str.startswith(("2026-10-19", "2026-10-20"))].reset_index(drop=True)
+    cur.to_csv(tmp_path / "clean.csv", index=False)
+    spot = _spot_rows(cur, "2026-10-20")
+    lines = (tmp_path / "clean.csv").read_bytes().split(b"\n")  # lines[0] is the header; data row r is lines[r]
+    lines[spot[1] + 1] += b",one field too many"
+    lines[spot[2] + 1] = b",".join(lines[spot[2] + 1].split(b",")[:5])  # too few fields
+    lines[spot[3] + 1] += b",caf\xe9"  # too many fields, and not UTF-8
+    lines[spot[4] + 1] = lines[spot[4] + 1].replace(b"p4de.24xlarge,", b"p4de.24xl\xffarge,", 1)  # the usage type: GPU or not cannot be told
+    lines[spot[5] + 1] = lines[spot[5] + 1].replace(b"2026-10-20T05:00:00Z", b"0001-01-01T00:00:00+14:00", 1)
+    (tmp_path / "cur.csv").write_bytes(b"\n".join(lines))
+    bad = {spot[1] + 1: "<line>", spot[2] + 1: "<line>", spot[3] + 1: "<line>", spot[4] + 1: "line_item_usage_type", spot[5] + 1: "line_item_usage_start_date"}
+
+    index = CurIndex(tmp_path / "index", batch_rows=batch_rows)
+    bill = gpu_bill(index.day_lines([tmp_path / "cur.csv"], "2026-10-20"), [n[1] for n in NODES])
+    q = bill.quarantine
+    assert dict(zip(q["row"].astype(int), q["field"])) == bad, q[["row", "field", "reason"]].to_string()
+    assert (q["location"] == str(tmp_path / "cur.csv")).all()
+    reasons = dict(zip(q["row"].astype(int), q["reason"]))
+    assert "expected 16 fields, saw 17" in reasons[spot[1] + 1] and "expected 16 fields, saw 5" in reasons[spot[2] + 1]
+    assert "not UTF-8 text" in reasons[spot[4] + 1] and "0001-01-01T00:00:00+14:00" in reasons[spot[5] + 1]
+    billed = bill.lines.set_index("instance_id")["billed_usd"]
+    assert billed[NODES[0][1]] == pytest.approx(19 * NODES[0][7])  # 24 hours less the five lines set aside
+    assert billed[NODES[1][1]] == pytest.approx(24 * NODES[1][7])
+    # the lines after the bad ones kept their own row numbers: the day before reads as its clean file does
+    clean = gpu_bill(CurIndex(tmp_path / "clean-index").day_lines([tmp_path / "clean.csv"], "2026-10-19"), [n[1] for n in NODES])
+    before = gpu_bill(index.day_lines([tmp_path / "cur.csv"], "2026-10-19"), [n[1] for n in NODES])
+    pd.testing.assert_frame_equal(before.lines, clean.lines)
+    no_day = set(bad) - {spot[4] + 1}  # its start reads: it belongs to the 20th alone
+    assert set(before.quarantine["row"].astype(int)) == no_day  # lines with no readable day: shown on every day, as unreadable starts are
+
+
+def test_a_cur_csv_whose_header_is_not_utf8_is_a_billing_source_error(tmp_path):
+    from gpu_ops.cost.billing import BillingSourceError
+
+    (tmp_path / "cur.csv").write_bytes(b"line_item_usage_start_date,line_item_resource_id,caf\xe9\n")
+    with pytest.raises(BillingSourceError, match=r"cur.csv: not UTF-8 text \(byte b'\\xe9' at offset 52\)"):
+        CurIndex(tmp_path / "index").day_lines([tmp_path / "cur.csv"], "2026-10-20")
