@@ -143,12 +143,17 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: float | None = None, tolerance_s: int = SIGNATURE_TOLERANCE_S) -> bool:
-    """What a receiver runs: constant-time compare, and reject stale timestamps."""
+    """What a receiver runs: constant-time compare, and reject stale timestamps. The
+    timestamp and signature are the sender's headers as received: one that is missing
+    (None), not ASCII text or not a number is a request that does not verify (False),
+    never an exception."""
+    if not (isinstance(timestamp, str) and isinstance(signature, str) and timestamp.isascii() and signature.isascii()):
+        return False
     try:
         age = abs((now if now is not None else time.time()) - int(timestamp))
-    except ValueError:
+    except ValueError:  # not a number, or past int()'s 4,300 digits
         return False
-    return age <= tolerance_s and hmac.compare_digest(sign(secret, timestamp, body), signature)
+    return age <= tolerance_s and hmac.compare_digest(sign(secret, timestamp, bytes(body)), signature)
 
 
 verify_webhook_signature = verify  # the name exported as gpu_ops.verify_webhook_signature

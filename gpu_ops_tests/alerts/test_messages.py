@@ -84,6 +84,17 @@ def test_webhook_signature_covers_timestamp_and_body():
     assert json.loads(body)["spend_usd"] == 12345.67
 
 
+def test_a_receiver_given_a_forged_or_missing_header_gets_false_not_an_exception():
+    """What a receiver hands over comes from the sender: a header that is missing (None),
+    not ASCII, or a timestamp of 5,000 digits is a request that does not verify (a
+    TypeError from hmac.compare_digest or int() was a 500 in the receiver)."""
+    headers, body = messages.webhook_request(alert(), "s3cret", now=1_700_000_000)
+    ts, sig = headers["X-GPU-Ops-Timestamp"], headers["X-GPU-Ops-Signature"]
+    for forged_ts, forged_sig in ((None, sig), (ts, None), (ts, "v1=\u00e9" + sig[4:]), ("9" * 5000, sig), ("\u0661\u0662", sig), (ts, b"v1=00")):
+        assert messages.verify("s3cret", forged_ts, body, forged_sig, now=1_700_000_010) is False  # type: ignore[arg-type]
+    assert messages.verify("s3cret", ts, bytearray(body), sig, now=1_700_000_010)  # a framework's bytearray body is bytes enough
+
+
 def test_email_message():
     msg = messages.email_message(alert(), "gpu-ops@example.com", ["finops@example.com"])
     assert msg["Subject"].startswith("GPU budget nlp-monthly")
