@@ -23,9 +23,9 @@ class PathNotUsable(GpuOpsError, ValueError):
     alone (the caller names the path)."""
 
 
-def path_kind(path: Path) -> Literal["file", "dir", "missing"]:
-    """What ``path`` is (anything that is not a folder counts as a file), or
-    :class:`PathNotUsable`."""
+def path_kind(path: Path) -> Literal["file", "dir", "missing", "special"]:
+    """What ``path`` is: a regular file, a folder, nothing, or ``special`` (a FIFO, device
+    or socket: reading one can block for ever or never end); or :class:`PathNotUsable`."""
     if "\0" in str(path):
         raise PathNotUsable("the name holds a NUL byte")
     try:
@@ -40,4 +40,9 @@ def path_kind(path: Path) -> Literal["file", "dir", "missing"]:
         if exc.errno == errno.ELOOP:
             raise PathNotUsable("a symbolic link loop") from None
         raise PathNotUsable(f"cannot be looked at: {exc.strerror or exc}") from None
-    return "dir" if stat.S_ISDIR(st.st_mode) else "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(st.st_mode) else "special"
+
+
+NOT_REGULAR = "not a regular file (a FIFO, device or socket is not read)"

@@ -55,6 +55,7 @@ from gpu_ops.cost.read import handler_failures, ragged_line, write_without_ragge
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
+from gpu_ops.paths import NOT_REGULAR, PathNotUsable, path_kind
 
 START = "line_item_usage_start_date"
 END = "line_item_usage_end_date"
@@ -101,12 +102,18 @@ def cur_files(patterns: Iterable[str], base_dir: Path | None = None) -> list[Pat
         p = Path(pattern).expanduser()
         if not p.is_absolute() and base_dir is not None:
             p = base_dir / p
-        if p.is_dir():
+        try:
+            folder = path_kind(p) == "dir"
+        except PathNotUsable as exc:
+            raise BillingSourceError(f"{p}: {exc}") from None
+        if folder:
             found = sorted(x for x in p.iterdir() if _readable_name(x))
         else:
             found = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
         if not found:
             raise BillingSourceError(f"{p}: no CUR file matches {pattern!r}")
+        if special := [f for f in found if path_kind(f) == "special"]:
+            raise BillingSourceError(f"{special[0]}: {NOT_REGULAR}")
         out += [f for f in found if f not in out]
     return out
 

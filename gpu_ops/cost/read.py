@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpu_ops.cost.columns import parquet_columns
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
-from gpu_ops.paths import PathNotUsable, path_kind
+from gpu_ops.paths import NOT_REGULAR, PathNotUsable, path_kind
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
@@ -61,7 +61,7 @@ def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False
         paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
         if not paths and not missing_ok:
             raise UsageSourceError(p, f"no file matches {pattern!r}")
-        return paths
+        return _regular(paths)
     try:
         kind = path_kind(p)
     except PathNotUsable as exc:
@@ -70,12 +70,20 @@ def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False
         paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
         if not paths and not missing_ok:
             raise UsageSourceError(p, "no .csv or .parquet file in this folder")
-        return paths
+        return _regular(paths)
     if kind == "missing":
         if missing_ok:
             return []
         raise UsageSourceError(p, "no such file")
-    return [p]
+    return _regular([p])
+
+
+def _regular(paths: list[Path]) -> list[Path]:
+    """``paths``, each a regular file or a folder (a glob may match one), or the error naming the first that is not."""
+    for path in paths:
+        if path_kind(path) == "special":
+            raise UsageSourceError(path, NOT_REGULAR)
+    return paths
 
 
 def distinct_files(

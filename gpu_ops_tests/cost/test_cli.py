@@ -140,6 +140,17 @@ def test_a_file_name_no_file_system_takes_is_said_naming_the_option(files):
         assert r.returncode == 1 and "the name is too long" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+def test_a_usage_path_that_is_no_regular_file_is_refused_not_waited_on(files):
+    """A FIFO named like a usage file (alone or matched by a glob) blocked the command for
+    ever on its open; a source must be a regular file."""
+    import os
+
+    os.mkfifo(files / "pipe.csv")
+    for pattern in (str(files / "pipe.csv"), str(files / "*.csv")):
+        r = gpu_ops("cost", "attribution", "--usage", pattern, "--prices", str(files / "prices.yaml"), "--date", "2026-10-02")
+        assert r.returncode == 1 and "pipe.csv: not a regular file" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def test_a_budgets_file_is_judged_as_the_configuration_judges_budgets(files):
     """--budgets: two budgets of one name are refused as in the configuration (the
     alert state is kept per name), and a field's place reads budgets[0].period."""

@@ -259,3 +259,15 @@ def test_a_cur_csv_whose_header_is_not_utf8_is_a_billing_source_error(tmp_path):
     (tmp_path / "cur.csv").write_bytes(b"line_item_usage_start_date,line_item_resource_id,caf\xe9\n")
     with pytest.raises(BillingSourceError, match=r"cur.csv: not UTF-8 text \(byte b'\\xe9' at offset 52\)"):
         CurIndex(tmp_path / "index").day_lines([tmp_path / "cur.csv"], "2026-10-20")
+
+
+def test_a_cur_path_no_file_system_takes_or_a_fifo_is_a_billing_source_error(tmp_path):
+    """A FIFO matched by the bill's glob blocked the read for ever; a name past the file
+    system's limit was a raw OSError."""
+    from gpu_ops.cost.billing import BillingSourceError
+
+    os.mkfifo(tmp_path / "cur-00001.csv")
+    with pytest.raises(BillingSourceError, match=r"cur-00001.csv: not a regular file"):
+        cur_files([str(tmp_path / "*.csv")])
+    with pytest.raises(BillingSourceError, match="the name is too long"):
+        cur_files([str(tmp_path / ("x" * 3000 + ".csv"))])
