@@ -59,6 +59,9 @@ FB_FREE = "DCGM_FI_DEV_FB_FREE"
 # What a sample of each metric may be; anything else (non-finite, out of range) is no
 # measurement: dropped and counted, never clipped into one.
 VALID_RANGE = {ACTIVE: (0.0, 1.0), GPU_UTIL: (0.0, 100.0), FB_USED: (0.0, math.inf), FB_FREE: (0.0, math.inf)}
+# A sample's time (Unix seconds) must be one a timestamp holds (1677-09-22 .. 2262-04-11):
+# another is no measurement either.
+_TIME_RANGE_S = (-9.2e9, 9.2e9)
 # Columns each usage row gains (NaN where there are no metrics).
 EFFICIENCY_COLUMNS = (
     "active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
@@ -281,12 +284,13 @@ class PrometheusClient:
 
     def frame(self, series: list[Series], metric: str) -> pd.DataFrame:
         """Matrix -> one row per (series, point): the exporter's labels, ``t`` (ms), ``v``.
-        Samples outside the metric's :data:`VALID_RANGE` (or not finite) are left out and counted."""
+        Samples outside the metric's :data:`VALID_RANGE` (or not finite), or at a time no
+        timestamp holds, are left out and counted."""
         counts = np.fromiter((len(s.t) for s in series), dtype=np.int64, count=len(series))
         t = np.concatenate([np.frombuffer(s.t, dtype=float) for s in series]) if series else np.zeros(0)
         v = np.concatenate([np.frombuffer(s.v, dtype=float) for s in series]) if series else np.zeros(0)
         lo, hi = VALID_RANGE.get(metric, (-math.inf, math.inf))
-        ok = np.isfinite(v) & (v >= lo) & (v <= hi)
+        ok = np.isfinite(v) & (v >= lo) & (v <= hi) & (t > _TIME_RANGE_S[0]) & (t < _TIME_RANGE_S[1])  # NaN times compare False
         if not ok.all():
             self.rejected[metric] = self.rejected.get(metric, 0) + int((~ok).sum())
         cols: dict[str, Any] = {c: np.repeat(np.array([s.labels.get(c, "") for s in series], dtype=object), counts)[ok] for c in _LABELS}

@@ -110,6 +110,24 @@ def test_non_finite_and_out_of_range_samples_are_no_measurement():
     assert "DCGM_FI_DEV_GPU_UTIL: 10" in measured.metadata()["metrics_rejected_samples"]
 
 
+def test_samples_at_times_no_clock_holds_are_rejected_not_cast_into_garbage():
+    """A point whose time is 1e300 or -1e300 seconds was cast to an int64 of garbage
+    (numpy's 'invalid value encountered in cast') and silently lost; it is a rejected
+    sample now, counted like a non-finite value."""
+    import warnings
+
+    t = T0.timestamp()
+    weird = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"namespace": "ml", "pod": "a-0", "gpu": "0", "UUID": "GPU-a-0"}, "values": [[t + 60, "0.5"], [1e300, "0.5"], [-1e300, "0.5"], [t + 120, "0.5"]]},
+    ]}}
+    body = json.dumps(weird).encode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with hostile(then=by_query({ACTIVE: body})) as server:
+            measured = measured_rows(config(server.url), rows(), T0, T0 + pd.Timedelta(days=1))
+    assert measured.missing is None and measured.rejected == {ACTIVE: 2}
+
+
 def test_a_slow_answer_ends_at_the_deadline():
     with hostile(then=slow(10.0, body=matrix([]))) as server:
         t0 = time.monotonic()
