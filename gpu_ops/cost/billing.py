@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG
-from gpu_ops.cost.read import handler_failures, ragged_line, write_without_ragged_lines
+from gpu_ops.cost.read import first_line, handler_failures, ragged_line, write_without_ragged_lines
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
@@ -158,7 +158,7 @@ def _csv_batches(path: Path, source: Path, cols: list[str], batch_rows: int, ski
         except (pa.ArrowException, OSError, EOFError) as exc:
             if failed:
                 raise _Unhanded from None
-            raise BillingSourceError(f"{path}: not a readable CSV file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+            raise BillingSourceError(f"{path}: not a readable CSV file: {first_line(exc)}") from None
 
 
 def _parquet_batches(path: Path, batch_rows: int) -> Iterator[Any]:
@@ -171,7 +171,7 @@ def _parquet_batches(path: Path, batch_rows: int) -> Iterator[Any]:
         _require(path, names)
         yield from pf.iter_batches(batch_size=batch_rows, columns=[c for c in CUR_COLUMNS if c in names])
     except (pa.ArrowException, OSError) as exc:
-        raise BillingSourceError(f"{path}: not a readable Parquet file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        raise BillingSourceError(f"{path}: not a readable Parquet file: {first_line(exc)}") from None
 
 
 def _require(path: Path, names: list[str]) -> None:
@@ -180,26 +180,25 @@ def _require(path: Path, names: list[str]) -> None:
         raise BillingSourceError(f"{path}: missing CUR column(s) {', '.join(missing)}")
 
 
-def _not_utf8_cells(col: Any) -> dict[int, str]:
-    """Position -> reason of each cell of a binary column that is not UTF-8 (none, at the
-    cost of one cast, when all are)."""
+def _as_text(col: Any) -> tuple[Any, dict[int, str]]:
+    """A column as text, and position -> reason of each cell of a binary column that is not
+    UTF-8 (blanked in the text): one cast when every cell is UTF-8, Python only for a
+    batch where one is not."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not pa.types.is_binary(col.type):
-        return {}
     try:
-        pc.cast(col, pa.string())
-        return {}
+        return pc.cast(col, pa.string()), {}
     except pa.ArrowInvalid:
         pass
-    out = {}
+    bad: dict[int, str] = {}
     for i, value in enumerate(col.to_pylist()):
         try:
             value is None or value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            out[i] = not_utf8(exc)
-    return out
+            bad[i] = not_utf8(exc)
+    blanked = pc.if_else(pa.array(np.isin(np.arange(len(col)), list(bad))), pa.scalar(b"", pa.binary()), col)
+    return pc.cast(blanked, pa.string()), bad
 
 
 def _relevant(batch: Any) -> Any:
@@ -208,15 +207,10 @@ def _relevant(batch: Any) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    def text(c: str) -> Any:
-        col = batch.column(c)
-        return col if pa.types.is_binary(col.type) else pc.cast(col, "string")
-
-    keep = pc.and_(pc.match_substring_regex(text(RESOURCE), _INSTANCE_ID.pattern), pc.match_substring_regex(text(USAGE_TYPE), _INSTANCE_HOURS))
+    (resource, bad_resource), (usage, bad_usage) = _as_text(batch.column(RESOURCE)), _as_text(batch.column(USAGE_TYPE))
+    keep = pc.and_(pc.match_substring_regex(resource, _INSTANCE_ID.pattern), pc.match_substring_regex(usage, _INSTANCE_HOURS))
     keep = np.asarray(pc.fill_null(keep, False), dtype=bool)
-    for c in (RESOURCE, USAGE_TYPE):
-        unreadable = list(_not_utf8_cells(batch.column(c)))
-        keep[unreadable] = True
+    keep[[*bad_resource, *bad_usage]] = True
     return batch.filter(pa.array(keep))
 
 
@@ -239,12 +233,10 @@ def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
         if c == START and pa.types.is_timestamp(col.type):
             ts = pc.cast(col, pa.timestamp("ns", tz="UTC") if col.type.tz else pa.timestamp("ns"))
             start_ns = np.asarray(ts.cast(pa.int64()).fill_null(_NAT), dtype=np.int64)
-        bad = _not_utf8_cells(col)
+        text, bad = _as_text(col)
         for i, reason in bad.items():
             problems.setdefault(i, (c, reason))
-        if bad:
-            col = pc.if_else(pa.array(np.isin(np.arange(n), list(bad))), pa.scalar(b"", pa.binary()), col)
-        arrays.append(pc.fill_null(pc.cast(col, pa.string()), ""))
+        arrays.append(pc.fill_null(text, ""))
     if start_ns is None:
         start_ns = _parse_start(arrays[CUR_COLUMNS.index(START)])
     fields = [problems[i][0] if i in problems else "" for i in range(n)] if problems else [""] * n

@@ -271,7 +271,7 @@ def _time_span(md: Any, j: int, groups: Sequence[int]) -> tuple[int, int] | None
     return None if lo is None or hi is None else (lo, hi)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -291,11 +291,11 @@ def _is_parquet(path: Path) -> bool:
 
 
 def _unreadable_parquet(path: Path, exc: BaseException) -> UsageSourceError:
-    return UsageSourceError(path, f"not a readable Parquet file: {_first_line(exc)}")
+    return UsageSourceError(path, f"not a readable Parquet file: {first_line(exc)}")
 
 
 def _unreadable_csv(path: Path, exc: BaseException) -> UsageSourceError:
-    return UsageSourceError(path, f"not a readable CSV file: {_first_line(exc)}")
+    return UsageSourceError(path, f"not a readable CSV file: {first_line(exc)}")
 
 
 def read_file(
