@@ -28,7 +28,6 @@ tests hold them together). No pandas: `gpu-ops cost attribution` runs on this mo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,7 @@ from gpu_ops.cost.columns import group_column
 from gpu_ops.cost.engine import Tally, UsageEngine, UsageInput, values_table
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import INVENTORY
-from gpu_ops.cost.rules import quote
+from gpu_ops.cost.rules import label_value, quote
 
 DAY_US = 86_400 * 10**6
 NS_PER_HOUR = 3_600 * 10**9
@@ -167,16 +166,8 @@ class Idle:
 
 
 def label_values(labels: Sequence[str | None], name: str) -> list[str]:
-    """The value of label ``name`` in each ``labels`` JSON text ("" when absent), as
-    Python's ``str`` shows it: the reading :func:`gpu_ops.cost.attribution.label_values` does."""
-    out = []
-    for text in labels:
-        try:
-            d = json.loads(text) if isinstance(text, str) and text.strip() else {}
-        except json.JSONDecodeError:
-            d = {}
-        out.append(str(d.get(name, "")) if isinstance(d, dict) else "")
-    return out
+    """The value of label ``name`` in each ``labels`` JSON text (:func:`~gpu_ops.cost.rules.label_value`)."""
+    return [label_value(text, name) for text in labels]
 
 
 def _key_sql(con: Any, pieces: str, group_by: Sequence[str], columns: set[str]) -> tuple[list[str], str]:

@@ -10,7 +10,6 @@ assets, budgets and ROI. `gpu-ops cost attribution` groups in SQL
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.config import group_column
+from gpu_ops.cost.rules import label_value
 from gpu_ops.cost.usage import const_column
 
 DAY_NS = 86_400 * 10**9
@@ -72,13 +72,7 @@ def is_idle(rows: pd.DataFrame) -> np.ndarray:
 def label_values(labels: pd.Series, name: str) -> pd.Series:
     """Value of one label per row from the ``labels`` JSON column ("" when absent)."""
     codes, uniques = pd.factorize(labels, use_na_sentinel=True)
-    vals = []
-    for u in uniques:
-        try:
-            d = json.loads(u) if isinstance(u, str) and u.strip() else {}
-        except json.JSONDecodeError:
-            d = {}
-        vals.append(str(d.get(name, "")) if isinstance(d, dict) else "")
+    vals = [label_value(u, name) for u in uniques]
     cats = sorted(set(vals) | {""})
     lut = np.array([cats.index(v) for v in vals] + [cats.index("")], dtype=np.int32)
     return pd.Series(pd.Categorical.from_codes(lut[np.where(codes < 0, len(vals), codes)], categories=cats), index=labels.index)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.rules import CONTROL
 from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
 from gpu_ops.cost.rules import FILE_FIELD
 
@@ -199,6 +201,8 @@ def json_object(text: Any) -> Any:
         return f"not valid JSON ({exc}): {show_value(text)}"
     if not isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value.values()):
         return f"must be a JSON object of label names to values, got {show_value(text)}"
+    if any(re.search(CONTROL, x) for kv in value.items() for x in kv if isinstance(x, str)):
+        return f"a label name or value holds a control character (NUL or another) once its JSON escapes are read: {show_value(text)}"
     return value
 
 

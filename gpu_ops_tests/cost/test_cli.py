@@ -151,6 +151,19 @@ def test_a_usage_path_that_is_no_regular_file_is_refused_not_waited_on(files):
         assert r.returncode == 1 and "pipe.csv: not a regular file" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+def test_a_label_value_that_is_not_text_groups_as_json_writes_it(files):
+    """A null label was grouped under 'None' and true under 'True' (Python's str); a null is
+    an absent label now, numbers and booleans read as JSON writes them."""
+    head = USAGE[0] + ",labels"
+    row = "2026-10-02T00:00:00Z,2026-10-02T01:00:00Z,ml,p{i},n1,nlp,llm,,,a100-80gb,1,on-demand,none,,"
+    labels = ['"{""tier"": null}"', '"{""tier"": true}"', '"{""tier"": 5}"', '"{""tier"": 1.5}"', '"{""tier"": ""gold""}"', '"{}"']
+    (files / "labelled.csv").write_text("\n".join([head, *(row.format(i=i) + text for i, text in enumerate(labels))]) + "\n")
+    r = gpu_ops("cost", "attribution", "--usage", str(files / "labelled.csv"), "--prices", str(files / "prices.yaml"), "--date", "2026-10-02", "--by", "label:tier", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    hours = {g["label_tier"]: g["gpu_hours"] for g in json.loads(r.stdout)}
+    assert hours == {"": 2.0, "true": 1.0, "5": 1.0, "1.5": 1.0, "gold": 1.0}
+
+
 def test_a_budgets_file_is_judged_as_the_configuration_judges_budgets(files):
     """--budgets: two budgets of one name are refused as in the configuration (the
     alert state is kept per name), and a field's place reads budgets[0].period."""
