@@ -14,6 +14,8 @@ This module is pure (pydantic + PyYAML); it must not import Dagster, torch or ku
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -587,6 +589,14 @@ class BudgetScope(_Model):
     namespace: str | None = None
     cost_center: str | None = None
     labels: Annotated[dict[str, str], _named_keys("label", "{tier: gold}")] = Field(default_factory=dict)  # a factory: a {} default is deep-copied per budget
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _label_values_as_read(cls, labels: Any) -> Any:
+        # YAML's unquoted true / 8 / 0.5: the text a label's value reads as (rules.label_value).
+        if not isinstance(labels, Mapping):
+            return labels
+        return {k: json.dumps(v) if isinstance(v, (bool, int, float)) and math.isfinite(v) else v for k, v in labels.items()}
 
     def as_filters(self) -> dict[str, str]:
         """Grouping-key filters, labels as ``label:<name>``; empty means everything."""

@@ -162,6 +162,11 @@ def test_a_label_value_that_is_not_text_groups_as_json_writes_it(files):
     assert r.returncode == 0, r.stderr
     hours = {g["label_tier"]: g["gpu_hours"] for g in json.loads(r.stdout)}
     assert hours == {"": 2.0, "true": 1.0, "5": 1.0, "1.5": 1.0, "gold": 1.0}
+    # a budget scoped on the unquoted YAML values reads them as the rows' labels read
+    (files / "scoped.yaml").write_text("budgets:\n  - {name: t, amount_usd: 100, scope: {labels: {tier: true}}}\n  - {name: f, amount_usd: 100, scope: {labels: {tier: 5}}}\n")
+    r = gpu_ops("cost", "budgets", "--usage", str(files / "labelled.csv"), "--prices", str(files / "prices.yaml"), "--date", "2026-10-02", "--budgets", str(files / "scoped.yaml"), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert {b["budget"]: b["spend_usd"] for b in json.loads(r.stdout)} == {"t": 4.0, "f": 4.0}
 
 
 def test_a_budgets_file_is_judged_as_the_configuration_judges_budgets(files):

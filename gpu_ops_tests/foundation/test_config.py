@@ -142,6 +142,18 @@ def test_a_setting_that_fails_later_is_refused_when_the_file_loads(tmp_path, sec
     assert f"{path}: {said}" in str(caught.value)
 
 
+def test_a_budget_scoped_on_an_unquoted_yaml_label_value_matches_it_as_labels_read(tmp_path):
+    """YAML reads `tier: true` and `gpus: 8` as a boolean and a number: such a scope was
+    refused ('Input should be a valid string'); it is the text a label's value reads as
+    (rules.label_value: JSON's writing), so it matches the rows it names."""
+    write(tmp_path, PRICES, "prices.yaml")
+    path = write(tmp_path, "prices: prices.yaml\nbudgets: [{name: b, amount_usd: 1, scope: {labels: {tier: true, gpus: 8, share: 0.5, name: gold}}}]\n")
+    assert load_config(path).budgets[0].scope.labels == {"tier": "true", "gpus": "8", "share": "0.5", "name": "gold"}
+    path = write(tmp_path, "prices: prices.yaml\nbudgets: [{name: b, amount_usd: 1, scope: {labels: {tier: null}}}]\n")
+    with pytest.raises(ConfigError, match=r"budgets\[0\].scope.labels.tier: Input should be a valid string"):
+        load_config(path)
+
+
 def test_the_settings_those_checks_let_through(tmp_path):
     write(tmp_path, PRICES, "prices.yaml")
     path = write(
