@@ -188,16 +188,18 @@ def _as_text(col: Any) -> tuple[Any, dict[int, str]]:
     import pyarrow.compute as pc
 
     try:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col.validate(full=True)  # Parquet text is not checked as it is read
         return pc.cast(col, pa.string()), {}
     except pa.ArrowInvalid:
-        pass
+        col = pc.cast(col, pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
     bad: dict[int, str] = {}
     for i, value in enumerate(col.to_pylist()):
         try:
             value is None or value.decode("utf-8")
         except UnicodeDecodeError as exc:
             bad[i] = not_utf8(exc)
-    blanked = pc.if_else(pa.array(np.isin(np.arange(len(col)), list(bad))), pa.scalar(b"", pa.binary()), col)
+    blanked = pc.if_else(pa.array(np.isin(np.arange(len(col)), list(bad))), pa.scalar(b"", col.type), col)
     return pc.cast(blanked, pa.string()), bad
 
 

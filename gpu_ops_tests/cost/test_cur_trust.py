@@ -253,14 +253,6 @@ def test_a_csv_line_that_cannot_be_read_costs_its_line_not_the_bill(tmp_path, ba
     assert set(before.quarantine["row"].astype(int)) == no_day  # lines with no readable day: shown on every day, as unreadable starts are
 
 
-def test_a_cur_csv_whose_header_is_not_utf8_is_a_billing_source_error(tmp_path):
-    from gpu_ops.cost.billing import BillingSourceError
-
-    (tmp_path / "cur.csv").write_bytes(b"line_item_usage_start_date,line_item_resource_id,caf\xe9\n")
-    with pytest.raises(BillingSourceError, match=r"cur.csv: not UTF-8 text \(byte b'\\xe9' at offset 52\)"):
-        CurIndex(tmp_path / "index").day_lines([tmp_path / "cur.csv"], "2026-10-20")
-
-
 def test_a_cur_path_no_file_system_takes_or_a_fifo_is_a_billing_source_error(tmp_path):
     """A FIFO matched by the bill's glob blocked the read for ever; a name past the file
     system's limit was a raw OSError."""
@@ -271,3 +263,32 @@ def test_a_cur_path_no_file_system_takes_or_a_fifo_is_a_billing_source_error(tmp
         cur_files([str(tmp_path / "*.csv")])
     with pytest.raises(BillingSourceError, match="the name is too long"):
         cur_files([str(tmp_path / ("x" * 3000 + ".csv"))])
+
+
+def test_text_that_is_not_utf8_in_a_cur_file_costs_its_line_or_names_the_file(tmp_path):
+    """A CSV header that is not UTF-8 was a raw UnicodeDecodeError: it is a BillingSourceError
+    naming the file. Parquet text is not checked as it is read: a string column holding
+    bytes that are not UTF-8 was a raw ArrowException ('Wrapping … failed') that lost the
+    bill; that line is quarantined now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpu_ops.cost.billing import BillingSourceError
+
+    (tmp_path / "cur.csv").write_bytes(b"line_item_usage_start_date,line_item_resource_id,caf\xe9\n")
+    with pytest.raises(BillingSourceError, match=r"cur.csv: not UTF-8 text \(byte b'\\xe9' at offset 52\)"):
+        CurIndex(tmp_path / "csv-index").day_lines([tmp_path / "cur.csv"], "2026-10-20")
+
+    cur = cur_month()
+    cur = cur[cur["line_item_usage_start_date"].str.startswith("2026-10-20")].reset_index(drop=True)
+    table = pa.Table.from_pandas(cur, preserve_index=False)
+    raw = pa.array([v.encode() for v in table.column("product_instance_type").to_pylist()], pa.binary())
+    data = bytearray(raw.buffers()[2].to_pybytes())
+    data[3] = 0xFF  # the first line's instance type
+    text = pa.Array.from_buffers(pa.string(), len(raw), [None, raw.buffers()[1], pa.py_buffer(bytes(data))])
+    table = table.set_column(table.schema.get_field_index("product_instance_type"), "product_instance_type", text)
+    pq.write_table(table, tmp_path / "cur.parquet")
+    bill = gpu_bill(CurIndex(tmp_path / "index").day_lines([tmp_path / "cur.parquet"], "2026-10-20"), [n[1] for n in NODES])
+    q = bill.quarantine
+    assert list(zip(q["row"].astype(int), q["field"])) == [(1, "product_instance_type")] and "not UTF-8 text" in q.iloc[0]["reason"]
+    assert len(bill.lines) == 4  # every node still billed, from its other lines
