@@ -141,7 +141,7 @@ class _Unhanded(Exception):
 
 def _csv_batches(path: Path, source: Path, cols: list[str], batch_rows: int, skipped: list[tuple[int, str]]) -> Iterator[Any]:
     """``cols`` of the CSV ``source`` in batches, cells as bytes (a cell that is not UTF-8
-    costs its line: :func:`_decoded`); each line of the wrong number of fields appended to
+    costs its line: :func:`_as_text`); each line of the wrong number of fields appended to
     ``skipped`` (data row, reason) as the reader meets it, and left out."""
     import pyarrow as pa
     import pyarrow.csv as pacsv

@@ -446,7 +446,7 @@ def _csv_header(path: Path) -> tuple[list[str], bool]:
         text = first.decode("utf-8-sig")  # a byte-order mark is not part of the first name
         header = next(csv.reader([text.rstrip("\r\n")]), None)
     except UnicodeDecodeError as exc:
-        raise UsageSourceError(path, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start})") from None
+        raise UsageSourceError(path, not_utf8(exc)) from None
     except (OSError, csv.Error) as exc:
         raise UsageSourceError(path, f"cannot be read: {exc}") from None
     if not header:

@@ -23,9 +23,8 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.cost.pricing import PriceMatrix
-from gpu_ops.cost.rules import CONTROL
 from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
-from gpu_ops.cost.rules import FILE_FIELD
+from gpu_ops.cost.rules import CONTROL, FILE_FIELD
 
 if TYPE_CHECKING:
     from gpu_ops.cost.window import ReadStats, Window
