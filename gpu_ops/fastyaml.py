@@ -24,6 +24,7 @@ from yaml import events as ev
 
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
+from gpu_ops.paths import PathNotUsable, refuse_nul
 
 try:
     from yaml import CSafeLoader as _Base
@@ -49,9 +50,11 @@ def read_yaml_file(path: Path | str) -> Any:
     :class:`YamlFileError`: the one reading of the configuration's YAML files (the
     configuration, its prices, budgets and channels files, the CLI's ``--prices`` and
     ``--budgets``)."""
-    if "\0" in str(path):  # no file system takes one (open() raises ValueError)
+    try:
+        refuse_nul(path)
+    except PathNotUsable as exc:
         shown = str(path).replace("\0", "\\x00")
-        raise YamlFileError(f"{shown}: cannot be read: the name holds a NUL byte")
+        raise YamlFileError(f"{shown}: cannot be read: {exc}") from None
     try:
         data = Path(path).read_bytes()
     except OSError as exc:

@@ -23,11 +23,17 @@ class PathNotUsable(GpuOpsError, ValueError):
     alone (the caller names the path)."""
 
 
+def refuse_nul(path: Path | str) -> None:
+    """:class:`PathNotUsable` when ``path`` holds a NUL byte (``open()`` and ``os.stat()``
+    raise ValueError on one)."""
+    if "\0" in str(path):
+        raise PathNotUsable("the name holds a NUL byte")
+
+
 def path_kind(path: Path) -> Literal["file", "dir", "missing", "special"]:
     """What ``path`` is: a regular file, a folder, nothing, or ``special`` (a FIFO, device
     or socket: reading one can block for ever or never end); or :class:`PathNotUsable`."""
-    if "\0" in str(path):
-        raise PathNotUsable("the name holds a NUL byte")
+    refuse_nul(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG
-from gpu_ops.cost.read import first_line, handler_failures, ragged_line, write_without_ragged_lines
+from gpu_ops.cost.read import first_line, handler_failures, header_names, ragged_line, write_without_ragged_lines
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import GpuOpsError
 from gpu_ops.formatting import not_utf8
@@ -126,8 +126,7 @@ def _csv_header(path: Path) -> list[str]:
     opener: Any = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:  # the header line only: a bad byte further down costs its line
-            first = f.readline(1 << 20)
-        return next(csv.reader([first.decode("utf-8-sig").rstrip("\r\n")]), [])
+            return header_names(f) or []
     except UnicodeDecodeError as exc:
         raise BillingSourceError(f"{path}: {not_utf8(exc)}") from None
     except (OSError, EOFError, csv.Error) as exc:  # a .gz that is not gzip, a NUL in the header

@@ -58,10 +58,7 @@ def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False
     if not p.is_absolute() and base_dir is not None:
         p = base_dir / p
     if any(c in str(p) for c in "*?["):
-        paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, f"no file matches {pattern!r}")
-        return _regular(paths)
+        return _globbed(p, pattern, missing_ok)
     try:
         kind = path_kind(p)
     except PathNotUsable as exc:
@@ -75,7 +72,16 @@ def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False
         if missing_ok:
             return []
         raise UsageSourceError(p, "no such file")
-    return _regular([p])
+    if kind == "special":
+        raise UsageSourceError(p, NOT_REGULAR)
+    return [p]
+
+
+def _globbed(p: Path, pattern: str, missing_ok: bool) -> list[Path]:
+    paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+    if not paths and not missing_ok:
+        raise UsageSourceError(p, f"no file matches {pattern!r}")
+    return _regular(paths)
 
 
 def _regular(paths: list[Path]) -> list[Path]:
@@ -441,10 +447,8 @@ def _csv_header(path: Path) -> tuple[list[str], bool]:
     """The header's names, and whether any byte follows the header line."""
     try:
         with path.open("rb") as f:  # the header line only: a bad byte further down costs its row
-            first = f.readline(1 << 20)
+            header = header_names(f)
             more = bool(f.read(1))
-        text = first.decode("utf-8-sig")  # a byte-order mark is not part of the first name
-        header = next(csv.reader([text.rstrip("\r\n")]), None)
     except UnicodeDecodeError as exc:
         raise UsageSourceError(path, not_utf8(exc)) from None
     except (OSError, csv.Error) as exc:
@@ -452,6 +456,14 @@ def _csv_header(path: Path) -> tuple[list[str], bool]:
     if not header:
         raise UsageSourceError(path, "empty file (a CSV needs a header row)")
     return header, more
+
+
+def header_names(f: Any) -> list[str] | None:
+    """The names on the CSV header line of the binary file ``f`` (its first MiB at most; a
+    byte-order mark is not part of the first name); None when the file is empty. Raises
+    UnicodeDecodeError and csv.Error for the caller to name the file."""
+    text = f.readline(1 << 20).decode("utf-8-sig")
+    return next(csv.reader([text.rstrip("\r\n")]), None)
 
 
 def _not_text(path: Path) -> None:
