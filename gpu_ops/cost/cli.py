@@ -167,6 +167,9 @@ class Inputs:
             if inventory:
                 self.sources.inventory_files, self.sources.inventory_karpenter = [inventory], False
         self.config = cfg
+        # The configured sources are what the cost tables hold, from their first day on;
+        # files named on the command line are read whole.
+        self.tables_start: dt.date | None = cfg.usage.partitions_start if cfg is not None and not usage else None
         self.idle = idle or (cfg.usage.idle if cfg else "row")
         self.group_by = [k.strip() for k in by.split(",") if k.strip()] if by is not None else (list(cfg.usage.group_by) if cfg else ["team", "project"])
         try:
@@ -468,7 +471,11 @@ def _say_where_data_is(inputs: Inputs, day: dt.date) -> None:
 @common
 @click.option("--budgets", "budgets_path", type=click.Path(dir_okay=False), help="Budgets YAML (a list, or a mapping with 'budgets'); default: the config's.")
 def budgets(usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, date_: str | None, as_of: str | None, fmt: str, quarantine_path: str | None, budgets_path: str | None) -> None:
-    """Spend, forecast and thresholds of each budget for the period containing --date."""
+    """Spend, forecast and thresholds of each budget for the period containing --date.
+
+    With the configuration's sources, spend counts from usage.partitions_start, as
+    gpu_budget_status does; files given with --usage are read over the whole period.
+    """
     from gpu_ops.cost.attribution import day_window
     from gpu_ops.cost.budgets import earliest_period_start, evaluate_budgets
 
@@ -478,9 +485,16 @@ def budgets(usage: tuple[str, ...], prices: str | None, inventory: str | None, c
         raise click.ClickException("no budgets: give --budgets FILE or a config with a budgets section")
     day = _date(date_)
     as_of_ts = _as_of(as_of, day)
-    first = earliest_period_start(items, day)
+    # With the configured sources, spend counts from the first day the cost tables hold
+    # (usage.partitions_start), as gpu_budget_status and the budget sensor count it; a day
+    # before the tables is read from the sources whole.
+    first, start = earliest_period_start(items, day), inputs.tables_start
+    if start is not None and start <= day:
+        first = max(first, start)
+    else:
+        start = None
     priced = inputs.priced(day_window(first)[0], day_window(day)[1], as_of_ts)
-    table = evaluate_budgets(items, priced.rows, day, as_of_ts, inputs.idle)
+    table = evaluate_budgets(items, priced.rows, day, as_of_ts, inputs.idle, expected_from=start)
     _emit(table, fmt, f"Budgets on {day} (as of {as_of_ts.isoformat()})")
     _report_quarantine(priced.quarantine, quarantine_path)
 

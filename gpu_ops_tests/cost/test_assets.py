@@ -347,3 +347,32 @@ def test_thirty_day_backfill_lands_thirty_partitions_without_duplicates(tmp_path
     assert (budgets["days_missing"] == 0).all()
     assert {"actual-50pct", "actual-80pct", "actual-100pct", "forecast-120pct"} <= set(nlp["thresholds_crossed"])
     assert nlp["status"] == "exceeded"
+
+
+def test_the_cli_reports_the_budgets_the_asset_does_when_the_period_began_before_the_tables(tmp_path):
+    """`gpu-ops cost budgets --config` answers what gpu_budget_status (and so the budget
+    sensor) says: the monthly period began on the 1st, the cost tables on the 14th
+    (``usage.partitions_start``), and the usage files go back to the 1st. Both count
+    spend from the 14th (the CLI read the files from the 1st: $ thousands more, a
+    different forecast and status than the alerts fire on)."""
+    import json
+
+    from gpu_ops_tests.hostile.cli_driver import run_one
+
+    env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", start="2026-10-14")
+    with dg.DagsterInstance.ephemeral() as instance:
+        env.materialize("2026-10-14", instance)
+        env.materialize("2026-10-15", instance)
+    asset = TableStore(env.url).read("gpu_budget_status", partition_keys=["2026-10-15"]).set_index("budget")
+    r = run_one(["cost", "budgets", "--config", str(env.path), "--date", "2026-10-15", "--format", "json"], str(tmp_path))
+    assert r["exit"] == 0 and "Traceback" not in str(r["stderr"]), r["stderr"]
+    cli = {b["budget"]: b for b in json.loads(str(r["stdout"]))}
+    assert sorted(cli) == sorted(asset.index)
+    for name, a in asset.iterrows():
+        b = cli[name]
+        assert b["spend_usd"] == pytest.approx(a["spend_usd"], abs=1e-6), name
+        assert (b["forecast_usd"] is None) == pd.isna(a["forecast_usd"]), name
+        if b["forecast_usd"] is not None:
+            assert b["forecast_usd"] == pytest.approx(a["forecast_usd"], abs=1e-6), name
+        assert (b["status"], b["thresholds_crossed"], b["days_missing"]) == (a["status"], list(a["thresholds_crossed"]), a["days_missing"]), name
+    assert asset.loc["nlp-monthly", "spend_usd"] > 0 and asset.loc["nlp-monthly", "period_start"] == dt.date(2026, 10, 1)
