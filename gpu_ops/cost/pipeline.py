@@ -146,6 +146,8 @@ def with_idle(priced: PricedUsage, inventory: Any, prices: PriceMatrix) -> Price
     finally:
         engine.close()
     idle = _idle_rows(fleet, priced.rows, prices)
+    if len(idle):  # a number the pieces carry is its default on an idle row (no lost work); one they lack stays out of both
+        idle = idle.assign(**{c: v for c, v in _FLOAT_DEFAULTS.items() if c in priced.rows and c not in idle})
     pieces = pd.concat([_plain(priced.rows), idle], ignore_index=True) if len(idle) else priced.rows
     quarantine = pd.concat([priced.quarantine, inv_quarantine], ignore_index=True)
     return PricedUsage(pieces, quarantine, ws, we, priced.as_of, fleet_known=True)
@@ -171,7 +173,7 @@ def _idle_rows(fleet: Any, allocated: pd.DataFrame, prices: PriceMatrix) -> pd.D
         out = engine.frame(sql, {"start_us": "start", "end_us": "end", "day_us": "day"}, ["node", *text], numbers, ["row"] if "row" in fleet.column_names else [])
     finally:
         engine.close()
-    out = out.assign(**_IDLE_TEXT, pod="", sharing="none", gpu_share=1.0, lost_gpu_hours=0.0, lost_cost_usd=0.0, kind="idle")
+    out = out.assign(**_IDLE_TEXT, pod="", sharing="none", gpu_share=1.0, kind="idle")
     return _plain(out.assign(interval_start=out["start"], interval_end=out["end"]))
 
 

@@ -89,3 +89,53 @@ def test_the_daily_job_has_one_backfill_policy_and_loading_warns_of_nothing(tmp_
     policies = {a.backfill_policy for a in env.assets}
     assert policies == {dg.BackfillPolicy.multi_run(env.config.usage.backfill_days_per_run)}
     assert job.backfill_policy == dg.BackfillPolicy.multi_run(env.config.usage.backfill_days_per_run)
+
+
+def test_a_range_run_of_the_whole_chain_on_random_hostile_files_equals_day_by_day_runs(tmp_path):
+    """Every cost table, from gpu_usage on: random hostile files (copies, snapshots, bad
+    rows, intervals across midnights) and a node inventory on the last day alone. Files'
+    rows carry no lost work: 0.0 on every day (a range run that held the idle rows of
+    another day had NaN there: the idle rows brought the column, the usage rows lacked it)."""
+    import numpy as np
+    import yaml
+
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops_tests.cost.random_files import random_files
+
+    days = ["2026-10-01", "2026-10-02"]
+    (tmp_path / "files").mkdir()
+    paths = random_files(tmp_path / "files", 4)
+    inventory = tmp_path / "files" / "inventory.csv"
+    inventory.write_text("node,instance_type,gpu_type,gpu_count,capacity_type,region,start,end\nn1,,a100-80gb,4,spot,,2026-10-02T06:00:00Z,\n")
+
+    def env(name: str) -> tuple[list, dict, str]:
+        (tmp_path / name).mkdir()
+        config = tmp_path / name / "gpu_ops.yaml"
+        config.write_text(yaml.safe_dump({
+            "storage": {"url": f"sqlite:///{tmp_path / name / 'costs.db'}"}, "prices": str(Path(__file__).parents[1] / "hostile" / "prices.yaml"),
+            "usage": {"sources": [{"type": "file", "path": str(p)} for p in paths], "inventory": {"type": "file", "path": str(inventory)}, "partitions_start": days[0]},
+            "budgets": [{"name": "all", "amount_usd": 100}, {"name": "nlp-weekly", "scope": {"team": "nlp"}, "period": "weekly", "amount_usd": 50, "forecast_min_history": "1d"}],
+        }))
+        assets, _ = build_assets(load_config(config))
+        url = f"sqlite:///{tmp_path / name / 'tables.db'}"
+        return assets, {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url)}, url
+
+    (a1, r1, by_day), (a2, r2, ranged) = env("by_day"), env("ranged")
+    with dg.instance_for_test() as instance:
+        for d in days:
+            assert dg.materialize(a1, partition_key=d, resources=r1, instance=instance).success
+        tags = {ASSET_PARTITION_RANGE_START_TAG: days[0], ASSET_PARTITION_RANGE_END_TAG: days[-1]}
+        assert dg.materialize(a2, resources=r2, instance=instance, tags=tags).success
+    for name in (*UPSTREAM, *DOWNSTREAM):
+        a, b = TableStore(by_day).read(name), TableStore(ranged).read(name)
+        assert sorted(a["partition_key"].unique()) == days, name
+        key = [c for c in ("partition_key", "kind", "budget", "team", "location", "row", "start", "field") if c in a.columns]
+        a, b = (x.sort_values(key, kind="stable").reset_index(drop=True) for x in (a, b))
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12, obj=name)
+    usage = TableStore(ranged).read("gpu_usage")
+    files = usage[usage["kind"] == "allocated"]
+    assert len(files) and (files["lost_gpu_hours"] == 0).all() and (files["lost_cost_usd"] == 0).all()
+    assert set(usage.loc[usage["kind"] == "idle", "partition_key"]) == {days[-1]} and np.isfinite(usage["cost_usd"]).all()
