@@ -89,7 +89,7 @@ class PartitionFiles:
             tables.append(t)
         if not tables:
             return pd.DataFrame()
-        table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        table = pa.concat_tables(_text_unified(tables), promote_options="permissive") if len(tables) > 1 else tables[0]
         del tables
         df = table.to_pandas(split_blocks=True, self_destruct=True)
         del table
@@ -118,6 +118,38 @@ class PartitionFiles:
             return []
         prefix = f"{PARTITION_COLUMN}="
         return sorted(p.name[len(prefix) :] for p in folder.iterdir() if p.name.startswith(prefix) and (p / FILE_NAME).exists())
+
+
+def _is_text(t: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _text_unified(tables: list[Any]) -> list[Any]:
+    """``tables`` with each text column of one type where partitions written by different
+    runs stored it differently (a dictionary of one index width or another, string,
+    large string: a categorical or plain text in the frame written): a dictionary of
+    int32 indices over strings in all of them. Other differences (integers beside
+    floats, a column a partition lacks) are Arrow's permissive promotion's."""
+    import pyarrow as pa
+
+    types: dict[str, set[Any]] = {}
+    for t in tables:
+        for f in t.schema:
+            types.setdefault(f.name, set()).add(f.type)
+    text = {name for name, ts in types.items() if len(ts) > 1 and all(_is_text(t) for t in ts)}
+    if not text:
+        return tables
+    target = pa.dictionary(pa.int32(), pa.string())
+    out = []
+    for t in tables:
+        for name in text & set(t.column_names):
+            t = t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(target))
+        out.append(t)
+    return out
 
 
 def _write_slices(df: pd.DataFrame, path: Path) -> None:
