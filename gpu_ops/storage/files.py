@@ -121,11 +121,12 @@ class PartitionFiles:
 
 
 def _is_text(t: Any) -> bool:
+    """Text, or a column of no type (a day written without rows)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
 
 
 def _text_unified(tables: list[Any]) -> list[Any]:

@@ -149,7 +149,7 @@ def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path
 def test_partitions_written_by_different_runs_read_together_whatever_each_stored_a_text_column_as(tmp_path):
     """A day written with ``kind`` categorical (one value, Parquet dictionary), another
     with it as plain text, a third with a categorical of other width and a number column
-    as integers where the others have floats: a range run that reads the three (a
+    as integers where the others have floats, a fourth without rows: a range run that reads the three (a
     downstream asset over row-level Parquet) gets one frame, not Arrow's "Unable to merge:
     Field kind has incompatible types"."""
     files = PartitionFiles(tmp_path)
@@ -157,7 +157,8 @@ def test_partitions_written_by_different_runs_read_together_whatever_each_stored
     files.write("t", pd.DataFrame({"kind": ["allocated", "idle"], "n": [3.0, 4.0]}), ["2026-10-02"])
     many = pd.Categorical([f"k{i}" for i in range(300)])  # more categories than int8 indices hold
     files.write("t", pd.DataFrame({"kind": many, "n": range(300)}), ["2026-10-03"])
-    got = files.read("t", ["2026-10-01", "2026-10-02", "2026-10-03"])
+    files.write("t", pd.DataFrame({"kind": pd.Series([], dtype=object), "n": pd.Series([], dtype=float)}), ["2026-10-04"])  # a day without rows: text of no type
+    got = files.read("t", ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-04"])
     assert got["kind"].astype(str).tolist() == ["allocated", "allocated", "allocated", "idle", *[f"k{i}" for i in range(300)]]
     assert got["n"].tolist()[:4] == [1.5, 2.0, 3.0, 4.0] and got["n"].iloc[-1] == 299
     assert got["partition_key"].tolist()[:4] == ["2026-10-01", "2026-10-01", "2026-10-02", "2026-10-02"]
