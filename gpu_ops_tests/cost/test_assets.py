@@ -361,10 +361,9 @@ def test_the_cli_reports_the_budgets_the_asset_does_when_the_period_began_before
 
     env = Env(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}", start="2026-10-14")
     with dg.DagsterInstance.ephemeral() as instance:
-        env.materialize("2026-10-14", instance)
-        env.materialize("2026-10-15", instance)
-    asset = TableStore(env.url).read("gpu_budget_status", partition_keys=["2026-10-15"]).set_index("budget")
-    r = run_one(["cost", "budgets", "--config", str(env.path), "--date", "2026-10-15", "--format", "json"], str(tmp_path))
+        env.materialize("2026-10-14", instance, selection=["gpu_usage", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status"])
+    asset = TableStore(env.url).read("gpu_budget_status", partition_keys=["2026-10-14"]).set_index("budget")
+    r = run_one(["cost", "budgets", "--config", str(env.path), "--date", "2026-10-14", "--format", "json"], str(tmp_path))
     assert r["exit"] == 0 and "Traceback" not in str(r["stderr"]), r["stderr"]
     cli = {b["budget"]: b for b in json.loads(str(r["stdout"]))}
     assert sorted(cli) == sorted(asset.index)

@@ -91,8 +91,9 @@ def test_the_daily_job_has_one_backfill_policy_and_loading_warns_of_nothing(tmp_
     assert job.backfill_policy == dg.BackfillPolicy.multi_run(env.config.usage.backfill_days_per_run)
 
 
-def test_a_range_run_of_the_whole_chain_on_random_hostile_files_equals_day_by_day_runs(tmp_path):
-    """Every cost table, from gpu_usage on: random hostile files (copies, snapshots, bad
+def test_a_range_run_of_usage_and_attribution_on_random_hostile_files_equals_day_by_day_runs(tmp_path):
+    """The tables of gpu_usage and attribution (budgets and ROI over a range: the test
+    above): random hostile files (copies, snapshots, bad
     rows, intervals across midnights) and a node inventory on the last day alone. Files'
     rows carry no lost work: 0.0 on every day (a range run that held the idle rows of
     another day had NaN there: the idle rows brought the column, the usage rows lacked it)."""
@@ -117,7 +118,6 @@ def test_a_range_run_of_the_whole_chain_on_random_hostile_files_equals_day_by_da
         config.write_text(yaml.safe_dump({
             "storage": {"url": f"sqlite:///{tmp_path / name / 'costs.db'}"}, "prices": str(Path(__file__).parents[1] / "hostile" / "prices.yaml"),
             "usage": {"sources": [{"type": "file", "path": str(p)} for p in paths], "inventory": {"type": "file", "path": str(inventory)}, "partitions_start": days[0]},
-            "budgets": [{"name": "all", "amount_usd": 100}, {"name": "nlp-weekly", "scope": {"team": "nlp"}, "period": "weekly", "amount_usd": 50, "forecast_min_history": "1d"}],
         }))
         assets, _ = build_assets(load_config(config))
         url = f"sqlite:///{tmp_path / name / 'tables.db'}"
@@ -126,10 +126,10 @@ def test_a_range_run_of_the_whole_chain_on_random_hostile_files_equals_day_by_da
     (a1, r1, by_day), (a2, r2, ranged) = env("by_day"), env("ranged")
     with dg.instance_for_test() as instance:
         for d in days:
-            assert dg.materialize(a1, partition_key=d, resources=r1, instance=instance).success
+            assert dg.materialize(a1, partition_key=d, resources=r1, instance=instance, selection=UPSTREAM).success
         tags = {ASSET_PARTITION_RANGE_START_TAG: days[0], ASSET_PARTITION_RANGE_END_TAG: days[-1]}
-        assert dg.materialize(a2, resources=r2, instance=instance, tags=tags).success
-    for name in (*UPSTREAM, *DOWNSTREAM):
+        assert dg.materialize(a2, resources=r2, instance=instance, tags=tags, selection=UPSTREAM).success
+    for name in UPSTREAM:
         a, b = TableStore(by_day).read(name), TableStore(ranged).read(name)
         assert sorted(a["partition_key"].unique()) == days, name
         key = [c for c in ("partition_key", "kind", "budget", "team", "location", "row", "start", "field") if c in a.columns]
