@@ -131,17 +131,18 @@ def _is_text(t: Any) -> bool:
 
 def _text_unified(tables: list[Any]) -> list[Any]:
     """``tables`` with each text column of one type where partitions written by different
-    runs stored it differently (a dictionary of one index width or another, string,
-    large string: a categorical or plain text in the frame written): a dictionary of
-    int32 indices over strings in all of them. Other differences (integers beside
-    floats, a column a partition lacks) are Arrow's permissive promotion's."""
+    runs stored it differently and one of them as a dictionary (of one index width or
+    another, beside string, large string or no type: a categorical or plain text in the
+    frame written, or a day without rows): a dictionary of int32 indices over strings in
+    all of them. Other differences (plain text beside no type, integers beside floats, a
+    column a partition lacks) are Arrow's permissive promotion's."""
     import pyarrow as pa
 
     types: dict[str, set[Any]] = {}
     for t in tables:
         for f in t.schema:
             types.setdefault(f.name, set()).add(f.type)
-    text = {name for name, ts in types.items() if len(ts) > 1 and all(_is_text(t) for t in ts)}
+    text = {name for name, ts in types.items() if len(ts) > 1 and all(_is_text(t) for t in ts) and any(pa.types.is_dictionary(t) for t in ts)}
     if not text:
         return tables
     target = pa.dictionary(pa.int32(), pa.string())
