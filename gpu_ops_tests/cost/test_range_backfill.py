@@ -93,10 +93,10 @@ def test_the_daily_job_has_one_backfill_policy_and_loading_warns_of_nothing(tmp_
 
 def test_a_range_run_of_usage_and_attribution_on_random_hostile_files_equals_day_by_day_runs(tmp_path):
     """The tables of gpu_usage and attribution (budgets and ROI over a range: the test
-    above): random hostile files (copies, snapshots, bad
-    rows, intervals across midnights) and a node inventory on the last day alone. Files'
-    rows carry no lost work: 0.0 on every day (a range run that held the idle rows of
-    another day had NaN there: the idle rows brought the column, the usage rows lacked it)."""
+    above): random hostile files (copies, snapshots, bad rows, intervals across midnights)
+    and a node inventory on the last day alone. Files' rows carry no lost work: 0.0 on
+    every day (a range run that held the idle rows of another day had NaN there: the idle
+    rows brought the column, the usage rows lacked it)."""
     import numpy as np
     import yaml
 
@@ -132,7 +132,7 @@ def test_a_range_run_of_usage_and_attribution_on_random_hostile_files_equals_day
     for name in UPSTREAM:
         a, b = TableStore(by_day).read(name), TableStore(ranged).read(name)
         assert sorted(a["partition_key"].unique()) == days, name
-        key = [c for c in ("partition_key", "kind", "budget", "team", "location", "row", "start", "field") if c in a.columns]
+        key = [c for c in ("partition_key", "kind", "team", "location", "row", "start", "field") if c in a.columns]
         a, b = (x.sort_values(key, kind="stable").reset_index(drop=True) for x in (a, b))
         pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-12, obj=name)
     usage = TableStore(ranged).read("gpu_usage")

@@ -149,9 +149,9 @@ def test_duckdb_reads_the_row_level_table_through_a_view_under_its_name(tmp_path
 def test_partitions_written_by_different_runs_read_together_whatever_each_stored_a_text_column_as(tmp_path):
     """A day written with ``kind`` categorical (one value, Parquet dictionary), another
     with it as plain text, a third with a categorical of other width and a number column
-    as integers where the others have floats, a fourth without rows: a range run that reads the three (a
-    downstream asset over row-level Parquet) gets one frame, not Arrow's "Unable to merge:
-    Field kind has incompatible types"."""
+    as integers where the others have floats, a fourth without rows: a range run that
+    reads the four (a downstream asset over row-level Parquet) gets one frame, not Arrow's
+    "Unable to merge: Field kind has incompatible types"."""
     files = PartitionFiles(tmp_path)
     files.write("t", pd.DataFrame({"kind": pd.Categorical(["allocated", "allocated"]), "n": [1.5, 2.0]}), ["2026-10-01"])
     files.write("t", pd.DataFrame({"kind": ["allocated", "idle"], "n": [3.0, 4.0]}), ["2026-10-02"])
