@@ -190,6 +190,9 @@ def write_status(store: Any, day: str, rows: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- sensor harness
 
 
+HARNESS_NOW = dt.datetime(2026, 11, 20, 6, 0, tzinfo=dt.timezone.utc)
+
+
 class SensorHarness:
     """Evaluates the real `budget_alert_sensor` with a real instance and runs what it asks
     (through `run_sensor_once`: a run key this sensor already launched is skipped, new
@@ -202,11 +205,13 @@ class SensorHarness:
         self.cursor: str | None = None
         self.launched: list[Any] = []
         self.skipped: list[str] = []
-        self.now: dt.datetime | None = None  # the sensor's clock; None: the wall clock
+        # The sensor's clock, an input: the morning after the 2026-11-19 partition the tests
+        # write, so that every test reads the same day whatever the wall clock says.
+        self.now: dt.datetime = HARNESS_NOW
         self.reload()
 
     def clock(self) -> dt.datetime:
-        return self.now or dt.datetime.now(dt.timezone.utc)
+        return self.now
 
     def reload(self) -> None:
         import dagster as dg
@@ -274,23 +279,24 @@ def evaluate_in_new_process(h: SensorHarness, tmp_path: Path) -> list[str]:
     (tmp_path / "cursor.txt").write_text(cursor.encode())
     (tmp_path / "instance_ref.json").write_text(serialize_value(h.instance.get_ref()))
     script = """
-import json, sys
+import datetime, json, sys
 import dagster as dg
 from dagster._serdes import deserialize_value
 from gpu_ops.alerts.definitions import build_defs
 from gpu_ops.config import load_config
 from gpu_ops.resources import GpuOpsSettings
-ref, cursor, config = sys.argv[1:4]
+ref, cursor, config, now = sys.argv[1:5]
 instance = dg.DagsterInstance.from_ref(deserialize_value(open(ref).read()))
 settings = {"gpu_ops": GpuOpsSettings(config_path=config)}
-defs = dg.Definitions.merge(build_defs(load_config(config)), dg.Definitions(resources=settings))
+clock = lambda: datetime.datetime.fromisoformat(now)  # the harness's clock, not the wall clock
+defs = dg.Definitions.merge(build_defs(load_config(config), clock=clock), dg.Definitions(resources=settings))
 sensor = defs.resolve_sensor_def("budget_alert_sensor")
 ctx = dg.build_sensor_context(instance=instance, cursor=open(cursor).read(), resources=settings)
 data = sensor.evaluate_tick(ctx)
 print(json.dumps([r.run_key for r in data.run_requests or []]))
 """
     out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "instance_ref.json"), str(tmp_path / "cursor.txt"), str(h.config_path)],
+        [sys.executable, "-c", script, str(tmp_path / "instance_ref.json"), str(tmp_path / "cursor.txt"), str(h.config_path), h.now.isoformat()],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]

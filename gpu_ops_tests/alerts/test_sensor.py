@@ -181,7 +181,7 @@ def test_enforcement_raise_resolves_and_reverts_rollover_rearms(setup):
     assert list(rows["event"]) == ["applied"] and json.loads(rows["pools"][0]) == sorted(api.nodepools)
     # A throttled scope refuses a launch that cannot fit.
     with pytest.raises(Exception, match="throttled to 8 GPUs by budget 'nlp-monthly'"):
-        assert_launch_allowed(h.config, GpuRequest(gpu_type="a100-80gb", gpus=8, workers=2, labels={"team": "nlp"}))
+        assert_launch_allowed(h.config, GpuRequest(gpu_type="a100-80gb", gpus=8, workers=2, labels={"team": "nlp"}), now=h.now)
 
     # The budget is raised mid-period: the alarms above the new lines resolve (PagerDuty
     # closes the same incident) and the throttle is reverted, without a new materialization.
@@ -202,6 +202,7 @@ def test_enforcement_raise_resolves_and_reverts_rollover_rearms(setup):
     assert trigger["dedup_key"] == resolve["dedup_key"] and trigger["payload"]["severity"] == "critical"
 
     # December: every threshold re-arms.
+    h.now = dt.datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
     write_status(h.store, "2026-12-01", [status_row("nlp-monthly", day="2026-12-01", spend=11_000, amount=20_000)])
     requests, results = h.tick()
     assert keys(requests) == ["nlp-monthly/2026-12-01/actual-50pct"]
