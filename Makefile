@@ -13,7 +13,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run dev lint docs screenshots test bench clean
+.PHONY: venv run dev lint docs screenshots test test-tools test-dates bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
@@ -59,15 +59,41 @@ docs: $(STAMP)
 screenshots: $(STAMP)
 	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py
 
+# What the tests run beside Python, from Debian (as root, or through sudo without a
+# password), installed only when missing: `prometheus` (ships promtool; the DCGM and
+# observability tests scrape the exporter with it) and `chromium` (the screenshot tests).
+# `make test` and `.ci/run` install them the same way.
+APT_TOOLS := prometheus:prometheus promtool:prometheus chromium:chromium
+test-tools:
+	@missing=$$(for t in $(APT_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || echo $${t#*:}; done | sort -u | tr '\n' ' '); \
+	if [ -n "$$missing" ]; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "the tests need $$missing (Debian packages) and there is no apt-get: install them" >&2; exit 1; }; \
+	  echo "==> installing $$missing (Debian) for the tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
 # Two pytest-xdist workers; the `slow` end-to-end tests are in two xdist groups (the timed
 # kills; the servers, demo and browser), each run one at a time on one worker, the fast
 # tests spread beside them (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
 # runs everything in one process.
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
-test: $(STAMP) lint docs
+test: $(STAMP) test-tools lint docs
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+# The modules whose code asks what day it is, run with every process's wall clock moved
+# (gpu_ops_tests/conftest.py --clock): a month's last day, the year's last day, 29 February
+# and just after midnight on the first of a month. .ci/run runs it after `make test`.
+DATE_TESTS ?= gpu_ops_tests/alerts gpu_ops_tests/cost/test_budgets.py gpu_ops_tests/cost/test_budget_grains.py \
+	gpu_ops_tests/cost/test_window.py gpu_ops_tests/cost/test_schedule_dates.py gpu_ops_tests/training/test_cost_link.py \
+	gpu_ops_tests/compute/test_orphans.py
+DATE_CLOCKS ?= 2027-01-31T12:00:00 2027-12-31T12:00:00 2028-02-29T12:00:00 2027-03-01T00:00:20
+test-dates: $(STAMP)
+	for c in $(DATE_CLOCKS); do echo "==> the date-sensitive tests on $$c UTC"; \
+	  $(PY) -m pytest -q -n 2 -p no:cacheprovider --clock $$c $(DATE_TESTS); rc=$$?; \
+	  if [ $$rc -ne 0 ]; then echo "the date-sensitive tests failed on $$c (pytest exit $$rc)" >&2; exit 1; fi; done
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

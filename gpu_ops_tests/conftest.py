@@ -53,8 +53,41 @@ def _ram_disk() -> Path | None:
     return RAM_DISK if usable else None
 
 
+CLOCK_DIR = Path(__file__).resolve().parent / "clock"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--clock", default=None, metavar="ISO-TIME",
+        help="run with every process's wall clock moved to start at this UTC time (it ticks on): proves tests read no date from the wall clock",
+    )
+
+
+def _travel(config: pytest.Config) -> None:
+    """``--clock``: shift the wall clock of this process and, through ``clock/sitecustomize.py``
+    on PYTHONPATH, of every Python process it starts (the offset is fixed once, by the
+    controller, so that all of them agree)."""
+    import datetime as dt
+
+    target = config.getoption("clock")
+    if not target or os.environ.get("GPU_OPS_TEST_CLOCK_OFFSET_S"):
+        return
+    when = dt.datetime.fromisoformat(target)
+    when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+    import time
+
+    os.environ["GPU_OPS_TEST_CLOCK_OFFSET_S"] = repr(when.timestamp() - time.time())
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(CLOCK_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_ops_test_clock", CLOCK_DIR / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _travel(config)
     # Before pytest's own tmp_path set-up and before pytest-xdist starts its workers (which
     # get folders under this one); a worker keeps the folder its controller gave it.
     if config.option.basetemp or hasattr(config, "workerinput"):

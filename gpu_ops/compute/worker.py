@@ -130,6 +130,8 @@ def _write(path: str, result: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
+    now = time.time()
+    os.utime(tmp, (now, now))  # its time is this process's clock, the one launched_at was read from (recorded_end)
     os.replace(tmp, path)  # the parent never reads half a result
 
 

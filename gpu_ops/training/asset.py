@@ -444,7 +444,7 @@ def _launch(step: _Step) -> _Launched:
     env = dict(spec.env)
     root = import_root(spec.fn_module)
     if root and _is_local(compute):  # local workers import the function from where it was loaded
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))) if p)
     sink = _EventSink(step.log, step.attempt, lambda t: recorder.running(t, _bill(request, None, step.name, sink.actual_hardware, True)))
     watch = _OwnerWatch(step, sink)
     watch.start()

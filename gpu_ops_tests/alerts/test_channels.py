@@ -176,11 +176,11 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.timezone.utc)
+    # OpenSSL checks validity against the system clock, whatever clock the test runs on.
     cert = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
+        .serial_number(x509.random_serial_number()).not_valid_before(dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
+        .not_valid_after(dt.datetime(2099, 12, 31, tzinfo=dt.timezone.utc))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())

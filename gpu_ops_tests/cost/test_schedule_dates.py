@@ -1,0 +1,48 @@
+"""The daily cost schedule requests yesterday's partition on every date: its tick time is
+an input (``scheduled_execution_time``), never the wall clock. Month ends, the year end,
+29 February and the first of a month, each evaluated on a real instance."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+import pytest
+
+from gpu_ops.config import load_config
+from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE, build_defs
+from gpu_ops.config import BUNDLED_CONFIG
+
+UTC = dt.timezone.utc
+
+TICKS = [  # the 00:15 UTC tick -> the day that just ended
+    (dt.datetime(2027, 1, 1, 0, 15, tzinfo=UTC), "2026-12-31"),
+    (dt.datetime(2027, 3, 1, 0, 15, tzinfo=UTC), "2027-02-28"),
+    (dt.datetime(2028, 3, 1, 0, 15, tzinfo=UTC), "2028-02-29"),
+    (dt.datetime(2028, 2, 29, 0, 15, tzinfo=UTC), "2028-02-28"),
+    (dt.datetime(2027, 2, 1, 0, 15, tzinfo=UTC), "2027-01-31"),
+    (dt.datetime(2026, 12, 2, 0, 15, tzinfo=UTC), "2026-12-01"),
+]
+
+
+@pytest.fixture(scope="module")
+def schedule(tmp_path_factory: pytest.TempPathFactory) -> dg.ScheduleDefinition:
+    """The schedule of the reference code location on a configuration whose partitions
+    have no end (the demo's stop at its month)."""
+    from gpu_ops.definitions import build_defs
+
+    folder = tmp_path_factory.mktemp("schedule")
+    (folder / "gpu_ops.yaml").write_text(
+        f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_CONFIG.parent / 'prices.yaml'}\n"
+        "usage: {sources: [{type: ledger}], partitions_start: '2026-10-01'}\n"
+    )
+    return build_defs(str(folder / "gpu_ops.yaml")).resolve_schedule_def(DAILY_SCHEDULE)
+
+
+@pytest.mark.parametrize(("tick", "day"), TICKS, ids=[d for _, d in TICKS])
+def test_the_tick_requests_the_day_that_ended(schedule: dg.ScheduleDefinition, tick: dt.datetime, day: str) -> None:
+    # No instance: one closed here would stay behind in Dagster's process-wide
+    # definitions-load context and break the next test that builds Definitions.
+    data = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=tick))
+    assert [r.partition_key for r in data.run_requests or []] == [day]
+    assert schedule.job_name == DAILY_JOB
