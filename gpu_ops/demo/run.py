@@ -78,6 +78,9 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
 
     instance_dir = home / "dagster_home"
     instance_dir.mkdir(parents=True, exist_ok=True)
+    settings = instance_dir / "dagster.yaml"
+    if not settings.exists():  # as the repo's dagster.yaml: no telemetry, so no banner about it
+        settings.write_text("telemetry:\n  enabled: false\n")
     instance = dg.DagsterInstance.from_config(str(instance_dir))
     defs = build_defs(config_path)
     store = TableStore.from_config(config)

@@ -196,7 +196,8 @@ class _EventSink:
     def _on_finished(self, data: dict[str, Any], line: str) -> None:
         if self.first_progress_at is None:  # resumed with no step left to train: the start-up still happened
             self._log_startup(data.get("t") or time.time(), "finished")
-        self.log.info(f"training function returned after step {data.get('last_step')}")
+        last = data.get("last_step")
+        self.log.info("training function returned" + (f" after step {last}" if last is not None else " (it reported no step)"))
 
     def _log_startup(self, at: float | None, last: str = "first_step") -> None:
         """One line: how long each start-up phase took up to the first step (or, with no

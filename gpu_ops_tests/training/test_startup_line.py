@@ -54,7 +54,7 @@ def test_an_attempt_resumed_at_its_last_step_still_reports_its_start_up() -> Non
     (line,) = [m for m in got if "start-up on" in m]
     assert line.startswith("attempt 2 start-up on a standby worker") and line.endswith("checkpoint_loaded +0.30 s, finished +0.10 s")
     assert '"finished": 101.6' in next(m for m in got if "startup_times=" in m)
-    assert got[-1] == "training function returned after step None"
+    assert got[-1] == "training function returned (it reported no step)"
 
 
 def test_no_phases_no_start_up_line() -> None:
