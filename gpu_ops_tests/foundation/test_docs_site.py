@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -77,7 +78,7 @@ def link_problems(root: Path) -> list[str]:
     problems = []
     for path, page in sorted(pages.items()):
         for url in page.links:
-            if not is_relative(url) or url.startswith("#") and url[1:] in page.ids or url == "#":
+            if not is_relative(url) or url == "#" or (url.startswith("#") and url[1:] in page.ids):
                 continue
             parts = urlsplit(urljoin(path.as_uri(), url))
             target = Path(unquote(parts.path))
@@ -118,7 +119,7 @@ def test_every_relative_link_of_the_built_site_opens_from_disk(site: Path):
 def github_slug(heading: str) -> str:
     """The anchor GitHub (and the toc extension) gives a heading: lower case, punctuation
     dropped, spaces as hyphens."""
-    text = re.sub(r"[`*_]", "", heading).strip().lower()
+    text = re.sub(r"[`*]", "", heading).strip().lower()
     return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", text))
 
 
@@ -194,11 +195,18 @@ def test_the_api_pages_document_every_public_name_and_nothing_else(site: Path):
 
 
 def dump_dom(browser: str, url: str, timeout_s: float = 90) -> str:
-    """The page's DOM after its scripts ran (headless Chromium's ``--dump-dom``)."""
+    """The page's DOM after its scripts ran (headless Chromium's ``--dump-dom``); a browser
+    that hangs is killed with every process it started."""
     cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom", url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"headless Chromium gave no DOM of {url} in {timeout_s:.0f} s")
+    assert proc.returncode == 0, err[-2000:]
+    return out
 
 
 def test_the_site_opened_from_disk_follows_links_and_searches(site: Path, tmp_path: Path):
