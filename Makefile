@@ -13,7 +13,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run dev lint docs screenshots test test-tools test-dates bench clean
+.PHONY: venv run dev lint docs docs-serve screenshots test test-tools test-dates bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { [ -n "$(PYTHON)" ] && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))'; } || { \
@@ -55,10 +55,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
-# The manual's pictures of the UI (docs/images), taken by the screenshot test from a real
-# dagster-webserver in headless Chromium (Debian: apt-get install chromium).
+# The manual served at http://127.0.0.1:8000, rebuilt when a page changes (`make docs`'s
+# build/site/index.html also works opened from disk, without a server).
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
+
+# The manual's pictures (docs/images), taken in headless Chromium (Debian: apt-get install
+# chromium): the UI by the screenshot test from a real dagster-webserver, the manual itself
+# opened from disk by the docs site test.
 screenshots: $(STAMP)
-	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py
+	GPU_OPS_SCREENSHOTS=docs/images $(PY) -m pytest -q gpu_ops_tests/demo/test_screenshots.py gpu_ops_tests/foundation/test_docs_site.py
 
 # What the tests run beside Python, from Debian (as root, or through sudo without a
 # password), installed only when missing: `prometheus` (ships promtool; the DCGM and

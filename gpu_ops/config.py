@@ -876,6 +876,9 @@ class TrainingConfig(_Model):
 
 
 class GpuOpsConfig(_Model):
+    """The validated configuration file (``GPU_OPS_CONFIG``), as :func:`load_config`
+    returns it: one field per section of the file (see the Configuration file page)."""
+
     storage: StorageConfig = StorageConfig()
     prices: PriceTable
     usage: UsageConfig = UsageConfig()

@@ -16,6 +16,9 @@ from typing import Any, Callable, Protocol
 
 
 class WorkerExit(str, enum.Enum):
+    """How a launch's workers ended, as the backend saw it; the training layer's classifier
+    turns it (with the evidence beside it) into an :class:`~gpu_ops.training.classify.Outcome`."""
+
     COMPLETED = "completed"  # the function returned
     ERROR = "error"  # the function raised; traceback attached
     SIGTERM = "sigterm"  # terminated by SIGTERM (spot notice, eviction, drain)
@@ -36,6 +39,10 @@ class RankReport:
 
 @dataclass
 class WorkerReport:
+    """What a backend returns for one launch: how the workers ended (``exit``), the
+    function's return value or its error, each rank's report and the Kubernetes evidence
+    the classifier reads. A backend never decides whether to retry."""
+
     exit: WorkerExit
     exit_code: int | None = None
     value: Any = None  # the function's return value (rank 0's when distributed)

@@ -14,6 +14,8 @@ from gpu_ops.errors import GpuOpsError
 
 
 class UnknownGpuType(GpuOpsError, ValueError):
+    """A GPU name the catalog does not know; ``suggestions`` holds the close known names."""
+
     def __init__(self, name: str, suggestions: list[str]):
         self.name = name
         self.suggestions = suggestions

@@ -90,9 +90,13 @@ class Attribution(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     team: str = "unassigned"
+    """The team the cost is attributed to (and budgets are held against)."""
     project: str = "default"
+    """The team's project."""
     cost_center: str = ""
+    """A cost center, when the finance side wants one."""
     experiment_id: str = ""
+    """An experiment or sweep id, to group runs."""
 
     @field_validator("team", "project", "cost_center", "experiment_id")
     @classmethod
@@ -110,16 +114,30 @@ class GpuRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpu_type: str
+    """A GPU of the catalog (``a100-80gb``, ``h100``, ``t4``, ...); vendor names such as
+    ``NVIDIA-A100-SXM4-80GB`` are mapped to it (:func:`canonical_gpu_type`)."""
     gpus: int = Field(default=1, ge=0)
+    """GPUs per worker: at most what one node of that type has."""
     workers: int = Field(default=1, ge=1)
+    """Workers (nodes) that train together, data parallel."""
     capacity: Capacity = "spot-then-on-demand"
+    """``spot``, ``on-demand``, or ``spot-then-on-demand`` (the policy's ``fallback_after``
+    moves to on-demand after that many spot preemptions)."""
     cpus: float = Field(default=4, gt=0, le=MAX_QUANTITY / 1000, allow_inf_nan=False)
+    """CPUs per worker."""
     memory: str = "16Gi"
+    """Memory per worker, as a Kubernetes quantity; raised after an OOM (the policy's
+    ``oom_memory_factor``)."""
     image: str | None = None
+    """Container image of the worker pods (Kubetorch); None: the deployment's."""
     namespace: NamespaceName = "default"
+    """Kubernetes namespace of the worker pods."""
     priority_class: ObjectName | None = None
+    """PriorityClass of the worker pods."""
     mig_profile: str | None = None
+    """A MIG profile (``1g.10gb``, ...) to run on a slice of the GPU, priced as that share."""
     labels: Attribution = Attribution()
+    """Who pays: the pods' and NodePools' labels and the usage ledger's columns."""
 
     @field_validator("gpu_type")
     @classmethod

@@ -24,6 +24,10 @@ SHARING_MODES = ("none", "mig", "mps", "timeslice")
 
 @dataclass(frozen=True)
 class PriceMatrix:
+    """USD per GPU-hour by GPU type and capacity type (spot, on-demand, reserved), with the
+    regions' multipliers: what every usage row is priced from (``from_table`` builds it
+    from the configuration's ``prices``)."""
+
     gpu_types: tuple[str, ...]
     matrix: np.ndarray  # [gpu, capacity] -> USD per GPU-hour, NaN when not priced
     regions: dict[str, float]

@@ -28,6 +28,10 @@ from gpu_ops.compute.backend import OOM_TEXT, WorkerExit, WorkerReport
 
 
 class Outcome(str, enum.Enum):
+    """How a training attempt ended, as the classifier decided from the worker's report
+    (``completed``, ``preempted``, ``oom``, ``infrastructure`` or ``user_error``): what the
+    :class:`~gpu_ops.training.policy.PreemptionPolicy` counts and retries."""
+
     COMPLETED = "completed"
     PREEMPTED = "preempted"
     OOM = "oom"

@@ -144,14 +144,23 @@ class TrainingContext:
     def __init__(self, spec: WorkerSpec, *, clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self.attempt = spec.attempt
+        """This attempt's number, 1 for the first (a retry after a preemption is 2, ...)."""
         self.run_id = spec.run_id
+        """The Dagster run this attempt belongs to."""
         self.asset_key = spec.asset_key
+        """The asset's key, as a list of path components."""
         self.partition_key = spec.partition_key
+        """The partition being materialized, None when the asset is not partitioned."""
         self.params = dict(spec.params)
+        """The function's keyword arguments: the asset's ``params`` with the run config's overrides."""
         self.request = dict(spec.request)
+        """The ``GpuRequest`` this attempt ran with (after the policy's changes), as a dict."""
         self.rank = int(os.environ.get("RANK", "0"))
+        """This worker's rank among ``world_size`` (``$RANK``; 0 alone); only rank 0 writes checkpoints."""
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        """How many workers train together (``$WORLD_SIZE``; 1 alone)."""
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        """This worker's rank on its node (``$LOCAL_RANK``): its GPU, see :meth:`device`."""
         self.schedule = CheckpointSchedule(
             interval="auto" if spec.checkpoint_interval == "auto" else float(spec.checkpoint_interval),
             mtbp_prior_s=spec.mtbp_prior_s,
@@ -160,12 +169,16 @@ class TrainingContext:
             clock=clock,
         )
         self.checkpoint = Checkpoints(CheckpointStore(spec.checkpoint_url, spec.keep_last, log=self.log), self)
+        """This asset's checkpoints (a :class:`~gpu_ops.training.checkpoint.CheckpointStore`
+        under ``<asset key>/<partition>/<root run id>``): ``load()`` the newest valid one, or
+        None; ``save(state, step=...)`` on rank 0."""
         self._preempted = threading.Event()
         # The launcher's GPU lease, as its fence file says (gpu_ops.compute.fence): read
         # before each checkpoint and step batch; a lapsed lease stops the worker.
         self.fence = FenceCheck()
         self._announced = False
         self.preempt_reason: str | None = None
+        """Why :attr:`preempted` became true (the signal or notice), None before."""
         self._last_progress = 0.0
         self.last_metrics: dict[str, Any] = {}
         self.last_step: int | None = None
@@ -244,6 +257,7 @@ class TrainingContext:
                 emit("progress", step=step, total=total, attempt=self.attempt, metrics=self.last_metrics)
 
     def log(self, message: str) -> None:
+        """A line for the run log, tagged with this worker's rank."""
         emit("log", message=str(message), rank=self.rank)
 
     def device(self) -> str:

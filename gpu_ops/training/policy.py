@@ -28,17 +28,24 @@ class PreemptionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a backoff or interval of inf: a wait that never ends
 
     max_preemptions: NonNegativeInt = 20
+    """Preemptions retried (each resumes from the newest checkpoint) before the asset fails."""
     max_oom_retries: NonNegativeInt = 2
+    """Out-of-memory failures retried, each with ``oom_memory_factor`` times the memory."""
     oom_memory_factor: float = Field(default=1.5, gt=1.0)
+    """How much the memory grows after each OOM."""
     # Memory never grows past this; unset means 4× the asset's own request.
     oom_memory_cap: str | None = None
     max_infrastructure_retries: NonNegativeInt = 3
+    """Infrastructure failures (a lost worker, a failed launch) retried, with backoff."""
     retry_user_errors: NonNegativeInt = 0
+    """Times an exception of the training function is retried (none by default)."""
     # Backoff before attempt n+1 is backoff_s × 2^(k-1) for the k-th failure of a kind,
     # capped at backoff_max_s, times a random factor in [1 - jitter, 1 + jitter].
     backoff_s: NonNegativeFloat = 5.0
     backoff_max_s: NonNegativeFloat = 300.0
+    """The longest backoff, seconds."""
     jitter: float = Field(default=0.25, ge=0.0, le=1.0)
+    """The backoff's random factor is in ``[1 - jitter, 1 + jitter]``."""
     # With capacity "spot-then-on-demand", after this many spot preemptions the next
     # attempt asks for on-demand (None: never). A request for "spot" never falls back:
     # on-demand costs about 3x more and was not asked for.
@@ -55,6 +62,7 @@ class PreemptionPolicy(BaseModel):
     # whose 200 answer is a notice; every spot_notice_poll_s seconds (EC2 warns 120 s ahead).
     spot_notice: str | None = None
     spot_notice_poll_s: PositiveFloat = 5.0
+    """Seconds between two looks for a spot notice (``spot_notice``, ``kubernetes_notice``)."""
     # In a Kubernetes pod, also watch the node's karpenter.sh/disrupted taint, spot
     # interruption events and the pod's deletionTimestamp (needs `get` on its node and pod).
     kubernetes_notice: bool = True
