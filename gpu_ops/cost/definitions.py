@@ -17,10 +17,16 @@ def build_defs(config: GpuOpsConfig) -> dg.Definitions:
     # processes) has pyarrow allocate from the system: set before any step imports it.
     arrow_allocates_from_the_system()
     assets, _partitions = build_assets(config)
+    # One process for the day: the cost steps hand each other stored tables, need no
+    # isolation from each other, and under the multiprocess executor most of the job's wall
+    # time was step processes starting (docs/benchmarks/cost.md). Every asset, check and
+    # its metadata shows in the UI as before; a run launched from the asset graph still
+    # takes the code location's executor.
     job = dg.define_asset_job(
         DAILY_JOB,
         selection=dg.AssetSelection.assets(*assets),
         description="Yesterday's GPU usage, attribution, budget status and ROI.",
+        executor_def=dg.in_process_executor,
     )
     # 00:15 UTC: yesterday's last partition is complete (as-of = midnight) and late
     # ledger rows of runs that ended at midnight have had a few minutes to land.

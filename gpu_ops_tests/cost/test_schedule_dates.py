@@ -1,6 +1,6 @@
 """The daily cost schedule requests yesterday's partition on every date: its tick time is
 an input (``scheduled_execution_time``), never the wall clock. Month ends, the year end,
-29 February and the first of a month, each evaluated on a real instance."""
+29 February and the first of a month."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from gpu_ops.config import load_config
-from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE, build_defs
 from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE
 
 UTC = dt.timezone.utc
 
