@@ -35,8 +35,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu_ops.config import is_http_url, redact_url
+from gpu_ops.config import is_http_url
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.formatting import redact_url
 
 ErrorKind = Literal["connect", "deadline", "dropped", "protocol", "too_large"]
 CHUNK = 65_536

@@ -184,12 +184,6 @@ class LiteralSecret(_Model):
 Secret = Annotated[Union[SecretRef, LiteralSecret], Field(union_mode="left_to_right")]
 
 
-def redact_url(url: str) -> str:
-    """``https://hooks.slack.com/services/T0/B0/xyz`` -> ``https://hooks.slack.com/…``."""
-    m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^@/]*@)?([^/?#]*)", url)
-    return f"{m.group(1)}{m.group(2)}/…" if m else "<redacted>"
-
-
 # --------------------------------------------------------------------------- storage
 
 

@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
 from gpu_ops.config import storage_backend
+from gpu_ops.formatting import redact_url
 from gpu_ops.storage.errors import StorageError, StorageUnavailable
 
 PARTITION_COLUMN = "partition_key"
@@ -50,8 +51,10 @@ DEFAULT_STATEMENT_TIMEOUT_S = 300.0
 
 
 def display_url(url: str | URL) -> str:
-    """The URL with its password hidden, for logs and metadata."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The database URL for logs and metadata: scheme, host, port and database, without
+    user, password or query (:func:`gpu_ops.formatting.redact_url`)."""
+    text = url.render_as_string(hide_password=True) if isinstance(url, URL) else url
+    return redact_url(text, keep_path=True)
 
 
 def _scrub(text: str, url: str | URL) -> str:
