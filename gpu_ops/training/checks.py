@@ -49,7 +49,12 @@ def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]
     if not store.has_table(ATTEMPT_TABLE):
         return [], "no training attempt recorded yet"
     if settle:
-        return [s.message for s in settle_orphans(store, found_by="gpu-ops validate")], None
+        from gpu_ops.observability.hooks import Pricing
+        from gpu_ops.observability.sender import drain
+
+        found = [s.message for s in settle_orphans(store, found_by="gpu-ops validate", pricing=Pricing.of(config))]
+        sent = drain(store, deadline_s=config.training.telemetry_deadline_s, due_only=False)  # telemetry their owners could not send
+        return found + ([sent.describe()] if sent.tried else []), None
     stale = [a for a, quiet_s in AttemptStore(store).open_attempts() if owner_gone(a, quiet_s, stale_s=60.0)]
     return [f"{a.run_id} {a.asset_key} attempt {a.attempt} is {a.state.value} and its owner (pid {a.owner.pid} on {a.owner.host}) is gone" for a in stale], None
 
@@ -63,11 +68,12 @@ def check_orphaned_attempts(config: GpuOpsConfig, settle: bool = False) -> Check
     if nothing is not None:
         return CheckResult("orphaned_attempts", "ok", nothing)
     if settle:
-        return CheckResult("orphaned_attempts", "ok", f"settled {len(found)} orphaned attempt(s)" + "".join(f"\n     - {m}" for m in found))
+        settled = [m for m in found if not m.startswith("telemetry: ")]
+        return CheckResult("orphaned_attempts", "ok", f"settled {len(settled)} orphaned attempt(s)" + "".join(f"\n     - {m}" for m in found))
     if not found:
         return CheckResult("orphaned_attempts", "ok", "every attempt in a non-final state has a live owner")
     return CheckResult(
         "orphaned_attempts", "failed", f"{len(found)} attempt(s) left by an owner that is gone:" + "".join(f"\n     - {m}" for m in found),
-        "gpu-ops validate --settle-orphans bills what ran, stops the workers and releases their leases "
+        "gpu-ops validate --settle-orphans bills what ran, stops the workers, releases their leases and sends their telemetry "
         "(gpu_orphaned_attempts_sensor does the same every 30 s where the Dagster daemon runs)",
     )
