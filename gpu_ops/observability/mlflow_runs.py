@@ -78,7 +78,7 @@ def target(run_id: str, asset_key: str) -> dict[str, Any] | None:
         return None
     mlflow = sys.modules.get("mlflow")
     active = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
-    if active is not None:
+    if mlflow is not None and active is not None:
         return {"tracking_uri": _without_userinfo(str(mlflow.get_tracking_uri())), "mlflow_run_id": active.info.run_id, "experiment_id": active.info.experiment_id}
     explicit = os.environ.get("MLFLOW_RUN_ID")
     if explicit:

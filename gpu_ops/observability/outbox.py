@@ -107,7 +107,7 @@ class Outbox:
             for r in records
         ]
         conn.execute(insert.values(queued_at=self.db_now, due_at=self.db_now).on_conflict_do_nothing(index_elements=["record_id"]), rows)
-        return tuple(r["record_id"] for r in rows)
+        return tuple(r.record_id for r in records)
 
     # ---- reading
 

@@ -92,6 +92,7 @@ class AttemptStore:
         failed); it is inserted unless it exists."""
         self._ensure(conn)
         t = self.table
+        stmt: Any
         if previous is None:
             from sqlalchemy.dialects import postgresql, sqlite
 

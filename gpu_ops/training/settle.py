@@ -153,7 +153,8 @@ def settle_attempt(
     from gpu_ops.training import ledger
 
     table_store = attempts.store
-    row, records = None, []
+    row: Any = None
+    records: list[Any] = []
     if billed:
         row, records = _telemetry(table_store, ledger_row(settled, last_checkpoint_at), pricing, warn)
         ledger.ensure(table_store)
