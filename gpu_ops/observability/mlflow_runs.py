@@ -63,10 +63,11 @@ def wanted() -> bool:
 
 
 def _without_userinfo(uri: str) -> str:
+    """A server's URI as the outbox keeps it: no userinfo, query or fragment (no secret)."""
     parts = urllib.parse.urlsplit(uri)
-    if not parts.netloc or "@" not in parts.netloc:
-        return uri
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    if not parts.netloc:
+        return uri  # a local store (file:, sqlite:) or a profile name (databricks)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment=""))
 
 
 def target(run_id: str, asset_key: str) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.formatting import redact_url, redact_urls
 from gpu_ops.validate import CheckResult, not_yet_created
 
 
@@ -14,6 +15,7 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
 
     url = checkpoint_root(config)
+    shown = redact_url(url, keep_path=True)  # never a userinfo (sftp://user:pw@host/...) in a message
     if "://" not in url and (missing := not_yet_created("checkpoints", Path(url), "the first checkpoint", "training.checkpoint_url")) is not None:
         return missing  # validate writes nothing: a folder that is not there yet is not created to probe it
     fix = (
@@ -27,12 +29,12 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
         ok = store.fs.cat_file(probe) == b"ok"
         store.fs.rm(probe)
     except ImportError as exc:
-        return CheckResult("checkpoints", "failed", f"{url}: the filesystem driver is missing ({exc})", f"pip install the fsspec driver for this URL; {fix}")
+        return CheckResult("checkpoints", "failed", f"{shown}: the filesystem driver is missing ({redact_urls(str(exc))})", f"pip install the fsspec driver for this URL; {fix}")
     except Exception as exc:  # any filesystem error is reported, not raised
-        return CheckResult("checkpoints", "failed", f"{url}: cannot write a checkpoint: {type(exc).__name__}: {exc}", fix)
+        return CheckResult("checkpoints", "failed", f"{shown}: cannot write a checkpoint: {type(exc).__name__}: {redact_urls(str(exc))}", fix)
     if not ok:
-        return CheckResult("checkpoints", "failed", f"{url}: a probe written there read back differently", fix)
-    return CheckResult("checkpoints", "ok", f"{url} is writable (keep_last={config.training.keep_last})")
+        return CheckResult("checkpoints", "failed", f"{shown}: a probe written there read back differently", fix)
+    return CheckResult("checkpoints", "ok", f"{shown} is writable (keep_last={config.training.keep_last})")
 
 
 def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:
