@@ -28,7 +28,15 @@
    kill -> first resumed step (``--deaths-only``); the step process's death also under
    Dagster's stock ``spawn`` start method (the baseline the forkserver default replaces).
 
-Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--quick] [--notices-only] [--multiprocess-only] [--deaths-only]``.
+5. Telemetry's cost to an attempt (``--telemetry-only``): real materializations of the
+   demo asset (a short run, local backend, in-process executor) with no collector, a
+   healthy OTLP collector, a dead one (connection refused), one that answers two bytes a
+   second, and a tracking server that trickles likewise (``GPU_OPS_MLFLOW_TRACKING_URI``),
+   side by side: the run's wall time (median), what it adds to the run without a
+   collector, and how long the step waited for its telemetry after the bill was written
+   (goal: at most about 1 s, ``training.telemetry_deadline_s``).
+
+Prints figures only. Usage: ``python benchmarks/preemption.py [--trials N] [--quick] [--notices-only] [--multiprocess-only] [--deaths-only] [--telemetry-only]``.
 """
 
 from __future__ import annotations
@@ -433,6 +441,128 @@ def print_lost_work(cost: float, device: str) -> None:
         print(f"  {what}: {lost:.2f} s of work lost (ledger lost_seconds: attempt end - last checkpoint), >= {redone} logged step(s) redone by attempt 2")
 
 
+# --------------------------------------------------------------------------- 5. telemetry's cost
+
+
+class _Collector:
+    """A loopback collector: ``healthy`` (200 and an empty OTLP answer), ``trickling`` (two
+    bytes a second, forever), or ``dead`` (a port nothing listens on)."""
+
+    def __init__(self, kind: str):
+        import socket
+        import socketserver
+
+        self.kind, self.server = kind, None
+        if kind == "dead":
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.url = f"http://127.0.0.1:{s.getsockname()[1]}"
+            return
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                self.rfile.readline()
+                try:
+                    if kind == "healthy":
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        return
+                    for b in b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 10_000:
+                        self.wfile.write(bytes([b]))
+                        time.sleep(0.5)
+                except OSError:
+                    pass  # the client hung up at its deadline
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads, allow_reuse_address = True, True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+TELEMETRY_CASES = {
+    "no collector": (None, None),
+    "healthy OTLP collector": ("OTEL_EXPORTER_OTLP_ENDPOINT", "healthy"),
+    "dead OTLP collector (refused)": ("OTEL_EXPORTER_OTLP_ENDPOINT", "dead"),
+    "trickling OTLP collector (2 B/s)": ("OTEL_EXPORTER_OTLP_ENDPOINT", "trickling"),
+    "trickling MLflow server (2 B/s)": ("GPU_OPS_MLFLOW_TRACKING_URI", "trickling"),
+}
+
+
+def measure_telemetry_run(case: str, steps: int = 60) -> tuple[float, float]:
+    """One short demo materialization under ``case``: (its wall seconds, the seconds the step
+    waited for its telemetry after settling)."""
+    import dagster as dg
+
+    from gpu_ops.definitions import build_defs
+    from gpu_ops.observability.sender import Flush
+
+    var, kind = TELEMETRY_CASES[case]
+    waited: list[float] = []
+    original = Flush.wait
+
+    def timed(self: Flush) -> list:
+        t = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            waited.append(time.perf_counter() - t)
+
+    collector = _Collector(kind) if kind else None
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        cfg = root / "gpu_ops.yaml"
+        cfg.write_text(
+            f"storage: {{url: 'sqlite:///ledger.db'}}\nprices: {REPO / 'gpu_ops/demo/prices.yaml'}\n"
+            f"training: {{checkpoint_url: ckpts, demo_steps: {steps}, demo_checkpoint_interval_s: 1.0}}\n"
+        )
+        saved = {v: os.environ.pop(v, None) for v in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "GPU_OPS_MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+        os.environ.update({"GPU_OPS_HOME": str(root), "GPU_OPS_CONFIG": str(cfg), "GPU_OPS_PIDFILE_DIR": str(root / "pids"), **({var: collector.url} if collector and var else {})})
+        Flush.wait = timed  # type: ignore[method-assign]
+        try:
+            asset = build_defs(str(cfg)).resolve_assets_def("train_demo_model")
+            with dg.DagsterInstance.ephemeral() as instance:
+                t = time.perf_counter()
+                result = _quiet(lambda: dg.materialize([asset], instance=instance))
+                wall = time.perf_counter() - t
+            assert result.success, case
+        finally:
+            Flush.wait = original  # type: ignore[method-assign]
+            for v, value in saved.items():
+                os.environ.pop(v, None)
+                if value is not None:
+                    os.environ[v] = value
+            if collector is not None:
+                collector.close()
+    return wall, sum(waited)
+
+
+def print_telemetry(trials: int) -> None:
+    print(f"telemetry's cost to an attempt: the demo asset (60 steps, local backend, in-process), median of {trials} runs per case; "
+          "training.telemetry_deadline_s = 1 s (the default); load average before: "
+          f"{os.getloadavg()[0]:.2f}")
+    measure_telemetry_run("no collector")  # warm-up: imports, the first standby worker
+    figures: dict[str, list[tuple[float, float]]] = {case: [] for case in TELEMETRY_CASES}
+    for _ in range(trials):  # round robin: a change of load falls on every case alike
+        for case in TELEMETRY_CASES:
+            figures[case].append(measure_telemetry_run(case))
+    base = statistics.median(w for w, _ in figures["no collector"])
+    print(f"  {'case':34s} {'run wall s':>10s} {'added s':>8s} {'waited for telemetry s':>23s}  goal: <= 1 s added (judged on every run's wait; wall times are noisy)")
+    for case, runs in figures.items():
+        wall, waited = statistics.median(w for w, _ in runs), statistics.median(x for _, x in runs)
+        added = wall - base
+        verdict = "" if case == "no collector" else ("met" if max(x for _, x in runs) <= 1.1 else "NOT met")  # the deadline and the join's margin
+        print(f"  {case:34s} {wall:10.2f} {added:+8.2f} {waited:23.2f}  {verdict}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     import warnings
 
@@ -446,7 +576,12 @@ def main() -> None:
     parser.add_argument("--deaths-only", action="store_true", help="only recovery with the default settings, per kind of death, in-process and multiprocess")
     parser.add_argument("--executor", dest="executors", action="append", choices=list(EXECUTORS), help="with --deaths-only: only this executor (repeatable)")
     parser.add_argument("--death", dest="deaths", action="append", choices=list(DEATHS), help="with --deaths-only: only this kind of death (repeatable)")
+    parser.add_argument("--telemetry-only", action="store_true", help="only telemetry's cost to an attempt: no, healthy, dead and trickling collectors")
+    parser.add_argument("--telemetry-trials", type=int, default=3, help="with --telemetry-only: runs per case")
     args = parser.parse_args()
+    if args.telemetry_only:
+        print_telemetry(args.telemetry_trials)
+        return
     if args.deaths_only:
         print(f"device: {device_label()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
         print_deaths(args.executors or list(EXECUTORS), args.deaths or list(DEATHS))

@@ -35,8 +35,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu_ops.config import is_http_url, redact_url
+from gpu_ops.config import is_http_url
 from gpu_ops.errors import GpuOpsError
+from gpu_ops.formatting import redact_url, redact_urls
 
 ErrorKind = Literal["connect", "deadline", "dropped", "protocol", "too_large"]
 CHUNK = 65_536
@@ -237,4 +238,10 @@ def fetch(method: str, url: str, *, bounds: Bounds, headers: Mapping[str, str] |
         return ex.read(cut_at_cap=cut_at_cap)
 
 
-__all__ = ["Answer", "Bounds", "Exchange", "RemoteError", "Watchdog", "exchange", "fetch"]
+def describe_failure(exc: BaseException) -> str:
+    """A failed exchange for a message: a :class:`RemoteError`'s own text (the server as
+    scheme and host); any other exception as its type and its text with every URL redacted."""
+    return str(exc) if isinstance(exc, RemoteError) else redact_urls(f"{type(exc).__name__}: {exc}")
+
+
+__all__ = ["Answer", "Bounds", "Exchange", "RemoteError", "Watchdog", "describe_failure", "exchange", "fetch"]

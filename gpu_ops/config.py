@@ -184,12 +184,6 @@ class LiteralSecret(_Model):
 Secret = Annotated[Union[SecretRef, LiteralSecret], Field(union_mode="left_to_right")]
 
 
-def redact_url(url: str) -> str:
-    """``https://hooks.slack.com/services/T0/B0/xyz`` -> ``https://hooks.slack.com/…``."""
-    m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^@/]*@)?([^/?#]*)", url)
-    return f"{m.group(1)}{m.group(2)}/…" if m else "<redacted>"
-
-
 # --------------------------------------------------------------------------- storage
 
 
@@ -870,6 +864,11 @@ class TrainingConfig(_Model):
     # A demo on a machine without a GPU may opt in to price CPU attempts as the
     # declared GPUs in the asset's metadata (said there); the ledger stays as run.
     simulate_gpu_pricing: bool = False
+    # Telemetry of an attempt (its OpenTelemetry span, its MLflow record) is queued with its
+    # bill and sent after it: one export (connect, send, read) ends at this deadline, and
+    # the attempt waits for it at most this long; what was not sent is retried by the
+    # orphaned-attempts sensor and `gpu-ops validate --settle-orphans`.
+    telemetry_deadline_s: PositiveFinite = 1.0
 
 
 # --------------------------------------------------------------------------- the file

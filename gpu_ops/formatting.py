@@ -1,7 +1,8 @@
 """How figures read, everywhere gpu_ops shows them (CLI, demo, logs, asset metadata): money
 to the cent, hours to three decimals, percentages to one, and a missing figure said as
 ``n/a``, never ``NaN``; and how a file that is not UTF-8 text is said
-(:func:`not_utf8`). Pure: no Dagster, no pandas import.
+(:func:`not_utf8`); and how a URL is said in any message (:func:`redact_url`,
+:func:`redact_urls`): never with its userinfo or query. Pure: no Dagster, no pandas import.
 
 Two kinds of helpers: ``round_*`` give numbers (for metadata the UI plots and sorts; None
 when there is no figure) and the others give text (for logs and terminals).
@@ -10,6 +11,8 @@ when there is no figure) and the others give text (for logs and terminals).
 from __future__ import annotations
 
 import math
+import re
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -99,3 +102,37 @@ def column_rounder(column: str) -> Callable[[Any], float | None] | None:
     if column.startswith("percent"):
         return round_percent
     return None
+
+
+# --------------------------------------------------------------------------- URLs in messages
+
+# A URL inside free text: scheme, authority (userinfo and host), then path, query and
+# fragment up to a space, a quote or a bracket.
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>()\[\]]*(?:\[[0-9a-fA-F:.]+\][^\s'\"<>()]*)?")
+
+
+def redact_url(url: str, *, keep_path: bool = False) -> str:
+    """``url`` as any message may show it: scheme and host (and port), never the userinfo
+    (user, password, token), the query or the fragment; the path only with ``keep_path``
+    (a path can be a secret: a Slack webhook's). ``http://u:pw@host:5000/api?k=v`` ->
+    ``http://host:5000/…`` (``http://host:5000/api`` with ``keep_path``). Text that is not
+    a URL is ``<redacted>``, or itself with ``keep_path`` (a local path has no userinfo).
+
+    The one helper every URL passes through before it is logged, raised or stored in a
+    message (alert channels, MLflow and OTLP warnings, storage, Prometheus, checkpoints)."""
+    if "://" not in url:
+        return url if keep_path else "<redacted>"
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        return "<redacted>"
+    if not parts.scheme:
+        return "<redacted>"
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path if keep_path else '/…'}"
+
+
+def redact_urls(text: str) -> str:
+    """Every URL inside ``text`` (an exception's message, a library's log line) as
+    :func:`redact_url` shows it."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)

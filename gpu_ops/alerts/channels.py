@@ -18,7 +18,8 @@
   (``maybe_delivered``): the alert is redelivered later with the same keys, never dropped.
 - Nothing here raises with a secret in it: every message that leaves this module (result
   details, log lines, exceptions) goes through :class:`Redactor`, which masks every
-  channel secret known to the configuration and shortens URLs to scheme and host.
+  channel secret known to the configuration and shortens every URL to scheme and host
+  (:func:`gpu_ops.formatting.redact_urls`: no userinfo, path or query).
 """
 
 from __future__ import annotations
@@ -50,11 +51,10 @@ from gpu_ops.config import (
     SecretRef,
     SlackChannel,
     WebhookChannel,
-    redact_url,
 )
+from gpu_ops.formatting import redact_url, redact_urls
 
 logger = logging.getLogger("gpu_ops.alerts")
-_URL_PATH = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s/'\"]+)/[^\s'\"]*")
 _DELTA_SECONDS = re.compile(r"[0-9]{1,10}", re.ASCII)
 SNIPPET_CHARS = 200
 AnyChannel = SlackChannel | PagerDutyChannel | WebhookChannel | EmailChannel | LogChannel
@@ -91,8 +91,8 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for secret, replacement in self._subs:
             text = text.replace(secret, replacement)
-        # Also any URL's path and query, in case a library echoes a redirect target.
-        return _URL_PATH.sub(lambda m: f"{m.group(1)}/…", text)
+        # Also any other URL's userinfo, path and query, in case a library echoes a redirect target.
+        return redact_urls(text)
 
 
 def _secret_value(secret: SecretRef | LiteralSecret | None) -> str | None:

@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from gpu_ops.config import UtilizationConfig, parse_duration, redact_url
+from gpu_ops.config import UtilizationConfig, parse_duration
+from gpu_ops.formatting import redact_url
 from gpu_ops.errors import GpuOpsError
 
 if TYPE_CHECKING:

@@ -1,96 +1,140 @@
 """OpenTelemetry spans: one per training attempt, one per cost partition, over OTLP/HTTP.
 
 Exported only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set;
-otherwise every function returns at once without importing the SDK, so the code location
-and a run that does not trace pay nothing. The exporter follows the standard OTEL_*
-variables (headers, timeout, protocol http/protobuf); ``OTEL_SERVICE_NAME`` defaults to
-``gpu_ops``. Spans go out synchronously when they end (a few per run), each bounded by
-the exporter's timeout; a receiver that is down costs one logged warning, never the run.
+otherwise every function returns at once, importing nothing. A span is built as the OTLP
+protobuf (``opentelemetry-proto``, the ``gpu_ops[otel]`` extra) and POSTed through
+:mod:`gpu_ops.bounded_http`: **one deadline per export** covering connect, send and read
+(a collector that trickles its answer ends at the deadline, not per read), no SDK
+exporter and its retries in between. The standard variables apply: the endpoint,
+``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS``, ``..._CERTIFICATE``, ``..._COMPRESSION``
+(``gzip``), ``OTEL_SERVICE_NAME`` (default ``gpu_ops``) and ``OTEL_RESOURCE_ATTRIBUTES``;
+the deadline is gpu_ops' own (``training.telemetry_deadline_s``).
+
+An attempt's span is queued with its bill (:func:`attempt_payload`, a JSON payload in the
+telemetry outbox) and sent afterwards (:func:`export`); a partition's is sent when the
+partition is computed (:func:`partition_span`). Ids are derived from the Dagster run, so a
+span sent twice (at least once delivery) keeps its span id, and every attempt of one run
+and asset lands in one trace.
 
 Attributes follow OpenTelemetry's semantic conventions where one exists
 (``k8s.namespace.name``, ``k8s.pod.name``, ``k8s.node.name``, ``error.type``,
 ``cloud.provider``); the rest are in the ``gpu_ops.`` namespace, with the names of the
-GenOps design (``gpu_ops.compute.gpu_type``, ``gpu_ops.cost.total``, ...). Every attempt
-of one Dagster run (and asset) lands in one trace whose id is derived from the run id.
+GenOps design (``gpu_ops.compute.gpu_type``, ``gpu_ops.cost.total``, ...).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
 import logging
 import os
-import threading
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+from gpu_ops.bounded_http import Bounds, RemoteError, describe_failure, exchange
+from gpu_ops.formatting import redact_url
 
 log = logging.getLogger("gpu_ops.tracing")
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACER = "gpu_ops"
 ATTEMPT_SPAN = "gpu_ops.training.attempt"
 PARTITION_SPAN = "gpu_ops.cost.partition"
-
-_lock = threading.Lock()
-_providers: dict[tuple[str, ...], Any] = {}
+PARTITION_DEADLINE_S = 1.0
+_MAX_ANSWER = 65_536
 
 
 def enabled() -> bool:
     return any(os.environ.get(v) for v in ENDPOINT_VARS) and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
 
 
-def _tracer() -> Any:
-    """A tracer of this module's own provider (the global one is the application's)."""
-    key = tuple(os.environ.get(v, "") for v in (*ENDPOINT_VARS, "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_HEADERS"))
-    with _lock:
-        provider = _providers.get(key)
-        if provider is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+def _setting(name: str) -> str:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}") or ""
 
-            provider = TracerProvider(resource=Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or "gpu_ops"}))
-            provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
-            _providers[key] = provider
-    return provider.get_tracer(TRACER)
+
+def endpoint() -> str:
+    """Where spans go: the traces endpoint as given, or the base endpoint's ``/v1/traces``."""
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return traces if traces else os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").rstrip("/") + "/v1/traces"
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (values percent-encoded), as the OTEL_* header and resource variables are written."""
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def _digest(text: str, bits: int) -> bytes:
+    raw = hashlib.sha256(text.encode()).digest()[: bits // 8]
+    return raw if any(raw) else b"\x01".rjust(bits // 8, b"\x00")
 
 
 def _ns(t: dt.datetime) -> int:
     return int(t.timestamp() * 1_000_000_000)
 
 
-def _digest(text: str, bits: int) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[: bits // 8], "big") or 1
-
-
-def _parent(trace_key: str) -> Any:
-    """A remote parent whose trace id is derived from ``trace_key`` (the Dagster run and asset)."""
-    from opentelemetry import trace
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-    ctx = SpanContext(trace_id=_digest(trace_key, 128), span_id=_digest("root:" + trace_key, 64), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    return trace.set_span_in_context(NonRecordingSpan(ctx))
-
-
 def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attributes.items() if v is not None and v != ""}
 
 
-def emit(name: str, start: dt.datetime, end: dt.datetime, attributes: Mapping[str, Any], *, trace_key: str, error: str | None = None) -> bool:
-    """One finished span; False when tracing is off or the span could not be made."""
-    if not enabled():
-        return False
-    try:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+def span_payload(name: str, start: dt.datetime, end: dt.datetime, attributes: Mapping[str, Any], *, trace_key: str, span_key: str, error: str | None = None) -> dict[str, Any]:
+    """One finished span as JSON (what :func:`export` sends)."""
+    return {"name": name, "trace_key": trace_key, "span_key": span_key, "start_ns": _ns(start), "end_ns": _ns(end), "attributes": _clean(attributes), "error": error}
 
-        span = _tracer().start_span(name, context=_parent(trace_key), kind=SpanKind.INTERNAL, attributes=_clean(attributes), start_time=_ns(start))
-        if error:
-            span.set_status(Status(StatusCode.ERROR, error))
-        span.end(end_time=_ns(end))
-        return True
-    except Exception as exc:  # noqa: BLE001 - tracing never breaks a run
-        log.warning("gpu_ops: could not export the %s span: %s: %s", name, type(exc).__name__, exc)
-        return False
+
+def _any_value(value: Any) -> Any:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    return AnyValue(string_value=str(value))
+
+
+def _request(payload: Mapping[str, Any]) -> bytes:
+    """The OTLP ``ExportTraceServiceRequest`` of one span, serialized."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+    def kvs(attributes: Mapping[str, Any]) -> list[Any]:
+        return [KeyValue(key=k, value=_any_value(v)) for k, v in attributes.items()]
+
+    trace_key = str(payload["trace_key"])
+    span = Span(
+        trace_id=_digest(trace_key, 128), span_id=_digest("span:" + str(payload["span_key"]), 64), parent_span_id=_digest("root:" + trace_key, 64),
+        name=str(payload["name"]), kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=int(payload["start_ns"]), end_time_unix_nano=int(payload["end_ns"]),
+        attributes=kvs(payload["attributes"]),
+        status=Status(code=Status.STATUS_CODE_ERROR, message=str(payload["error"])) if payload.get("error") else Status(),
+    )
+    resource = {**_pairs(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")), "service.name": os.environ.get("OTEL_SERVICE_NAME") or "gpu_ops"}
+    spans = ResourceSpans(resource=Resource(attributes=kvs(resource)), scope_spans=[ScopeSpans(scope=InstrumentationScope(name=TRACER), spans=[span])])
+    return bytes(ExportTraceServiceRequest(resource_spans=[spans]).SerializeToString())
+
+
+def export(payload: Mapping[str, Any], deadline_s: float) -> None:
+    """POST one span (a :func:`span_payload`) to the configured endpoint within ``deadline_s``
+    (connect, send and read together). Raises :class:`~gpu_ops.bounded_http.RemoteError`
+    (it names the collector as scheme and host only) when it was not accepted."""
+    url = endpoint()
+    body = _request(payload)
+    headers = {"Content-Type": "application/x-protobuf", **_pairs(_setting("HEADERS"))}
+    if _setting("COMPRESSION").lower() == "gzip":
+        body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
+    with exchange("POST", url, bounds=Bounds(deadline_s, _MAX_ANSWER), headers=headers, body=body, ca_file=_setting("CERTIFICATE") or None) as ex:
+        answer = ex.read(cut_at_cap=True)
+    if not 200 <= answer.status < 300:
+        raise RemoteError(redact_url(url), f"the collector answered HTTP {answer.status}", kind="protocol", sent=True)
 
 
 def attempt_attributes(row: Any, *, provider: str, cost_usd: float | None, currency: str, recovery_s: float | None) -> dict[str, Any]:
@@ -125,23 +169,32 @@ def attempt_attributes(row: Any, *, provider: str, cost_usd: float | None, curre
     }
 
 
-def attempt_span(row: Any, *, provider: str, cost_usd: float | None, currency: str = "USD", recovery_s: float | None = None) -> bool:
-    if not enabled():
-        return False
+def attempt_payload(row: Any, *, provider: str, cost_usd: float | None, currency: str = "USD", recovery_s: float | None = None) -> dict[str, Any]:
+    """The span of a settled attempt's ledger row, to queue in the outbox."""
     attrs = attempt_attributes(row, provider=provider, cost_usd=cost_usd, currency=currency, recovery_s=recovery_s)
     error = None if row.outcome in ("completed", "preempted") else row.outcome
-    return emit(ATTEMPT_SPAN, row.start, row.end, attrs, trace_key=f"{row.run_id}/{row.asset_key}", error=error)
+    trace_key = f"{row.run_id}/{row.asset_key}"
+    return span_payload(ATTEMPT_SPAN, row.start, row.end, attrs, trace_key=trace_key, span_key=f"{trace_key}/{row.attempt}", error=error)
 
 
 def partition_span(asset: str, partition_keys: list[str], start: dt.datetime, end: dt.datetime, figures: Mapping[str, Any], *, run_id: str) -> bool:
-    """A cost asset's materialization of ``partition_keys`` (``figures``: cost, GPU-hours, ...)."""
+    """A cost asset's materialization of ``partition_keys`` (``figures``: cost, GPU-hours, ...),
+    sent now within :data:`PARTITION_DEADLINE_S`; False (and a logged warning) when not."""
     if not enabled():
         return False
+    where = partition_keys[0] if len(partition_keys) == 1 else f"{partition_keys[0]}..{partition_keys[-1]}"
     attrs = {
         "gpu_ops.cost.asset": asset,
-        "gpu_ops.cost.partition": partition_keys[0] if len(partition_keys) == 1 else f"{partition_keys[0]}..{partition_keys[-1]}",
+        "gpu_ops.cost.partition": where,
         "gpu_ops.cost.partitions": len(partition_keys),
         "dagster.run_id": run_id,
         **{f"gpu_ops.{k}": v for k, v in figures.items()},
     }
-    return emit(PARTITION_SPAN, start, end, attrs, trace_key=f"{run_id}/{asset}")
+    trace_key = f"{run_id}/{asset}"
+    try:
+        export(span_payload(PARTITION_SPAN, start, end, attrs, trace_key=trace_key, span_key=f"{trace_key}/{where}"), PARTITION_DEADLINE_S)
+    except Exception as exc:  # noqa: BLE001 - tracing never breaks a run
+        log.warning("gpu_ops: the %s span was not sent: %s", PARTITION_SPAN, describe_failure(exc))
+        return False
+    return True
+

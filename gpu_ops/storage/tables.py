@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
 from gpu_ops.config import storage_backend
+from gpu_ops.formatting import redact_url
 from gpu_ops.storage.errors import StorageError, StorageUnavailable
 
 PARTITION_COLUMN = "partition_key"
@@ -50,8 +51,10 @@ DEFAULT_STATEMENT_TIMEOUT_S = 300.0
 
 
 def display_url(url: str | URL) -> str:
-    """The URL with its password hidden, for logs and metadata."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The database URL for logs and metadata: scheme, host, port and database, without
+    user, password or query (:func:`gpu_ops.formatting.redact_url`)."""
+    text = url.render_as_string(hide_password=True) if isinstance(url, URL) else url
+    return redact_url(text, keep_path=True)
 
 
 def _scrub(text: str, url: str | URL) -> str:
@@ -421,10 +424,14 @@ class TableStore:
                 continue  # ints fit a float column; the recorded kind stays float
             raise StorageError(f"table {name}, column {col}: was {old}, the new rows have {kind}; migrate the table or rename the column")
 
-    def _lock(self, conn: sa.Connection, name: str) -> None:
+    def lock(self, conn: sa.Connection, name: str) -> None:
+        """Serialise the writers of ``name`` (and its schema changes) to the end of ``conn``'s
+        transaction: a PostgreSQL advisory lock; SQLite's ``BEGIN IMMEDIATE`` (see
+        ``_create_engine``) already holds the write lock."""
         if self.dialect == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"gpu_ops:{name}"})
-        # SQLite: BEGIN IMMEDIATE (see _create_engine) already holds the write lock.
+
+    _lock = lock
 
     # ---- writes
 
@@ -663,6 +670,40 @@ class TableStore:
             rows = conn.execute(sa.text(f'SELECT DISTINCT "{PARTITION_COLUMN}" FROM "{name}" ORDER BY 1'))
             return [r[0] for r in rows]
 
+    # ---- rows unique on a key, written inside a caller's transaction
+
+    def ensure_unique(self, name: str, template: pd.DataFrame, keys: Sequence[str]) -> None:
+        """Table ``name`` exists with ``template``'s columns and kinds and a unique index on
+        ``keys``. A table made before the index may hold rows that repeat a key: all but
+        the first stored are deleted, then the index is made (under the table's lock)."""
+        index = _index_name(name, "_".join(("uq", *keys)))
+        with self.engine.connect() as conn:
+            inspector = sa.inspect(conn)
+            if inspector.has_table(name) and any(ix["name"] == index for ix in inspector.get_indexes(name)):
+                return
+        self.write(name, template.iloc[:0], replace=False)  # creates it, or adds the columns it lacks
+        cols = ", ".join(f'"{_checked(c)}"' for c in keys)
+        row_id = "ctid" if self.dialect == "postgresql" else "rowid"
+        with self.engine.begin() as conn:
+            self.lock(conn, name)
+            same = " AND ".join(f'a."{c}" = b."{c}"' for c in keys)
+            conn.execute(sa.text(f'DELETE FROM "{name}" AS a WHERE EXISTS (SELECT 1 FROM "{name}" AS b WHERE {same} AND b.{row_id} < a.{row_id})'))
+            conn.execute(sa.text(f'CREATE UNIQUE INDEX IF NOT EXISTS "{index}" ON "{name}" ({cols})'))
+
+    def insert_new(self, conn: sa.Connection, name: str, df: pd.DataFrame, keys: Sequence[str]) -> int:
+        """Insert ``df``'s rows into ``name`` inside the caller's transaction ``conn``; a row
+        whose ``keys`` are stored already is skipped (``INSERT ... ON CONFLICT DO NOTHING``
+        on the unique index :meth:`ensure_unique` made). The number of rows inserted."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        if not len(df):
+            return 0
+        table = sa.Table(name, sa.MetaData(), autoload_with=conn)
+        values = _encode(df, {c: column_kind(df[c]) for c in df.columns})
+        rows = [dict(zip(values, row)) for row in zip(*values.values())]
+        insert = (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
+        return int(conn.execute(insert.on_conflict_do_nothing(index_elements=list(keys)), rows).rowcount)
+
 
 def _create_table(conn: sa.Connection, name: str, kinds: Mapping[str, str], index_on: str | None) -> None:
     meta = sa.MetaData()
@@ -702,6 +743,11 @@ def _index_name(table: str, column: str) -> str:
 def _check_name(name: str) -> None:
     if not name or not all(c.isalnum() or c == "_" for c in name) or name[0].isdigit():
         raise StorageError(f"{name!r} is not a usable table or column name (letters, digits and _; not starting with a digit)")
+
+
+def _checked(name: str) -> str:
+    _check_name(name)
+    return name
 
 
 def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:

@@ -312,7 +312,7 @@ def _settle_orphans(step: _Step) -> None:
     try:
         found = settle_orphans(
             step.store, found_by=f"the next attempt of run {step.run_id[:8]}", successor=(step.run_id, step.asset_key), stale_s=ttl,
-            last_checkpoint=lambda a: _orphans_last_checkpoint(step, a), log=step.log,
+            last_checkpoint=lambda a: _orphans_last_checkpoint(step, a), log=step.log, pricing=_pricing(step),
         )
     except Exception as exc:  # noqa: BLE001 - the database is down: this attempt still runs
         step.log.error(f"could not look for orphaned attempts: {type(exc).__name__}: {exc}")
@@ -357,7 +357,7 @@ def _prepare_checkpoints(step: _Step) -> None:
         step.log.info(f"removed {removed} partial checkpoint file(s) left by the previous attempt")
     if not _is_local(step.compute) and "://" not in step.ckpt_url:
         step.log.warning(
-            f"checkpoints go to the path {step.ckpt_url} inside the worker pods: unless that is a mounted volume (PVC) "
+            f"checkpoints go to the path {fmt.redact_url(step.ckpt_url, keep_path=True)} inside the worker pods: unless that is a mounted volume (PVC) "
             "they die with the pod; set training.checkpoint_url to s3://, gs:// or a PVC mount"
         )
 
@@ -387,7 +387,7 @@ def _log_plan(step: _Step) -> None:
         f"memory {request.memory} ({'; '.join(step.notes) or 'as declared'}); history: {counts.preemptions} preemption(s), {counts.ooms} OOM(s), "
         f"{counts.infrastructure} infrastructure failure(s), {counts.user_errors} user error(s); "
         + (f"newest checkpoint #{newest.seq} (step {newest.step})" if newest else "no checkpoint yet")
-        + f" in {step.ckpt_url}"
+        + f" in {fmt.redact_url(step.ckpt_url, keep_path=True)}"
     )
 
 
@@ -399,8 +399,15 @@ def _plan_record(step: _Step) -> None:
     step_key = getattr(inner, "op_handle", None) or step.launch_key[-1]
     step.recorder = AttemptRecorder.plan(
         step.store, run_id=step.run_id, step_key=str(step_key), asset_key=step.asset_key, attempt=step.attempt, launch_name=step.name,
-        bill=_bill(step.request, None, step.name, None, used_gpus=True), log_error=step.log.error, log=step.log,
+        bill=_bill(step.request, None, step.name, None, used_gpus=True), log_error=step.log.error, log=step.log, pricing=_pricing(step),
+        deadline_s=step.config.training.telemetry_deadline_s,
     )
+
+
+def _pricing(step: _Step) -> Any:
+    from gpu_ops.observability.hooks import Pricing
+
+    return Pricing.of(step.config)
 
 
 class _OwnerWatch(threading.Thread):
@@ -728,7 +735,7 @@ def _materialization_metadata(
         "currency": config.prices.currency,
         "decision": decision.reason,
         "attempt_history": dg.MetadataValue.md("\n".join(lines)),
-        "checkpoint_url": ckpt_url,
+        "checkpoint_url": fmt.redact_url(ckpt_url, keep_path=True),
         "gpu_request": f"{request.gpus}x {request.gpu_type}, {request.workers} worker(s), {request.capacity}, {request.memory}",
         "pricing": (
             f"simulated: {simulated} CPU attempt(s) priced as the declared {hardware.declared(request.gpu_type, request.total_gpus)} "

@@ -3,38 +3,21 @@
 A thin store for :class:`gpu_ops.training.attempts.Attempt`: one row per attempt, written
 with the state it moves *from* as a condition (``UPDATE ... WHERE state = :previous``), so
 the owner and a settler that found the attempt orphaned cannot both move it: the second
-write reports ``False`` and its writer reads the record again. Times of the heartbeat
-(``beat_at``) come from the database's clock.
-
-:data:`on_settled` is the one place a settled or decided attempt is reported: callables
-``fn(attempt)`` appended there (OpenTelemetry spans, MLflow logging) are called after the
-record is committed; one that raises is logged through :data:`warn` and never changes the
-attempt. No Dagster here.
+write reports ``False`` and its writer reads the record again. :meth:`AttemptStore.move_in`
+is that write inside a caller's transaction: settling moves the record and writes the
+ledger row and the telemetry outbox rows in one (:func:`gpu_ops.training.settle.settle_attempt`).
+Times of the heartbeat (``beat_at``) come from the database's clock. No Dagster here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from gpu_ops.compute.quota import db_clock
 from gpu_ops.training.attempts import OPEN_STATES, Attempt, Decision, Owner, State
 
 ATTEMPT_TABLE = "gpu_ops_training_attempts"
-
-# Observers of settled/decided attempts (see the module docstring).
-on_settled: list[Callable[[Attempt], None]] = []
-warn: list[Callable[[str], None]] = [print]
-
-
-def _report(attempt: Attempt) -> None:
-    for fn in list(on_settled):
-        try:
-            fn(attempt)
-        except Exception as exc:  # noqa: BLE001 - an observer never changes the attempt
-            for w in warn:
-                w(f"on_settled observer {getattr(fn, '__name__', fn)} failed: {type(exc).__name__}: {exc}")
 
 
 def _to_row(a: Attempt) -> dict[str, Any]:
@@ -100,15 +83,24 @@ class AttemptStore:
     def move(self, previous: Attempt, new: Attempt) -> bool:
         """Write ``new`` if the stored record is still in ``previous.state``; False when
         someone else moved it first (read it again with :meth:`get`)."""
-        t = self.table
         with self.store.engine.begin() as conn:
-            self._ensure(conn)
-            done = conn.execute(
-                t.update().where(t.c.attempt_id == new.attempt_id, t.c.state == previous.state.value).values(**_to_row(new), beat_at=self.db_now)
-            )
-        if done.rowcount and new.state in (State.SETTLED, State.DECIDED):
-            _report(new)
-        return bool(done.rowcount)
+            return self.move_in(conn, previous, new)
+
+    def move_in(self, conn: Any, previous: Attempt | None, new: Attempt) -> bool:
+        """:meth:`move` inside the caller's transaction ``conn`` (the compare and the set are
+        one statement). ``previous`` None: the record was never stored (its first write
+        failed); it is inserted unless it exists."""
+        self._ensure(conn)
+        t = self.table
+        stmt: Any
+        if previous is None:
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            insert = (postgresql.insert if self.store.dialect == "postgresql" else sqlite.insert)(t)
+            stmt = insert.values(**_to_row(new), beat_at=self.db_now).on_conflict_do_nothing(index_elements=["attempt_id"])
+        else:
+            stmt = t.update().where(t.c.attempt_id == new.attempt_id, t.c.state == previous.state.value).values(**_to_row(new), beat_at=self.db_now)
+        return bool(conn.execute(stmt).rowcount)
 
     def beat(self, attempt_id: str) -> None:
         """The owner is alive (database clock)."""
@@ -140,4 +132,4 @@ class AttemptStore:
         return [_from_row(r) for r in rows]
 
 
-__all__ = ["ATTEMPT_TABLE", "AttemptStore", "on_settled"]
+__all__ = ["ATTEMPT_TABLE", "AttemptStore"]

@@ -124,7 +124,9 @@ class CheckpointStore:
         self.fs.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
-        return f"CheckpointStore({self.url!r}, keep_last={self.keep_last})"
+        from gpu_ops.formatting import redact_url
+
+        return f"CheckpointStore({redact_url(self.url, keep_path=True)!r}, keep_last={self.keep_last})"
 
     # ---- names
 

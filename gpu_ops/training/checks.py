@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
+from gpu_ops.formatting import redact_url, redact_urls
 from gpu_ops.validate import CheckResult, not_yet_created
 
 
@@ -14,6 +15,7 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
 
     url = checkpoint_root(config)
+    shown = redact_url(url, keep_path=True)  # never a userinfo (sftp://user:pw@host/...) in a message
     if "://" not in url and (missing := not_yet_created("checkpoints", Path(url), "the first checkpoint", "training.checkpoint_url")) is not None:
         return missing  # validate writes nothing: a folder that is not there yet is not created to probe it
     fix = (
@@ -27,12 +29,12 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
         ok = store.fs.cat_file(probe) == b"ok"
         store.fs.rm(probe)
     except ImportError as exc:
-        return CheckResult("checkpoints", "failed", f"{url}: the filesystem driver is missing ({exc})", f"pip install the fsspec driver for this URL; {fix}")
+        return CheckResult("checkpoints", "failed", f"{shown}: the filesystem driver is missing ({redact_urls(str(exc))})", f"pip install the fsspec driver for this URL; {fix}")
     except Exception as exc:  # any filesystem error is reported, not raised
-        return CheckResult("checkpoints", "failed", f"{url}: cannot write a checkpoint: {type(exc).__name__}: {exc}", fix)
+        return CheckResult("checkpoints", "failed", f"{shown}: cannot write a checkpoint: {type(exc).__name__}: {redact_urls(str(exc))}", fix)
     if not ok:
-        return CheckResult("checkpoints", "failed", f"{url}: a probe written there read back differently", fix)
-    return CheckResult("checkpoints", "ok", f"{url} is writable (keep_last={config.training.keep_last})")
+        return CheckResult("checkpoints", "failed", f"{shown}: a probe written there read back differently", fix)
+    return CheckResult("checkpoints", "ok", f"{shown} is writable (keep_last={config.training.keep_last})")
 
 
 def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:
@@ -49,7 +51,12 @@ def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]
     if not store.has_table(ATTEMPT_TABLE):
         return [], "no training attempt recorded yet"
     if settle:
-        return [s.message for s in settle_orphans(store, found_by="gpu-ops validate")], None
+        from gpu_ops.observability.hooks import Pricing
+        from gpu_ops.observability.sender import drain
+
+        found = [s.message for s in settle_orphans(store, found_by="gpu-ops validate", pricing=Pricing.of(config))]
+        sent = drain(store, deadline_s=config.training.telemetry_deadline_s, due_only=False)  # telemetry their owners could not send
+        return found + ([sent.describe()] if sent.tried else []), None
     stale = [a for a, quiet_s in AttemptStore(store).open_attempts() if owner_gone(a, quiet_s, stale_s=60.0)]
     return [f"{a.run_id} {a.asset_key} attempt {a.attempt} is {a.state.value} and its owner (pid {a.owner.pid} on {a.owner.host}) is gone" for a in stale], None
 
@@ -63,11 +70,12 @@ def check_orphaned_attempts(config: GpuOpsConfig, settle: bool = False) -> Check
     if nothing is not None:
         return CheckResult("orphaned_attempts", "ok", nothing)
     if settle:
-        return CheckResult("orphaned_attempts", "ok", f"settled {len(found)} orphaned attempt(s)" + "".join(f"\n     - {m}" for m in found))
+        settled = [m for m in found if not m.startswith("telemetry: ")]
+        return CheckResult("orphaned_attempts", "ok", f"settled {len(settled)} orphaned attempt(s)" + "".join(f"\n     - {m}" for m in found))
     if not found:
         return CheckResult("orphaned_attempts", "ok", "every attempt in a non-final state has a live owner")
     return CheckResult(
         "orphaned_attempts", "failed", f"{len(found)} attempt(s) left by an owner that is gone:" + "".join(f"\n     - {m}" for m in found),
-        "gpu-ops validate --settle-orphans bills what ran, stops the workers and releases their leases "
+        "gpu-ops validate --settle-orphans bills what ran, stops the workers, releases their leases and sends their telemetry "
         "(gpu_orphaned_attempts_sensor does the same every 30 s where the Dagster daemon runs)",
     )

@@ -177,17 +177,27 @@ def build_attempt_sensor(config: GpuOpsConfig) -> dg.SensorDefinition:
 
     @dg.sensor(
         name=ATTEMPT_SENSOR, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Settles training attempts whose step process died with no attempt after it: workers stopped, time billed, GPU leases released.",
+        description=(
+            "Settles training attempts whose step process died with no attempt after it: workers stopped, time billed, GPU leases released; "
+            "sends the spans and MLflow records their owners could not."
+        ),
     )
     def gpu_orphaned_attempts_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         from gpu_ops.config import load_config
+        from gpu_ops.observability.hooks import Pricing
+        from gpu_ops.observability.sender import drain
         from gpu_ops.storage.tables import TableStore
         from gpu_ops.training.settle import settle_orphans
 
-        settled = settle_orphans(TableStore.from_config(load_config(source)), found_by="the orphaned-attempts sensor", stale_s=stale_s)
+        current = load_config(source)
+        store = TableStore.from_config(current)
+        settled = settle_orphans(store, found_by="the orphaned-attempts sensor", stale_s=stale_s, pricing=Pricing.of(current))
         for s in settled:
             context.log.warning(s.message)
-        return dg.SkipReason(f"{len(settled)} orphaned attempt(s) settled")
+        sent = drain(store, deadline_s=current.training.telemetry_deadline_s)  # telemetry the owners could not send
+        if sent.failed:
+            context.log.warning(sent.describe())
+        return dg.SkipReason(f"{len(settled)} orphaned attempt(s) settled" + (f"; {sent.describe()}" if sent.tried else ""))
 
     return gpu_orphaned_attempts_sensor
 

@@ -18,7 +18,12 @@ is recorded); ``none`` that no worker started (``gpu_count`` 0).
 
 It is also the memory of the preemption policy: the attempts of a run (how many
 preemptions, OOMs, ...) and an asset's preemption history (for the MTBP estimate).
-No Dagster imports.
+
+One row per (``run_id``, ``asset_key``, ``attempt``), in the schema: a unique index
+(:data:`KEY`, made by :func:`ensure`, which first drops the repeats a table made before it
+may hold). A row is written by :func:`insert` inside the transaction that settles its
+attempt (:func:`gpu_ops.training.settle.settle_attempt`); a second settler's insert is a
+no-op. No Dagster imports.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+import sqlalchemy as sa
 
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.training.classify import Outcome
@@ -59,6 +65,7 @@ LEDGER_COLUMNS: tuple[str, ...] = (
     "declared_gpu_count",
     "hardware_source",
 )
+KEY = ("run_id", "asset_key", "attempt")  # unique in the schema
 HARDWARE_SOURCES = ("worker", "declared", "none")
 CAPACITY_TYPES = ("spot", "on-demand", "reserved")
 SHARING_MODES = ("none", "mig", "mps", "timeslice")
@@ -136,10 +143,37 @@ def to_frame(rows: Sequence[LedgerRow]) -> pd.DataFrame:
     df["declared_gpu_count"] = df["declared_gpu_count"].astype("int64")
     df["gpu_share"] = df["gpu_share"].astype("float64")
     df["lost_seconds"] = df["lost_seconds"].astype("float64")
+    for col in (c for c in LEDGER_COLUMNS if c not in _TYPED):
+        df[col] = df[col].astype(object)  # text, also in a frame without rows (the table's template)
     return df
 
 
+_TYPED = {"start", "end", "last_checkpoint_at", "gpu_count", "attempt", "declared_gpu_count", "gpu_share", "lost_seconds"}
+
+
+def ensure(store: TableStore) -> None:
+    """The ledger table exists with its columns and the unique index on :data:`KEY`."""
+    store.ensure_unique(LEDGER_TABLE, to_frame([]), KEY)
+
+
+def insert(store: TableStore, conn: sa.Connection, row: LedgerRow) -> bool:
+    """Write ``row`` in the caller's transaction ``conn`` (after :func:`ensure`); False when
+    its run, asset and attempt have a row already (nothing is written)."""
+    return store.insert_new(conn, LEDGER_TABLE, to_frame([row]), KEY) == 1
+
+
+def fill_experiment_id(conn: sa.Connection, run_id: str, asset_key: str, attempt: int, experiment_id: str) -> None:
+    """The attempt's row takes ``experiment_id`` (its MLflow experiment, known once the
+    MLflow record was sent: after the bill, never before it)."""
+    table = sa.Table(LEDGER_TABLE, sa.MetaData(), autoload_with=conn)
+    where = (table.c.run_id == run_id, table.c.asset_key == asset_key, table.c.attempt == attempt)
+    conn.execute(table.update().where(*where).values(experiment_id=experiment_id))
+
+
 def append(store: TableStore, rows: Sequence[LedgerRow]) -> int:
+    """Rows of attempts that were not settled here (imports, tests): the same table and
+    index; a row whose key is stored already is refused (``StorageError``)."""
+    ensure(store)
     return store.append(LEDGER_TABLE, to_frame(rows))
 
 

@@ -2,10 +2,13 @@
 
 :class:`AttemptRecorder` is what the Dagster step holds while it drives one attempt. It
 applies the pure transitions of :mod:`gpu_ops.training.attempts`, writes each result
-through :class:`~gpu_ops.training.attempt_store.AttemptStore`, bills the ledger when the
-attempt settles, and keeps the owner's heartbeat (``beat_at``) going while the workers
-run. A database that cannot be written does not stop the training: the failure is logged
-and the next transition is written over the last one stored. When a settler got there
+through :class:`~gpu_ops.training.attempt_store.AttemptStore`, settles it in one
+transaction with its bill and telemetry (:func:`gpu_ops.training.settle.settle_attempt`),
+sends that telemetry in the background and waits for it at most the deadline (:meth:`stop`),
+and keeps the owner's heartbeat (``beat_at``) going while the workers run. A database that
+cannot be written does not stop the training: the failure is logged and the next
+transition is written over the last one stored; a settlement that could not be written is
+left to the orphan settlers (the record is not decided past it). When a settler got there
 first (the owner looked dead to it), the owner's moves are refused and it learns how the
 attempt was settled. No Dagster here.
 """
@@ -24,31 +27,38 @@ from typing import Any
 from gpu_ops.training import attempts as tr
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import Attempt, Decision, Owner, State
-from gpu_ops.training.settle import bill_once, ledger_row
+from gpu_ops.training.settle import settle_attempt
 
 BEAT_S = 2.0
+TELEMETRY_DEADLINE_S = 1.0
 
 
 class AttemptRecorder:
-    def __init__(self, table_store: Any, record: Attempt, log_error: Callable[[str], None], beat_s: float = BEAT_S, log: Any = None):
+    def __init__(
+        self, table_store: Any, record: Attempt, log_error: Callable[[str], None], beat_s: float = BEAT_S, log: Any = None,
+        pricing: Any = None, deadline_s: float = TELEMETRY_DEADLINE_S,
+    ):
         self.table_store = table_store
         self.store = AttemptStore(table_store)
         self.record = record
         self.stored: Attempt | None = None  # the last version the database has
         self.log_error = log_error
-        self.log = log  # the step's logger, for observers of the ledger row (settle.bill_once)
+        self.log = log  # the step's logger (telemetry's warnings)
+        self.pricing, self.deadline_s = pricing, deadline_s  # the spans' prices; one telemetry export's deadline
         self.taken_over: Attempt | None = None  # how a settler settled it, when one did
+        self.unsettled = False  # the settlement could not be written: the orphan settlers bill it
+        self.flush: Any = None  # gpu_ops.observability.sender.Flush of the settled attempt's telemetry
         self._beat_s = beat_s
         self._beating = threading.Event()
 
     @classmethod
     def plan(
         cls, table_store: Any, *, run_id: str, step_key: str, asset_key: str, attempt: int, launch_name: str, bill: Mapping[str, Any],
-        log_error: Callable[[str], None], log: Any = None,
+        log_error: Callable[[str], None], log: Any = None, pricing: Any = None, deadline_s: float = TELEMETRY_DEADLINE_S,
     ) -> "AttemptRecorder":
         owner = Owner.this_process(run_id, step_key)
         record = tr.plan(uuid.uuid4().hex, run_id, asset_key, attempt, owner, launch_name=launch_name, bill=bill, at=time.time())
-        rec = cls(table_store, record, log_error, log=log)
+        rec = cls(table_store, record, log_error, log=log, pricing=pricing, deadline_s=deadline_s)
         try:
             rec.stored = rec.store.create(record)
         except Exception as exc:  # noqa: BLE001 - the database is down: train anyway, say so
@@ -91,18 +101,35 @@ class AttemptRecorder:
     def settle(
         self, outcome: str, reason: str, ended_at: float, bill: Mapping[str, Any] | None, last_checkpoint_at: dt.datetime | None, *, billed: bool = True
     ) -> Any:
-        """Settle as the owner; the ledger row written (None when a settler had already
-        settled and billed it, or with ``billed=False``: a refused launch is no attempt to bill)."""
+        """Settle as the owner (:func:`~gpu_ops.training.settle.settle_attempt`); the ledger row
+        written (None when a settler had already settled and billed it, when it could not be
+        written, or with ``billed=False``: a refused launch is no attempt to bill). Its
+        telemetry starts going out in the background."""
         self._beating.set()
         record = self.record if bill is None else _with_bill(self.record, bill)
-        if not self._write(tr.settle(record, outcome, reason, ended_at)) or not billed:
+        self.record = new = tr.settle(record, outcome, reason, ended_at)
+        warn = self.log.warning if self.log is not None else self.log_error
+        try:
+            done = settle_attempt(self.store, self.stored, new, billed=billed, last_checkpoint_at=last_checkpoint_at, pricing=self.pricing, warn=warn)
+        except Exception as exc:  # noqa: BLE001 - see the module docstring
+            self.unsettled = True
+            self.log_error(
+                f"could not settle attempt {new.attempt} (its record and ledger row): {type(exc).__name__}: {exc}; "
+                "the orphaned-attempts sensor or `gpu-ops validate --settle-orphans` bills it once this process is gone"
+            )
             return None
-        row = ledger_row(self.record, last_checkpoint_at)
-        bill_once(self.table_store, row, self.log)
-        return row
+        if done is None:
+            self.taken_over = self.store.get(new.attempt_id)
+            return None
+        self.stored = new
+        if done.record_ids:
+            from gpu_ops.observability.sender import Flush
+
+            self.flush = Flush(self.table_store, done.record_ids, self.deadline_s)
+        return done.row
 
     def decide(self, decision: Decision, reason: str) -> None:
-        if self.record.state is State.SETTLED:
+        if self.record.state is State.SETTLED and not self.unsettled and self.taken_over is None:
             self._write(tr.decide(self.record, decision, reason))
 
     # ---- heartbeat
@@ -118,7 +145,20 @@ class AttemptRecorder:
         threading.Thread(target=beat, name="gpu-ops-attempt-beat", daemon=True).start()
 
     def stop(self) -> None:
+        """The heartbeat stops; the settled attempt's telemetry is waited for, at most the
+        deadline, and what became of it is logged (what was not sent stays queued)."""
         self._beating.set()
+        flush, self.flush = self.flush, None
+        if flush is None:
+            return
+        for sent, message in flush.wait():
+            if sent:
+                if self.log is not None:
+                    self.log.info(f"telemetry: {message}")
+            else:
+                (self.log.warning if self.log is not None else self.log_error)(
+                    f"{message}; queued in gpu_ops_telemetry_outbox: the orphaned-attempts sensor and `gpu-ops validate --settle-orphans` send it later"
+                )
 
 
 def _with_bill(a: Attempt, bill: Mapping[str, Any]) -> Attempt:

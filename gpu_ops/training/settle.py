@@ -8,6 +8,11 @@ settles it: the next attempt (:func:`settle_orphans` at its start), the orphan s
 checked by pid and process start time; one on another host is taken for gone when it has
 not beaten for ``stale_s`` seconds (database clock).
 
+Settling is one transaction (:func:`settle_attempt`, the owner's and every settler's): the
+record moves to ``settled`` by compare-and-set and its ledger row and telemetry outbox
+rows are written with it, so an attempt is billed once whoever races to settle it, and
+no network call sits between reading the record and writing it.
+
 Billing (:func:`ledger_row`): from the workers' start (``launched_at``) to their end,
 never the quota wait. The end of a worker that is still running when the attempt is
 found is *now* (it is stopped first: SIGTERM, so it checkpoints, then SIGKILL after the
@@ -104,23 +109,65 @@ def ledger_row(a: Attempt, last_checkpoint_at: dt.datetime | None = None) -> Any
     )
 
 
-def bill_once(table_store: Any, row: Any, log: Any = None) -> bool:
-    """Append ``row`` unless the ledger already has this run, asset and attempt (a settler
-    that died between writing the ledger and the record does not bill twice).
+@dataclass(frozen=True)
+class Committed:
+    """A settlement that was written: the record, its ledger row (None when not billed)
+    and the ids of its telemetry outbox rows."""
 
-    The one place every attempt's ledger row is written, by its owner or by whoever settled
-    it orphaned (``log``: a Dagster-style logger, when there is one): per-attempt
-    observers that need the row (a span, an MLflow run) hook in here."""
+    attempt: Attempt
+    row: Any
+    record_ids: tuple[str, ...]
+
+
+def _telemetry(table_store: Any, row: Any, pricing: Any, warn: Callable[[str], None]) -> tuple[Any, list[Any]]:
+    """The row (with its MLflow experiment id when known without asking) and its outbox
+    records; none when telemetry is not set up, or could not be built (said, never raised)."""
+    from gpu_ops.observability import hooks
+
+    if not hooks.wanted():
+        return row, []
+    from gpu_ops.formatting import redact_urls
     from gpu_ops.training import ledger
 
-    seen = ledger.read(table_store, run_id=row.run_id, asset_key=row.asset_key, attempt=row.attempt)
-    if not seen.empty:
-        return False
-    from gpu_ops.observability.hooks import attempt_settled  # span, MLflow run and its experiment id (no-op when neither is set up)
+    try:
+        return hooks.attempt_records(row, ledger=ledger.read(table_store, run_id=row.run_id, asset_key=row.asset_key), pricing=pricing)
+    except Exception as exc:  # noqa: BLE001 - telemetry never holds or loses the bill
+        warn(f"attempt {row.attempt}: no span or MLflow record queued: {type(exc).__name__}: {redact_urls(str(exc))}")
+        return row, []
 
-    row = attempt_settled(row, store=table_store, log=log)
-    ledger.append(table_store, [row])
-    return True
+
+def settle_attempt(
+    attempts: AttemptStore, previous: Attempt | None, settled: Attempt, *, billed: bool = True, last_checkpoint_at: dt.datetime | None = None,
+    pricing: Any = None, warn: Callable[[str], None] = print,
+) -> Committed | None:
+    """The one way an attempt is settled, by its owner or by whoever found it orphaned.
+
+    One database transaction: the record moves from ``previous`` to ``settled`` (compare
+    and set on its state; ``previous`` None: it was never stored), its ledger row is
+    inserted (unique on run, asset and attempt: a second insert is a no-op) and its span
+    and MLflow record are queued in the telemetry outbox. None when the record was moved
+    by someone else first: nothing is written. Nothing between reading and writing the
+    record blocks: the telemetry is sent after the commit (:mod:`gpu_ops.observability.sender`).
+    ``pricing``: a :class:`gpu_ops.observability.hooks.Pricing` for the spans' cost."""
+    from gpu_ops.observability.outbox import Outbox
+    from gpu_ops.training import ledger
+
+    table_store = attempts.store
+    row: Any = None
+    records: list[Any] = []
+    if billed:
+        row, records = _telemetry(table_store, ledger_row(settled, last_checkpoint_at), pricing, warn)
+        ledger.ensure(table_store)
+    box = Outbox(table_store)
+    if records:
+        box.ensure()
+    with table_store.engine.begin() as conn:
+        if not attempts.move_in(conn, previous, settled):
+            return None
+        if row is not None:
+            ledger.insert(table_store, conn, row)
+        ids = box.enqueue(conn, records)
+    return Committed(settled, row, ids)
 
 
 def _release(table_store: Any, lease_id: str | None) -> None:
@@ -138,9 +185,10 @@ def _decision_for(a: Attempt, successor: tuple[str, str] | None) -> tuple[Decisi
 
 def settle_orphan(
     stores: tuple[AttemptStore, Any], a: Attempt, quiet_s: float, *, found_by: str, successor: tuple[str, str] | None, grace_s: float,
-    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None, pricing: Any = None,
 ) -> Settled | None:
-    """Settle one orphaned attempt; None when someone else moved it first."""
+    """Settle one orphaned attempt (:func:`settle_attempt`) and decide it; None when someone
+    else moved it first. One found ``settled`` was billed with its record: it is decided."""
     attempts, table_store = stores
     if a.state is State.SETTLED:
         settled = a
@@ -149,10 +197,10 @@ def settle_orphan(
         ended = workers_ended_at(a, quiet_s, stopped)
         why = f"its owner (pid {a.owner.pid} on {a.owner.host}, step {a.owner.step_key or '?'}) died while the attempt was {a.state.value}"
         settled = settle(a, ORPHANED, why, ended, by=found_by)
-        if not attempts.move(a, settled):
+        last = last_checkpoint(settled) if settled.held_hardware else None
+        warn = log.warning if log is not None else print
+        if settle_attempt(attempts, a, settled, billed=settled.held_hardware, last_checkpoint_at=last, pricing=pricing, warn=warn) is None:
             return None
-    if settled.held_hardware:
-        bill_once(table_store, ledger_row(settled, last_checkpoint(settled)), log)
     # The GPUs go back at once only when no worker can still hold them: none started, or
     # they ran here and were stopped above. A remote worker's lease expires on its own
     # (its fence stops the worker first).
@@ -161,7 +209,8 @@ def settle_orphan(
         _release(table_store, settled.lease_id)
     decision, what = _decision_for(settled, successor)
     final = decide(settled, decision)
-    attempts.move(settled, final)
+    if not attempts.move(settled, final):
+        return None  # another settler decided it
     secs = (settled.ended_at or 0) - (settled.launched_at or settled.ended_at or 0)
     msg = (
         f"attempt {a.attempt} of {a.asset_key} (run {a.run_id[:8]}): {settled.reason}; settled by {found_by} as {settled.outcome}"
@@ -173,7 +222,7 @@ def settle_orphan(
 
 def settle_orphans(
     table_store: Any, *, found_by: str, successor: tuple[str, str] | None = None, stale_s: float = 60.0, grace_s: float = 10.0,
-    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None,
+    last_checkpoint: Callable[[Attempt], dt.datetime | None] = lambda _a: None, log: Any = None, pricing: Any = None,
 ) -> list[Settled]:
     """Settle every attempt in a non-final state whose owner is gone; what was done, one message each."""
     attempts = AttemptStore(table_store)
@@ -182,11 +231,12 @@ def settle_orphans(
         if not owner_gone(a, quiet_s, stale_s):
             continue  # its owner is running it (or deciding, when settled)
         found = settle_orphan(
-            (attempts, table_store), a, quiet_s, found_by=found_by, successor=successor, grace_s=grace_s, last_checkpoint=last_checkpoint, log=log
+            (attempts, table_store), a, quiet_s, found_by=found_by, successor=successor, grace_s=grace_s, last_checkpoint=last_checkpoint, log=log,
+            pricing=pricing,
         )
         if found is not None:
             done.append(found)
     return done
 
 
-__all__ = ["Settled", "bill_once", "ledger_row", "owner_gone", "settle_orphan", "settle_orphans", "stop_workers"]
+__all__ = ["Committed", "Settled", "ledger_row", "owner_gone", "settle_attempt", "settle_orphan", "settle_orphans", "stop_workers"]

@@ -94,3 +94,36 @@ def test_the_tables_page_shows_the_descriptions_the_ui_shows():
         text = page.read_text()
         start, end = text.index(GLOSSARY_START), text.index(GLOSSARY_END) + len(GLOSSARY_END)
     assert text[start:end] == glossary()
+
+
+@pytest.mark.parametrize(
+    "url, shown, with_path",
+    [
+        ("http://user:s3cret@mlflow.internal:5000/api?token=t0k", "http://mlflow.internal:5000/…", "http://mlflow.internal:5000/api"),
+        ("https://hooks.slack.com/services/T0/B0/xyz", "https://hooks.slack.com/…", "https://hooks.slack.com/services/T0/B0/xyz"),
+        ("postgresql+psycopg2://gpu_ops:pw@127.0.0.1:5432/costs?sslpassword=x", "postgresql+psycopg2://127.0.0.1:5432/…", "postgresql+psycopg2://127.0.0.1:5432/costs"),
+        ("s3://AKIA:wJalr@bucket/ckpts#frag", "s3://bucket/…", "s3://bucket/ckpts"),
+        ("http://[::1]:4318/v1/traces", "http://[::1]:4318/…", "http://[::1]:4318/v1/traces"),
+        ("http://user@host", "http://host/…", "http://host"),
+        ("sqlite:////tmp/a/costs.db", "sqlite:///…", "sqlite:////tmp/a/costs.db"),
+        ("checkpoints/run-1", "<redacted>", "checkpoints/run-1"),  # a plain path holds no userinfo
+    ],
+)
+def test_one_helper_takes_userinfo_and_query_out_of_every_url(url: str, shown: str, with_path: str) -> None:
+    from gpu_ops.formatting import redact_url
+
+    assert redact_url(url) == shown
+    assert redact_url(url, keep_path=True) == with_path
+
+
+def test_urls_inside_a_message_lose_their_secrets() -> None:
+    from gpu_ops.formatting import redact_urls
+
+    text = (
+        "API request to http://alice:hunter2@127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=1 failed; "
+        "retried 'https://bob:pw2@otel:4318/v1/traces?key=abc', then (ftp://x:y@z/)."
+    )
+    out = redact_urls(text)
+    for secret in ("alice", "hunter2", "bob", "pw2", "run_id=1", "key=abc", "x:y"):
+        assert secret not in out
+    assert "http://127.0.0.1:5000/…" in out and "'https://otel:4318/…'" in out and "(ftp://z/…)" in out

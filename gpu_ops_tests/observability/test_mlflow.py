@@ -7,7 +7,9 @@ The active-run test trains for real: a preempted-and-resumed run of train_demo_m
 ``mlflow.start_run()``. On a machine without a GPU those attempts run on CPU, which the
 ledger records as CPU and the cost engine never prices, so its figures compare at 0
 GPU-hours; the other tests send the attempts a worker on 2x A100 reports through the same
-hook, ledger and engine, to show priced experiments.
+settlement (the attempt record settled with its bill and its queued MLflow record, then
+the outbox drained as the orphan sensor drains it), ledger and engine, to show priced
+experiments.
 """
 
 from __future__ import annotations
@@ -147,11 +149,9 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from gpu_ops.observability.hooks import attempt_settled
     from gpu_ops.training import ledger
 
     config = write_config(tmp_path, ledger_only=True)
-    monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", mlflow_server)
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     second = dataclasses.replace(_gpu_row(yesterday), attempt=2)
@@ -159,7 +159,9 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
                                 outcome="preempted", lost_seconds=600.0)
     store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
     for row in (first, second):
-        ledger.append(store, [attempt_settled(row, store=store)])
+        settled = _settle(store, config, row)
+        assert dataclasses.replace(settled.row, last_checkpoint_at=None) == row  # the bill as the worker reported it, before any MLflow call
+        assert _drain(store).sent == 1
     client = MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("gpu_ops/train_llm")
     (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.`dagster.run_id` = 'dagster-run-1'")
@@ -174,20 +176,49 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
 
 
 def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_ops.observability.hooks import attempt_settled
+    from gpu_ops.observability.outbox import Outbox
+    from gpu_ops.training import ledger
 
-    monkeypatch.setenv("GPU_OPS_CONFIG", str(write_config(tmp_path, ledger_only=True)))
+    config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    warnings: list[str] = []
-
-    class Log:
-        def warning(self, message: str) -> None:
-            warnings.append(message)
-
     row = _gpu_row(dt.date(2026, 11, 1))
-    assert attempt_settled(row, store=TableStore(f"sqlite:///{tmp_path / 'costs.db'}"), log=Log()) is row  # unchanged, and no exception
-    assert len(warnings) == 1 and "no MLflow/trace record" in warnings[0] and "127.0.0.1" in warnings[0]
+    store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
+    assert _settle(store, config, row).row == row  # billed, unchanged, no exception
+    report = _drain(store)
+    assert report.sent == 0 and len(report.failed) == 1
+    assert "MLflow record of attempt 1" in report.failed[0] and "http://127.0.0.1:" in report.failed[0] and "refused" in report.failed[0]
+    (stored,) = ledger.read(store).itertuples(index=False)
+    assert stored.experiment_id == "" and stored.end == row.end
+    (entry,) = Outbox(store).entries()
+    assert entry.sent_at is None and entry.tries == 1  # kept for the next drain
+
+
+def _settle(store: TableStore, config: Path, row: Any) -> Any:
+    """Settle the attempt ``row`` describes (a record launched at its start, ended at its
+    end) as its owner does: one transaction with its bill and queued telemetry."""
+    from gpu_ops.config import load_config
+    from gpu_ops.observability.hooks import Pricing
+    from gpu_ops.training import attempts as tr
+    from gpu_ops.training.attempt_store import AttemptStore
+    from gpu_ops.training.ledger import LEDGER_COLUMNS
+    from gpu_ops.training.settle import settle_attempt
+
+    fixed = {c: getattr(row, c) for c in LEDGER_COLUMNS if c not in ("start", "end", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")}
+    records = AttemptStore(store)
+    a = tr.plan(f"{row.run_id}-{row.attempt}", row.run_id, row.asset_key, row.attempt, tr.Owner.this_process(row.run_id, "train"), launch_name="l",
+                bill=fixed, at=row.start.timestamp())
+    a = records.create(tr.launch(a, host="h", pids=(), started=(), at=row.start.timestamp(), workdir=None))
+    saved = row.end - dt.timedelta(seconds=row.lost_seconds) if row.lost_seconds else None
+    done = settle_attempt(records, a, tr.settle(a, row.outcome, "", row.end.timestamp()), last_checkpoint_at=saved, pricing=Pricing.of(load_config(config)))
+    assert done is not None and done.record_ids
+    return done
+
+
+def _drain(store: TableStore) -> Any:
+    """What the orphan sensor and `gpu-ops validate --settle-orphans` run."""
+    from gpu_ops.observability.sender import drain
+
+    return drain(store, deadline_s=10.0, due_only=False)
 
 
 def _gpu_row(day: dt.date) -> Any:
@@ -211,11 +242,9 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from gpu_ops.observability.hooks import attempt_settled
     from gpu_ops.training import ledger
 
     config = write_config(tmp_path, ledger_only=True)
-    monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     row = _gpu_row(yesterday)
     store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
@@ -223,12 +252,13 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     experiment = mlflow.set_experiment("llm-pretrain")
     try:
         with mlflow.start_run() as run:
-            recorded = attempt_settled(row, store=store)
-            ledger.append(store, [recorded])
+            recorded = _settle(store, config, row).row
     finally:
         mlflow.set_tracking_uri("")
+    assert _drain(store).sent == 1  # after the run ended: the record names its run
     spot = yaml.safe_load((DEMO / "prices.yaml").read_text())["gpus"]["a100-80gb"]["spot"]
-    assert recorded.experiment_id == experiment.experiment_id
+    assert recorded.experiment_id == experiment.experiment_id  # the active run's: known without asking, billed with it
+    assert set(ledger.read(store)["experiment_id"]) == {experiment.experiment_id}
     metrics = MlflowClient(mlflow_server).get_run(run.info.run_id).data.metrics
     assert metrics["gpu_ops.cost_usd"] == pytest.approx(2 * spot, abs=1e-9) and metrics["gpu_ops.gpu_hours"] == pytest.approx(2.0)
     by_experiment = _attribution_by_experiment(config, yesterday)

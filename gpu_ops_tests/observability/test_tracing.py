@@ -2,9 +2,10 @@
 test that decodes ExportTraceServiceRequest protobufs with opentelemetry-proto).
 
 A real preempted-and-resumed run of train_demo_model (its worker SIGKILLed after the first
-checkpoint, the step retried and resumed) gives one span per attempt; a real cost
-materialization gives one span per partition. Without OTEL_EXPORTER_OTLP_ENDPOINT no SDK
-module is imported, by the code location or by the hooks.
+checkpoint, the step retried and resumed) gives one span per attempt, queued with each
+attempt's bill and sent after it; a real cost materialization gives one span per
+partition. Without OTEL_EXPORTER_OTLP_ENDPOINT no OpenTelemetry module is imported, by the
+code location or by a settlement.
 """
 
 from __future__ import annotations
@@ -144,12 +145,16 @@ def _modules_after(code: str, env: dict[str, str]) -> list[str]:
 
 def test_without_an_endpoint_or_mlflow_run_nothing_is_imported_and_the_code_location_never_imports_the_sdks() -> None:
     env = {k: "" for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "MLFLOW_RUN_ID", "GPU_OPS_MLFLOW_TRACKING_URI")}
-    hook = (
-        "import datetime as dt\nfrom gpu_ops.observability.hooks import attempt_settled\nfrom gpu_ops.training.ledger import LedgerRow\n"
-        "t = dt.datetime(2026, 10, 1, tzinfo=dt.timezone.utc)\n"
-        "row = LedgerRow(t, t, 'ml', '', '', 'nlp', 'p', '', '', 'a100', 1, 'spot', 'none', 1.0, 'r', 'a', 1, 'completed', None, 0.0)\n"
-        "assert attempt_settled(row, store=None) is row"
+    settling = (  # a real settlement: record, ledger row, and no telemetry to queue
+        "import tempfile, time\nfrom gpu_ops.storage.tables import TableStore\nfrom gpu_ops.training import attempts as tr\n"
+        "from gpu_ops.training.attempt_store import AttemptStore\nfrom gpu_ops.training.settle import settle_attempt\n"
+        "from gpu_ops_tests.training.test_attempts import BILL\n"
+        "store = AttemptStore(TableStore('sqlite:///' + tempfile.mkdtemp() + '/c.db'))\n"
+        "a = tr.plan('i', 'r', 'a', 1, tr.Owner.this_process(), launch_name='l', bill=BILL, at=time.time())\n"
+        "a = store.create(tr.launch(a, host='h', pids=(1,), started=(None,), at=time.time(), workdir=None))\n"
+        "done = settle_attempt(store, a, tr.settle(a, 'completed', '', time.time()))\n"
+        "assert done is not None and done.row is not None and done.record_ids == ()"
     )
-    assert _modules_after(hook, env) == []
+    assert _modules_after(settling, env) == []
     # The code location loads without the SDK, even with an endpoint set (spans are made only when an attempt ends).
     assert _modules_after("import gpu_ops.definitions", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}) == []

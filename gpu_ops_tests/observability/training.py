@@ -21,7 +21,8 @@ def write_config(folder: Path, *, ledger_only: bool = False) -> Path:
         cfg["usage"].pop("inventory", None)
     else:
         cfg["usage"]["inventory"] = {"type": "file", "path": str(DEMO / "inventory.csv")}
-    cfg["training"].update(checkpoint_url=str(folder / "checkpoints"), demo_steps=900, demo_checkpoint_interval_s=0.5, retry_backoff_s=0.0)
+    # A generous telemetry deadline: these tests check what a healthy collector receives, on a loaded machine.
+    cfg["training"].update(checkpoint_url=str(folder / "checkpoints"), demo_steps=900, demo_checkpoint_interval_s=0.5, retry_backoff_s=0.0, telemetry_deadline_s=10.0)
     path = folder / "gpu_ops.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -84,8 +84,8 @@ def pg_url_at(port: int) -> str:
 
 
 def assert_clear(message: str, port: int) -> None:
-    assert f"postgresql+psycopg2://gpu_ops:***@127.0.0.1:{port}/costs" in message or f"postgresql://gpu_ops:***@127.0.0.1:{port}/costs" in message, message
-    assert PASSWORD not in message
+    assert f"postgresql+psycopg2://127.0.0.1:{port}/costs" in message or f"postgresql://127.0.0.1:{port}/costs" in message, message
+    assert PASSWORD not in message and "gpu_ops:***@" not in message  # no userinfo at all (formatting.redact_url)
     assert "Check" in message or "check" in message
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from gpu_ops.compute.quota import LeaseBook
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import attempt_store, ledger
+from gpu_ops.training import ledger
 from gpu_ops.training import attempts as tr
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import Decision, Owner, State, TransitionError
@@ -75,19 +75,15 @@ def test_the_docs_state_diagram_is_the_codes() -> None:
 
 def test_the_store_moves_a_record_only_from_the_state_it_was_read_in(tmp_path: Path) -> None:
     store = AttemptStore(TableStore(f"sqlite:///{tmp_path / 'c.db'}"))
-    seen: list[tr.Attempt] = []
-    attempt_store.on_settled.append(seen.append)
-    try:
-        a = store.create(planned())
-        b = tr.admit(a, None, None)
-        assert store.move(a, b)
-        assert not store.move(a, tr.admit(a, "other", 1))  # a second writer from the same old state loses
-        c = tr.settle(b, "preempted", "x", 200.0, by="someone")
-        assert store.move(b, c) and store.get("id1") == c
-        assert store.move(c, tr.decide(c, Decision.FAIL))
-    finally:
-        attempt_store.on_settled.remove(seen.append)
-    assert [x.state for x in seen] == [State.SETTLED, State.DECIDED]  # the observers' one place
+    a = store.create(planned())
+    b = tr.admit(a, None, None)
+    assert store.move(a, b)
+    assert not store.move(a, tr.admit(a, "other", 1))  # a second writer from the same old state loses
+    c = tr.settle(b, "preempted", "x", 200.0, by="someone")
+    assert store.move(b, c) and store.get("id1") == c
+    assert not store.move(b, tr.settle(b, "completed", "y", 201.0))  # settled once
+    assert store.move(c, tr.decide(c, Decision.FAIL))
+    assert [x.state for x in store.of_run("run-1", "train")] == [State.DECIDED]
 
 
 OWNER = textwrap.dedent(

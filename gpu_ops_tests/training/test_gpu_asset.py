@@ -35,7 +35,7 @@ DEMO_STEPS = 400
 REQUEST = GpuRequest(gpu_type="t4", gpus=1, memory="4Gi", capacity="spot-then-on-demand", labels=Attribution(team="nlp", project="tests"))
 
 
-def write_config(folder: Path, steps: int = DEMO_STEPS, simulate_gpu_pricing: bool = False) -> Path:
+def write_config(folder: Path, steps: int = DEMO_STEPS, simulate_gpu_pricing: bool = False, telemetry_deadline_s: float = 1.0) -> Path:
     path = folder / "gpu_ops.yaml"
     path.write_text(
         f"""
@@ -48,6 +48,7 @@ training:
   demo_checkpoint_interval_s: 0.4
   retry_backoff_s: 0.1
   simulate_gpu_pricing: {str(simulate_gpu_pricing).lower()}
+  telemetry_deadline_s: {telemetry_deadline_s}
 """
     )
     return path
