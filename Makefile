@@ -25,8 +25,7 @@ $(STAMP): pyproject.toml
 	@echo "==> [2/3] torch 2.13.0$(if $(TORCH_INDEX), from $(TORCH_INDEX), with the rest)"
 	$(if $(TORCH_INDEX),$(PY) -m pip install --progress-bar off torch==2.13.0 --index-url $(TORCH_INDEX))
 	@echo "==> [3/3] gpu_ops with its train, test, bench and docs extras (a few minutes on a fresh machine; each package is listed as it comes)"
-	@# compat: the checkout on sys.path through a .pth (the default mode warns about folders named like the package)
-	set -o pipefail; $(PY) -m pip install --progress-bar off --config-settings editable_mode=compat -e '.[train,test,bench,docs]' | { grep --line-buffered -E '^(Collecting|Successfully installed|ERROR)' || true; }
+	set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[train,test,bench,docs]' | { grep --line-buffered -E '^(Collecting|Successfully installed|ERROR)' || true; }
 	touch $(STAMP)
 	@echo "==> installed: $(VENV)"
 
