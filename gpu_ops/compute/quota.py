@@ -186,7 +186,7 @@ class LeaseBook:
         """Take the admission lock; the database's time, once it is held."""
         # One admission at a time; the table is created under the same lock, so two first
         # admissions on a fresh database do not race on CREATE TABLE.
-        self.store._lock(conn, LEASE_TABLE)
+        self.store.lock(conn, LEASE_TABLE)
         self.table.create(conn, checkfirst=True)
         self.tokens.create(conn, checkfirst=True)
         if not self._migrated:  # a table from before heartbeats (and tokens) were recorded

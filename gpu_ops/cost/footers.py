@@ -143,7 +143,7 @@ class FooterCache:
         ]
         try:
             with self.store.engine.begin() as conn:
-                self.store._lock(conn, FOOTERS_TABLE)  # also makes concurrent first writers create the table once
+                self.store.lock(conn, FOOTERS_TABLE)  # also makes concurrent first writers create the table once
                 _TABLE.create(conn, checkfirst=True)
                 paths = list(self._new)
                 for i in range(0, len(paths), _CHUNK):

@@ -385,7 +385,7 @@ class TableStore:
         """
         if sa.inspect(conn).has_table(_COLUMNS_TABLE):
             return
-        self._lock(conn, _COLUMNS_TABLE)
+        self.lock(conn, _COLUMNS_TABLE)
         conn.execute(
             sa.text(
                 f"CREATE TABLE IF NOT EXISTS {_COLUMNS_TABLE} ("
@@ -431,7 +431,6 @@ class TableStore:
         if self.dialect == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"gpu_ops:{name}"})
 
-    _lock = lock
 
     # ---- writes
 
@@ -458,7 +457,7 @@ class TableStore:
         kinds = {c: column_kind(df[c]) for c in df.columns}
         try:
             with self.engine.begin() as conn:
-                self._lock(conn, name)
+                self.lock(conn, name)
                 table = self._ensure_table(conn, name, kinds, PARTITION_COLUMN if partition_keys is not None else None)
                 if partition_keys is not None:
                     conn.execute(table.delete().where(table.c[PARTITION_COLUMN].in_(list(partition_keys))))
@@ -502,7 +501,7 @@ class TableStore:
         if not self.has_table(name):
             return 0
         with self.engine.begin() as conn:
-            self._lock(conn, name)
+            self.lock(conn, name)
             table = sa.Table(name, sa.MetaData(), autoload_with=conn)
             result = conn.execute(table.delete().where(*(table.c[k] == v for k, v in where.items())))
             return result.rowcount
@@ -647,7 +646,7 @@ class TableStore:
         if not missing:
             return
         with self.engine.begin() as conn:
-            self._lock(conn, name)
+            self.lock(conn, name)
             for c in missing:
                 _check_name(c)
                 expr = f'"{c}" COLLATE "C"' if self.dialect == "postgresql" and kinds.get(c, "str") != "datetime" else f'"{c}"'
