@@ -278,3 +278,30 @@ def test_workers_do_not_run_before_their_pids_are_on_the_lease(tmp_path: Path) -
     report = backend.run(worker_fns.train_steps, (str(tmp_path / "never"), 3, 0.01), hold=lost, log=lambda _m: None)
     assert report.exit is WorkerExit.LOST and "expired before its workers were recorded" in (report.error_message or "")
     assert not (tmp_path / "never").exists() and not is_alive(report.ranks[0].pid, "")
+
+
+def test_an_adopted_standby_waits_for_its_pid_on_the_lease_too(tmp_path: Path) -> None:
+    """A retry that adopts a parked standby worker (already warm) records that worker's pid
+    before the worker runs the function, as for a cold one."""
+    from gpu_ops_tests.compute.test_standby import parked_attempt, scope
+
+    s = scope(tmp_path)
+    _keeper, standby_worker = parked_attempt(tmp_path, s)
+    ticks = tmp_path / "ticks"
+    recorded: list[int] = []
+
+    def hold(workers: dict[str, Any]) -> None:
+        (pid, start), = workers["workers"]
+        recorded.append(pid)
+        assert is_alive(pid, start)
+        time.sleep(0.5)
+        assert not ticks.exists()
+
+    backend = LocalBackend(name="a2", workdir=tmp_path / "work", standby=s, warm=("json",))
+    try:
+        report = backend.run(worker_fns.train_steps, (str(ticks), 3, 0.01), env={"GPU_OPS_TEST_VALUE": "v"}, hold=hold, log=lambda _m: None)
+    finally:
+        backend.stop_spares()
+        backend.teardown()
+    assert backend.adopted == 1 and recorded == [standby_worker] and report.ranks[0].pid == standby_worker
+    assert report.ok and report.value == 3
