@@ -555,7 +555,7 @@ def _not_here(workers: Mapping[str, Any]) -> str | None:
     if host != here:
         return (
             f"its workers ran on host {host} and this admission runs on {here}: they cannot be stopped or confirmed gone from here "
-            f"(an admission on {host} reclaims it, or its holder releases it)"
+            f"(an admission on {host} reclaims it; once {host} is known to be down, delete the lease's row from gpu_ops_gpu_leases)"
         )
     return None
 

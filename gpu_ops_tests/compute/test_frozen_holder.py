@@ -6,8 +6,9 @@ cannot stop a holder frozen whole (a VM pause, a frozen node). Real processes, r
 signals, a real 1-GPU quota on SQLite: the first launch runs in a process of its own
 (``GpuCompute.launch`` on the local backend, as a Dagster step process runs it) with a
 worker that ticks and ignores SIGTERM; every non-empty subset of {launcher, worker} is
-SIGSTOPped (and once the database is locked as well); a second launch in the test process
-waits for the quota. A sampler counts, every 20 ms, the live, non-zombie worker processes
+SIGSTOPped (once with the database locked past the lease's expiry as well, once with the
+launcher SIGKILLed under its stopped worker); a second launch in the test process waits
+for the quota. A sampler counts, every 20 ms, the live, non-zombie worker processes
 of that quota: every worker a lease ever recorded (pid and start time) or a pidfile named.
 It never sees two, the second is admitted only once the first's worker is gone, and it
 trains. Also: a stale lease whose workers cannot be confirmed gone (another host) is not
@@ -165,11 +166,21 @@ def start_holder(cfg: Path, folder: Path) -> tuple[subprocess.Popen, int]:
     raise AssertionError(f"the first launch ended before its worker started (exit {proc.wait()})")
 
 
-CASES = [(("launcher",), False), (("worker",), False), (("launcher", "worker"), False), (("launcher", "worker"), True)]
+# (SIGSTOPped, SIGKILLed, database locked past the lease's expiry)
+CASES = [
+    (("launcher",), (), False),
+    (("worker",), (), False),
+    (("launcher", "worker"), (), False),
+    (("launcher", "worker"), (), True),
+    (("worker",), ("launcher",), False),
+]
+IDS = ["launcher", "worker", "launcher+worker", "launcher+worker+db-outage", "worker+launcher-killed"]
 
 
-@pytest.mark.parametrize(("frozen", "outage"), CASES, ids=["launcher", "worker", "launcher+worker", "launcher+worker+db-outage"])
-def test_a_frozen_holder_never_shares_its_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen: tuple[str, ...], outage: bool) -> None:
+@pytest.mark.parametrize(("frozen", "killed", "outage"), CASES, ids=IDS)
+def test_a_frozen_holder_never_shares_its_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen: tuple[str, ...], killed: tuple[str, ...], outage: bool
+) -> None:
     pid_dir = tmp_path / "pids"
     monkeypatch.setenv(PIDFILE_DIR_ENV, str(pid_dir))
     cfg = write_config(tmp_path)
@@ -177,18 +188,21 @@ def test_a_frozen_holder_never_shares_its_gpu(tmp_path: Path, monkeypatch: pytes
     sampler.start()
     holder, worker = start_holder(cfg, tmp_path)
     procs = {"launcher": holder.pid, "worker": worker}
+    renewing = "launcher" not in frozen + killed  # its lease stays live while its worker is frozen
     try:
         assert wait_until(lambda: (tmp_path / "ticks").exists(), timeout=30)
         first = (worker, process_start(worker))
         for name in frozen:
             os.kill(procs[name], signal.SIGSTOP)
+        for name in killed:
+            os.kill(procs[name], signal.SIGKILL)
         second = Second(local_compute(str(cfg), str(tmp_path / "work-second")), tmp_path, first)
         second.start()
         if outage:  # the database is unavailable past the lease's expiry: nobody is admitted meanwhile
             with database_unavailable(f"sqlite:///{tmp_path / 'leases.db'}"):
                 time.sleep(TTL + 1.0)
                 assert second.admitted_at is None
-        if "launcher" not in frozen:  # the launcher renews: its lease is live while its worker is frozen
+        if renewing:
             time.sleep(1.5 * TTL)
             assert second.admitted_at is None
             os.kill(worker, signal.SIGCONT)
@@ -203,14 +217,14 @@ def test_a_frozen_holder_never_shares_its_gpu(tmp_path: Path, monkeypatch: pytes
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         (tmp_path / "stop").touch()
-        assert holder.wait(timeout=30) == 0
+        assert holder.wait(timeout=30) == (-signal.SIGKILL if killed else 0)
         sampler.done.set()
         sampler.join()
     assert second.report is not None and second.report.ok and second.report.value == 10  # it trained
     assert second.first_alive_when_admitted is False  # admitted only once the first's worker was gone
     assert sampler.most == 1 and len(sampler.seen) == 2, (sampler.most, sampler.seen)
     reclaims = [m for m in second.messages if m.startswith("reclaimed an expired GPU lease")]
-    if "launcher" not in frozen:
+    if renewing:
         assert reclaims == []  # released by its holder
     elif "worker" in frozen:
         assert len(reclaims) == 1 and f"SIGKILL of worker pid {worker}" in reclaims[0], reclaims
