@@ -9,12 +9,16 @@ other body), ``resourceVersion`` conflicts, equality label selectors, and (when 
 CRD schemas) schema validation of every stored object, raising 422 like the server.
 Every accepted patch body is recorded, so tests can assert on the exact bodies sent. It
 raises real ``kubernetes.client.ApiException``s. `FakeCoreV1` and `FakeAppsV1` return real
-``kubernetes.client`` model objects.
+``kubernetes.client`` model objects; deleting a pod removes it at once with grace period 0
+(a pod with finalizers stays listed, marked for deletion), and a pod deleted while a
+Deployment of `FakeAppsV1` still selects it comes back under a new name, as its
+ReplicaSet would bring it back.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
@@ -161,12 +165,33 @@ def _event_matches(event: client.CoreV1Event, field_selector: str | None) -> boo
 
 
 class FakeCoreV1:
-    """Pods, nodes and events as real kubernetes.client models."""
+    """Pods, nodes and events as real kubernetes.client models; ``apps``: the Deployments
+    whose ReplicaSets recreate a deleted pod they select."""
 
-    def __init__(self, pods: list[client.V1Pod] = (), nodes: list[client.V1Node] = (), events: list[client.CoreV1Event] = ()):
+    def __init__(
+        self, pods: list[client.V1Pod] = (), nodes: list[client.V1Node] = (), events: list[client.CoreV1Event] = (), apps: FakeAppsV1 | None = None,
+    ):
         self.pods = list(pods)
         self.nodes = list(nodes)
         self.events = list(events)
+        self.apps = apps
+        self.deletions: list[tuple[str, str, Any]] = []  # (name, namespace, body) of every pod delete
+        self._made = 0
+
+    def delete_namespaced_pod(self, name: str, namespace: str, body: client.V1DeleteOptions | None = None, **_: Any) -> client.V1Pod:
+        pod = self.read_namespaced_pod(name, namespace)
+        self.deletions.append((name, namespace, body))
+        grace = body.grace_period_seconds if body is not None else None
+        if pod.metadata.finalizers or grace not in (0, None):  # stays listed until the finalizers or its grace are done
+            pod.metadata.deletion_timestamp = pod.metadata.deletion_timestamp or dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc)
+            return pod
+        self.pods.remove(pod)
+        if self.apps is not None and self.apps.selecting(pod):
+            self._made += 1
+            again = copy.deepcopy(pod)
+            again.metadata.name = f"{name.rsplit('-', 1)[0]}-r{self._made}"
+            self.pods.append(again)
+        return pod
 
     def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> client.V1Pod:
         for p in self.pods:
@@ -201,6 +226,19 @@ class FakeAppsV1:
     def list_namespaced_deployment(self, namespace: str, label_selector: str | None = None, **_: Any) -> client.V1DeploymentList:
         items = [d for d in self.deployments if d.metadata.namespace == namespace and _matches(d.metadata.labels or {}, label_selector)]
         return client.V1DeploymentList(items=items)
+
+    def selecting(self, pod: client.V1Pod) -> bool:
+        """Whether a Deployment here selects ``pod`` (its ReplicaSet would recreate it)."""
+        labels = pod.metadata.labels or {}
+        return any(
+            d.metadata.namespace == pod.metadata.namespace and d.spec is not None and d.spec.selector is not None
+            and all(labels.get(k) == v for k, v in (d.spec.selector.match_labels or {}).items())
+            for d in self.deployments
+        )
+
+    def delete_namespaced_deployment(self, name: str, namespace: str, body: client.V1DeleteOptions | None = None, **_: Any) -> client.V1Status:
+        self.delete(name, namespace)
+        return client.V1Status(status="Success")
 
     def delete(self, name: str, namespace: str) -> None:
         """What the Kubetorch controller does on teardown, as far as the API is concerned."""

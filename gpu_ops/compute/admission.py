@@ -5,7 +5,10 @@
 - :class:`GpuAdmission`: the GPU quotas of ``compute.quotas``, held as fenced leases
   (:mod:`gpu_ops.compute.quota`): waits while the quotas are full (the reason in the run
   log), then returns the running :class:`~gpu_ops.compute.quota.Heartbeat` whose lease the
-  launch holds, or None when no quota applies.
+  launch holds, or None when no quota applies. The launch's backend comes along as the
+  ``reclaimer``: an expired lease is handed on only once that backend has made its
+  holder's workers gone. While the gpu_ops database cannot be read or written it admits
+  nobody and keeps waiting.
 
 Both read the gpu_ops configuration from ``config_path`` (default ``$GPU_OPS_CONFIG``, then
 the bundled demo). They are ``dg.ResourceDependency``s of ``GpuCompute``: a deployment can
@@ -59,7 +62,12 @@ class GpuAdmission(dg.ConfigurableResource):
 
     config_path: str | None = Field(default=None, description="gpu_ops YAML with compute.quotas and compute.admission (default: $GPU_OPS_CONFIG, then the demo).")
 
-    def admit(self, request: GpuRequest, *, pools: list[str], run_id: str, asset_key: str, info: Say, warn: Say, fence_path: str | None = None) -> Any:
+    def admit(
+        self, request: GpuRequest, *, pools: list[str], run_id: str, asset_key: str, info: Say, warn: Say, fence_path: str | None = None, reclaimer: Any = None,
+    ) -> Any:
+        """``reclaimer``: the launch's backend (``make_gone``), which stops the workers of
+        expired leases before they are handed on; without one only leases that recorded no
+        worker are reclaimed."""
         from gpu_ops.config import load_config
 
         config = load_config(self.config_path)
@@ -70,7 +78,7 @@ class GpuAdmission(dg.ConfigurableResource):
         if not quotas or request.total_gpus == 0:
             return None
         settings = config.compute.admission
-        book = LeaseBook(TableStore.from_config(config), settings.lease_ttl_s)
+        book = LeaseBook(TableStore.from_config(config), settings.lease_ttl_s, reclaimer=reclaimer)
         state = _Waiting(time.monotonic(), settings.backoff_s)
         while True:
             admission = _try(book, quotas, request, pools, run_id, asset_key)
@@ -81,18 +89,28 @@ class GpuAdmission(dg.ConfigurableResource):
 
 
 def _try(book: Any, quotas: Any, request: GpuRequest, pools: list[str], run_id: str, asset_key: str) -> Any:
-    from gpu_ops.compute.quota import QuotaExceeded
+    from gpu_ops.compute.quota import Admission, QuotaExceeded
     from gpu_ops.errors import LaunchRefused
 
     try:
         return book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id, asset_key=asset_key)
     except QuotaExceeded as exc:
         raise LaunchRefused(f"launch refused: {exc} (compute.quotas)", metadata={"refused_by": "compute.quotas"}) from None
+    except Exception as exc:
+        unavailable = book.store.unavailable(exc)
+        if unavailable is None:
+            raise
+        # Nothing can be read or written: no lease can be checked, reclaimed or granted.
+        return Admission(False, f"{unavailable} (admitting nobody until it answers)")
 
 
 def _report_reclaimed(admission: Any, ttl_s: float, warn: Say) -> None:
     for lease in admission.reclaimed:
-        warn(f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {ttl_s:g} s")
+        how = admission.stopped.get(lease.lease_id)
+        warn(
+            f"reclaimed an expired GPU lease: {lease.gpus} GPU(s) of {lease.team}, run {lease.run_id[:8]} on {lease.holder}, not renewed for {ttl_s:g} s"
+            + (f"; {how}" if how else "")
+        )
 
 
 def _hold(book: Any, admission: Any, ttl_s: float, state: _Waiting, info: Say, warn: Say, fence_path: str | None) -> Any:

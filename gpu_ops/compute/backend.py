@@ -3,6 +3,12 @@
 A backend runs a picklable callable on GPU workers and returns a :class:`WorkerReport`
 saying how the workers ended. It never decides whether to retry: the training layer's
 classifier reads the report (and, on Kubernetes, the pod evidence attached to it).
+
+Under a GPU lease a backend names its workers on the lease before they may use a GPU
+(``hold``: a mapping of its own, e.g. pids with their start times and host, or a label
+selector of pods), and it can make the workers another lease named gone
+(:meth:`Backend.make_gone`): a lease whose holder stopped renewing it is handed on only
+once that is confirmed (:mod:`gpu_ops.compute.quota`).
 """
 
 from __future__ import annotations
@@ -11,8 +17,11 @@ import enum
 import re
 import signal
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+
+from gpu_ops.errors import GpuOpsError
 
 
 class WorkerExit(str, enum.Enum):
@@ -83,6 +92,37 @@ OOM_TEXT = re.compile(
 
 LogSink = Callable[[str], None]
 StartSink = Callable[[list[int]], None]  # receives the worker pids (local backend), rank order
+# Writes a launch's workers on its GPU lease (what Backend.make_gone reads back); raises
+# (gpu_ops.compute.quota.LeaseLost) when the lease is gone: the workers must not start.
+HoldSink = Callable[[Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Whether the workers a lease recorded are confirmed gone, and what was done or why not."""
+
+    confirmed: bool
+    why: str
+
+
+class LeaseLost(GpuOpsError, RuntimeError):
+    """The GPU lease expired (or is gone) before its workers were written on it: they must not start."""
+
+
+def hold_workers(hold: HoldSink | None, workers: Mapping[str, Any]) -> LeaseLost | None:
+    """``hold(workers)`` (nothing without a lease); the :class:`LeaseLost` it raised, else None."""
+    if hold is None:
+        return None
+    try:
+        hold(workers)
+    except LeaseLost as exc:
+        return exc
+    return None
+
+
+def lost_report(lost: LeaseLost, duration_s: float, ranks: list[RankReport] | None = None) -> WorkerReport:
+    """The report of a launch whose workers were stopped before they ran: the lease was lost."""
+    return WorkerReport(exit=WorkerExit.LOST, error_type="LeaseLost", error_message=str(lost), duration_s=duration_s, ranks=list(ranks or []))
 
 
 class WorkerTerminated(BaseException):
@@ -107,6 +147,12 @@ class Backend(Protocol):
         env: dict[str, str],
         log: LogSink,
         on_start: StartSink | None = None,
+        hold: HoldSink | None = None,
     ) -> WorkerReport: ...
+
+    def make_gone(self, workers: Mapping[str, Any]) -> Gone:
+        """Stop the workers that a stale lease recorded (``hold``'s mapping, possibly
+        another process's or host's) and confirm they are gone; never raises."""
+        ...
 
     def teardown(self) -> None: ...

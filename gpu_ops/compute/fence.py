@@ -20,6 +20,11 @@ killed. So a holder that cannot renew (SIGSTOP past the TTL, a database outage) 
 stopped its GPUs before the lease can be handed on. Standard library only: workers
 import it while they start.
 
+**The go-ahead.** A local worker under a lease does not run its function (nor initialise
+CUDA) before its launcher has written its pid on the lease: it waits for the file
+``$GPU_OPS_GO_FILE`` (:func:`wait_for_go`), which the launcher creates only after that
+write. So a lease never holds a running worker that a reclaimer could not find.
+
 **Remote workers** (a Kubetorch pod) cannot see the launcher's file. There the launcher
 keeps writing its own fence file as above, and a :class:`FenceRelay` forwards every change
 of it to the pod through the Kubetorch call path: the backend deploys :func:`pod_call`,
@@ -51,6 +56,7 @@ from typing import Any, Callable
 
 FENCE_ENV = "GPU_OPS_FENCE_FILE"
 GRACE_ENV = "GPU_OPS_FENCE_GRACE_S"
+GO_ENV = "GPU_OPS_GO_FILE"
 VALID_FRACTION = 0.5  # of the TTL: a renewal is good for this long on the launcher's clock
 GRACE_FRACTION = 0.3  # of the TTL: then the worker is killed (stopped by 0.8 TTL, expired at 1.0)
 
@@ -77,6 +83,14 @@ def write(path: str | os.PathLike[str], fence: Fence) -> None:
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps({"lease_id": fence.lease_id, "token": fence.token, "valid_until": fence.valid_until, "revoked": fence.revoked}))
     os.replace(tmp, p)  # readers never see half a file
+
+
+def wait_for_go(every_s: float = 0.01) -> None:
+    """In the worker: until ``$GPU_OPS_GO_FILE`` exists (none set: at once). A launcher
+    that dies meanwhile ends the worker through its parent watch; SIGTERM interrupts it."""
+    path = os.environ.get(GO_ENV)
+    while path and not os.path.exists(path):
+        time.sleep(every_s)
 
 
 def read(path: str | os.PathLike[str]) -> Fence | None:
@@ -248,5 +262,6 @@ class FenceRelay(threading.Thread):
 
 
 __all__ = [
-    "FENCE_ENV", "Fence", "FenceCheck", "FenceRelay", "GRACE_ENV", "from_remote", "pod_call", "read", "start_watchdog", "to_remote", "write",
+    "FENCE_ENV", "Fence", "FenceCheck", "FenceRelay", "GO_ENV", "GRACE_ENV", "from_remote", "pod_call", "read", "start_watchdog", "to_remote",
+    "wait_for_go", "write",
 ]

@@ -22,6 +22,16 @@ A launch under a GPU lease is fenced in the pod (:class:`FencedCall`): the servi
 by further calls of the service while the launch call runs; a pod whose renewals stop
 checkpoints and stops by itself before the lease can be handed on.
 
+A frozen launcher's pods are the reclaimer's to remove: before it creates anything the
+launch writes on its lease the namespace and label selector of its pods (the service's
+``kubetorch.com/service`` with the gpu_ops run id and attempt, :meth:`KubetorchBackend.holding`),
+and again once the service is deployed, so a launcher that lost its lease meanwhile tears
+its service down instead of calling it. :meth:`KubetorchBackend.make_gone` deletes the
+Deployment that would bring the pods back, deletes the pods with grace period 0 and
+confirms gone only once a list of the selector is empty. A pod created after a reclaim by
+a launcher frozen *inside* the deployment call never runs the function: the launcher finds
+its lease gone on the next write and tears the service down.
+
 Setup failures become :class:`ComputeSetupError` saying what to fix. Failures during the
 call are *reported*: the exception and the pod evidence (``V1Pod``, ``V1Node``, events,
 read through the ``kubernetes`` client) go into the :class:`WorkerReport` for the
@@ -37,11 +47,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from gpu_ops.compute import fence
-from gpu_ops.compute.backend import LogSink, RankReport, StartSink, WorkerExit, WorkerReport
+from gpu_ops.compute.backend import Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
 from gpu_ops.compute.karpenter import (
     DO_NOT_DISRUPT,
     NodePoolClient,
@@ -326,6 +337,15 @@ def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
+def _apps_client(kubeconfig_path: str | None) -> Any:
+    from kubernetes import client
+
+    from gpu_ops.compute.kube import load_cluster_config
+
+    load_cluster_config(kubeconfig_path)
+    return client.AppsV1Api()
+
+
 POD_FENCE_DIR = "/tmp"  # in the pod: where pod_call keeps the pod's own fence file
 
 
@@ -383,13 +403,18 @@ class KubetorchBackend:
         target: KubetorchTarget,
         run_id: str | None = None,
         clients: Callable[[], tuple[Any, Any]] | None = None,
+        apps: Callable[[], Any] | None = None,
+        reap_wait_s: float = 30.0,
     ):
         self.request = request
         self.name = name
         self.labels = labels
         self.target = target
         self.run_id = run_id
+        # (CoreV1Api, CustomObjectsApi) and AppsV1Api of the cluster, made when first needed.
         self._clients = clients or (lambda: _kube_clients(target.kubeconfig_path))
+        self._apps = apps or (lambda: _apps_client(target.kubeconfig_path))
+        self.reap_wait_s = reap_wait_s  # make_gone: how long deleted pods may stay listed
         self._remote: Any = None
         self._created_pools: list[str] = []
 
@@ -424,30 +449,26 @@ class KubetorchBackend:
         env: dict[str, str] | None = None,
         log: LogSink = print,
         on_start: StartSink | None = None,
+        hold: HoldSink | None = None,
     ) -> WorkerReport:
-        import kubetorch as kt
-
         fenced = FencedCall.of(self, fn, env, log)
         compute = build_compute(self.request, labels=self.labels, target=self.target, env=fenced.pod_env if fenced else env)
         core, custom = self._clients()
         if self.target.karpenter.manage_nodepools:
             self.ensure_nodepools(custom, log)
+        started = time.monotonic()
+        lost = hold_workers(hold, self.holding())  # before any pod of it can exist
+        if lost is not None:
+            return lost_report(lost, 0.0)
         bridge = _LogBridge(log)
         kt_logger = logging.getLogger("kubetorch")
         kt_logger.addHandler(bridge)
-        started = time.monotonic()
         try:
-            # Kept before deploying: a launch that times out has already created the
-            # service, and teardown must still find it.
-            self._remote = kt.fn(fenced.deployed if fenced else fn, name=self.name)
-            try:
-                self._remote.to(compute, prefix_username=False)
-            except Exception as exc:
-                explained = explain_setup_error(exc, request=self.request, launch=self.target.kubetorch)
-                if explained is not None:
-                    raise explained from exc
-                raise
+            self._deploy(fenced.deployed if fenced else fn, compute)
             log(f"service {self.name} ready in namespace {self.namespace} ({self.request.workers} worker(s))")
+            lost = hold_workers(hold, self.holding())  # the launcher may have been frozen while it deployed
+            if lost is not None:
+                return self._lost_after_deploy(lost, log, time.monotonic() - started)
             if on_start is not None:
                 on_start([])  # remote workers have no local pids
             try:
@@ -458,6 +479,83 @@ class KubetorchBackend:
         finally:
             kt_logger.removeHandler(bridge)
         return self._success_report(value, time.monotonic() - started)
+
+    def _deploy(self, deployed: Callable[..., Any], compute: "kt.Compute") -> None:
+        import kubetorch as kt
+
+        # Kept before deploying: a launch that times out has already created the
+        # service, and teardown must still find it.
+        self._remote = kt.fn(deployed, name=self.name)
+        try:
+            self._remote.to(compute, prefix_username=False)
+        except Exception as exc:
+            explained = explain_setup_error(exc, request=self.request, launch=self.target.kubetorch)
+            if explained is not None:
+                raise explained from exc
+            raise
+
+    def _lost_after_deploy(self, lost: LeaseLost, log: LogSink, duration: float) -> WorkerReport:
+        """The lease was handed on while the service deployed: never call it; remove it
+        now, whatever the cleanup policy (its pods would hold GPUs outside any lease)."""
+        log(f"{lost}; tearing down service {self.name}")
+        try:
+            self.teardown()
+        except Exception as exc:  # noqa: BLE001 - the orphan sensor removes it; the report says what happened
+            log(f"cleanup of {self.name} failed: {exc}")
+        return lost_report(lost, duration)
+
+    # ------------------------------------------------------------------ holders
+
+    def selector(self) -> dict[str, str]:
+        """The labels every pod of this launch carries (and only its pods): the Kubetorch
+        service's name with the gpu_ops managed-by label, run id and attempt."""
+        from gpu_ops.compute.naming import ATTEMPT, MANAGED_BY, MANAGED_BY_VALUE, RUN_ID
+
+        wanted = {MANAGED_BY: MANAGED_BY_VALUE, SERVICE_LABEL: self.name}
+        return wanted | {k: self.labels[k] for k in (RUN_ID, ATTEMPT) if k in self.labels}
+
+    def holding(self) -> dict[str, Any]:
+        """This launch's workers as its lease records them: the namespace and label selector of its pods."""
+        return {"backend": "kubetorch", "namespace": self.namespace, "selector": self.selector()}
+
+    def make_gone(self, workers: Mapping[str, Any]) -> Gone:
+        """Delete the pods a stale lease recorded (:meth:`holding`): first the Deployments
+        that would recreate them, then every pod of the selector with grace period 0;
+        confirmed once a list of the selector is empty (within ``reap_wait_s``)."""
+        if workers.get("backend") != "kubetorch":
+            return Gone(False, f"its workers were started by the {workers.get('backend')!r} backend, which a Kubetorch admission cannot stop")
+        namespace, selector = str(workers.get("namespace") or ""), dict(workers.get("selector") or {})
+        if not namespace or SERVICE_LABEL not in selector:  # never delete by a broader selector than one service's
+            return Gone(False, f"its record names no Kubetorch service's pods ({dict(workers)}): they cannot be found to be deleted")
+        labels = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        try:
+            return self._delete_pods(namespace, labels)
+        except Exception as exc:  # noqa: BLE001 - the cluster did not answer: nothing is confirmed
+            return Gone(False, f"could not delete its pods ({labels} in {namespace}): {type(exc).__name__}: {exc}")
+
+    def _delete_pods(self, namespace: str, labels: str) -> Gone:
+        from kubernetes import client
+
+        from gpu_ops.compute.kube import api_call
+
+        core, _custom = self._clients()
+        apps = self._apps()
+        now = client.V1DeleteOptions(grace_period_seconds=0)
+        for d in apps.list_namespaced_deployment(namespace, label_selector=labels).items:  # nothing may bring the pods back
+            api_call(apps.delete_namespaced_deployment, d.metadata.name, namespace, body=client.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background"), tolerate=404)
+        deleted: set[str] = set()
+        deadline = time.monotonic() + self.reap_wait_s
+        while True:
+            pods = core.list_namespaced_pod(namespace, label_selector=labels).items
+            if not pods:
+                return Gone(True, f"its pods were deleted with grace period 0 ({', '.join(sorted(deleted)) or 'none were left'}) and none is listed for {labels} in {namespace}")
+            if time.monotonic() >= deadline:
+                names = ", ".join(sorted(p.metadata.name for p in pods))
+                return Gone(False, f"pod(s) {names} in {namespace} are still listed {self.reap_wait_s:g} s after deletion with grace period 0 (a finalizer?)")
+            for pod in pods:
+                api_call(core.delete_namespaced_pod, pod.metadata.name, namespace, body=now, tolerate=404)
+                deleted.add(pod.metadata.name)
+            time.sleep(0.2)
 
     def _success_report(self, value: Any, duration: float) -> WorkerReport:
         if self.request.workers > 1 and isinstance(value, list) and len(value) == self.request.workers:

@@ -12,6 +12,13 @@ command line identifies it), runs in its own session so its whole process tree c
 killed, and its stdout/stderr are streamed line by line to the ``log`` sink, always from
 the calling thread (Dagster's log is not called from reader threads).
 
+Under a GPU lease (``hold``) the workers start, then wait for a go-ahead
+(:func:`gpu_ops.compute.fence.wait_for_go`) that the launcher gives only once their pids,
+start times and host are written on the lease; a lease lost before that stops them
+unstarted (a ``LOST`` report). :meth:`LocalBackend.make_gone` is the other end: it stops
+the workers an expired lease recorded (SIGKILL of each pid whose start time still
+matches, on this host only) and confirms their exit, so the lease can be handed on.
+
 How a launch ends is reported, never raised: a :class:`WorkerReport` per launch with a
 :class:`RankReport` per worker. When one rank fails, the survivors are sent SIGTERM and,
 after ``grace_period_s``, SIGKILL, so no survivor hangs in a collective. An exception in
@@ -33,14 +40,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
 from gpu_ops.compute import fence
 from gpu_ops.compute import standby as standby_mod
-from gpu_ops.compute.backend import NOTICE_SIGNAL, LogSink, RankReport, StartSink, WorkerExit, WorkerReport
-from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope
+from gpu_ops.compute.backend import NOTICE_SIGNAL, Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
+from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope, is_alive, process_start
 from gpu_ops.errors import GpuOpsError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
@@ -138,7 +146,7 @@ class _Worker:
 
 # Variables that differ between attempts of the same launch; a standby started for one
 # attempt receives the next attempt's values with its payload.
-_PER_ATTEMPT_ENV = ("MASTER_PORT", fence.FENCE_ENV, fence.GRACE_ENV)
+_PER_ATTEMPT_ENV = ("MASTER_PORT", fence.FENCE_ENV, fence.GRACE_ENV, fence.GO_ENV)
 
 
 def _env_digest(env: dict[str, str], warm_args: list[str]) -> str:
@@ -160,6 +168,7 @@ class LocalBackend:
         pidfile_dir: str | os.PathLike[str] | None = None,
         warm: tuple[str, ...] | list[str] = (),
         standby: StandbyScope | None = None,
+        reap_wait_s: float = 5.0,
     ):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -182,6 +191,7 @@ class LocalBackend:
         self.standby = standby
         self.spares: list[Standby] = []
         self.adopted = 0
+        self.reap_wait_s = reap_wait_s  # make_gone: how long SIGKILLed workers may take to exit
 
     # ------------------------------------------------------------------ launch
 
@@ -286,6 +296,7 @@ class LocalBackend:
         env: dict[str, str] | None = None,
         log: LogSink = print,
         on_start: StartSink | None = None,
+        hold: HoldSink | None = None,
     ) -> WorkerReport:
         data = _pickle_by_reference(fn, args, kwargs or {})
         if self._workdir_parent is not None:
@@ -293,6 +304,8 @@ class LocalBackend:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"gpu-ops-{self.name}-", dir=self._workdir_parent))
         payload = self.workdir / "payload.pkl"
         payload.write_bytes(data)
+        go = self.workdir / "go"
+        extra = dict(env or {}, **({fence.GO_ENV: str(go)} if hold is not None else {}))
         lines: "queue.Queue[str]" = queue.Queue()
         port = free_port()
         oom_before = _oom_kills()
@@ -300,14 +313,13 @@ class LocalBackend:
         self._workers = []
         try:
             for rank in range(self.workers):
-                self._workers.append(self._spawn(rank, port, payload, env or {}, lines))
-            for w in self._workers:
-                warm = " (standby, already warm)" if isinstance(w.proc, AdoptedProcess) else ""
-                log(f"worker started pid={w.proc.pid} rank={w.rank}{warm}")
-            if on_start is not None:
-                on_start([w.proc.pid for w in self._workers])
-            if self.standby is not None:
-                self.spares = [self._spawn_standby(rank, port, env or {}) for rank in range(self.workers)]
+                self._workers.append(self._spawn(rank, port, payload, extra, lines))
+            lost = self._go(hold, go)
+            if lost is not None:
+                log(f"{lost}")
+                self._stop_all(lines, log)
+                return lost_report(lost, time.monotonic() - started, self._lost_ranks(lost))
+            self._started(port, env or {}, log, on_start)
             self._supervise(lines, log)
         except BaseException:
             # An interrupt (Dagster run termination, Ctrl-C) or a failing callback: stop
@@ -322,6 +334,35 @@ class LocalBackend:
                 if w.pidfile is not None:
                     w.pidfile.unlink(missing_ok=True)
         return self._report(time.monotonic() - started, oom_before)
+
+    def _started(self, port: int, env: dict[str, str], log: LogSink, on_start: StartSink | None) -> None:
+        for w in self._workers:
+            warm = " (standby, already warm)" if isinstance(w.proc, AdoptedProcess) else ""
+            log(f"worker started pid={w.proc.pid} rank={w.rank}{warm}")
+        if on_start is not None:
+            on_start([w.proc.pid for w in self._workers])
+        if self.standby is not None:
+            self.spares = [self._spawn_standby(rank, port, env) for rank in range(self.workers)]
+
+    def _go(self, hold: HoldSink | None, go: Path) -> LeaseLost | None:
+        """Under a lease: write the workers on it, then let them start (the go file they wait for)."""
+        lost = hold_workers(hold, self.holding())
+        if lost is None and hold is not None:
+            go.touch()
+        return lost
+
+    def _lost_ranks(self, lost: LeaseLost) -> list[RankReport]:
+        return [RankReport(rank=w.rank, exit=WorkerExit.LOST, exit_code=w.proc.returncode, pid=w.proc.pid, error_message=str(lost)) for w in self._workers]
+
+    def holding(self) -> dict[str, Any]:
+        """This launch's workers as its lease records them: this host, each worker's pid
+        and the kernel's start time of that process (so a reused pid is never taken for it)."""
+        return {"backend": "local", "host": socket.gethostname(), "workers": [[w.proc.pid, process_start(w.proc.pid)] for w in self._workers]}
+
+    def make_gone(self, workers: Mapping[str, Any]) -> Gone:
+        """Stop the workers a stale lease recorded (:meth:`holding`, any process's on this
+        host) and confirm they are gone; see :func:`stop_recorded`."""
+        return stop_recorded(workers, self.reap_wait_s)
 
     def _supervise(self, lines: "queue.Queue[str]", log: LogSink) -> None:
         kill_at: float | None = None
@@ -481,6 +522,72 @@ class LocalBackend:
         self.stop_spares()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def stop_recorded(workers: Mapping[str, Any], wait_s: float = 5.0) -> Gone:
+    """SIGKILL each recorded worker (``{"backend": "local", "host", "workers": [[pid,
+    start], ...]}``) that is still the process recorded, its process group with it, and
+    wait up to ``wait_s`` for every one to exit. SIGKILL ends a stopped process too; a
+    zombie has exited. Confirmed only on the host that recorded them, and only when each
+    pid is gone, is a zombie, or now names another process (another start time)."""
+    refused = _not_here(workers)
+    if refused is not None:
+        return Gone(False, refused)
+    procs = [(int(pid), str(start)) for pid, start in workers.get("workers", [])]
+    killed = [pid for pid, start in procs if _kill_if_same(pid, start)]
+    deadline = time.monotonic() + wait_s
+    alive = [pid for pid, start in procs if is_alive(pid, start)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [pid for pid, start in procs if is_alive(pid, start)]
+    if alive:
+        return Gone(False, f"worker pid {', '.join(map(str, alive))} still runs {wait_s:g} s after SIGKILL (uninterruptible, not this user's, or of unknown start time)")
+    if killed:
+        return Gone(True, f"its workers were stopped: SIGKILL of worker pid {', '.join(map(str, killed))}, confirmed gone")
+    return Gone(True, f"its workers had already exited (pid {', '.join(str(pid) for pid, _ in procs) or 'none'})")
+
+
+def _not_here(workers: Mapping[str, Any]) -> str | None:
+    """Why the recorded workers cannot be stopped from here; None when they can."""
+    if workers.get("backend") != "local":
+        return f"its workers were started by the {workers.get('backend')!r} backend, which a local admission cannot stop"
+    host, here = workers.get("host"), socket.gethostname()
+    if host != here:
+        return (
+            f"its workers ran on host {host} and this admission runs on {here}: they cannot be stopped or confirmed gone from here "
+            f"(an admission on {host} reclaims it; once {host} is known to be down, delete the lease's row from gpu_ops_gpu_leases)"
+        )
+    return None
+
+
+def _kill_if_same(pid: int, start: str) -> bool:
+    """SIGKILL ``pid`` (and its process group, when it leads one) if it is still the process
+    that started at ``start``; True when it was signalled. Through a pidfd where there is
+    one, so the check and the kill name the same process."""
+    if not start:
+        return False  # of unknown identity: never killed (and so never confirmed gone)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        fd = -1  # no pidfd here: the start-time check alone
+    try:
+        if not is_alive(pid, start):
+            return False  # gone, a zombie, or another process now
+        leads = os.getpgid(pid) == pid  # its own session (the backend starts it so): what it started goes too
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        if leads:  # the leader is a zombie now at most: its group id is not reused yet
+            os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def simulate_preemption(pid: int, notice_s: float | None, sig: int = signal.SIGKILL) -> threading.Thread:

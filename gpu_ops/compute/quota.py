@@ -5,8 +5,29 @@ takes a *lease* on its GPUs in the gpu_ops database (table ``gpu_ops_gpu_leases`
 or PostgreSQL) before anything starts, and only if every quota it falls under
 (``compute.quotas: {team: {nlp: 32}, pool: {gpu-ops-nlp-h100-spot: 64}}``) still has
 room. The holder renews the lease (a heartbeat) while its workers run and deletes it
-when they end; a holder that dies (SIGKILL, node loss) stops renewing, and once the
-lease's TTL has passed the next admission deletes it: its GPUs come back.
+when they end; a holder that dies (SIGKILL, node loss) or freezes stops renewing, and
+once the lease's TTL has passed the next admission reclaims it, **only once the holder's
+workers are confirmed gone**: a stopped process keeps its GPU memory and cannot read its
+fence, so expiry alone proves nothing.
+
+**Workers on the lease.** A launch writes its workers on its lease (``workers``, the
+backend's own JSON: local pids with their start times and host, or the namespace and
+label selector of Kubernetes pods, :meth:`Heartbeat.hold`) before they may use a GPU: the
+local backend's workers wait for a go-ahead the launcher gives only after the write, the
+Kubetorch backend writes its selector before it creates a pod. A write to a lease that
+has expired is refused (:class:`LeaseLost`): the workers are stopped unstarted.
+
+**Reclaiming.** The admission takes its backend as a collaborator (``reclaimer``: any
+object with ``make_gone(workers) -> Gone``, :class:`gpu_ops.compute.backend.Backend`).
+For every expired lease, outside the admission lock, it asks the reclaimer to make the
+recorded workers gone (local: SIGKILL of each recorded pid whose start time still matches,
+then wait for its exit; Kubetorch: delete the pods with grace 0, then list them), then,
+under the lock, deletes only those leases whose workers were confirmed gone *and* whose
+record is unchanged since. An expired lease whose workers cannot be confirmed gone
+(another host, a kill that did not take, a cluster that cannot be reached) keeps counting
+against its quotas, and the refusal says why. A lease that recorded no worker is
+reclaimed as before: nothing can run under it. A database that cannot be read or written
+admits nobody.
 
 Every time here is the **database's clock** (PostgreSQL ``clock_timestamp()``, SQLite
 ``julianday('now')``, as seconds since the epoch), never a holder's: acquisition,
@@ -23,11 +44,12 @@ token than an earlier one. The holder's :class:`Heartbeat` writes a fence file f
 workers after every renewal (:mod:`gpu_ops.compute.fence`): valid for half the TTL on the
 holder's clock, so workers whose holder cannot renew (paused, database down) stop
 (checkpoint, exit) and are killed at 0.8 TTL, before the lease expires at 1.0 TTL and the
-next admission may reclaim it. A holder that finds its lease gone revokes the fence.
+next admission may reclaim it. A holder that finds its lease gone revokes the fence. The
+fence stops a holder that still runs; the reclaimer stops one that does not.
 
 Admission is one transaction under a lock (PostgreSQL advisory lock, SQLite ``BEGIN
-IMMEDIATE``): expired leases are removed, the held GPUs are summed per scope, the new
-lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
+IMMEDIATE``): expired leases whose workers are gone are removed, the held GPUs are summed
+per scope, the new lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
 4``). Waiting, backoff and the run log are the caller's (:mod:`gpu_ops.compute.resource`).
 A request that can never fit (more GPUs than the quota itself) raises
 :class:`QuotaExceeded` at once. No Dagster here.
@@ -47,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.compute import fence
+from gpu_ops.compute.backend import Gone, LeaseLost
 from gpu_ops.errors import GpuOpsError
 
 LEASE_TABLE = "gpu_ops_gpu_leases"
@@ -76,6 +99,7 @@ class Lease:
     expires_at: float
     renewed_at: float | None = None  # the last heartbeat (database clock); None before the first
     token: int = 0  # fencing token: larger for every lease granted later
+    workers: str | None = None  # the launch's workers as its backend recorded them (JSON); None before they exist
 
     @property
     def host(self) -> str:
@@ -90,8 +114,10 @@ class Admission:
     granted: bool
     reason: str  # why it waits, or what it was granted against
     lease: Lease | None = None
-    holders: tuple[Lease, ...] = ()  # the leases held when it was decided (the new one included)
-    reclaimed: tuple[Lease, ...] = ()  # expired leases removed by this admission
+    holders: tuple[Lease, ...] = ()  # the leases held when it was decided (the new one and unreclaimed expired ones included)
+    reclaimed: tuple[Lease, ...] = ()  # expired leases removed by this admission (their workers confirmed gone)
+    stopped: Mapping[str, str] = field(default_factory=dict)  # lease id -> how its workers were made gone
+    unreclaimed: tuple[tuple[Lease, str], ...] = ()  # expired leases kept (still counted), with why
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,7 @@ def _row(lease: Lease) -> dict[str, Any]:
         "lease_id": lease.lease_id, "team": lease.team, "pools": json.dumps(list(lease.pools)), "gpus": lease.gpus,
         "run_id": lease.run_id, "asset_key": lease.asset_key, "holder": lease.holder,
         "acquired_at": lease.acquired_at, "expires_at": lease.expires_at, "renewed_at": lease.renewed_at, "token": lease.token,
+        "workers": lease.workers,
     }
 
 
@@ -136,6 +163,7 @@ def _lease(row: Mapping[str, Any]) -> Lease:
         str(row["asset_key"]), str(row["holder"]), float(row["acquired_at"]), float(row["expires_at"]),
         float(row["renewed_at"]) if row.get("renewed_at") is not None else None,
         int(row.get("token") or 0),
+        row.get("workers"),
     )
 
 
@@ -158,10 +186,12 @@ def db_clock(dialect: str) -> Any:
 class LeaseBook:
     """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
-    def __init__(self, store: Any, ttl_s: float = 60.0):
+    def __init__(self, store: Any, ttl_s: float = 60.0, reclaimer: Any = None):
         import sqlalchemy as sa
 
-        self.store, self.ttl_s = store, ttl_s
+        # reclaimer: the backend that makes an expired lease's workers gone (``make_gone``);
+        # without one, only leases that recorded no worker are reclaimed.
+        self.store, self.ttl_s, self.reclaimer = store, ttl_s, reclaimer
         self._sa = sa
         self.db_now = db_clock(store.dialect)
         self._migrated = False
@@ -179,6 +209,7 @@ class LeaseBook:
             sa.Column("expires_at", sa.Float, nullable=False),
             sa.Column("renewed_at", sa.Float, nullable=True),
             sa.Column("token", sa.Integer, nullable=True),
+            sa.Column("workers", sa.Text, nullable=True),
         )
         self.tokens = sa.Table(TOKEN_TABLE, meta, sa.Column("name", sa.String(64), primary_key=True), sa.Column("token", sa.Integer, nullable=False))
 
@@ -189,20 +220,52 @@ class LeaseBook:
         self.store.lock(conn, LEASE_TABLE)
         self.table.create(conn, checkfirst=True)
         self.tokens.create(conn, checkfirst=True)
-        if not self._migrated:  # a table from before heartbeats (and tokens) were recorded
+        if not self._migrated:  # a table from before heartbeats (tokens, workers) were recorded
             have = {c["name"] for c in self._sa.inspect(conn).get_columns(LEASE_TABLE)}
-            for name, kind in (("renewed_at", "FLOAT"), ("token", "INTEGER")):
+            for name, kind in (("renewed_at", "FLOAT"), ("token", "INTEGER"), ("workers", "TEXT")):
                 if name not in have:
                     conn.execute(self._sa.text(f"ALTER TABLE {LEASE_TABLE} ADD COLUMN {name} {kind}"))
             self._migrated = True
         return float(conn.execute(self._sa.select(self.db_now)).scalar_one())
 
-    def _live(self, conn: Any, now: float) -> tuple[list[Lease], list[Lease]]:
+    def _make_gone_expired(self) -> dict[str, tuple[str | None, Gone]]:
+        """Outside the admission lock: every expired lease's workers made gone by the
+        reclaimer, by lease id, with the worker record that was acted on."""
+        now, leases = self.snapshot()
+        return {le.lease_id: (le.workers, self._make_gone(le)) for le in leases if le.expires_at < now}
+
+    def _make_gone(self, lease: Lease) -> Gone:
+        if not lease.workers:
+            return Gone(True, "no worker was recorded on it")
+        if self.reclaimer is None:
+            return Gone(False, "this admission has no backend that could stop its workers")
+        try:
+            return self.reclaimer.make_gone(json.loads(lease.workers))
+        except Exception as exc:  # noqa: BLE001 - a reclaimer that fails has confirmed nothing
+            return Gone(False, f"stopping its workers failed ({type(exc).__name__}: {exc})")
+
+    def _settle_expired(self, conn: Any, now: float, gone: Mapping[str, tuple[str | None, Gone]]) -> tuple[list[Lease], list[Lease], list[tuple[Lease, str]]]:
+        """Under the lock: (live, reclaimed, kept). An expired lease is deleted only when its
+        workers were confirmed gone and its record has not changed since."""
         rows = [_lease(r._mapping) for r in conn.execute(self.table.select())]
-        expired = [r for r in rows if r.expires_at < now]
-        if expired:
-            conn.execute(self.table.delete().where(self.table.c.lease_id.in_([e.lease_id for e in expired])))
-        return [r for r in rows if r.expires_at >= now], expired
+        reclaimed: list[Lease] = []
+        kept: list[tuple[Lease, str]] = []
+        for le in (r for r in rows if r.expires_at < now):
+            seen = gone.get(le.lease_id)
+            if seen is None or seen[0] != le.workers:
+                kept.append((le, "it expired a moment ago: its workers are stopped before it is handed on"))
+            elif not seen[1].confirmed:
+                kept.append((le, seen[1].why))
+            elif self._delete_unchanged(conn, le):
+                reclaimed.append(le)
+            else:
+                kept.append((le, "it changed while its workers were stopped"))
+        return [r for r in rows if r.expires_at >= now], reclaimed, kept
+
+    def _delete_unchanged(self, conn: Any, lease: Lease) -> bool:
+        t = self.table
+        same = t.c.workers.is_(None) if lease.workers is None else t.c.workers == lease.workers
+        return bool(conn.execute(t.delete().where((t.c.lease_id == lease.lease_id) & same & (t.c.expires_at < self.db_now))).rowcount)
 
     def _next_token(self, conn: Any) -> int:
         t = self.tokens
@@ -227,17 +290,33 @@ class LeaseBook:
             )
 
     def try_acquire(self, quotas: Quotas, *, team: str, pools: Iterable[str], gpus: int, run_id: str, asset_key: str) -> Admission:
+        gone = self._make_gone_expired()
         with self.store.engine.begin() as conn:
             now = self._locked(conn)
             self._refuse_other_hosts(conn)
             want = Lease(uuid.uuid4().hex, team, tuple(pools), gpus, run_id, asset_key, f"{socket.gethostname()}:{os.getpid()}", now, now + self.ttl_s)
-            live, expired = self._live(conn, now)
-            granted, reason = decide(quotas, want, live)
+            live, reclaimed, kept = self._settle_expired(conn, now, gone)
+            held = live + [le for le, _ in kept]  # a lease whose workers may still run still holds its GPUs
+            granted, reason = decide(quotas, want, held)
             if granted:
                 want = dataclasses.replace(want, token=self._next_token(conn))
                 conn.execute(self.table.insert().values(**_row(want)))
-                live.append(want)
-        return Admission(granted, reason, want if granted else None, tuple(live), tuple(expired))
+                held.append(want)
+        if not granted and kept:
+            reason += "; " + "; ".join(
+                f"lease {le.lease_id[:8]} of run {le.run_id or '?'} ({le.gpus} GPU(s) of {le.team}, holder {le.holder}) expired but is not reclaimed: {why}"
+                for le, why in kept
+            )
+        stopped = {le.lease_id: gone[le.lease_id][1].why for le in reclaimed}
+        return Admission(granted, reason, want if granted else None, tuple(held), tuple(reclaimed), stopped, tuple(kept))
+
+    def record_workers(self, lease: Lease, workers: Mapping[str, Any]) -> bool:
+        """Write the launch's workers on its lease (the backend's record, for a later
+        reclaimer); False when the lease has expired or is gone: they must not start."""
+        t = self.table
+        live = (t.c.lease_id == lease.lease_id) & (t.c.expires_at >= self.db_now)
+        with self.store.engine.begin() as conn:
+            return bool(conn.execute(t.update().where(live).values(workers=json.dumps(dict(workers), sort_keys=True))).rowcount)
 
     def renew(self, lease: Lease) -> bool:
         """A heartbeat: the lease expires ``ttl_s`` after now on the database's clock;
@@ -308,6 +387,28 @@ class Heartbeat(threading.Thread):
             message = f"GPU lease {self.lease.lease_id[:8]} expired before it was renewed (holder paused or database unreachable for more than its TTL): its workers are stopped"
             self.on_error(message)
             self.on_lost(message)
+
+    def hold(self, workers: Mapping[str, Any]) -> None:
+        """Write the launch's workers on the lease, before they may use its GPUs (the
+        backend's :data:`~gpu_ops.compute.backend.HoldSink`). A database that does not
+        answer is retried for as long as the fence is good; raises :class:`LeaseLost`
+        when the lease has expired or is gone, or the write did not land in time."""
+        deadline = time.monotonic() + self.book.ttl_s * fence.VALID_FRACTION
+        name = self.lease.lease_id[:8]
+        while True:
+            try:
+                written = self.book.record_workers(self.lease, workers)
+            except Exception as exc:  # noqa: BLE001 - retried below, then the workers are stopped unstarted
+                if time.monotonic() >= deadline:
+                    raise LeaseLost(f"could not write the workers on GPU lease {name} ({type(exc).__name__}: {exc}): they were stopped before they ran") from exc
+                time.sleep(0.2)
+                continue
+            if not written:
+                raise LeaseLost(
+                    f"GPU lease {name} expired before its workers were recorded on it (its holder was paused or the database unreachable "
+                    f"for more than its TTL of {self.book.ttl_s:g} s): they were stopped before they ran"
+                )
+            return
 
     def run(self) -> None:
         while not self._stop_event.wait(self.every_s):

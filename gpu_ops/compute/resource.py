@@ -52,7 +52,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from gpu_ops.compute.admission import BudgetGate, GpuAdmission
-from gpu_ops.compute.backend import Backend, LogSink, StartSink, WorkerReport
+from gpu_ops.compute.backend import Backend, HoldSink, LogSink, StartSink, WorkerReport
 from gpu_ops.compute.naming import launch_labels, launch_name
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import KARPENTER_DURATION, ComputeConfig
@@ -277,11 +277,15 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         # launch with dg.Failure(allow_retries=False) saying how to lift it.
         self.budget_gate.check(request)
         with _fence_folder(self.fence_parent()) as fence_path:
-            heartbeat = self._admit(context, request, run_id, asset_key, fence_path)
+            # The launch's backend exists before the admission: it is the reclaimer that
+            # makes an expired lease's workers gone before their GPUs are handed on.
+            backend = launch.backend(request, warm)
+            heartbeat = self._admit(context, request, run_id, asset_key, fence_path, backend)
             if on_admitted is not None:
                 on_admitted(heartbeat.lease if heartbeat is not None else None)
             try:
-                return launch.run(request, fn, args, kwargs, _fenced_env(env, heartbeat, fence_path), log, _started(on_start, on_launched), warm)
+                hold = heartbeat.hold if heartbeat is not None else None
+                return launch.run(backend, fn, args, kwargs, _fenced_env(env, heartbeat, fence_path), log, _started(on_start, on_launched), hold)
             finally:
                 if heartbeat is not None:
                     heartbeat.stop()  # the GPUs go back to the quota
@@ -296,9 +300,10 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         """The :class:`~gpu_ops.compute.quota.Admission` of the latest launch under a quota."""
         return self._last_admission
 
-    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None, fence_path: str | None) -> Any:
+    def _admit(self, context: Any, request: GpuRequest, run_id: str | None, asset_key: list[str] | None, fence_path: str | None, backend: Backend) -> Any:
         """A lease on the request's GPUs under ``compute.quotas`` (waiting while they are
-        full, the reason in the run log); None when no quota applies."""
+        full, the reason in the run log, ``backend`` reclaiming expired leases); None when
+        no quota applies."""
         from gpu_ops.compute.karpenter import nodepool_name
 
         scoped_run = run_id if self.pool_scope() == "run" else None
@@ -306,7 +311,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         log = getattr(context, "log", None)
         heartbeat = self.admission.admit(
             request, pools=pools, run_id=run_id or "", asset_key="/".join(asset_key or []),
-            info=log.info if log is not None else print, warn=log.warning if log is not None else print, fence_path=fence_path,
+            info=log.info if log is not None else print, warn=log.warning if log is not None else print, fence_path=fence_path, reclaimer=backend,
         )
         if heartbeat is not None:
             self._last_admission = heartbeat.admission
@@ -323,16 +328,19 @@ class _Launch:
     name: str
     labels: dict[str, str]
 
+    def backend(self, request: GpuRequest, warm: tuple[str, ...]) -> Backend:
+        compute = self.compute
+        return compute.make_backend(request, self.name, self.labels, tuple(warm), compute.standby_scope(self.run_id, self.asset_key))
+
     def run(
-        self, request: GpuRequest, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | None, env: dict[str, str], log: LogSink,
-        started: Callable[[Backend], StartSink], warm: tuple[str, ...],
+        self, backend: Backend, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | None, env: dict[str, str], log: LogSink,
+        started: Callable[[Backend], StartSink], hold: HoldSink | None,
     ) -> WorkerReport:
         compute = self.compute
-        backend = compute.make_backend(request, self.name, self.labels, tuple(warm), compute.standby_scope(self.run_id, self.asset_key))
         compute._pending.append(backend)
         failed = True
         try:
-            report = backend.run(fn, args, kwargs or {}, env=env, log=log, on_start=started(backend))
+            report = backend.run(fn, args, kwargs or {}, env=env, log=log, on_start=started(backend), hold=hold)
             failed = not report.ok
             return report
         finally:

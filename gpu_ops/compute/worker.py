@@ -166,6 +166,11 @@ def _exercise_torch(cuda: bool) -> None:
 def warm_up(modules: list[str], cuda: bool, phases: dict[str, float]) -> None:
     """Import ``modules`` (missing ones are skipped) and, with ``cuda``, create the CUDA
     context, so that a function calling them finds them ready."""
+    _import_warm(modules, phases)
+    warm_cuda(modules, cuda, phases)
+
+
+def _import_warm(modules: list[str], phases: dict[str, float]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
@@ -178,6 +183,11 @@ def warm_up(modules: list[str], cuda: bool, phases: dict[str, float]) -> None:
         except Exception:  # noqa: BLE001 - the function meets the same error and reports it
             pass
     phases["imports"] = time.time()
+
+
+def warm_cuda(modules: list[str], cuda: bool, phases: dict[str, float]) -> None:
+    """With ``cuda`` and torch among ``modules``: create the CUDA context (the GPU is used from here on)."""
+    torch = sys.modules.get("torch") if "torch" in modules else None
     if cuda and torch is not None:
         try:
             if torch.cuda.is_available():
@@ -209,6 +219,23 @@ def _await_activation() -> dict[str, Any] | None:
     return order
 
 
+def _start_up(opts: argparse.Namespace, phases: dict[str, float]) -> None:
+    """Warm up, wait for the payload (a standby), then for the go-ahead (under a GPU lease:
+    the launcher has written this pid on the lease); only then touch the GPU. A standby
+    makes its CUDA context ahead of need (it is the next attempt of the same lease holder)."""
+    modules = [m for m in opts.warm.split(",") if m]
+    warm_up(modules, opts.cuda and opts.standby, phases)
+    if opts.standby:
+        order = _await_activation()
+        if order is None:
+            os._exit(0)
+        opts.payload, opts.result = order["payload"], order["result"]
+        phases["activated"] = time.time()
+    fence.wait_for_go()
+    if not opts.standby:
+        warm_cuda(modules, opts.cuda, phases)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_ops.compute.worker")
     parser.add_argument("--payload")
@@ -226,13 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent(os.getppid(), float(os.environ.get("GPU_OPS_GRACE_S", "30")))
     phases = {"process": process_start_time() or _T_INTERPRETER, "interpreter": _T_INTERPRETER}
     try:
-        warm_up([m for m in opts.warm.split(",") if m], opts.cuda, phases)
-        if opts.standby:
-            order = _await_activation()
-            if order is None:
-                os._exit(0)
-            opts.payload, opts.result = order["payload"], order["result"]
-            phases["activated"] = time.time()
+        _start_up(opts, phases)
     except WorkerTerminated:
         os._exit(EXIT_SIGTERM)  # stopped before any work: nothing to report
 

@@ -77,6 +77,9 @@ def stop_workers(a: Attempt, grace_s: float) -> bool:
         time.sleep(0.05)
     for pid in _live_workers(a):
         _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0  # a SIGKILLed (even a stopped) process exits at once, unless uninterruptible
+    while _live_workers(a) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return bool(alive)
 
 
@@ -204,7 +207,7 @@ def settle_orphan(
     # The GPUs go back at once only when no worker can still hold them: none started, or
     # they ran here and were stopped above. A remote worker's lease expires on its own
     # (its fence stops the worker first).
-    released = settled.lease_id is not None and (not settled.worker_pids or settled.worker_host == socket.gethostname())
+    released = settled.lease_id is not None and (not settled.worker_pids or settled.worker_host == socket.gethostname()) and not _live_workers(settled)
     if released:
         _release(table_store, settled.lease_id)
     decision, what = _decision_for(settled, successor)

@@ -11,8 +11,9 @@ import httpx
 import kubernetes_validate
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from gpu_ops.compute.backend import WorkerExit
+from gpu_ops.compute.backend import LeaseLost, WorkerExit
 from gpu_ops.compute.kubetorch_backend import (
     ComputeSetupError,
     KubetorchBackend,
@@ -24,10 +25,13 @@ from gpu_ops.compute.kubetorch_backend import (
     workload_manifest,
 )
 from gpu_ops.compute.naming import launch_labels
+from gpu_ops.compute.quota import Lease, LeaseBook, Quotas
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch
+from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import worker_fns
-from gpu_ops_tests.fake_k8s import FakeCoreV1, FakeCustomObjects
+from gpu_ops_tests.fake_k8s import FakeAppsV1, FakeCoreV1, FakeCustomObjects
+from gpu_ops_tests.waiting import wait_until
 
 NLP = Attribution(team="nlp", project="llm")
 # The resource itself is what the backend reads (its nested settings as they are).
@@ -280,3 +284,103 @@ def test_training_pods_run_as_the_configured_service_account() -> None:
     config = ComputeConfig.model_validate({"backend": "kubetorch", "kubetorch": {"service_account": "gpu-ops-training-worker"}})
     resource = GpuCompute.from_config(config)
     assert _pod_spec(build_compute(request, labels=_labels(request), target=resource))["serviceAccountName"] == "gpu-ops-training-worker"
+
+
+# ---------------------------------------------------------------------- a frozen holder's pods
+
+
+SERVICE = "train-0f3a9c2e-0"
+
+
+def _service_objects(extra_pod_meta: dict | None = None) -> tuple[FakeCoreV1, FakeAppsV1, dict]:
+    """A frozen holder's Kubetorch service (its Deployment and two pods, labelled as the
+    backend labels them) and another service's pod; the holder's lease record."""
+    request = GpuRequest(gpu_type="l4", gpus=1, labels=NLP)
+    frozen = KubetorchBackend(request, name=SERVICE, labels=_labels(request), target=SETTINGS)
+    manifest = workload_manifest(build_compute(request, labels=_labels(request), target=SETTINGS), SERVICE)
+    pod_labels = manifest["spec"]["template"]["metadata"]["labels"]
+    apps = FakeAppsV1([
+        client.V1Deployment(
+            metadata=client.V1ObjectMeta(name=SERVICE, namespace="ml", labels=manifest["metadata"]["labels"]),
+            spec=client.V1DeploymentSpec(selector=client.V1LabelSelector(match_labels=manifest["spec"]["selector"]["matchLabels"]), template=client.V1PodTemplateSpec()),
+        )
+    ])
+
+    def pod(name: str, labels: dict[str, str]) -> client.V1Pod:
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, namespace="ml", labels=dict(labels), **(extra_pod_meta or {})),
+            spec=client.V1PodSpec(node_name="ip-10-0-0-1", containers=[client.V1Container(name="kubetorch")]),
+            status=client.V1PodStatus(phase="Running"),
+        )
+
+    other = dict(pod_labels, **{"kubetorch.com/service": "other-1111aaaa-0", "gpu-ops.io/run-id": "1111aaaa"})
+    core = FakeCoreV1(pods=[pod(f"{SERVICE}-abc-1", pod_labels), pod(f"{SERVICE}-abc-2", pod_labels), pod("other-1111aaaa-0-x", other)], apps=apps)
+    return core, apps, frozen.holding()
+
+
+def _stale_lease(tmp_path: Path, reclaimer: KubetorchBackend, record: dict) -> tuple[LeaseBook, Lease]:
+    book = LeaseBook(TableStore(f"sqlite:///{tmp_path / 'leases.db'}"), ttl_s=0.3, reclaimer=reclaimer)
+    held = book.try_acquire(Quotas(team={"nlp": 1}), team="nlp", pools=[], gpus=1, run_id="frozen", asset_key="train").lease
+    assert held is not None and book.record_workers(held, record)
+    assert wait_until(lambda: book.snapshot()[0] > held.expires_at + 0.05, timeout=10)
+    return book, held
+
+
+def test_the_lease_records_the_pods_of_its_service(tmp_path: Path) -> None:
+    _core, _apps, record = _service_objects()
+    assert record == {
+        "backend": "kubetorch", "namespace": "ml",
+        "selector": {"gpu-ops.io/managed-by": "gpu-ops", "kubetorch.com/service": SERVICE, "gpu-ops.io/run-id": "0f3a9c2e-1111-2222", "gpu-ops.io/attempt": "0"},
+    }
+
+
+def test_a_stale_kubetorch_lease_is_reclaimed_once_its_pods_are_deleted_with_grace_0_and_listed_gone(tmp_path: Path) -> None:
+    core, apps, record = _service_objects()
+    reclaimer = KubetorchBackend(GpuRequest(gpu_type="l4", gpus=1, labels=NLP), name="train-2222bbbb-0", labels={}, target=SETTINGS,
+                                 clients=lambda: (core, FakeCustomObjects()), apps=lambda: apps)
+    book, held = _stale_lease(tmp_path, reclaimer, record)
+    adm = book.try_acquire(Quotas(team={"nlp": 1}), team="nlp", pools=[], gpus=1, run_id="second", asset_key="train")
+    assert adm.granted and [le.lease_id for le in adm.reclaimed] == [held.lease_id]
+    assert [p.metadata.name for p in core.pods] == ["other-1111aaaa-0-x"]  # another service's pod is left alone
+    assert apps.deployments == []  # nothing brings the pods back
+    assert {name for name, _ns, _b in core.deletions} == {f"{SERVICE}-abc-1", f"{SERVICE}-abc-2"}
+    assert all(isinstance(b, client.V1DeleteOptions) and b.grace_period_seconds == 0 for _n, _ns, b in core.deletions)
+    assert "deleted with grace period 0" in adm.stopped[held.lease_id] and "none is listed" in adm.stopped[held.lease_id]
+
+
+def test_a_stale_kubetorch_lease_whose_pods_stay_listed_is_not_reclaimed(tmp_path: Path) -> None:
+    core, apps, record = _service_objects({"finalizers": ["example.com/keep"]})
+    reclaimer = KubetorchBackend(GpuRequest(gpu_type="l4", gpus=1, labels=NLP), name="train-2222bbbb-0", labels={}, target=SETTINGS,
+                                 clients=lambda: (core, FakeCustomObjects()), apps=lambda: apps, reap_wait_s=0.3)
+    book, held = _stale_lease(tmp_path, reclaimer, record)
+    adm = book.try_acquire(Quotas(team={"nlp": 1}), team="nlp", pools=[], gpus=1, run_id="second", asset_key="train")
+    assert not adm.granted and adm.reclaimed == ()
+    assert "expired but is not reclaimed" in adm.reason and f"{SERVICE}-abc-1, {SERVICE}-abc-2 in ml are still listed" in adm.reason
+    assert [le.lease_id for le in book.snapshot()[1]] == [held.lease_id]
+
+    def unreachable() -> tuple:
+        raise ApiException(status=503, reason="Service Unavailable")
+
+    blind = KubetorchBackend(GpuRequest(gpu_type="l4"), name="x-0", labels={}, target=SETTINGS, clients=unreachable, apps=lambda: apps)
+    gone = blind.make_gone(record)
+    assert not gone.confirmed and "could not delete its pods" in gone.why and "503" in gone.why
+    assert not blind.make_gone({"backend": "local", "host": "h", "workers": [[1, "2"]]}).confirmed
+
+
+def test_a_kubetorch_launch_that_lost_its_lease_creates_nothing(no_kubeconfig: None) -> None:
+    """The pods are written on the lease before the service is deployed; a lease found gone
+    then ends the launch as LOST before anything reaches the cluster (without a kubeconfig
+    a deployment would raise ComputeSetupError)."""
+    request = GpuRequest(gpu_type="l4", gpus=1, labels=NLP)
+    custom = FakeCustomObjects()
+    backend = KubetorchBackend(request, name=SERVICE, labels=_labels(request), target=KubetorchGpuCompute(namespace="ml", karpenter=KarpenterPools(manage_nodepools=False)),
+                               clients=lambda: (FakeCoreV1(), custom))
+    held: list[dict] = []
+
+    def hold(workers: dict) -> None:
+        held.append(dict(workers))
+        raise LeaseLost("GPU lease 1234abcd expired before its workers were recorded on it")
+
+    report = backend.run(worker_fns.add, (1, 2), hold=hold, log=lambda _l: None)
+    assert report.exit is WorkerExit.LOST and "expired before its workers were recorded" in (report.error_message or "")
+    assert held == [backend.holding()]

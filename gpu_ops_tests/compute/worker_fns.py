@@ -121,3 +121,27 @@ def fenced_loop(path: str, marker: str) -> str:
             f.write(f"{time.time()}\n")
             f.flush()
             time.sleep(0.02)
+
+
+def tick_until(path: str, stop: str) -> int:
+    """Like :func:`tick` (deaf to SIGTERM, a tick every 20 ms) until the file ``stop``
+    exists; returns the number of ticks."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    n = 0
+    with open(path, "a") as f:
+        while not os.path.exists(stop):
+            f.write(f"{time.time()}\n")
+            f.flush()
+            n += 1
+            time.sleep(0.02)
+    return n
+
+
+def train_steps(path: str, steps: int, step_s: float) -> int:
+    """A stand-in for training: ``steps`` steps of ``step_s``, each one's end appended to ``path``."""
+    with open(path, "a") as f:
+        for _ in range(steps):
+            time.sleep(step_s)
+            f.write(f"{time.time()}\n")
+            f.flush()
+    return steps
