@@ -7,6 +7,10 @@ import re
 from collections.abc import Iterable, Sequence
 
 GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
+# The values of a usage interval's capacity_type and sharing (DESIGN.md), for the rule
+# book, the price matrix and the ledger alike.
+CAPACITY_TYPES = ("spot", "on-demand", "reserved")
+SHARING_MODES = ("none", "mig", "mps", "timeslice")
 
 
 def group_column(key: str) -> str:

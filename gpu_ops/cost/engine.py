@@ -33,7 +33,8 @@ from typing import Any
 from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.cost import rules as R
 from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
-from gpu_ops.cost.pricing import CAPACITY_TYPES, PriceMatrix
+from gpu_ops.cost.columns import CAPACITY_TYPES
+from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.repeats import MEMORY_BYTES, RepeatedHashes
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_ops.cost.columns import CAPACITY_TYPES
+
 if TYPE_CHECKING:
     from gpu_ops.config import PriceTable
 
-CAPACITY_TYPES = ("spot", "on-demand", "reserved")
-SHARING_MODES = ("none", "mig", "mps", "timeslice")
 
 
 @dataclass(frozen=True)

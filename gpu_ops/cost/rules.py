@@ -35,6 +35,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_ops.cost.columns import CAPACITY_TYPES, SHARING_MODES
+
 # What pandas' datetime64[ns] holds, in whole microseconds: the supported time range.
 # (DuckDB holds more; a "9999-12-31" running sentinel or a year-75,000 unit error is
 # still an error, reported on its own row.)
@@ -45,8 +47,6 @@ TIME_RANGE = "1677-09-21 to 2262-04-11"
 FIRST_DAY = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=TIME_MIN_US)).date() + dt.timedelta(days=1)
 LAST_DAY = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=TIME_MAX_US)).date() - dt.timedelta(days=1)
 MAX_GPUS_PER_ROW = 100_000
-CAPACITY_TYPES = ("spot", "on-demand", "reserved")
-SHARING_MODES = ("none", "mig", "mps", "timeslice")
 # Exactly the characters str.isspace() accepts (what str.strip removes).
 SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 # Control characters left inside text after trimming (NUL first of all) are refused

@@ -47,6 +47,7 @@ from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import GpuOpsConfig, load_config
+from gpu_ops.cost.columns import CAPACITY_TYPES
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.training.compute_requirement import GpuOpDefinition, asset_with_handover, handover_key
@@ -218,11 +219,9 @@ def _fmt(v: Any) -> str:
 
 
 def _capacity_type(report: WorkerReport | None, request: GpuRequest) -> str:
-    from gpu_ops.training import ledger
-
     labels = getattr(getattr(getattr(report, "node", None), "metadata", None), "labels", None) or {}
     value = labels.get("karpenter.sh/capacity-type")
-    if value in ledger.CAPACITY_TYPES:
+    if value in CAPACITY_TYPES:
         return value
     return request.capacity_types[0]
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import pandas as pd
 import sqlalchemy as sa
 
+from gpu_ops.cost.columns import CAPACITY_TYPES, SHARING_MODES
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.training.classify import Outcome
 from gpu_ops.training.policy import AttemptRecord
@@ -67,8 +68,6 @@ LEDGER_COLUMNS: tuple[str, ...] = (
 )
 KEY = ("run_id", "asset_key", "attempt")  # unique in the schema
 HARDWARE_SOURCES = ("worker", "declared", "none")
-CAPACITY_TYPES = ("spot", "on-demand", "reserved")
-SHARING_MODES = ("none", "mig", "mps", "timeslice")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
-from gpu_ops.cost.pricing import CAPACITY_TYPES, SHARING_MODES, PriceMatrix
+from gpu_ops.cost.columns import CAPACITY_TYPES, SHARING_MODES
+from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.attribution import utc
 from gpu_ops.cost.window import Window
 from gpu_ops.cost.usage import (
