@@ -177,4 +177,44 @@ def estimate_launch(
     return Estimate(basis, runs, median, p90, left, left_p90, gpus, tuple(legs), currency)
 
 
-__all__ = ["DECLARED", "HISTORY", "NO_HISTORY", "Estimate", "Leg", "estimate_launch", "preemption_overhead", "run_work"]
+# --------------------------------------------------------------------------- estimate against actual
+
+ACCURACY_COLUMNS = (
+    "run_id", "asset_key", "team", "project", "completed_at", "attempts", "estimate_basis", "estimate_usd", "estimate_p90_usd",
+    "actual_usd", "error_usd", "abs_error_usd", "abs_pct_error", "within_p90",
+)
+
+
+def run_cost(rows: pd.DataFrame, prices: Mapping[str, Mapping[Any, float]], simulate_gpu_pricing: bool = False) -> pd.Series:
+    """Each ledger row's cost at ``prices`` (CPU rows: 0, or as the declared GPUs with
+    ``simulate_gpu_pricing``, as the asset's ``cost_usd`` prices them); NaN when unpriced."""
+    seconds = (pd.to_datetime(rows["end"], utc=True) - pd.to_datetime(rows["start"], utc=True)).dt.total_seconds()
+    simulated = (rows["gpu_type"] == "cpu") & simulate_gpu_pricing
+    gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
+    count = rows["gpu_count"].astype(float).where(~simulated, rows["declared_gpu_count"].astype(float))
+    price = [float("nan") if n > 0 and prices.get(g, {}).get(c) is None else float(prices.get(g, {}).get(c) or 0.0) for g, c, n in zip(gpu_type, rows["capacity_type"], count)]
+    return count * rows["gpu_share"].astype(float) * seconds * pd.Series(price, index=rows.index) / 3600.0
+
+
+def accuracy(ledger_rows: pd.DataFrame, estimates: pd.DataFrame, prices: Mapping[str, Mapping[Any, float]], *, simulate_gpu_pricing: bool = False) -> pd.DataFrame:
+    """One row per completed run of ``ledger_rows`` that has an ``estimates`` row (the
+    run's first, :func:`gpu_ops.training.estimate_store.first_of_runs`): what it was
+    estimated to cost at launch against what its attempts cost (:data:`ACCURACY_COLUMNS`)."""
+    if ledger_rows.empty or estimates.empty:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in ACCURACY_COLUMNS})
+    rows = ledger_rows.assign(_cost=run_cost(ledger_rows, prices, simulate_gpu_pricing), _done=ledger_rows["outcome"] == COMPLETED)
+    runs = rows.groupby(["run_id", "asset_key"], as_index=False, sort=True).agg(
+        team=("team", "first"), project=("project", "first"), completed_at=("end", "max"), attempts=("attempt", "count"),
+        actual_usd=("_cost", lambda c: float(c.sum()) if c.notna().all() else float("nan")), done=("_done", "any"),
+    )
+    runs = runs[runs["done"]].drop(columns="done")
+    est = estimates[["run_id", "asset_key", "basis", "estimate_usd", "estimate_p90_usd"]].rename(columns={"basis": "estimate_basis"})
+    table = runs.merge(est, on=["run_id", "asset_key"], how="inner")
+    table["error_usd"] = table["actual_usd"] - table["estimate_usd"]
+    table["abs_error_usd"] = table["error_usd"].abs()
+    table["abs_pct_error"] = table["abs_error_usd"] / table["actual_usd"].where(table["actual_usd"] > 0) * 100.0
+    table["within_p90"] = table["actual_usd"] <= table["estimate_p90_usd"]
+    return table[list(ACCURACY_COLUMNS)].reset_index(drop=True)
+
+
+__all__ = ["ACCURACY_COLUMNS", "accuracy", "run_cost", "DECLARED", "HISTORY", "NO_HISTORY", "Estimate", "Leg", "estimate_launch", "preemption_overhead", "run_work"]
