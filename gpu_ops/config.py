@@ -790,6 +790,11 @@ class AlertsConfig(_Model):
     # apart). Enforcement runs are never held back.
     max_runs_per_tick: PositiveInt = 500
     top_spenders: int = Field(default=5, ge=0)
+    launch_forecast: Literal["estimate", "p90", "off"] = "estimate"
+    """The forecast gate (see "Know the cost before the launch"): a ``gpu_asset`` launch whose
+    estimate would carry a budget that blocks or throttles past its enforcement line is
+    refused. ``estimate``: the median run's cost; ``p90``: the 90th percentile's (more
+    cautious); ``off``: no forecast gate."""
 
 
 # --------------------------------------------------------------------------- compute/training

@@ -1,7 +1,9 @@
 """The two gates a GPU launch passes, as Dagster resources that ``GpuCompute`` depends on.
 
 - :class:`BudgetGate`: an enforced budget that blocks or throttles the launch's scope
-  refuses it (``dg.Failure(allow_retries=False)`` saying how to lift it);
+  refuses it (``dg.Failure(allow_retries=False)`` saying how to lift it), and so does one
+  the launch's estimate would carry past its ``block`` or ``throttle`` threshold
+  (:mod:`gpu_ops.alerts.forecast`);
 - :class:`GpuAdmission`: the GPU quotas of ``compute.quotas``, held as fenced leases
   (:mod:`gpu_ops.compute.quota`): waits while the quotas are full (the reason in the run
   log), then returns the running :class:`~gpu_ops.compute.quota.Heartbeat` whose lease the
@@ -36,13 +38,20 @@ class BudgetGate(dg.ConfigurableResource):
     enabled: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
     config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the demo).")
 
-    def check(self, request: GpuRequest) -> None:
+    def check(self, request: GpuRequest, estimate: Any = None) -> None:
+        """Refuse the launch when an enforced budget blocks or throttles it, or when its
+        ``estimate`` (:class:`gpu_ops.training.estimate.Estimate`) would carry one past its
+        threshold (``alerts.launch_forecast``)."""
         if not self.enabled:
             return
         from gpu_ops.alerts.enforcement import assert_launch_allowed
+        from gpu_ops.alerts.forecast import assert_forecast_allowed
         from gpu_ops.config import load_config
 
-        assert_launch_allowed(load_config(self.config_path), request)
+        config = load_config(self.config_path)
+        assert_launch_allowed(config, request)
+        if estimate is not None:
+            assert_forecast_allowed(config, request, estimate)
 
 
 @dataclass

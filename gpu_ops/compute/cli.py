@@ -5,7 +5,9 @@
 Multi-document YAML: the EC2NodeClass (when ``compute.karpenter.manage_ec2nodeclass``),
 the NodePool(s) (when ``manage_nodepools``) and the Kubetorch workload exactly as
 ``kt.Compute(...).manifest`` builds it, named as the launch would name it. Nothing is
-contacted: the plan is built offline.
+contacted but the gpu_ops database: the first lines (YAML comments) are the launch's
+estimate from the ``--asset``'s successful runs in the usage ledger, or from
+``--expected-duration`` ("no history" when there is neither).
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ def plan_objects(request: Any, compute: ComputeConfig, *, asset: str = "train", 
     return out
 
 
+def plan_estimate(request: Any, config: Any, asset: str, declared_s: float | None) -> str:
+    """The launch's estimate (:mod:`gpu_ops.training.estimate`) as YAML comment lines."""
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import ledger
+    from gpu_ops.training.estimate import estimate_launch
+
+    try:
+        rows = ledger.read(TableStore.from_config(config), asset_key=asset)
+    except Exception as exc:  # noqa: BLE001 - the plan is still printed without the ledger
+        rows, note = ledger.to_frame([]), f" (the usage ledger could not be read: {type(exc).__name__})"
+    else:
+        note = ""
+    est = estimate_launch(request, rows, config.prices.gpus, declared_s=declared_s, currency=config.prices.currency)
+    return f"# estimate of a run of {asset}{note}: {est.describe()}\n"
+
+
 def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
     import yaml
 
@@ -69,6 +87,7 @@ def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--mig-profile", default=None, help="A MIG slice instead of whole GPUs, e.g. 1g.10gb.")
 @click.option("--asset", default="train", show_default=True, help="Asset name the launch names objects after.")
 @click.option("--run-id", default=None, help="Dagster run id to label with (default: none; a plan is not a run).")
+@click.option("--expected-duration", default=None, help="How long a run trains (2h, 90m): the estimate when the asset has no successful run in the ledger.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
 def plan(config_path: str | None, **opts: Any) -> None:
     """Print, as YAML, every Kubernetes object a launch would create or patch."""
@@ -103,4 +122,19 @@ def plan(config_path: str | None, **opts: Any) -> None:
         objects = plan_objects(request, compute, asset=opts["asset"], run_id=opts["run_id"])
     except ValueError as exc:  # e.g. a managed EC2NodeClass without node_role
         raise click.ClickException(str(exc)) from None
-    click.echo(render(objects), nl=False)
+    declared = _declared_seconds(opts["expected_duration"])
+    click.echo(plan_estimate(request, config, opts["asset"], declared) + render(objects), nl=False)
+
+
+def _declared_seconds(value: str | None) -> float | None:
+    from gpu_ops.config import parse_duration
+
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value).total_seconds()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expected-duration") from None
+    if not seconds > 0:
+        raise click.BadParameter(f"{value!r} is not a positive duration", param_hint="--expected-duration")
+    return seconds

@@ -255,6 +255,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         on_admitted: Callable[[Any], None] | None = None,
         on_launched: Callable[[list[int], str | None], None] | None = None,
         launch_index: int | None = None,
+        estimate: Any = None,
     ) -> WorkerReport:
         """Run ``fn(*args, **kwargs)`` on the GPUs of ``request``; report how it ended.
 
@@ -266,16 +267,20 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         ``on_admitted(lease)`` is called once the quota admitted the launch (``lease`` is
         None when no quota applies), ``on_launched(pids, workdir)`` once its workers exist:
         the training layer writes its attempt record there, before the next step.
-        ``launch_index`` names the launch (default: the step's retry number).
+        ``launch_index`` names the launch (default: the step's retry number). ``estimate``
+        (:class:`gpu_ops.training.estimate.Estimate`): what the launch is expected to cost;
+        the budget gate's forecast refuses it when it would carry an enforced budget past
+        its threshold.
         """
         run_id = _run_id_of(context) or self._run_id
         asset_key = _asset_key_of(context)
         attempt = launch_index if launch_index is not None else int(getattr(context, "retry_number", 0) or 0)
         launch = _Launch(self, run_id, asset_key, launch_name(run_id, asset_key, attempt), launch_labels(run_id, asset_key, request, attempt))
         log = log or _context_log(context)
-        # Before anything is created: a blocked or throttled budget scope refuses the
-        # launch with dg.Failure(allow_retries=False) saying how to lift it.
-        self.budget_gate.check(request)
+        # Before anything is created: a blocked or throttled budget scope, or one this
+        # launch's estimate would carry past its threshold, refuses the launch with
+        # dg.Failure(allow_retries=False) saying why and how to lift it.
+        self.budget_gate.check(request, estimate)
         with _fence_folder(self.fence_parent()) as fence_path:
             # The launch's backend exists before the admission: it is the reclaimer that
             # makes an expired lease's workers gone before their GPUs are handed on.

@@ -3,6 +3,7 @@
 gpu_usage[day] (+ gpu_usage_quarantine[day]) ─► gpu_cost_attribution[day] + gpu_cost_daily[day]
                                             │     gpu_cost_daily[period] ─► gpu_budget_status[day]
                                             └─► gpu_roi_report[day]
+usage ledger + gpu_launch_estimates ─► gpu_estimate_accuracy[day]
 
 Steps read only the columns they use (``AssetIn(metadata={"columns": [...]})``, honoured
 by the table IO manager); budgets read the compact daily table, never row-level usage.
@@ -106,6 +107,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         _attribution_asset(config, partitions, backfill),
         _budget_asset(config, partitions, backfill),
         _roi_asset(config, partitions, backfill),
+        _estimate_accuracy_asset(partitions, backfill),
     ]
     return assets, partitions
 
@@ -463,6 +465,54 @@ def _run_roi(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usa
             **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
             **{name: money(total[name]) for name in totals},
             "recommendations": table_value(recommendations),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- estimate against actual
+
+
+def _estimate_accuracy_asset(partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+    @_asset(
+        name="gpu_estimate_accuracy", partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
+        description="Per training run completed on the UTC day: the cost estimated at its launch (gpu_launch_estimates) against what its "
+        "attempts cost (usage ledger), with the error and whether the p90 covered it.",
+        dagster_type=DATAFRAME_TYPE, backfill_policy=backfill,
+    )
+    def gpu_estimate_accuracy(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> dg.Output:
+        return _run_estimate_accuracy(context, gpu_ops)
+
+    return gpu_estimate_accuracy
+
+
+def _run_estimate_accuracy(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> dg.Output:
+    import pandas as pd
+
+    from gpu_ops.cost.attribution import day_window
+    from gpu_ops.cost.pipeline import PARTITION_KEY
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import estimate_store, ledger
+    from gpu_ops.training.estimate import accuracy
+
+    cfg = gpu_ops.load()
+    store = TableStore.from_config(cfg)
+    table = accuracy(ledger.read(store), estimate_store.first_of_runs(estimate_store.read(store)), cfg.prices.gpus, simulate_gpu_pricing=cfg.training.simulate_gpu_pricing)
+    completed = pd.to_datetime(table["completed_at"], utc=True) if len(table) else pd.Series([], dtype="datetime64[us, UTC]")
+    keys = context.partition_keys
+    per_day = [(key, table[(completed >= day_window(key)[0]) & (completed < day_window(key)[1])].reset_index(drop=True)) for key in keys]
+    day = per_day[-1][1]
+    out = day if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in per_day], ignore_index=True)
+    known = day.dropna(subset=["abs_error_usd"]) if len(day) else day
+    return dg.Output(
+        out,
+        metadata={
+            **table_metadata(day),
+            **({"days": f"{keys[0]} .. {keys[-1]} (figures: {keys[-1]})"} if len(keys) > 1 else {}),
+            "runs": len(day),
+            "runs_with_estimate": len(known),
+            **({"median_abs_error_usd": money(float(known["abs_error_usd"].median())), "median_abs_pct_error": round(float(known["abs_pct_error"].median()), 2),
+                "within_p90": int(known["within_p90"].sum())} if len(known) else {}),
+            **({"runs_table": table_value(day[["run_id", "asset_key", "estimate_basis", "estimate_usd", "estimate_p90_usd", "actual_usd", "error_usd"]])} if len(day) else {}),
         },
     )
 

@@ -91,6 +91,9 @@ class TrainingSpec:
     # Modules a worker imports before the function (standby workers import them while
     # the previous attempt runs): e.g. ("torch",). The function's own module is added.
     warm_imports: tuple[str, ...] = ()
+    # How long a run trains (seconds), as the author declares it (``expected_duration="2h"``):
+    # the launch estimate until the asset has a successful run in the ledger.
+    expected_duration_s: float | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -269,6 +272,7 @@ class _Step:
     ckpt_url: str = ""
     ckpts: CheckpointStore | None = None
     recorder: Any = None  # gpu_ops.training.recorder.AttemptRecorder
+    estimate: Any = None  # gpu_ops.training.estimate.Estimate of this launch; None when the ledger could not be read
 
     @property
     def name(self) -> str:
@@ -344,6 +348,25 @@ def _read_history(step: _Step) -> None:
     step.attempt = max(step.attempt, 1 + max((r.attempt for r in step.history), default=0))
     planned = plan_attempt(step.spec.policy, step.spec.request, step.history)
     step.request, step.notes = planned.request, planned.notes
+
+
+def _estimate(step: _Step) -> None:
+    """What this launch is expected to cost (the asset's successful runs, or its declared
+    duration), said in the run log and recorded (``gpu_launch_estimates``) before it starts."""
+    from gpu_ops.training import estimate_store, ledger
+    from gpu_ops.training.estimate import estimate_launch
+
+    assert step.request is not None
+    done_s = sum(max(0.0, r.duration_s - r.lost_seconds) for r in step.history)
+    try:
+        rows = ledger.read(step.store, asset_key=step.asset_key)
+        step.estimate = estimate_launch(
+            step.request, rows, step.config.prices.gpus, declared_s=step.spec.expected_duration_s, done_s=done_s, currency=step.config.prices.currency,
+        )
+        step.log.info(f"estimate of attempt {step.attempt}: {step.estimate.describe()}")
+        estimate_store.record(step.store, step.run_id, step.asset_key, step.attempt, _utcnow(), step.request.capacity, step.estimate)
+    except Exception as exc:  # noqa: BLE001 - the database is down: the launch goes ahead without an estimate
+        step.log.error(f"could not estimate attempt {step.attempt} ({type(exc).__name__}: {exc}); launching without an estimate")
 
 
 def _prepare_checkpoints(step: _Step) -> None:
@@ -460,6 +483,7 @@ def _launch(step: _Step) -> _Launched:
         report = compute.launch(
             step.context, step.request, run_training, args=(asdict(_worker_spec(step)),), env=env, log=sink, on_start=sink.on_start,
             warm=(*spec.warm_imports, spec.fn_module), on_admitted=recorder.admitted, on_launched=recorder.launched, launch_index=step.attempt - 1,
+            estimate=step.estimate,
         )
     except dg.Failure:
         # A deliberate refusal (a budget block names itself and how to lift it): no GPU
@@ -563,6 +587,7 @@ def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResu
         step.log.warning(f"attempt {step.attempt}: {warning}")
     metadata = _materialization_metadata(step.store, step.config, step.run_id, step.asset_key, decision, returned.get("summary") or {}, value, step.ckpt_url, request, sink)
     metadata.update(_hardware_metadata(request, actual, warning))
+    metadata.update(_estimate_metadata(step, metadata.get("cost_usd")))
     metadata.update(sink.worker_metadata())
     admission = step.compute.last_admission
     if admission is not None:
@@ -576,6 +601,7 @@ def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResu
 
 def _one_attempt(step: _Step) -> tuple[_Launched, Classification, Decision]:
     _read_history(step)
+    _estimate(step)
     _prepare_checkpoints(step)
     _log_plan(step)
     _plan_record(step)
@@ -620,6 +646,35 @@ def _hardware_metadata(request: GpuRequest, actual: hardware.Hardware | None, wa
         md["actual_gpu_names"] = ", ".join(dict.fromkeys(actual.names))
     if warning:
         md["hardware_warning"] = warning
+    return md
+
+
+def _estimate_metadata(step: _Step, cost: Any) -> dict[str, Any]:
+    """The run's estimate (recorded at its first attempt) beside what it cost, also in the run log."""
+    from gpu_ops.training import estimate_store
+
+    try:
+        first = estimate_store.first_of_runs(estimate_store.read(step.store, run_id=step.run_id, asset_key=step.asset_key))
+    except Exception as exc:  # noqa: BLE001 - the database is down: the materialization still happens
+        step.log.error(f"could not read the run's estimate ({type(exc).__name__}: {exc})")
+        return {}
+    if first.empty:
+        return {"estimate_basis": "none recorded"}
+    r = first.iloc[0]
+    usd, p90 = estimate_store.known(r["estimate_usd"]), estimate_store.known(r["estimate_p90_usd"])
+    actual = getattr(cost, "value", None)
+    actual = actual if isinstance(actual, (int, float)) else None
+    md: dict[str, Any] = {"estimate_basis": str(r["basis"]), "estimate_detail": str(r["detail"])}
+    if usd is not None:
+        md["estimate_usd"] = dg.MetadataValue.float(fmt.round_money(usd) or 0.0)
+    if p90 is not None:
+        md["estimate_p90_usd"] = dg.MetadataValue.float(fmt.round_money(p90) or 0.0)
+    if usd is not None and actual is not None:
+        md["estimate_error_usd"] = dg.MetadataValue.float(fmt.round_money(actual - usd) or 0.0)
+    step.log.info(
+        f"estimate against actual: estimated {'unknown' if usd is None else f'{usd:.2f}'} (p90 {'unknown' if p90 is None else f'{p90:.2f}'}, {r['basis']}), "
+        f"actual {'unknown' if actual is None else f'{actual:.2f}'} {step.config.prices.currency}"
+    )
     return md
 
 
@@ -816,6 +871,18 @@ def _training_definition(
     return spec, common
 
 
+def _declared_seconds(value: str | float | None) -> float | None:
+    """``expected_duration`` in seconds (a duration such as ``2h``, or a number of seconds)."""
+    if value is None:
+        return None
+    from gpu_ops.config import parse_duration
+
+    seconds = parse_duration(value).total_seconds()
+    if not seconds > 0:
+        raise ValueError(f"expected_duration must be a positive duration (e.g. 2h or 90m), got {value!r}")
+    return seconds
+
+
 def gpu_asset(
     fn: Callable[..., Any] | None = None,
     *,
@@ -830,6 +897,7 @@ def gpu_asset(
     config_path: str | None = None,
     name: str | None = None,
     warm_imports: tuple[str, ...] | list[str] = (),
+    expected_duration: str | float | None = None,
     **asset_kwargs: Any,
 ) -> Any:
     """Decorate ``def train(ctx: TrainingContext, **params)`` into a preemption-aware asset.
@@ -844,12 +912,14 @@ def gpu_asset(
     ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo). ``warm_imports`` (e.g.
     ``("torch",)``) are imported by workers before the function, and by the standby
     worker that takes over a retry while the attempt before it still runs.
+    ``expected_duration`` (``"2h"``, ``"90m"`` or seconds) is how long a run trains: the
+    launch estimate until the asset has a successful run in the usage ledger.
     """
 
     options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
-        warm_imports=tuple(warm_imports),
+        warm_imports=tuple(warm_imports), expected_duration_s=_declared_seconds(expected_duration),
     )
 
     def decorate(f: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -884,6 +954,7 @@ def gpu_op(
     config_path: str | None = None,
     name: str | None = None,
     warm_imports: tuple[str, ...] | list[str] = (),
+    expected_duration: str | float | None = None,
     **op_kwargs: Any,
 ) -> Any:
     """The op twin of :func:`gpu_asset`: outputs the function's return value, with the
@@ -892,7 +963,7 @@ def gpu_op(
     options: dict[str, Any] = dict(
         request=request, policy=policy, params=params, env=env, checkpoint_url=checkpoint_url, keep_last=keep_last,
         compute_resource_key=compute_resource_key, settings_resource_key=settings_resource_key, config_path=config_path, name=name,
-        warm_imports=tuple(warm_imports),
+        warm_imports=tuple(warm_imports), expected_duration_s=_declared_seconds(expected_duration),
     )
 
     def decorate(f: Callable[..., Any]) -> dg.OpDefinition:

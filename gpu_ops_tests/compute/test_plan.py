@@ -33,7 +33,38 @@ def test_plan_prints_valid_objects(karpenter_crds: dict) -> None:
     assert spec["nodeSelector"]["karpenter.k8s.aws/instance-gpu-name"] == "a100"
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "nvidia.com/gpu.product" not in out
-    assert out.startswith("# NodePool gpu-ops-nlp-a100-80gb-spot: ")
+    estimate, rest = out.split("\n", 1)
+    assert estimate.startswith("# estimate of a run of train")
+    assert rest.startswith("# NodePool gpu-ops-nlp-a100-80gb-spot: ")
+
+
+def test_plan_prints_the_estimate_beside_the_objects(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from gpu_ops.config import load_config
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training import ledger
+
+    cfg = tmp_path / "gpu_ops.yaml"
+    cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///costs.db"}, "prices": {"source": "test", "as_of": "2026-11-01", "gpus": {"h100": {"spot": 4.0, "on-demand": 12.0}}}}))
+    args = ("--config", str(cfg), "--gpu-type", "h100", "--gpus", "8", "--team", "vision", "--asset", "finetune")
+    code, out = _plan(*args)
+    assert code == 0, out
+    assert out.startswith("# estimate of a run of finetune: no history: the asset has no successful run")
+    code, out = _plan(*args, "--expected-duration", "2h")
+    assert out.startswith("# estimate of a run of finetune: spot: 64.00 USD (p90 64.00 USD;") and "on-demand: 192.00 USD" in out.split("\n")[0]
+    t0 = dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc)
+    ledger.append(TableStore.from_config(load_config(cfg)), [ledger.LedgerRow(
+        start=t0, end=t0 + dt.timedelta(hours=1), namespace="ml", pod="p", node="n", team="vision", project="p", cost_center="", experiment_id="",
+        gpu_type="h100", gpu_count=8, capacity_type="spot", sharing="none", gpu_share=1.0, run_id="r1", asset_key="finetune", attempt=1,
+        outcome="completed", last_checkpoint_at=None, lost_seconds=0.0,
+    )])
+    code, out = _plan(*args, "--expected-duration", "2h")
+    first = out.split("\n")[0]
+    assert first.startswith("# estimate of a run of finetune: spot: 32.00 USD") and "from 1 successful run(s)" in first
+    assert [d["kind"] for d in yaml.safe_load_all(out)] == ["NodePool", "NodePool", "Deployment"]
+    code, out = _plan(*args, "--expected-duration", "soon")
+    assert code != 0 and "--expected-duration" in out
 
 
 def test_plan_with_managed_node_class_and_run_scoped_pools(tmp_path: Path, karpenter_crds: dict) -> None:

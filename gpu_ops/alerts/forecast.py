@@ -1,0 +1,223 @@
+"""The forecast gate: a launch whose estimate would carry an enforced budget past its line is refused.
+
+Budget enforcement (:mod:`gpu_ops.alerts.enforcement`) acts on a threshold already
+crossed, as of the newest ``gpu_budget_status`` partition. Before a launch of a
+``gpu_asset`` this gate adds what that partition has not seen yet, and the launch:
+
+    projected = the period's spend (the newest gpu_budget_status row of the period, to its as_of)
+              + attempts settled since then (the usage ledger, priced)
+              + attempts running now (their records' GPUs at their price, since they launched)
+              + this launch's estimate (``alerts.launch_forecast``: ``estimate`` or ``p90``)
+
+For every budget whose scope covers the launch and whose ``enforcement.action`` is
+``block`` or ``throttle``: when ``projected`` passes the enforcement line (``amount_usd ×
+enforcement.threshold_percent / 100``), a ``block`` refuses the launch and a ``throttle``
+refuses it when the throttle would (more GPUs than ``max_gpus``, or on-demand under
+``spot_only``), with every figure in the message (:class:`gpu_ops.errors.LaunchRefused`).
+A launch with no estimate ("no history") is not refused by a forecast it cannot make.
+
+The running attempts are those of the attempt records (``gpu_ops_training_attempts``,
+launched and not settled): the holders of the live GPU leases, and of launches under no
+quota too. The ledger is the ``gpu_asset`` usage source: usage of other sources counts
+once its daily partition lands. An unreachable database fails open (logged), as
+enforcement does. ``now`` is an input. The reading and the arithmetic are separate: the
+decision (:func:`forecast_refusal`) is pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gpu_ops.alerts.enforcement import scope_matches
+from gpu_ops.alerts.model import money, scope_label
+from gpu_ops.cost.budgets import period_bounds
+
+STATUS_TABLE = "gpu_budget_status"
+ENFORCING = ("block", "throttle")
+
+
+@dataclass(frozen=True)
+class Spend:
+    """A budget's spend to ``now``, in parts."""
+
+    period_usd: float  # the newest gpu_budget_status row of the period
+    through: str  # what that row covers: "2026-03-01" (its as_of day), or "no gpu_budget_status yet"
+    settled_usd: float  # ledger rows after it
+    running_usd: float  # running attempts
+
+    @property
+    def total(self) -> float:
+        return self.period_usd + self.settled_usd + self.running_usd
+
+
+def request_attrs(request: Any) -> dict[str, str]:
+    """What a launch shows of a budget scope's keys (team, project, cost_center, namespace)."""
+    labels = request.labels
+    attrs = {k: str(getattr(labels, k)) for k in ("team", "project", "cost_center") if getattr(labels, k)}
+    attrs["namespace"] = str(request.namespace)
+    return attrs
+
+
+def _line(budget: Any) -> float:
+    return float(budget.amount_usd) * float(budget.enforcement.threshold_percent) / 100.0
+
+
+def _throttled_out(budget: Any, request: Any) -> str | None:
+    """Why a throttle of ``budget`` would refuse ``request``, or None when it lets it run."""
+    e = budget.enforcement
+    if e.max_gpus is not None and request.total_gpus > e.max_gpus:
+        return f"it would throttle launches to {e.max_gpus} GPUs and this launch asks for {request.total_gpus}"
+    if e.spot_only and request.capacity == "on-demand":
+        return "it would restrict launches to spot capacity and this launch asks for on-demand"
+    return None
+
+
+def _refusal(budget: Any, request: Any, spend: Spend, figure: float, basis: str) -> str | None:
+    line = _line(budget)
+    projected = spend.total + figure
+    if projected <= line:
+        return None
+    action = budget.enforcement.action
+    why = "" if action == "block" else _throttled_out(budget, request)
+    if why is None:
+        return None
+    what = "estimate" if basis == "estimate" else "p90 estimate"
+    figures = (
+        f"period spend {money(spend.period_usd)} ({spend.through}) + settled since {money(spend.settled_usd)} + running attempts {money(spend.running_usd)} "
+        f"+ this launch's {what} {money(figure)} = {money(projected)}, past the {action} line {money(line)} "
+        f"({budget.enforcement.threshold_percent:g}% of {money(budget.amount_usd)})"
+    )
+    scope = scope_label(budget.scope.as_filters(), "all GPU launches")
+    tail = f"; {why}" if why else ""
+    lift = f"raise budgets[{budget.name}].amount_usd, set alerts.launch_forecast: off, or wait for the period to end"
+    return f"launch refused by the forecast gate of budget {budget.name!r} ({scope}): {figures}{tail}. To launch anyway: {lift}."
+
+
+def forecast_refusal(budgets: Sequence[Any], request: Any, figure: float | None, basis: str, spend: Mapping[str, Spend]) -> str | None:
+    """Why the launch must not start, or None (pure). ``figure``: the launch's estimate or
+    p90 (``basis``); None: no estimate, nothing refused."""
+    if figure is None:
+        return None
+    attrs = request_attrs(request)
+    for budget in budgets:
+        if budget.enforcement.action not in ENFORCING or not scope_matches(budget.scope.as_filters(), attrs):
+            continue
+        reason = _refusal(budget, request, spend.get(budget.name, Spend(0.0, "no gpu_budget_status yet", 0.0, 0.0)), figure, basis)
+        if reason is not None:
+            return reason
+    return None
+
+
+# --------------------------------------------------------------------------- reading the spend
+
+
+def _price(config: Any, gpu_type: str, capacity: str) -> float:
+    price = config.prices.gpus.get(gpu_type, {}).get(capacity)
+    return 0.0 if price is None else float(price)
+
+
+def _ledger_cost(config: Any, rows: pd.DataFrame, since: pd.Timestamp, now: pd.Timestamp) -> pd.Series:
+    """Each ledger row's cost of its time in ``[since, now]`` (CPU rows priced as declared under
+    ``training.simulate_gpu_pricing``, as the asset's metadata prices them; otherwise 0)."""
+    if rows.empty:
+        return pd.Series([], dtype=float)
+    start = pd.to_datetime(rows["start"], utc=True).clip(lower=since)
+    end = pd.to_datetime(rows["end"], utc=True).clip(upper=now)
+    seconds = (end - start).dt.total_seconds().clip(lower=0.0)
+    simulated = (rows["gpu_type"] == "cpu") & bool(config.training.simulate_gpu_pricing)
+    gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
+    count = rows["gpu_count"].astype(float).where(~simulated, rows["declared_gpu_count"].astype(float))
+    price = [_price(config, g, c) for g, c in zip(gpu_type, rows["capacity_type"])]
+    return count * rows["gpu_share"].astype(float) * seconds * pd.Series(price, index=rows.index) / 3600.0
+
+
+def _in_scope(frame: pd.DataFrame, filters: Mapping[str, str]) -> pd.Series:
+    keep = pd.Series(True, index=frame.index)
+    for key, value in filters.items():
+        keep &= frame[key].astype(str) == value if key in frame else False
+    return keep
+
+
+def _running(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
+    """Launched, unsettled attempts: their bill's attribution and the cost since launch."""
+    from gpu_ops.training.attempt_store import AttemptStore
+    from gpu_ops.training.attempts import State
+
+    rows = []
+    for a, _quiet in AttemptStore(store).open_attempts():
+        if a.state not in (State.LAUNCHED, State.RUNNING) or a.launched_at is None:
+            continue
+        bill = dict(a.bill)
+        launched = pd.Timestamp(a.launched_at, unit="s", tz="UTC")
+        rows.append({**{k: str(bill.get(k, "")) for k in ("team", "project", "namespace", "cost_center")}, "launched": launched,
+                     "per_s": float(bill.get("gpu_count", 0)) * float(bill.get("gpu_share", 1.0)) * _price(config, str(bill.get("gpu_type")), str(bill.get("capacity_type"))) / 3600.0})
+    return pd.DataFrame(rows, columns=["team", "project", "namespace", "cost_center", "launched", "per_s"])
+
+
+def _period_status(status: pd.DataFrame, budget: Any, start: dt.date, end: dt.date) -> tuple[float, pd.Timestamp | None]:
+    """(spend, as_of) of the newest gpu_budget_status row of ``budget``'s current period."""
+    if status.empty:
+        return 0.0, None
+    mine = status[(status["budget"] == budget.name) & (status["period_start"].astype(str).str[:10] == start.isoformat())]
+    if mine.empty:
+        return 0.0, None
+    newest = mine.assign(_as_of=pd.to_datetime(mine["as_of"], utc=True)).sort_values("_as_of").iloc[-1]
+    return float(newest["spend_usd"]), min(newest["_as_of"], pd.Timestamp(end).tz_localize("UTC"))
+
+
+def spend_to_date(config: Any, store: Any, budgets: Sequence[Any], now: dt.datetime) -> dict[str, Spend]:
+    """Each budget's :class:`Spend` at ``now`` from the stored tables."""
+    from gpu_ops.training import ledger
+
+    now_ts = pd.Timestamp(now).tz_convert("UTC")
+    status = store.read(STATUS_TABLE, missing_ok=True)
+    rows = ledger.read(store)
+    running = _running(config, store, now_ts)
+    out = {}
+    for budget in budgets:
+        start, end = period_bounds(budget, now_ts.date())
+        period_usd, as_of = _period_status(status, budget, start, end)
+        since = as_of if as_of is not None else pd.Timestamp(start).tz_localize("UTC")
+        filters = budget.scope.as_filters()
+        settled = _ledger_cost(config, rows[_in_scope(rows, filters)], since, now_ts) if not rows.empty else pd.Series([], dtype=float)
+        live = running[_in_scope(running, filters)]
+        held = ((now_ts - live["launched"].clip(lower=since)).dt.total_seconds().clip(lower=0.0) * live["per_s"]).sum() if len(live) else 0.0
+        through = f"through {as_of.isoformat()}" if as_of is not None else "no gpu_budget_status for this period yet"
+        out[budget.name] = Spend(period_usd, through, float(settled.sum()), float(held))
+    return out
+
+
+def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt.datetime | None = None, store: Any = None) -> None:
+    """Raise :class:`gpu_ops.errors.LaunchRefused` when ``estimate`` (an
+    :class:`~gpu_ops.training.estimate.Estimate`) would carry an enforced budget past its
+    line; nothing when ``alerts.launch_forecast`` is ``off`` or no budget enforces."""
+    basis = config.alerts.launch_forecast
+    budgets = [b for b in config.budgets if b.enforcement.action in ENFORCING]
+    if basis == "off" or not budgets:
+        return
+    figure = estimate.figure(basis)
+    if figure is None:
+        return
+    from gpu_ops.storage.tables import TableStore
+
+    store = store or TableStore.from_config(config)
+    try:
+        spend = spend_to_date(config, store, budgets, now or dt.datetime.now(dt.timezone.utc))
+    except Exception as exc:  # the database is down: do not stop training over it (as enforcement)
+        logging.getLogger("gpu_ops.alerts").warning(f"the launch forecast could not be checked ({type(exc).__name__}: {exc}); the launch goes ahead")
+        return
+    reason = forecast_refusal(budgets, request, figure, basis, spend)
+    if reason is None:
+        return
+    from gpu_ops.errors import LaunchRefused
+
+    raise LaunchRefused(reason, metadata={"refused_by": "forecast gate", "estimate_usd": float(figure), "estimate_basis": basis})
+
+
+__all__ = ["Spend", "assert_forecast_allowed", "forecast_refusal", "request_attrs", "spend_to_date"]
