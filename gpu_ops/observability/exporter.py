@@ -4,9 +4,13 @@ Each scrape reads the gpu_ops database (the tables the Dagster UI shows, see
 :mod:`gpu_ops.observability.readers`) through a custom ``prometheus_client`` collector:
 the exporter keeps no state of its own, so a restart changes no value and several
 replicas serve the same figures. ``--cache-seconds`` lets scrapes within that many
-seconds share one read (an HA pair of Prometheus servers costs one set of queries).
-A database that is down answers ``gpu_ops_exporter_read_ok{source=...} 0`` and a log line
-naming the database (password hidden), never a traceback or an empty 200.
+seconds share one read (an HA pair of Prometheus servers costs one set of queries), and
+scrapes that arrive while a read is under way wait for that read rather than start their
+own. Every read ends within ``--deadline-seconds`` (8 s by default: below Prometheus'
+default ``scrape_timeout`` of 10 s, which the chart's ServiceMonitor keeps): a database
+that is down, silent or slow answers ``gpu_ops_exporter_read_ok{source=...} 0`` for each
+source that missed it, and a log line naming the database (password hidden), never a
+traceback, an empty 200 or a scrape that times out.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import click
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpu_ops.cli_types import seconds
 from gpu_ops.observability.metrics import COUNTER, Family, Snapshot, families
-from gpu_ops.observability.readers import Reader
+from gpu_ops.observability.readers import DEFAULT_DEADLINE_S, Reader
 
 log = logging.getLogger("gpu_ops.exporter")
 DEFAULT_PORT = 9464
@@ -40,23 +45,39 @@ def to_prometheus(family: Family) -> Any:
 
 class TableCollector(Collector):
     """Collects :func:`~gpu_ops.observability.metrics.families` from a fresh read (or one
-    at most ``cache_seconds`` old)."""
+    at most ``cache_seconds`` old). Scrapes that arrive during a read share it: each waits
+    at most one read, which ends by the reader's deadline."""
 
     def __init__(self, reader: Reader, cache_seconds: float = 0.0):
         self.reader, self.cache_seconds = reader, cache_seconds
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot] | None = None
+        self._reading: threading.Event | None = None  # set when the read under way ends
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < self.cache_seconds:
                 return self._cached[1]
+            under_way, leader = self._reading, self._reading is None
+            if leader:
+                under_way = self._reading = threading.Event()
+        assert under_way is not None
+        if not leader:
+            under_way.wait()
+            assert self._cached is not None  # the leader's read has been kept
+            return self._cached[1]
+        try:
             snap = self.reader.read()
             for source, reason in snap.errors.items():
                 log.warning("gpu-ops exporter: could not read %s: %s", source, reason)
-            self._cached = (now, snap)
+            with self._lock:
+                self._cached = (now, snap)
             return snap
+        finally:
+            with self._lock:
+                self._reading = None
+            under_way.set()
 
     def collect(self) -> Iterator[Any]:
         for family in families(self.snapshot()):
@@ -72,13 +93,15 @@ def build_registry(reader: Reader, cache_seconds: float = 0.0) -> CollectorRegis
     return registry
 
 
-def reader_from_config(config_path: str | None, per_pod: bool, history_s: float = 0.0) -> Reader:
+def reader_from_config(config_path: str | None, per_pod: bool, history_s: float = 0.0, deadline_s: float = DEFAULT_DEADLINE_S) -> Reader:
     from gpu_ops.config import load_config
+    from gpu_ops.storage.files import PartitionFiles
     from gpu_ops.storage.tables import TableStore
 
     cfg = load_config(config_path)
     quotas = {"team": dict(cfg.compute.quotas.team), "pool": dict(cfg.compute.quotas.pool)}
-    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod, history_s=history_s)
+    files = PartitionFiles(cfg.storage.row_level_path) if cfg.storage.row_level_path else None
+    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod, history_s=history_s, files=files, deadline_s=deadline_s)
 
 
 def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any = None) -> None:
@@ -105,11 +128,14 @@ def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="Port of /metrics (0: any free port, printed).")
 @click.option("--config", "config_path", default=None, help="GPU_OPS_CONFIG file (default: $GPU_OPS_CONFIG, else the bundled demo).")
 @click.option("--per-pod", is_flag=True, help="Also export per-pod series (pod names are unbounded: opt in knowingly).")
-@click.option("--cache-seconds", default=15.0, show_default=True, type=click.FloatRange(min=0), help="Scrapes this close together share one database read.")
-@click.option("--history-seconds", default=300.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--cache-seconds", default=15.0, show_default=True, type=seconds(), help="Scrapes this close together share one database read.")
+@click.option("--history-seconds", default=300.0, show_default=True, type=seconds(),
               help="Re-read the sums of the append-only tables (ledger, alert deliveries, dead letters), which grow with history, at most this often.")
-def exporter(host: str, port: int, config_path: str | None, per_pod: bool, cache_seconds: float, history_seconds: float) -> None:
+@click.option("--deadline-seconds", default=DEFAULT_DEADLINE_S, show_default=True, type=seconds(min_open=True),
+              help="Every scrape answers within this long: sources the database has not answered by then are served as gpu_ops_exporter_read_ok 0. "
+              "Keep it below the scrape_timeout of the Prometheus that scrapes (10 s by default).")
+def exporter(host: str, port: int, config_path: str | None, per_pod: bool, cache_seconds: float, history_seconds: float, deadline_seconds: float) -> None:
     """Serve gpu_ops cost, budget, alert, training and quota metrics for Prometheus."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    reader = reader_from_config(config_path, per_pod, history_seconds)
+    reader = reader_from_config(config_path, per_pod, history_seconds, deadline_seconds)
     serve(reader, host, port, cache_seconds, ready=lambda p: click.echo(f"gpu-ops exporter listening on http://{host}:{p}/metrics", err=True))
