@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.validate import CheckResult, not_yet_created
+from gpu_ops.validate import CheckResult, folder_setting
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
@@ -14,8 +14,9 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
 
     url = checkpoint_root(config)
-    if "://" not in url and (missing := not_yet_created("checkpoints", Path(url), "the first checkpoint", "training.checkpoint_url")) is not None:
-        return missing  # validate writes nothing: a folder that is not there yet is not created to probe it
+    local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
+    if local is not None and (problem := folder_setting("checkpoints", Path(local), "training.checkpoint_url", "the first checkpoint")) is not None:
+        return problem  # validate writes nothing: a folder that is not there yet is not created to probe it
     fix = (
         "set training.checkpoint_url to a folder or fsspec URL the training workers can write "
         "(s3://bucket/prefix needs s3fs and credentials; a PVC path must be mounted in the workers)"
@@ -32,7 +33,7 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
         return CheckResult("checkpoints", "failed", f"{url}: cannot write a checkpoint: {type(exc).__name__}: {exc}", fix)
     if not ok:
         return CheckResult("checkpoints", "failed", f"{url}: a probe written there read back differently", fix)
-    return CheckResult("checkpoints", "ok", f"{url} is writable (keep_last={config.training.keep_last})")
+    return CheckResult("checkpoints", "ok", f"{url} (training.checkpoint_url) is writable (keep_last={config.training.keep_last})")
 
 
 def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:

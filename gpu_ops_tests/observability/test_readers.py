@@ -122,7 +122,10 @@ def test_the_exporter_command_says_why_it_cannot_listen(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         out = CliRunner().invoke(main, ["exporter", "--host", "127.0.0.1", "--port", str(port)])
     assert out.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in out.output and "Traceback" not in out.output
-    for option, value in (("--port", "99999"), ("--port", "-1"), ("--cache-seconds", "-5"), ("--history-seconds", "-1")):  # 99999 was an OverflowError traceback
+    # 99999 was an OverflowError traceback; nan and inf started serving.
+    bad_values = [("--port", "99999"), ("--port", "-1"), ("--cache-seconds", "-5"), ("--history-seconds", "-1"), ("--deadline-seconds", "0")]
+    bad_values += [(option, value) for option in ("--cache-seconds", "--history-seconds", "--deadline-seconds") for value in ("nan", "inf", "-inf", "NaN", "infinity")]
+    for option, value in bad_values:
         out = CliRunner().invoke(main, ["exporter", "--host", "127.0.0.1", option, value])
         assert out.exit_code == 2 and option in out.output and isinstance(out.exception, SystemExit), out.output  # a usage error, not an exception caught by the runner
     bad = tmp_path / "bad.yaml"
