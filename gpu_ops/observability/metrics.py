@@ -162,6 +162,12 @@ class Family:
             return
         self.samples.append((tuple(_text(labels.get(k)) for k in self.metric.labels), v))
 
+    def add_values(self, labels: tuple[str, ...], value: Any) -> None:
+        """:meth:`add` with the label values already in ``metric.labels`` order, as text."""
+        v = _number(value)
+        if v is not None:
+            self.samples.append((labels, v))
+
 
 @dataclass
 class Snapshot:
@@ -271,19 +277,18 @@ def budget_families(s: Snapshot) -> list[Family]:
     names = ("amount_usd", "spend_usd", "used_ratio", "forecast_usd", "thresholds_crossed", "days_missing")
     fam = {n: Family(CATALOG[f"gpu_ops_budget_{n}"]) for n in names}
     status, severity = Family(CATALOG["gpu_ops_budget_status"]), Family(CATALOG["gpu_ops_budget_severity"])
-    for r in s.budgets:
-        fam["amount_usd"].add(r, r.get("amount_usd"))
-        fam["spend_usd"].add(r, r.get("spend_usd"))
+    for r in s.budgets:  # 10,000 budgets are 130,000 samples: the label values are made once per budget
+        b = (_text(r.get("budget")), _text(r.get("period")))
         pct = _number(r.get("percent_used"))
-        fam["used_ratio"].add(r, None if pct is None else pct / 100.0)
-        fam["forecast_usd"].add(r, r.get("forecast_usd"))
-        fam["thresholds_crossed"].add(r, r.get("thresholds_crossed"))
-        fam["days_missing"].add(r, r.get("days_missing"))
+        values = {"amount_usd": r.get("amount_usd"), "spend_usd": r.get("spend_usd"), "used_ratio": None if pct is None else pct / 100.0,
+                  "forecast_usd": r.get("forecast_usd"), "thresholds_crossed": r.get("thresholds_crossed"), "days_missing": r.get("days_missing")}
+        for name, value in values.items():
+            fam[name].add_values(b, value)
         for state in BUDGET_STATES:
-            status.add({**r, "status": state}, 1.0 if r.get("status") == state else 0.0)
+            status.add_values((*b, state), 1.0 if r.get("status") == state else 0.0)
         if r.get("severity") in BUDGET_SEVERITIES:  # absent from partitions written before it was a column
             for level in BUDGET_SEVERITIES:
-                severity.add({**r, "severity": level}, 1.0 if r["severity"] == level else 0.0)
+                severity.add_values((*b, level), 1.0 if r["severity"] == level else 0.0)
     deliveries, dead = Family(CATALOG["gpu_ops_alert_deliveries_total"]), Family(CATALOG["gpu_ops_alert_dead_letters_total"])
     for r in s.deliveries:
         deliveries.add(r, r.get("n"))

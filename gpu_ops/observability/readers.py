@@ -25,6 +25,7 @@ written with, so no two samples of a family share a label set.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,6 +62,7 @@ HARDWARE_KEYS = ("kind", "team", "gpu_type", "capacity_type")
 POD_KEYS = ("namespace", "pod", "gpu_type", "capacity_type")
 HISTORY_SOURCES = (LEDGER, DELIVERIES, DEAD_LETTERS)
 HISTORY_FIELDS = ("attempts", "recoveries", "deliveries", "dead_letters")
+_LABEL_NAME = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*")  # what Prometheus takes as a label name
 
 Step = Callable[[float], dict[str, Any]]  # deadline (time.monotonic()) -> Snapshot fields
 
@@ -297,7 +299,7 @@ class Reader:
         if newest is None or "efficiency" not in types:
             return out
         # The table's grain: its text columns (the usage.group_by keys it was written with).
-        keys = [c for c, t in types.items() if isinstance(t, sa.String) and c != PARTITION_COLUMN]
+        keys = [c for c, t in types.items() if isinstance(t, sa.String) and c != PARTITION_COLUMN and _LABEL_NAME.fullmatch(c)]
         select = ", ".join(_q(c) for c in [*keys, "efficiency", "active_gpu_hours", "unused_cost_usd"])
         sql = f'SELECT {select} FROM {_q(ATTRIBUTION)} WHERE {_q(PARTITION_COLUMN)} = :p AND "efficiency" IS NOT NULL'
         out.update(efficiency=self._rows(conn, sql, p=newest), efficiency_keys=tuple(keys))

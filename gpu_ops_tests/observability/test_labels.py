@@ -92,14 +92,23 @@ def measured(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
     return rows
 
 
-def with_attribution(template: Path, folder: Path, group_by: list[str]) -> TableStore:
+@pytest.fixture(scope="module")
+def usage(template: Path) -> dict[str, pd.DataFrame]:
+    """Each day's stored usage rows, measured."""
+    store = TableStore(f"sqlite:///{template}")
+    rows = store.read("gpu_usage")
+    out = {day: measured(rows[rows["partition_key"] == day].drop(columns="partition_key").reset_index(drop=True), i) for i, day in enumerate(DAYS)}
+    store.engine.dispose()
+    store.read_engine.dispose()
+    return out
+
+
+def with_attribution(template: Path, usage: dict[str, pd.DataFrame], folder: Path, group_by: list[str]) -> TableStore:
     """A copy of the template with gpu_cost_attribution of both days grouped by ``group_by``."""
     db = folder / "costs.db"
     shutil.copy(template, db)
     store = TableStore(f"sqlite:///{db}")
-    usage = store.read("gpu_usage")
-    for i, day in enumerate(DAYS):
-        rows = measured(usage[usage["partition_key"] == day].drop(columns="partition_key").reset_index(drop=True), i)
+    for day, rows in usage.items():
         table = group_efficiency(attribute(rows, group_by, "row").table, rows, group_by)
         store.write("gpu_cost_attribution", table, partition_keys=[day])
     return store
@@ -114,18 +123,27 @@ def total(family: Family, **where: str) -> float:
     return sum(v for labels, v in family.samples if all(labels[i] == where[k] for k, i in at.items()))
 
 
-def table_totals(store: TableStore) -> dict[str, Any]:
-    """What each additive family must sum to, worked out from the tables with pandas."""
+def efficiency_totals(store: TableStore) -> dict[str, Any]:
+    """What the efficiency families must sum to (the newest day's measured groups)."""
+    attribution = store.read("gpu_cost_attribution")
+    attribution = attribution[(attribution["partition_key"] == DAYS[-1]) & attribution["efficiency"].notna()]
+    return {"gpu_ops_active_gpu_seconds": attribution["active_gpu_hours"].sum() * 3600, "gpu_ops_unused_cost_usd": attribution["unused_cost_usd"].sum()}
+
+
+@pytest.fixture(scope="module")
+def totals(template: Path) -> dict[str, Any]:
+    """What each other additive family must sum to, worked out from the tables with pandas."""
+    store = TableStore(f"sqlite:///{template}")
     newest = DAYS[-1]
     daily, usage, roi = store.read("gpu_cost_daily"), store.read("gpu_usage"), store.read("gpu_roi_report")
     day = {"daily": daily[daily["partition_key"] == newest], "usage": usage[usage["partition_key"] == newest]}
     teams = roi[roi["team"] != "__total__"]
-    attribution = store.read("gpu_cost_attribution")
-    attribution = attribution[(attribution["partition_key"] == newest) & attribution["efficiency"].notna()]
     status = store.read("gpu_budget_status")
     status = status[status["partition_key"] == newest]
     q = store.read("gpu_usage_quarantine")
     ledger = store.read("gpu_usage_ledger")
+    store.engine.dispose()
+    store.read_engine.dispose()
     return {
         ("gpu_ops_cost_usd", "day"): day["daily"]["cost_usd"].sum(), ("gpu_ops_cost_usd", "month"): daily["cost_usd"].sum(),
         ("gpu_ops_gpu_seconds", "day"): day["daily"]["gpu_hours"].sum() * 3600, ("gpu_ops_gpu_seconds", "month"): daily["gpu_hours"].sum() * 3600,
@@ -133,7 +151,6 @@ def table_totals(store: TableStore) -> dict[str, Any]:
         "gpu_ops_hardware_cost_usd": day["usage"]["cost_usd"].sum(), "gpu_ops_hardware_gpu_seconds": day["usage"]["gpu_hours"].sum() * 3600,
         ("gpu_ops_savings_usd", "month"): teams[["spot_savings_usd", "reserved_savings_usd", "sharing_savings_usd"]].to_numpy().sum(),
         ("gpu_ops_preemption_waste_usd", "month"): teams["preemption_waste_usd"].sum(),
-        "gpu_ops_active_gpu_seconds": attribution["active_gpu_hours"].sum() * 3600, "gpu_ops_unused_cost_usd": attribution["unused_cost_usd"].sum(),
         "gpu_ops_budget_amount_usd": status["amount_usd"].sum(), "gpu_ops_budget_spend_usd": status["spend_usd"].sum(),
         "gpu_ops_budget_thresholds_crossed": float(sum(len(c) for c in status["thresholds_crossed"])),
         "gpu_ops_usage_quarantined_rows": float((q["partition_key"] == newest).sum()),
@@ -143,11 +160,13 @@ def table_totals(store: TableStore) -> dict[str, Any]:
     }
 
 
-def test_no_family_repeats_a_label_set_and_each_sums_to_its_table_for_every_group_by(template: Path, tmp_path: Path) -> None:
+def test_no_family_repeats_a_label_set_and_each_sums_to_its_table_for_every_group_by(
+    template: Path, usage: dict[str, pd.DataFrame], totals: dict[str, Any], tmp_path: Path
+) -> None:
     checked: set[str] = set()
     for i, group_by in enumerate(COMBINATIONS):
         (tmp_path / str(i)).mkdir()
-        store = with_attribution(template, tmp_path / str(i), group_by)
+        store = with_attribution(template, usage, tmp_path / str(i), group_by)
         snap = Reader(store, quotas={"team": {"nlp": 8}}, per_pod=True).read()
         assert snap.errors == {}, (group_by, snap.errors)
         got = {f.metric.name: f for f in families(snap)}
@@ -155,7 +174,7 @@ def test_no_family_repeats_a_label_set_and_each_sums_to_its_table_for_every_grou
         # The efficiency families are labelled by exactly the keys the table was grouped by.
         columns = [k if not k.startswith("label:") else "label_" + k[len("label:"):] for k in group_by]
         assert set(got["gpu_ops_unused_cost_usd"].metric.labels) == set(columns), group_by
-        for key, want in table_totals(store).items():
+        for key, want in {**totals, **efficiency_totals(store)}.items():
             name, window = key if isinstance(key, tuple) else (key, None)
             have = total(got[name], **({"window": window} if window else {}))
             assert have == pytest.approx(want, rel=1e-9, abs=1e-6), (group_by, key)
