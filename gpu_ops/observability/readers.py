@@ -61,10 +61,9 @@ _EPOCH = {
 HARDWARE_KEYS = ("kind", "team", "gpu_type", "capacity_type")
 POD_KEYS = ("namespace", "pod", "gpu_type", "capacity_type")
 HISTORY_SOURCES = (LEDGER, DELIVERIES, DEAD_LETTERS)
-HISTORY_FIELDS = ("attempts", "recoveries", "deliveries", "dead_letters")
 _LABEL_NAME = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*")  # what Prometheus takes as a label name
 
-Step = Callable[[float], dict[str, Any]]  # deadline (time.monotonic()) -> Snapshot fields
+Step = Callable[[float | None], dict[str, Any]]  # statements' deadline (time.monotonic(), None: none) -> Snapshot fields
 
 
 def _q(name: str) -> str:
@@ -88,7 +87,9 @@ class Reader:
     The append-only tables (ledger, alert deliveries, dead letters) are summed over their
     whole history, which grows; their sums are re-read at most every ``history_s``
     seconds (the newest-partition sources on every read). A restart or another replica
-    reads the same sums from the same rows. Every read ends within ``deadline_s``.
+    reads the same sums from the same rows. Every read ends within ``deadline_s``; sums
+    that take longer are read on in the background (bounded by the statement timeout) and
+    served once they are in, the last sums meanwhile (counters never vanish for a slow read).
     """
 
     def __init__(
@@ -96,7 +97,7 @@ class Reader:
         files: PartitionFiles | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
     ):
         self.store, self.per_pod, self.history_s, self.files, self.deadline_s = store, per_pod, history_s, files, deadline_s
-        self._history: tuple[float, dict[str, Any]] | None = None
+        self._history: dict[str, tuple[float, dict[str, Any]]] = {}  # append-only source -> (when read, its fields)
         self.quotas = {k: dict(v) for k, v in (quotas or {}).items()}
         self.epoch = _EPOCH[store.dialect]
         self.db_now = DB_NOW_SQL[store.dialect]  # the clock the leases and attempt records keep
@@ -126,11 +127,12 @@ class Reader:
         s = Snapshot(quotas=self.quotas)
         started = time.monotonic()
         deadline = started + self.deadline_s
-        reuse = self._history is not None and started - self._history[0] < self.history_s
         jobs: dict[str, _Job] = {}
         for source, step in self.steps().items():
             s.sources.append(source)
-            if reuse and source in HISTORY_SOURCES:
+            kept = self._history.get(source)
+            if kept is not None and started - kept[0] < self.history_s:
+                _merge(s, kept[1])  # summed less than history_s ago (by this scrape or a late read)
                 continue
             job = self._start(source, step, deadline)
             if job is None:
@@ -142,21 +144,35 @@ class Reader:
                 jobs[source] = job
         for source, job in jobs.items():
             self._collect(s, source, job, deadline)
-        self._keep_history(s, reuse)
+        for source in HISTORY_SOURCES:
+            kept = self._history.get(source)
+            if source in s.errors and kept is not None:
+                _merge(s, kept[1])  # counters keep the last sums read rather than vanish
         s.read_seconds = time.monotonic() - started
         return s
 
+    def in_flight(self) -> frozenset[str]:
+        """The sources whose read is still under way (past an earlier scrape's deadline)."""
+        with self._lock:
+            return frozenset(self._in_flight)
+
     def _start(self, source: str, step: Step, deadline: float) -> _Job | None:
-        """Start ``step`` in a thread of its own (None: the source's last read is still going)."""
+        """Start ``step`` in a thread of its own (None: the source's last read is still going).
+        The sums of the append-only tables are not cut at the deadline: a read that ends
+        after it is kept for the next scrapes (``history_s``); the others' statements are."""
         with self._lock:
             if source in self._in_flight:
                 return None
             self._in_flight.add(source)
         job = _Job()
+        history = source in HISTORY_SOURCES
 
         def run() -> None:
             try:
-                job.result = step(deadline)
+                job.result = step(None if history else deadline)
+                if history:
+                    with self._lock:
+                        self._history[source] = (time.monotonic(), job.result)
             except Exception as exc:  # noqa: BLE001 - one failing source must not hide the others
                 err = self.store.unavailable(exc) or exc
                 job.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -177,21 +193,10 @@ class Reader:
         elif job.error is not None:
             s.errors[source] = job.error
         else:
-            for name, value in job.result.items():
-                if name == "newest":
-                    s.newest.update(value)
-                else:
-                    setattr(s, name, value)
-
-    def _keep_history(self, s: Snapshot, reuse: bool) -> None:
-        if reuse and self._history is not None:
-            for name in HISTORY_FIELDS:
-                setattr(s, name, self._history[1][name])
-        elif not set(HISTORY_SOURCES) & set(s.errors):
-            self._history = (time.monotonic(), {name: getattr(s, name) for name in HISTORY_FIELDS})
+            _merge(s, job.result)
 
     def _sql(self, step: Callable[[sa.Connection], dict[str, Any]]) -> Step:
-        def run(deadline: float) -> dict[str, Any]:
+        def run(deadline: float | None) -> dict[str, Any]:
             with self.store.reading(deadline) as conn:
                 return step(conn)
 
@@ -271,7 +276,7 @@ class Reader:
             out["pods"] = self._grouped(conn, USAGE, POD_KEYS, sums, where + " AND \"kind\" = 'allocated'", p=newest)
         return out
 
-    def _usage_files(self, _deadline: float) -> dict[str, Any]:
+    def _usage_files(self, _deadline: float | None) -> dict[str, Any]:
         """:meth:`_hardware` over the newest day's Parquet file (row-level storage), summed by DuckDB."""
         assert self.files is not None
         keys = self.files.partitions(USAGE)
@@ -366,6 +371,14 @@ class Reader:
         if newest is None:
             return {}
         return {"quarantine": self._grouped(conn, "gpu_usage_quarantine", ["source", "field"], {"n": "COUNT(*)"}, f"WHERE {_q(PARTITION_COLUMN)} = :p", p=newest)}
+
+
+def _merge(s: Snapshot, result: Mapping[str, Any]) -> None:
+    for name, value in result.items():
+        if name == "newest":
+            s.newest.update(value)
+        else:
+            setattr(s, name, value)
 
 
 def _parquet_grouped(con: Any, path: str, present: set[str], keys: tuple[str, ...], where: str) -> list[dict[str, Any]]:
