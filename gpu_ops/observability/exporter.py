@@ -34,7 +34,7 @@ from typing import Any
 import click
 
 from gpu_ops.cli_types import seconds
-from gpu_ops.observability.metrics import Family, Snapshot, families
+from gpu_ops.observability.metrics import Family, families
 from gpu_ops.observability.readers import DEFAULT_DEADLINE_S, Reader
 
 log = logging.getLogger("gpu_ops.exporter")
@@ -71,16 +71,22 @@ def exposition(fams: Iterable[Family]) -> bytes:
 
 class Scrapes:
     """The answer to a scrape: the families of a fresh read (or one at most
-    ``cache_seconds`` old) as exposition text. Scrapes that arrive during a read share it:
-    each waits at most one read, which ends by the reader's deadline."""
+    ``cache_seconds`` old) as exposition text. Scrapes that arrive during a read share its
+    answer: each waits at most one read, which ends by the reader's deadline.
+
+    The deadline is the whole scrape's: the reads are given what is left of it once the
+    text has been written (as long as the last scrape's took, half the deadline at most),
+    so that 130,000 series rendered after a read that used all of its time still arrive
+    within it."""
 
     def __init__(self, reader: Reader, cache_seconds: float = 0.0):
         self.reader, self.cache_seconds = reader, cache_seconds
         self._lock = threading.Lock()
-        self._cached: tuple[float, Snapshot] | None = None
+        self._cached: tuple[float, bytes] | None = None
         self._reading: threading.Event | None = None  # set when the read under way ends
+        self._render_s = 0.0  # how long the last scrape took to write its text
 
-    def snapshot(self) -> Snapshot:
+    def text(self) -> bytes:
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < self.cache_seconds:
@@ -91,22 +97,27 @@ class Scrapes:
         assert under_way is not None
         if not leader:
             under_way.wait()
-            assert self._cached is not None  # the leader's read has been kept
+            assert self._cached is not None  # the leader's answer has been kept
             return self._cached[1]
         try:
-            snap = self.reader.read()
-            for source, reason in snap.errors.items():
-                log.warning("gpu-ops exporter: could not read %s: %s", source, reason)
+            body = self._answer(now)
             with self._lock:
-                self._cached = (now, snap)
-            return snap
+                self._cached = (now, body)
+            return body
         finally:
             with self._lock:
                 self._reading = None
             under_way.set()
 
-    def text(self) -> bytes:
-        return exposition(families(self.snapshot()))
+    def _answer(self, started: float) -> bytes:
+        deadline_s = self.reader.deadline_s
+        snap = self.reader.read(started + deadline_s - min(self._render_s, deadline_s / 2))
+        for source, reason in snap.errors.items():
+            log.warning("gpu-ops exporter: could not read %s: %s", source, reason)
+        t = time.monotonic()
+        body = exposition(families(snap))
+        self._render_s = time.monotonic() - t
+        return body
 
 
 def reader_from_config(config_path: str | None, per_pod: bool, history_s: float = 0.0, deadline_s: float = DEFAULT_DEADLINE_S) -> Reader:

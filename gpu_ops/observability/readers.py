@@ -123,10 +123,12 @@ class Reader:
             "gpu_usage_quarantine": sql(self._quarantine),
         }
 
-    def read(self) -> Snapshot:
+    def read(self, deadline: float | None = None) -> Snapshot:
+        """Every source, each read ending by ``deadline`` (a ``time.monotonic()`` instant;
+        default: ``deadline_s`` from now)."""
         s = Snapshot(quotas=self.quotas)
         started = time.monotonic()
-        deadline = started + self.deadline_s
+        deadline = started + self.deadline_s if deadline is None else deadline
         jobs: dict[str, _Job] = {}
         for source, step in self.steps().items():
             s.sources.append(source)
