@@ -75,16 +75,16 @@ class Scrapes:
     answer: each waits at most one read, which ends by the reader's deadline.
 
     The deadline is the whole scrape's: the reads are given what is left of it once the
-    text has been written (as long as the last scrape's took, half the deadline at most),
-    so that 130,000 series rendered after a read that used all of its time still arrive
-    within it."""
+    text has been written (half again the longest of the last scrapes' writing, a quarter
+    of the deadline before any, half of it at most), so that 130,000 series written after
+    a read that used all of its time still arrive within it."""
 
     def __init__(self, reader: Reader, cache_seconds: float = 0.0):
         self.reader, self.cache_seconds = reader, cache_seconds
         self._lock = threading.Lock()
         self._cached: tuple[float, bytes] | None = None
         self._reading: threading.Event | None = None  # set when the read under way ends
-        self._render_s = 0.0  # how long the last scrape took to write its text
+        self._render_s: list[float] = []  # how long the last scrapes took to write their text
 
     def text(self) -> bytes:
         with self._lock:
@@ -111,12 +111,13 @@ class Scrapes:
 
     def _answer(self, started: float) -> bytes:
         deadline_s = self.reader.deadline_s
-        snap = self.reader.read(started + deadline_s - min(self._render_s, deadline_s / 2))
+        reserve = 1.5 * max(self._render_s) if self._render_s else deadline_s / 4
+        snap = self.reader.read(started + deadline_s - min(reserve, deadline_s / 2))
         for source, reason in snap.errors.items():
             log.warning("gpu-ops exporter: could not read %s: %s", source, reason)
         t = time.monotonic()
         body = exposition(families(snap))
-        self._render_s = time.monotonic() - t
+        self._render_s = [*self._render_s[-4:], time.monotonic() - t]
         return body
 
 
