@@ -83,6 +83,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "forecast_usd": "spend at the period's end at the run-rate so far, USD (empty until forecast_min_history of data)",
     "status": "ok, warning (a warning/critical threshold crossed) or exceeded (spend reached the amount)",
     "thresholds_crossed": "thresholds crossed (basis-amount keys such as actual-80pct)",
+    "severity": "highest severity of the thresholds crossed: none, info, warning or critical (critical once spend reaches the amount)",
     "scope": "budgets: what the budget covers (JSON: team, project, namespace, cost_center, labels); quotas: team or pool",
     "days_missing": "days of the period so far without gpu_cost_daily: their spend is unknown, not zero",
     # ROI

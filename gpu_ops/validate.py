@@ -53,6 +53,33 @@ def not_yet_created(name: str, path: Path, what: str, setting: str, shown: str |
                        f"make {parent} writable for this user, or point {setting} at a folder that is")
 
 
+def folder_setting(name: str, path: Path, setting: str, what: str) -> CheckResult | None:
+    """The folder a path setting names, judged without writing anything: a result when it
+    does not exist yet (ok if it can be created) or cannot be used (a file, a folder this
+    user cannot write, a name no file system takes), each naming the setting; None when it
+    is a writable folder (the caller may probe it further)."""
+    shown = f"{path} ({setting})"
+    missing = not_yet_created(name, path, what, setting, shown=shown)
+    if missing is not None:
+        return missing
+    kind = path_kind(path)
+    if kind != "dir":
+        return CheckResult(name, "failed", f"{shown} is a {'file' if kind == 'file' else 'special file (a FIFO, device or socket)'}, not a folder",
+                           f"point {setting} at a folder (this one is taken by the file)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        return CheckResult(name, "failed", f"{shown} is a folder that cannot be written by this user", f"make {path} writable for this user, or point {setting} at a folder that is")
+    return None
+
+
+def check_row_level_path(config: GpuOpsConfig) -> CheckResult:
+    """``storage.row_level_path``: the folder the row-level tables' Parquet files go to."""
+    if not config.storage.row_level_path:
+        return CheckResult("row_level_path", "skipped", "storage.row_level_path is not set: row-level tables are SQL tables")
+    path = Path(config.storage.row_level_path)
+    problem = folder_setting("row_level_path", path, "storage.row_level_path", "the first materialization of gpu_usage")
+    return problem or CheckResult("row_level_path", "ok", f"{path} (storage.row_level_path) is a writable folder")
+
+
 def check_storage(config: GpuOpsConfig) -> CheckResult:
     from gpu_ops.storage.tables import StorageError, TableStore, display_url
 
@@ -74,6 +101,7 @@ def check_storage(config: GpuOpsConfig) -> CheckResult:
 # "module:function" so that a check's heavy imports (kubernetes, torch) stay in the check.
 CHECKS: list[str] = [
     "gpu_ops.validate:check_storage",
+    "gpu_ops.validate:check_row_level_path",
     "gpu_ops.compute.checks:check_kubeconfig",
     "gpu_ops.compute.checks:check_kubetorch",
     "gpu_ops.compute.checks:check_karpenter",
@@ -82,6 +110,7 @@ CHECKS: list[str] = [
     "gpu_ops.training.checks:check_orphaned_attempts",
     "gpu_ops.alerts.checks:check_channels",
     "gpu_ops.cost.checks:check_usage_sources",
+    "gpu_ops.cost.checks:check_cur_index",
 ]
 
 

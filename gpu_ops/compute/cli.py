@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from gpu_ops.cli_types import Finite
 from gpu_ops.config import ComputeConfig
 
 
@@ -79,7 +80,7 @@ def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--project", default="default", show_default=True)
 @click.option("--cost-center", default="")
 @click.option("--experiment-id", default="")
-@click.option("--cpus", type=float, default=4, show_default=True)
+@click.option("--cpus", type=Finite(0, min_open=True), default=4.0, show_default=True)
 @click.option("--memory", default="16Gi", show_default=True)
 @click.option("--image", default=None, help="Worker image (default: compute.kubetorch.image, then Kubetorch's).")
 @click.option("--namespace", default=None, help="Namespace (default: compute.namespace).")

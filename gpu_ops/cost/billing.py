@@ -410,7 +410,13 @@ class CurIndex:
 
         def empty() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as exc:  # a file where a folder should be, a folder this user cannot write
+                raise BillingSourceError(
+                    f"cannot keep the CUR index in {self.folder} (usage.billing.index_path): {exc.strerror or exc}; "
+                    "point usage.billing.index_path at a folder this user can write (gpu-ops validate checks it)"
+                ) from None
 
         empty()
         days = _read_lines(path, self.batch_rows, lambda lines: _write_days(tmp, lines), restart=empty)

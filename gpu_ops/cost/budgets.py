@@ -8,7 +8,10 @@
 - The forecast is a linear run-rate over the history observed in the period and is
   withheld (``None``) until ``forecast_min_history`` of it exists: one hour says nothing.
 - Status: ``exceeded`` once actual spend reaches the amount; ``warning`` when a crossed
-  threshold is of warning or critical severity; otherwise ``ok``.
+  threshold is of warning or critical severity; otherwise ``ok``. ``severity``: the
+  highest severity of the thresholds crossed (``none``, ``info``, ``warning``,
+  ``critical``), ``critical`` once actual spend reaches the amount (what the alerting
+  rules page on).
 - Spend is summed from the compact daily table (``gpu_cost_daily``: one row per day,
   kind and scope-key combination), never from row-level usage. Days of the period that
   the table lacks are reported (``days_missing``) and never read as zero.
@@ -29,8 +32,10 @@ from gpu_ops.cost.columns import DAILY_GROUPING, DAILY_KEYS, DAILY_SCHEMA, group
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
-    "status", "thresholds_crossed", "scope", "as_of", "period", "days_missing",
+    "status", "thresholds_crossed", "scope", "as_of", "period", "days_missing", "severity",
 )
+# Threshold severities, lowest first; "none": no threshold crossed.
+SEVERITIES = ("none", "info", "warning", "critical")
 
 
 def period_bounds(budget: Budget, day: dt.date) -> tuple[dt.date, dt.date]:
@@ -276,16 +281,8 @@ def evaluate_budget(budget: Budget, book: SpendBook, day: dt.date, as_of: Any, e
             remaining = max((utc(pd.Timestamp(end)) - as_of_ts).total_seconds(), 0.0)
             forecast = spend + spend / history_s * (remaining + missing_s)
 
-    crossed: list[str] = []
-    worst = "ok"
-    for th in budget.thresholds:
-        level = th.amount_usd(budget.amount_usd)
-        value = spend if th.basis == "actual" else forecast
-        if value is not None and value >= level:
-            crossed.append(th.key())
-            if th.effective_severity(budget.amount_usd) in ("warning", "critical"):
-                worst = "warning"
-    status = "exceeded" if spend >= budget.amount_usd else worst
+    crossed, severity = _crossed(budget, spend, forecast)
+    status = "exceeded" if spend >= budget.amount_usd else "warning" if severity in ("warning", "critical") else "ok"
     return {
         "budget": budget.name,
         "period_start": start,
@@ -300,8 +297,21 @@ def evaluate_budget(budget: Budget, book: SpendBook, day: dt.date, as_of: Any, e
         "as_of": as_of_ts.to_pydatetime(),
         "period": budget.period,
         "days_missing": len(missing),
+        "severity": "critical" if spend >= budget.amount_usd else severity,
         "_missing": missing,
     }
+
+
+def _crossed(budget: Budget, spend: float, forecast: float | None) -> tuple[list[str], str]:
+    """The keys of the thresholds ``spend`` (or the forecast) crossed, and the highest of their severities."""
+    crossed: list[str] = []
+    worst = 0
+    for th in budget.thresholds:
+        value = spend if th.basis == "actual" else forecast
+        if value is not None and value >= th.amount_usd(budget.amount_usd):
+            crossed.append(th.key())
+            worst = max(worst, SEVERITIES.index(th.effective_severity(budget.amount_usd)))
+    return crossed, SEVERITIES[worst]
 
 
 def evaluate_budgets(budgets: Sequence[Budget], daily: pd.DataFrame, day: dt.date, as_of: Any, idle: str = "row", expected_from: dt.date | None = None) -> pd.DataFrame:

@@ -1,9 +1,22 @@
-"""`gpu-ops validate` check of the cost flow: do the configured usage files exist and open?"""
+"""`gpu-ops validate` checks of the cost flow: do the configured usage files exist and
+open, and can the CUR index be kept where ``usage.billing.index_path`` says?"""
 
 from __future__ import annotations
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.validate import CheckResult
+from gpu_ops.validate import CheckResult, folder_setting
+
+
+def check_cur_index(config: GpuOpsConfig) -> CheckResult:
+    """``usage.billing.index_path`` (default ``<GPU_OPS_HOME>/cur_index``): the folder the
+    per-day index of each CUR file is written to."""
+    from gpu_ops.cost.billing import index_folder
+
+    if config.usage.billing is None:
+        return CheckResult("cur_index", "skipped", "no usage.billing: no CUR file is indexed")
+    path = index_folder(config)
+    problem = folder_setting("cur_index", path, "usage.billing.index_path", "the first read of the bill")
+    return problem or CheckResult("cur_index", "ok", f"{path} (usage.billing.index_path) is a writable folder")
 
 
 def check_usage_sources(config: GpuOpsConfig) -> CheckResult:

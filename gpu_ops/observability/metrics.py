@@ -20,6 +20,7 @@ rows, :mod:`gpu_ops.observability.exporter` turns the families into exposition t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class MetricDef:
     labels: tuple[str, ...]
     source: str
     help: str
+    # Where the labels are the source table's own grouping keys, known only once it is
+    # read (``labels`` is then the default grain): what the reference says instead.
+    grain: str = ""
 
     @property
     def family(self) -> str:
@@ -50,13 +54,17 @@ class MetricDef:
         return self.name[: -len("_total")] if self.kind == COUNTER else self.name
 
 
-def _m(name: str, kind: str, unit: str, labels: Sequence[str], source: str, help_: str) -> MetricDef:
-    return MetricDef(name, kind, unit, tuple(labels), source, help_)
+def _m(name: str, kind: str, unit: str, labels: Sequence[str], source: str, help_: str, grain: str = "") -> MetricDef:
+    return MetricDef(name, kind, unit, tuple(labels), source, help_, grain)
 
 
 _COST = ("window", "kind", *COST_KEYS)
 _HW = ("kind", "team", "gpu_type", "capacity_type")
 _ATTEMPT = ("asset_key", "team", "gpu_type", "capacity_type")
+# gpu_cost_attribution's grouping keys: usage.group_by (team, project by default).
+_GROUP_BY = ("team", "project")
+_BY_GROUP = "the table's grouping keys (`usage.group_by`; `team`, `project` by default)"
+BUDGET_SEVERITIES = ("none", "info", "warning", "critical")  # gpu_ops.cost.budgets.SEVERITIES
 
 CATALOG: dict[str, MetricDef] = {
     m.name: m
@@ -85,12 +93,12 @@ CATALOG: dict[str, MetricDef] = {
         _m("gpu_ops_preemption_lost_gpu_seconds", GAUGE, "seconds", ("window", "team"), "gpu_roi_report",
            "GPU-seconds of work lost to preemptions."),
         # efficiency (gpu_cost_attribution: DCGM measurements, when usage.utilization is set)
-        _m("gpu_ops_efficiency_ratio", GAUGE, "ratio", ("team", "project"), "gpu_cost_attribution",
-           "DCGM-measured active share of the metered GPU time of the newest day (0-1); absent without measurements."),
-        _m("gpu_ops_active_gpu_seconds", GAUGE, "seconds", ("team", "project"), "gpu_cost_attribution",
-           "DCGM-measured busy GPU-seconds of the newest day."),
-        _m("gpu_ops_unused_cost_usd", GAUGE, "USD", ("team", "project"), "gpu_cost_attribution",
-           "Cost of the metered GPU time that DCGM measured idle, newest day."),
+        _m("gpu_ops_efficiency_ratio", GAUGE, "ratio", _GROUP_BY, "gpu_cost_attribution",
+           "DCGM-measured active share of the metered GPU time of the newest day (0-1); absent without measurements.", _BY_GROUP),
+        _m("gpu_ops_active_gpu_seconds", GAUGE, "seconds", _GROUP_BY, "gpu_cost_attribution",
+           "DCGM-measured busy GPU-seconds of the newest day.", _BY_GROUP),
+        _m("gpu_ops_unused_cost_usd", GAUGE, "USD", _GROUP_BY, "gpu_cost_attribution",
+           "Cost of the metered GPU time that DCGM measured idle, newest day.", _BY_GROUP),
         # budgets (gpu_budget_status, newest partition)
         _m("gpu_ops_budget_amount_usd", GAUGE, "USD", ("budget", "period"), "gpu_budget_status", "The budget's amount for its period."),
         _m("gpu_ops_budget_spend_usd", GAUGE, "USD", ("budget", "period"), "gpu_budget_status", "Spend of the budget's period to date."),
@@ -101,6 +109,8 @@ CATALOG: dict[str, MetricDef] = {
         _m("gpu_ops_budget_status", GAUGE, "", ("budget", "period", "status"), "gpu_budget_status",
            "1 for the budget's current status (ok, warning, exceeded), 0 for the others."),
         _m("gpu_ops_budget_thresholds_crossed", GAUGE, "", ("budget", "period"), "gpu_budget_status", "How many of the budget's thresholds are crossed."),
+        _m("gpu_ops_budget_severity", GAUGE, "", ("budget", "period", "severity"), "gpu_budget_status",
+           "1 for the highest severity of the thresholds the budget crossed (none, info, warning, critical; critical once spend reaches the amount), 0 for the others."),
         _m("gpu_ops_budget_days_missing", GAUGE, "", ("budget", "period"), "gpu_budget_status",
            "Days of the period without daily costs (their spend is unknown, not zero)."),
         # alerts
@@ -152,6 +162,12 @@ class Family:
             return
         self.samples.append((tuple(_text(labels.get(k)) for k in self.metric.labels), v))
 
+    def add_values(self, labels: tuple[str, ...], value: Any) -> None:
+        """:meth:`add` with the label values already in ``metric.labels`` order, as text."""
+        v = _number(value)
+        if v is not None:
+            self.samples.append((labels, v))
+
 
 @dataclass
 class Snapshot:
@@ -172,6 +188,8 @@ class Snapshot:
     waiting: list[dict[str, Any]] = field(default_factory=list)
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    # gpu_cost_attribution's grouping keys as read (the efficiency families' labels).
+    efficiency_keys: tuple[str, ...] = _GROUP_BY
     sources: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     read_seconds: float | None = None
@@ -245,7 +263,9 @@ def roi_families(s: Snapshot) -> list[Family]:
             savings.add({"window": window, "team": team, "source": source}, acc[column])
         waste.add({"window": window, "team": team}, acc["preemption_waste_usd"])
         lost.add({"window": window, "team": team}, acc["preemption_lost_gpu_hours"] * 3600.0)
-    ratio, active, unused = (Family(CATALOG[n]) for n in ("gpu_ops_efficiency_ratio", "gpu_ops_active_gpu_seconds", "gpu_ops_unused_cost_usd"))
+    ratio, active, unused = (
+        Family(dataclasses.replace(CATALOG[n], labels=tuple(s.efficiency_keys))) for n in ("gpu_ops_efficiency_ratio", "gpu_ops_active_gpu_seconds", "gpu_ops_unused_cost_usd")
+    )
     for r in s.efficiency:
         ratio.add(r, r.get("efficiency"))
         active.add(r, None if _number(r.get("active_gpu_hours")) is None else float(r["active_gpu_hours"]) * 3600.0)
@@ -256,23 +276,25 @@ def roi_families(s: Snapshot) -> list[Family]:
 def budget_families(s: Snapshot) -> list[Family]:
     names = ("amount_usd", "spend_usd", "used_ratio", "forecast_usd", "thresholds_crossed", "days_missing")
     fam = {n: Family(CATALOG[f"gpu_ops_budget_{n}"]) for n in names}
-    status = Family(CATALOG["gpu_ops_budget_status"])
-    for r in s.budgets:
-        fam["amount_usd"].add(r, r.get("amount_usd"))
-        fam["spend_usd"].add(r, r.get("spend_usd"))
+    status, severity = Family(CATALOG["gpu_ops_budget_status"]), Family(CATALOG["gpu_ops_budget_severity"])
+    for r in s.budgets:  # 10,000 budgets are 130,000 samples: the label values are made once per budget
+        b = (_text(r.get("budget")), _text(r.get("period")))
         pct = _number(r.get("percent_used"))
-        fam["used_ratio"].add(r, None if pct is None else pct / 100.0)
-        fam["forecast_usd"].add(r, r.get("forecast_usd"))
-        fam["thresholds_crossed"].add(r, r.get("thresholds_crossed"))
-        fam["days_missing"].add(r, r.get("days_missing"))
+        values = {"amount_usd": r.get("amount_usd"), "spend_usd": r.get("spend_usd"), "used_ratio": None if pct is None else pct / 100.0,
+                  "forecast_usd": r.get("forecast_usd"), "thresholds_crossed": r.get("thresholds_crossed"), "days_missing": r.get("days_missing")}
+        for name, value in values.items():
+            fam[name].add_values(b, value)
         for state in BUDGET_STATES:
-            status.add({**r, "status": state}, 1.0 if r.get("status") == state else 0.0)
+            status.add_values((*b, state), 1.0 if r.get("status") == state else 0.0)
+        if r.get("severity") in BUDGET_SEVERITIES:  # absent from partitions written before it was a column
+            for level in BUDGET_SEVERITIES:
+                severity.add_values((*b, level), 1.0 if r["severity"] == level else 0.0)
     deliveries, dead = Family(CATALOG["gpu_ops_alert_deliveries_total"]), Family(CATALOG["gpu_ops_alert_dead_letters_total"])
     for r in s.deliveries:
         deliveries.add(r, r.get("n"))
     for r in s.dead_letters:
         dead.add(r, r.get("n"))
-    return [*fam.values(), status, deliveries, dead]
+    return [*fam.values(), status, severity, deliveries, dead]
 
 
 def training_families(s: Snapshot) -> list[Family]:
@@ -355,6 +377,6 @@ def reference_markdown() -> str:
     """The metric table of docs/reference/metrics.md, from the catalog."""
     lines = ["| Metric | Type | Unit | Labels | Source table | Meaning |", "|---|---|---|---|---|---|"]
     for m in CATALOG.values():
-        labels = ", ".join(f"`{label}`" for label in m.labels) or "none"
+        labels = m.grain or ", ".join(f"`{label}`" for label in m.labels) or "none"
         lines.append(f"| `{m.name}` | {m.kind} | {m.unit or '1'} | {labels} | `{m.source}` | {m.help} |")
     return "\n".join(lines) + "\n"

@@ -58,7 +58,13 @@ class PartitionFiles:
             raise StorageError(f"{name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
         for key, part in groups.items():
             target = self.path(name, key)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file where a folder should be, a folder this user cannot write
+                raise StorageError(
+                    f"{name}: cannot write under {self.root} (storage.row_level_path): {exc.strerror or exc}; "
+                    "point storage.row_level_path at a folder this user can write (gpu-ops validate checks it)"
+                ) from None
             tmp = target.with_name(f".{FILE_NAME}.{uuid.uuid4().hex}.tmp")
             try:
                 _write_slices(part, tmp)

@@ -5,6 +5,10 @@
   rows in place.
 - Writes to one table are serialised (a PostgreSQL advisory lock, SQLite's
   ``BEGIN IMMEDIATE``): concurrent backfills of different days queue rather than deadlock.
+- Reads take no write lock: they run on a second engine of the same database
+  (:meth:`TableStore.reading`) whose transactions are read-only (SQLite: a plain deferred
+  ``BEGIN`` under WAL, ``query_only``; PostgreSQL: ``READ ONLY``), so a read never waits
+  behind a partition write and sees the rows committed before it began.
 - A new column in a frame is added to an existing table; an int column that starts
   carrying floats is widened. Any other type change is an error that names the column.
 - Column kinds are recorded in ``gpu_ops_columns`` so that a read gives back the dtypes
@@ -29,7 +33,9 @@ import io
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -312,7 +318,7 @@ def _copy_out(conn: sa.Connection, query: sa.Select, kinds: Mapping[str, str]) -
 class TableStore:
     """Tables of DataFrames in one database, addressed by a SQLAlchemy URL."""
 
-    _engines: dict[tuple[str, float, float], Engine] = {}
+    _engines: dict[tuple[str, float, float, bool], Engine] = {}
     _engines_lock = threading.Lock()
 
     def __init__(
@@ -325,9 +331,12 @@ class TableStore:
         self.url = url
         self.connect_timeout_s = connect_timeout_s
         self.statement_timeout_s = statement_timeout_s
-        self._engine_key = (url, float(connect_timeout_s), float(statement_timeout_s))
-        self.engine = self._engine_for(self._engine_key)
+        key = (url, float(connect_timeout_s), float(statement_timeout_s))
+        self.engine = self._engine_for((*key, False))
         self.dialect = self.engine.dialect.name
+        # Reads: the same database through connections that never take a write lock (an
+        # in-memory SQLite database exists once per engine: it reads through the writer's).
+        self.read_engine = self.engine if ":memory:" in url else self._engine_for((*key, True))
         # COPY goes through the raw driver, whose errors SQLAlchemy does not wrap.
         self._driver_error: type[BaseException] = self.engine.dialect.loaded_dbapi.Error
 
@@ -338,7 +347,7 @@ class TableStore:
         return cls(storage.resolved_url(), connect_timeout_s=storage.connect_timeout_s, statement_timeout_s=storage.statement_timeout_s)
 
     @classmethod
-    def _engine_for(cls, key: tuple[str, float, float]) -> Engine:
+    def _engine_for(cls, key: tuple[str, float, float, bool]) -> Engine:
         with cls._engines_lock:
             engine = cls._engines.get(key)
             if engine is None:
@@ -351,6 +360,26 @@ class TableStore:
             return exc
         reason = unavailable_reason(exc, self.url, self.connect_timeout_s, self.statement_timeout_s)
         return StorageUnavailable(reason) if reason else None
+
+    @contextmanager
+    def reading(self, deadline: float | None = None) -> Iterator[sa.Connection]:
+        """A connection in a read-only transaction that takes no write lock (rolled back on
+        exit). ``deadline`` (a ``time.monotonic()`` instant): statements still running then
+        are cancelled (PostgreSQL: the transaction's statement timeout; SQLite: interrupted)."""
+        with self.read_engine.connect() as conn:
+            if self.dialect == "postgresql":  # read-only by the session's default (see _create_engine)
+                if deadline is not None:
+                    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int((deadline - time.monotonic()) * 1000))}")
+            elif deadline is not None:
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                raw.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+            try:
+                yield conn
+            finally:
+                if self.dialect == "sqlite" and deadline is not None and conn.connection.driver_connection is not None:
+                    conn.connection.driver_connection.set_progress_handler(None, 0)
+                conn.rollback()
 
     def ping(self) -> None:
         """Open a connection and run ``SELECT 1``; raises :class:`StorageUnavailable`."""
@@ -367,7 +396,16 @@ class TableStore:
     # ---- schema
 
     def has_table(self, name: str) -> bool:
-        return sa.inspect(self.engine).has_table(name)
+        with self.reading() as conn:
+            return sa.inspect(conn).has_table(name)
+
+    def column_kinds(self, conn: sa.Connection, name: str) -> dict[str, str]:
+        """The recorded kind of each column of ``name`` (``str``, ``float``, ...; see
+        :func:`column_kind`); {} for a table never written. Reads only."""
+        if not sa.inspect(conn).has_table(_COLUMNS_TABLE):
+            return {}
+        rows = conn.execute(sa.text(f"SELECT column_name, kind FROM {_COLUMNS_TABLE} WHERE table_name = :t"), {"t": name})
+        return dict(rows.fetchall())
 
     def _kinds(self, conn: sa.Connection, name: str) -> dict[str, str]:
         self._ensure_columns_table(conn)
@@ -522,7 +560,7 @@ class TableStore:
         ``clause(table, column kinds)`` (a SQLAlchemy condition); with ``columns``, only
         those of them that the table has. PostgreSQL reads go through COPY TO."""
         _check_name(name)
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             table = self._table(conn, name, missing_ok)
             if table is None:
                 return pd.DataFrame()
@@ -532,7 +570,7 @@ class TableStore:
                 query = query.where(table.c[PARTITION_COLUMN].in_(list(partition_keys)))
             for col, value in (where or {}).items():
                 query = query.where(table.c[col].in_(value) if isinstance(value, (list, tuple, set)) else table.c[col] == value)
-            kinds = self._kinds(conn, name)
+            kinds = self.column_kinds(conn, name)
             if clause is not None:
                 query = query.where(clause(table, kinds))
             df, decoded = self._fetch(conn, query, kinds)
@@ -576,11 +614,11 @@ class TableStore:
         The rows handed over grow with the groupings' values, not with the table's grain."""
         _check_name(name)
         grouped = list(dict.fromkeys(c for cols in groupings.values() for c in cols))
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             table = self._table(conn, name, missing_ok)
             if table is None:
                 return pd.DataFrame()
-            kinds = self._kinds(conn, name)
+            kinds = self.column_kinds(conn, name)
             keep = [c for c in keep if c in table.c] + ([PARTITION_COLUMN] if partition_keys is not None else [])
             selects = []
             for label, cols in groupings.items():
@@ -638,9 +676,9 @@ class TableStore:
 
     def ensure_indexes(self, name: str, columns: Sequence[str], kinds: Mapping[str, str] | None = None) -> None:
         """One index per column of ``name`` (text columns in byte order on PostgreSQL)."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             indexes = sa.inspect(conn).get_indexes(name)
-            kinds = kinds if kinds is not None else self._kinds(conn, name)
+            kinds = kinds if kinds is not None else self.column_kinds(conn, name)
         present = {ix["name"] for ix in indexes} | {ix["column_names"][0] for ix in indexes if len(ix["column_names"]) == 1}
         missing = [c for c in columns if c not in present and _index_name(name, c) not in present]
         if not missing:
@@ -663,9 +701,9 @@ class TableStore:
         return ts.to_pydatetime() if kind == "datetime" else ts.isoformat()
 
     def partitions(self, name: str) -> list[str]:
-        if not self.has_table(name):
-            return []
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
+            if not sa.inspect(conn).has_table(name):
+                return []
             rows = conn.execute(sa.text(f'SELECT DISTINCT "{PARTITION_COLUMN}" FROM "{name}" ORDER BY 1'))
             return [r[0] for r in rows]
 
@@ -749,7 +787,7 @@ def _checked(name: str) -> str:
     return name
 
 
-def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float) -> Engine:
+def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: float, read_only: bool = False) -> Engine:
     backend = storage_backend(url)
     try:
         parsed = make_url(url)
@@ -758,7 +796,7 @@ def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: floa
     if backend is None:
         raise StorageError("storage.url is no database URL: only sqlite:/// and postgresql:// are supported")
     if backend == "sqlite":
-        engine = _sqlite_engine(url, parsed, statement_timeout_s)
+        engine = _sqlite_engine(url, parsed, statement_timeout_s, read_only)
     else:  # postgresql
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg2")
@@ -766,14 +804,16 @@ def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: floa
             # libpq: the whole connection attempt, a silent listener included (min 2 s).
             "connect_timeout": max(2, math.ceil(connect_timeout_s)),
             # Server side: any statement (advisory lock waits included) is cancelled after this.
-            "options": f"-c statement_timeout={int(statement_timeout_s * 1000)}",
+            "options": f"-c statement_timeout={int(statement_timeout_s * 1000)}" + (" -c default_transaction_read_only=on" if read_only else ""),
             # A peer that vanishes mid-query is noticed in about a minute, not hours.
             "keepalives": 1,
             "keepalives_idle": 30,
             "keepalives_interval": 10,
             "keepalives_count": 3,
         }
-        engine = sa.create_engine(parsed, pool_pre_ping=True, pool_timeout=max(connect_timeout_s, 1), connect_args=connect_args)
+        # Readers (the exporter's sources) run side by side: room for all of them at once.
+        pool = {"pool_size": 16, "max_overflow": 4} if read_only else {}
+        engine = sa.create_engine(parsed, pool_pre_ping=True, pool_timeout=max(connect_timeout_s, 1), connect_args=connect_args, **pool)
 
     @sa.event.listens_for(engine, "handle_error")
     def _explain(ctx: sa.engine.ExceptionContext) -> BaseException | None:
@@ -789,7 +829,7 @@ def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: floa
     return engine
 
 
-def _sqlite_engine(url: str, parsed: URL, busy_timeout_s: float) -> Engine:
+def _sqlite_engine(url: str, parsed: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
     if parsed.database and parsed.database != ":memory:":
         import pathlib
 
@@ -798,15 +838,20 @@ def _sqlite_engine(url: str, parsed: URL, busy_timeout_s: float) -> Engine:
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Let SQLAlchemy, not pysqlite, issue BEGIN; WAL lets readers run during writes.
+        # Let SQLAlchemy, not pysqlite, issue BEGIN; WAL lets readers run during writes
+        # (the mode is the file's: set by the writers, whose first write makes the file).
         dbapi_conn.isolation_level = None
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        if read_only:
+            dbapi_conn.execute("PRAGMA query_only=ON")
+        else:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
         dbapi_conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        # Take the write lock up front: two deferred transactions that both upgrade
-        # to writers deadlock in SQLite; IMMEDIATE makes the second one wait.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the write lock up front: two deferred transactions that both
+        # upgrade to writers deadlock in SQLite; IMMEDIATE makes the second one wait.
+        # Readers begin deferred: under WAL they read the last commit and never wait.
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.formatting import redact_url, redact_urls
-from gpu_ops.validate import CheckResult, not_yet_created
+from gpu_ops.validate import CheckResult, folder_setting
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
@@ -16,8 +16,9 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
 
     url = checkpoint_root(config)
     shown = redact_url(url, keep_path=True)  # never a userinfo (sftp://user:pw@host/...) in a message
-    if "://" not in url and (missing := not_yet_created("checkpoints", Path(url), "the first checkpoint", "training.checkpoint_url")) is not None:
-        return missing  # validate writes nothing: a folder that is not there yet is not created to probe it
+    local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
+    if local is not None and (problem := folder_setting("checkpoints", Path(local), "training.checkpoint_url", "the first checkpoint")) is not None:
+        return problem  # validate writes nothing: a folder that is not there yet is not created to probe it
     fix = (
         "set training.checkpoint_url to a folder or fsspec URL the training workers can write "
         "(s3://bucket/prefix needs s3fs and credentials; a PVC path must be mounted in the workers)"
@@ -34,7 +35,7 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
         return CheckResult("checkpoints", "failed", f"{shown}: cannot write a checkpoint: {type(exc).__name__}: {redact_urls(str(exc))}", fix)
     if not ok:
         return CheckResult("checkpoints", "failed", f"{shown}: a probe written there read back differently", fix)
-    return CheckResult("checkpoints", "ok", f"{shown} is writable (keep_last={config.training.keep_last})")
+    return CheckResult("checkpoints", "ok", f"{shown} (training.checkpoint_url) is writable (keep_last={config.training.keep_last})")
 
 
 def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:

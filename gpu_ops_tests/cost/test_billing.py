@@ -256,3 +256,28 @@ def test_from_bill_without_a_bill_is_a_config_error_naming_the_field(tmp_path):
     (tmp_path / "gpu_ops.yaml").write_text(yaml.safe_dump({"prices": {**PRICES, "from_bill": True}}))
     with pytest.raises(ConfigError, match=r"gpu_ops\.yaml: prices\.from_bill: needs usage\.billing"):
         load_config(tmp_path / "gpu_ops.yaml")
+
+
+def test_a_cur_index_under_a_regular_file_fails_the_usage_asset_naming_the_setting(tmp_path):
+    """It was a raw NotADirectoryError naming no setting (`gpu-ops validate` checks it first too)."""
+    config = write(tmp_path, cur_month())
+    (tmp_path / "file").write_text("not a folder")
+    cfg = yaml.safe_load(config.read_text())
+    cfg["usage"]["billing"]["index_path"] = "file/index"
+    config.write_text(yaml.safe_dump(cfg))
+    from gpu_ops.config import load_config
+    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.storage.io_manager import TableIOManager
+
+    loaded = load_config(config)
+    resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=loaded.storage.resolved_url())}
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = dg.materialize(build_assets(loaded)[0], partition_key=REFUND_DAY, resources=resources, instance=instance,
+                                selection=["gpu_usage", "gpu_usage_quarantine"], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert failure is not None
+    error = failure.cause or failure  # Dagster wraps what the step raised
+    assert "usage.billing.index_path" in error.message and str(tmp_path / "file" / "index") in error.message, error.message
+    assert error.cls_name == "BillingSourceError" and "Traceback" not in error.message, error.cls_name

@@ -63,13 +63,14 @@ def test_crossing_50_80_100_and_120_percent():
     s1 = status("2026-10-01")
     assert s1["spend_usd"] == pytest.approx(500) and s1["percent_used"] == pytest.approx(50)
     assert s1["thresholds_crossed"] == ["actual-50pct"] and s1["status"] == "ok"  # 50% is info only
+    assert s1["severity"] == "info"
 
     s2 = status("2026-10-02")
     assert s2["spend_usd"] == pytest.approx(800)  # vision's $999 is out of scope
-    assert s2["thresholds_crossed"] == ["actual-50pct", "actual-80pct"] and s2["status"] == "warning"
+    assert s2["thresholds_crossed"] == ["actual-50pct", "actual-80pct"] and s2["status"] == "warning" and s2["severity"] == "warning"
 
     s3 = status("2026-10-03")
-    assert s3["spend_usd"] == pytest.approx(1000) and s3["status"] == "exceeded"
+    assert s3["spend_usd"] == pytest.approx(1000) and s3["status"] == "exceeded" and s3["severity"] == "critical"
     assert {"actual-100pct", "actual-900usd"} <= set(s3["thresholds_crossed"]) and "actual-120pct" not in s3["thresholds_crossed"]
 
     s4 = status("2026-10-04")

@@ -543,7 +543,8 @@ def test_exporter_pod_serves_metrics_with_the_config_and_secrets_of_the_code_ser
     server, exporter = _named(objs, "Deployment", "gpu-ops"), _named(objs, "Deployment", "-exporter")
     pod = exporter["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["command"] + c["args"] == ["gpu-ops", "exporter", "--host", "0.0.0.0", "--port", "9464", "--cache-seconds", "15", "--history-seconds", "300", "--per-pod"]
+    assert c["command"] + c["args"] == ["gpu-ops", "exporter", "--host", "0.0.0.0", "--port", "9464", "--cache-seconds", "15", "--history-seconds", "300",
+                                        "--deadline-seconds", "8", "--per-pod"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
     assert pod["automountServiceAccountToken"] is False
     sc = c["securityContext"]
@@ -621,9 +622,32 @@ def test_dashboards_configmap_carries_the_sidecar_label_and_every_generated_dash
     assert relabelled["metadata"]["labels"]["grafana.io/dashboard"] == "gpu"
 
 
+def test_the_scrape_deadline_is_below_the_scrape_timeout_and_the_exporters_default() -> None:
+    """The chart, the CLI's default and the docs agree: 8 s, below the ServiceMonitor's 10 s
+    (Prometheus' default scrape_timeout); a deadline at or past the timeout is refused."""
+    import helm_python as helm
+
+    from gpu_ops.observability.readers import DEFAULT_DEADLINE_S
+
+    monitor = _named(objects(METRICS_ON), "ServiceMonitor", "-exporter")
+    assert monitor["spec"]["endpoints"][0]["scrapeTimeout"] == "10s"
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["deadlineSeconds"] == DEFAULT_DEADLINE_S == 8
+    docs = (CHART.parents[1] / "docs" / "how-to" / "observability.md").read_text()
+    assert "`--deadline-seconds` (8" in docs and "scrape_timeout: 10s" in docs
+    for deadline, timeout in ((10, "10s"), (12, "10s"), (1, "500ms")):
+        with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError) as err:
+            chart.render(values={**METRICS_ON, "metrics": {**METRICS_ON["metrics"], "deadlineSeconds": deadline,
+                                                           "serviceMonitor": {**METRICS_ON["metrics"]["serviceMonitor"], "scrapeTimeout": timeout}}},
+                         name="gpu-ops", namespace=NAMESPACE)
+        assert "metrics.deadlineSeconds" in str(err.value) and "scrapeTimeout" in str(err.value), str(err.value)
+    ok = {**METRICS_ON, "metrics": {**METRICS_ON["metrics"], "deadlineSeconds": 25, "serviceMonitor": {**METRICS_ON["metrics"]["serviceMonitor"], "scrapeTimeout": "1m"}}}
+    (c,) = _named(objects(ok), "Deployment", "-exporter")["spec"]["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--deadline-seconds") + 1] == "25"
+
+
 @pytest.mark.parametrize(
     ("override", "field"),
-    [({"metrics": {"port": 80}}, "/metrics/port"), ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+    [({"metrics": {"port": 80}}, "/metrics/port"), ({"metrics": {"deadlineSeconds": 0}}, "/metrics/deadlineSeconds"), ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
      ({"grafana": {"dashboards": {"sidecar": True}}}, "additional properties 'sidecar' not allowed")],
 )
 def test_metrics_values_are_checked_by_the_schema(override: dict, field: str) -> None:

@@ -47,7 +47,7 @@ def test_a_path_no_file_system_takes_fails_its_check_with_a_fix(tmp_path: Path):
     out = _validate(tmp_path, "--config", str(cfg))
     assert out.returncode == 1 and "the check itself failed" not in out.stdout, out.stdout
     assert f"FAIL storage: sqlite:///{tmp_path}/{long}.db: the name is too long for the file system" in out.stdout
-    assert f"FAIL checkpoints: {tmp_path}/{long}: the name is too long for the file system" in out.stdout
+    assert f"FAIL checkpoints: {tmp_path}/{long} (training.checkpoint_url): the name is too long for the file system" in out.stdout
     assert "fix: point training.checkpoint_url at a path the file system takes" in out.stdout
 
 

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ def free_port() -> int:
 class Exporter:
     """`gpu-ops exporter` in its own process, on a fixed port (so a restart keeps the scrape target)."""
 
-    def __init__(self, config: Path, port: int, log: Path):
-        self.config, self.port, self.log = config, port, log
+    def __init__(self, config: Path, port: int, log: Path, args: tuple[str, ...] = ()):
+        self.config, self.port, self.log, self.args = config, port, log, args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -39,13 +40,13 @@ class Exporter:
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-m", "gpu_ops.cli", "exporter", "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config), "--cache-seconds", "0", "--history-seconds", "0"]
+        cmd = [sys.executable, "-m", "gpu_ops.cli", "exporter", "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config), "--cache-seconds", "0", "--history-seconds", "0", *self.args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))  # noqa: SIM115
 
         def up() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
             try:
-                return httpx.get(self.url, timeout=2).status_code == 200
+                return httpx.get(self.url, timeout=30).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -60,6 +61,36 @@ class Exporter:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[int]:
+    """A TCP listener on 127.0.0.1 that accepts every connection and never says a word
+    (a database host whose process hangs, a black-holing proxy): yields its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
 
 
 @contextlib.contextmanager

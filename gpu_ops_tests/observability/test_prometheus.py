@@ -209,6 +209,8 @@ def expected_budgets_and_alerts(store: TableStore, out: Expected) -> None:
         _put(out, "gpu_ops_budget_days_missing", b, r.days_missing)
         for state in ("ok", "warning", "exceeded"):
             _put(out, "gpu_ops_budget_status", {**b, "status": state}, 1.0 if r.status == state else 0.0)
+        for level in ("none", "info", "warning", "critical"):
+            _put(out, "gpu_ops_budget_severity", {**b, "severity": level}, 1.0 if r.severity == level else 0.0)
     keys = ["budget", "channel", "channel_type", "status"]
     for key, g in store.read("gpu_alert_deliveries").groupby(keys):
         _put(out, "gpu_ops_alert_deliveries_total", dict(zip(keys, key)), len(g))

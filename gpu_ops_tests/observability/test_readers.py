@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -19,6 +20,7 @@ from gpu_ops.observability.readers import Reader
 from gpu_ops.resources import GpuOpsSettings
 from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
+from gpu_ops_tests.waiting import wait_until
 
 DEMO = BUNDLED_CONFIG.parent
 DAYS = ["2026-10-01", "2026-10-02", "2026-10-03"]
@@ -122,7 +124,10 @@ def test_the_exporter_command_says_why_it_cannot_listen(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         out = CliRunner().invoke(main, ["exporter", "--host", "127.0.0.1", "--port", str(port)])
     assert out.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in out.output and "Traceback" not in out.output
-    for option, value in (("--port", "99999"), ("--port", "-1"), ("--cache-seconds", "-5"), ("--history-seconds", "-1")):  # 99999 was an OverflowError traceback
+    # 99999 was an OverflowError traceback; nan and inf started serving.
+    bad_values = [("--port", "99999"), ("--port", "-1"), ("--cache-seconds", "-5"), ("--history-seconds", "-1"), ("--deadline-seconds", "0")]
+    bad_values += [(option, value) for option in ("--cache-seconds", "--history-seconds", "--deadline-seconds") for value in ("nan", "inf", "-inf", "NaN", "infinity")]
+    for option, value in bad_values:
         out = CliRunner().invoke(main, ["exporter", "--host", "127.0.0.1", option, value])
         assert out.exit_code == 2 and option in out.output and isinstance(out.exception, SystemExit), out.output  # a usage error, not an exception caught by the runner
     bad = tmp_path / "bad.yaml"
@@ -155,3 +160,71 @@ def figures_of(store: TableStore) -> dict[tuple, float]:
     snap = Reader(store, quotas={}).read()
     assert snap.errors == {}
     return {(f.metric.name, labels): value for f in families(snap) for labels, value in f.samples}
+
+
+def test_hostile_label_values_are_escaped_and_parse_back() -> None:
+    """The exposition text is written by the exporter itself: quotes, backslashes, newlines,
+    braces and non-ASCII in label values (a team name is whatever a pod label said) parse
+    back to themselves, and one family's label sets stay apart."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpu_ops.observability.exporter import exposition
+    from gpu_ops.observability.metrics import CATALOG, Family
+
+    hostile = ['a"b', "back\\slash", "new\nline", "}{,=", "équipe-日本", "", 'end\\"']
+    cost = Family(CATALOG["gpu_ops_savings_usd"])
+    for i, team in enumerate(hostile):
+        cost.add({"window": "day", "team": team, "source": "spot"}, float(i) + 0.5)
+    attempts = Family(CATALOG["gpu_ops_training_attempts_total"])
+    attempts.add({"asset_key": "a", "team": hostile[0], "gpu_type": "h100", "capacity_type": "spot", "outcome": "completed"}, 3)
+    parsed = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(exposition([cost, attempts]).decode()) for s in f.samples}
+    for i, team in enumerate(hostile):
+        assert parsed[("gpu_ops_savings_usd", (("source", "spot"), ("team", team), ("window", "day")))] == float(i) + 0.5
+    assert parsed[("gpu_ops_training_attempts_total", (("asset_key", "a"), ("capacity_type", "spot"), ("gpu_type", "h100"), ("outcome", "completed"), ("team", 'a"b')))] == 3
+    assert len(parsed) == len(hostile) + 1
+
+
+@pytest.mark.postgres
+def test_sums_that_miss_the_deadline_are_read_on_and_served_by_the_next_scrape(tmp_path: Path, pg_url: str) -> None:
+    """The ledger locked by another session past the deadline: the scrape answers (ledger
+    read_ok 0); once the lock goes, the read that went on lands and the next scrape serves
+    its sums without reading again (history_s), and the counters never vanished between."""
+    import sqlalchemy as sa
+
+    from gpu_ops.training import ledger
+
+    store = TableStore(pg_url)
+    t0 = dt.datetime(2026, 10, 3, 9, tzinfo=dt.timezone.utc)
+    row = dict(namespace="ml", pod="", node="n1", team="nlp", project="p", cost_center="", experiment_id="", gpu_type="h100", gpu_count=4, capacity_type="spot",
+               sharing="none", gpu_share=1.0, asset_key="train_llm", attempt=1, outcome="completed", last_checkpoint_at=None, lost_seconds=0.0)
+    ledger.append(store, [ledger.LedgerRow(start=t0, end=t0 + dt.timedelta(hours=1), run_id="r1", **row)])  # type: ignore[arg-type]
+    reader = Reader(store, history_s=3600, deadline_s=2)
+    key = ("gpu_ops_training_attempts_total", ("train_llm", "nlp", "h100", "spot", "completed"))
+
+    def attempts(snap: Any) -> float | None:
+        return {(f.metric.name, labels): v for f in families(snap) for labels, v in f.samples}.get(key)
+
+    assert attempts(reader.read()) == 1  # read, and kept for an hour
+    ledger.append(store, [ledger.LedgerRow(start=t0, end=t0 + dt.timedelta(hours=1), run_id="r2", **row)])  # type: ignore[arg-type]
+    fresh = Reader(store, history_s=3600, deadline_s=2)
+    holder = sa.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    with holder.connect() as conn:
+        conn.execute(sa.text('LOCK TABLE "gpu_usage_ledger" IN ACCESS EXCLUSIVE MODE'))
+        late = fresh.read()
+        assert "no answer within the scrape deadline" in late.errors["gpu_usage_ledger"] and attempts(late) is None  # nothing read before
+        conn.rollback()  # the lock goes: the read that went on lands
+    assert wait_until(lambda: "gpu_usage_ledger" not in fresh.in_flight(), timeout=60)
+    with holder.connect() as conn:  # locked again: a scrape that read the ledger now would miss the deadline
+        conn.execute(sa.text('LOCK TABLE "gpu_usage_ledger" IN ACCESS EXCLUSIVE MODE'))
+        served = fresh.read()
+        assert "gpu_usage_ledger" not in served.errors and attempts(served) == 2  # the late read's sums, kept
+        assert attempts(reader.read()) == 1  # the first reader keeps its own sums for history_s
+        conn.rollback()
+    every_time = Reader(store, history_s=0, deadline_s=2)  # sums due on every read
+    assert attempts(every_time.read()) == 2
+    with holder.connect() as conn:
+        conn.execute(sa.text('LOCK TABLE "gpu_usage_ledger" IN ACCESS EXCLUSIVE MODE'))
+        missed = every_time.read()
+        conn.rollback()
+    holder.dispose()
+    assert "gpu_usage_ledger" in missed.errors and attempts(missed) == 2  # read_ok 0, and the counter keeps its last value

@@ -35,6 +35,12 @@ def test_partitions_replace_read_back_with_dtypes_and_only_the_columns_asked(tmp
     assert not list((tmp_path / "usage" / "partition_key=2026-10-01").glob(".*tmp"))  # no temporary left behind
 
 
+def test_a_root_under_a_regular_file_is_an_error_naming_the_setting(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(StorageError, match=r"usage: cannot write under .*/file/rows \(storage\.row_level_path\)"):
+        PartitionFiles(tmp_path / "file" / "rows").write("usage", frame("2026-10-01", 1), ["2026-10-01"])
+
+
 def test_several_partitions_in_one_write_and_stray_rows_refused(tmp_path):
     files = PartitionFiles(tmp_path)
     df = pd.concat([frame("2026-10-01", 2).assign(partition_key="2026-10-01"), frame("2026-10-02", 1).assign(partition_key="2026-10-02")])

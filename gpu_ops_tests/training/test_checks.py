@@ -14,7 +14,7 @@ PRICES = {"source": "test", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.21}
 def test_writable_folder_passes(tmp_path: Path) -> None:
     config = parse_config({"prices": PRICES, "training": {"checkpoint_url": "ckpts"}}, tmp_path / "gpu_ops.yaml")
     result = check_checkpoints(config)  # not there yet: judged by its parent, nothing created (validate writes nothing)
-    assert result.status == "ok" and f"{tmp_path / 'ckpts'} does not exist yet" in result.detail
+    assert result.status == "ok" and f"{tmp_path / 'ckpts'} (training.checkpoint_url) does not exist yet" in result.detail
     assert not (tmp_path / "ckpts").exists()
     (tmp_path / "ckpts").mkdir()  # there: a probe is written, read back and removed
     result = check_checkpoints(config)
