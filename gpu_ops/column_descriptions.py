@@ -112,6 +112,17 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "name": "team or NodePool the quota is for",
     "held": "GPUs held against the quota now",
     "quota": "GPUs the quota allows at once",
+    # estimate against actual (gpu_estimate_accuracy)
+    "completed_at": "UTC end of the run's last attempt",
+    "attempts": "attempts the run took (retries after preemptions included)",
+    "estimate_basis": "what the launch estimate came from: history (the asset's successful runs), declared (expected_duration) or none",
+    "estimate_usd": "cost the run was expected to have at launch (median duration, the first capacity's price)",
+    "estimate_p90_usd": "p90 of the expected cost at launch (the dearest capacity leg)",
+    "actual_usd": "what the run's attempts cost, priced as the training asset's cost_usd",
+    "error_usd": "actual_usd minus estimate_usd",
+    "abs_error_usd": "absolute error of the estimate in USD",
+    "abs_pct_error": "absolute error of the estimate as a share of the actual cost",
+    "within_p90": "whether the actual cost stayed at or under the p90 estimate",
 }
 
 

@@ -57,6 +57,28 @@ def _everything_logged(instance: dg.DagsterInstance, run_id: str) -> str:
     return "\n".join(f"{e.message} {e.user_message} {e.dagster_event!r}" for e in instance.all_logs(run_id))
 
 
+def _tried_entry(store: TableStore) -> Any:
+    """The one outbox entry once its first export has ended: the owner waits for it at most
+    the deadline and a little more, so on a loaded machine the export (bounded by its own
+    deadline) may still be finishing in the background when the run has returned."""
+    import time
+
+    from gpu_ops.observability.outbox import Outbox
+
+    give_up = time.monotonic() + 10.0
+    while True:
+        (entry,) = Outbox(store).entries()
+        if entry.tries or time.monotonic() > give_up:
+            return entry
+        time.sleep(0.05)
+
+
+def _said_not_sent(log: str, what: str, url: str) -> bool:
+    """The run said the record is not sent yet: the export's own failure, or (the owner
+    having stopped waiting first) that it is still being sent and stays queued."""
+    return f"{what} not sent yet ({url}/…" in log or ("still being sent after" in log and "queued in gpu_ops_telemetry_outbox" in log)
+
+
 def _materialize(config: Path, name: str) -> tuple[dg.DagsterInstance, dg.ExecuteInJobResult]:
     instance = dg.DagsterInstance.ephemeral()
     result = run(counting_asset(config, name, {"steps": 5}), instance)
@@ -76,12 +98,12 @@ def test_a_trickling_collector_gets_the_span_after_the_bill_and_never_holds_the_
     store = _store(config)
     (row,) = ledger.read(store).itertuples(index=False)
     assert row.outcome == "completed"
-    (entry,) = Outbox(store).entries()
+    entry = _tried_entry(store)
     assert (entry.kind, entry.sent_at, entry.tries) == ("span", None, 1)
     assert entry.last_export_s is not None and entry.last_export_s <= DEADLINE_S + 0.5  # ended at the deadline
     assert "deadline" in (entry.last_error or "")
     log = _everything_logged(instance, result.run_id)
-    assert f"span of attempt 1 not sent yet ({collector.url}/…" in log
+    assert _said_not_sent(log, "span of attempt 1", collector.url)
 
     Receiver.spans, Receiver.requests = [], []
     with serving(OtlpHandler) as healthy:
@@ -96,7 +118,6 @@ def test_a_trickling_collector_gets_the_span_after_the_bill_and_never_holds_the_
 
 @pytest.mark.parametrize("server", ["trickling", "unreachable"])
 def test_a_tracking_server_that_trickles_or_is_down_costs_a_warning_without_its_password(config: Path, monkeypatch: pytest.MonkeyPatch, server: str) -> None:
-    from gpu_ops.observability.outbox import Outbox
 
     seen: list[int] = []
     with hostile(then=_checking_the_ledger(config, seen)) as tracking:
@@ -108,9 +129,9 @@ def test_a_tracking_server_that_trickles_or_is_down_costs_a_warning_without_its_
     store = _store(config)
     (row,) = ledger.read(store).itertuples(index=False)
     assert row.experiment_id == ""  # filled in only once MLflow answers
-    (entry,) = Outbox(store).entries()
+    entry = _tried_entry(store)
     assert entry.kind == "mlflow" and entry.sent_at is None and entry.last_export_s <= DEADLINE_S + 0.5
     log = _everything_logged(instance, result.run_id)
-    assert f"MLflow record of attempt 1 not sent yet ({base}/…" in log
+    assert _said_not_sent(log, "MLflow record of attempt 1", base)
     assert SECRET not in log and "alice" not in log
     assert SECRET not in (entry.last_error or "") and SECRET not in str(entry.payload)
