@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dagster.components import ScaffoldRequest
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import BUNDLED_PRICES
 
 CONFIG_NAME = "gpu_ops.yaml"
 # What a scaffolded defs.yaml says for config_file: the project's one configuration.
@@ -91,7 +91,7 @@ def ensure_project_config(request: ScaffoldRequest) -> Path:
     """``<project root>/gpu_ops.yaml``, written with the bundled prices unless it exists."""
     path = project_root(request) / CONFIG_NAME
     if not path.exists():
-        prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
+        prices = BUNDLED_PRICES.read_text()
         start = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
         config = CONFIG_TEMPLATE.replace("@PARTITIONS_START@", start.isoformat())
         path.write_text(config + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))

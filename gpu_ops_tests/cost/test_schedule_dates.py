@@ -11,7 +11,7 @@ import pytest
 
 from gpu_ops.config import load_config
 from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE, build_defs
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import BUNDLED_PRICES
 
 UTC = dt.timezone.utc
 
@@ -33,7 +33,7 @@ def schedule(tmp_path_factory: pytest.TempPathFactory) -> dg.ScheduleDefinition:
 
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "gpu_ops.yaml").write_text(
-        f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_CONFIG.parent / 'prices.yaml'}\n"
+        f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_PRICES}\n"
         "usage: {sources: [{type: ledger}], partitions_start: '2026-10-01'}\n"
     )
     return build_defs(str(folder / "gpu_ops.yaml")).resolve_schedule_def(DAILY_SCHEDULE)
