@@ -52,16 +52,12 @@ def _demo_days(config: GpuOpsConfig) -> list[str]:
 
 
 def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo = click.echo) -> int:
-    import warnings
-
     import dagster as dg
-
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)  # Dagster's own sensor internals
 
     from gpu_ops.alerts.sensor import launch_requests, tick
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
     from gpu_ops.storage.tables import TableStore
     from gpu_ops.training.demo_run import materialize_with_preemption
     from gpu_ops.validate import run_checks

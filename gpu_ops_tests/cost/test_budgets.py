@@ -257,7 +257,7 @@ def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(id
     from gpu_ops.cost.sources import SourceSet
     from gpu_ops.cost.pipeline import load_raw
 
-    cfg = load_config()
+    cfg = load_config(DEMO_CONFIG)  # the demo's budgets, over the demo's October
     demo = DEMO_CONFIG.parent
     start, end = pd.Timestamp("2026-10-01", tz="UTC"), pd.Timestamp("2026-11-01", tz="UTC")
     rows = price_window(load_raw(SourceSet(usage_files=[str(demo / "usage" / "*.csv")]))[0], load_inventory(SourceSet(inventory_files=[str(demo / "inventory.csv")])), PriceMatrix.from_table(cfg.prices), start, end, end).rows

@@ -79,7 +79,7 @@ def materialize_month(config_path: Path) -> None:
     from gpu_ops.alerts.sensor import launch_requests, tick
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     config = load_config(config_path)
     store = TableStore.from_config(config)
