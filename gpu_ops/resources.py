@@ -18,7 +18,7 @@ class GpuOpsSettings(dg.ConfigurableResource):
     """Gives assets, sensors and jobs the validated configuration (prices, budgets, channels)."""
 
     config_path: str | None = Field(
-        default=None, description="Path of the gpu_ops YAML file; defaults to $GPU_OPS_CONFIG, then the bundled demo."
+        default=None, description="Path of the gpu_ops YAML file; defaults to $GPU_OPS_CONFIG, then the plain defaults."
     )
 
     def load(self) -> GpuOpsConfig:

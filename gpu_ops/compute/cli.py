@@ -69,7 +69,7 @@ def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--mig-profile", default=None, help="A MIG slice instead of whole GPUs, e.g. 1g.10gb.")
 @click.option("--asset", default="train", show_default=True, help="Asset name the launch names objects after.")
 @click.option("--run-id", default=None, help="Dagster run id to label with (default: none; a plan is not a run).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the plain defaults)")
 def plan(config_path: str | None, **opts: Any) -> None:
     """Print, as YAML, every Kubernetes object a launch would create or patch."""
     from pydantic import ValidationError

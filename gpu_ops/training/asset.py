@@ -85,7 +85,7 @@ class TrainingSpec:
     checkpoint_url: str | None = None  # default: training.checkpoint_url of the config
     keep_last: int | None = None
     compute_resource_key: str = "gpu_compute"
-    settings_resource_key: str | None = None  # None: load_config() ($GPU_OPS_CONFIG or the demo)
+    settings_resource_key: str | None = None  # None: load_config(config_path) ($GPU_OPS_CONFIG, else the plain defaults)
     config_path: str | None = None
     # Modules a worker imports before the function (standby workers import them while
     # the previous attempt runs): e.g. ("torch",). The function's own module is added.
@@ -845,7 +845,7 @@ def gpu_asset(
     function runs in a worker process; a returned mapping's scalars become
     materialization metadata. Requires the ``gpu_compute`` resource (and
     ``settings_resource_key`` when given; otherwise the configuration comes from
-    ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo). ``warm_imports`` (e.g.
+    ``config_path``, ``$GPU_OPS_CONFIG`` or the plain defaults). ``warm_imports`` (e.g.
     ``("torch",)``) are imported by workers before the function, and by the standby
     worker that takes over a retry while the attempt before it still runs.
     """
