@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make run` (the demo on the embedded default) and `make test`.
+# Two commands on a fresh machine: `make run` (the demo: SQLite, the local backend) and `make test`.
 # The venv is made with the first of python3.13, python3.12, python3.11, python3 that is
 # Python >= 3.11; name another with `make PYTHON=/path/to/python3.12 run`.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu installs torch's CPU build first
@@ -37,10 +37,13 @@ run: $(STAMP)
 	$(VENV)/bin/gpu-ops demo
 
 # The Dagster UI on the local instance (the top-level dagster.yaml: SQLite under
-# .gpu_ops/dagster_home, where `make run` leaves its runs). deploy/dagster.yaml is the
+# .gpu_ops/dagster_home, where `make run` leaves its runs) and the demo's configuration
+# (without GPU_OPS_CONFIG the code location uses the plain defaults, not the demo).
+# `dg dev` is what Dagster 1.13 runs (`dagster dev` is superseded); the temporary directory
+# it announces holds only what dagster.yaml does not place. deploy/dagster.yaml is the
 # production instance.
 dev: $(STAMP)
-	env -u DAGSTER_HOME $(VENV)/bin/dagster dev -w workspace.yaml
+	env -u DAGSTER_HOME GPU_OPS_CONFIG=$(CURDIR)/gpu_ops/demo/gpu_ops.yaml $(VENV)/bin/dg dev -w workspace.yaml
 
 # Ruff (with the ban on module-level torch/kubetorch/kubernetes/pandas/SQLAlchemy imports
 # in what the code location loads), mypy and import-linter (the layers); `make test` runs it first.

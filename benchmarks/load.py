@@ -134,7 +134,7 @@ def main() -> None:
                 print(f"  old  path                   {old_total:7.2f} s  (yaml.safe_load {old_yaml:.2f} s, validation {old_validate:.2f} s, names.count {names})")
             else:
                 print(f"  old  path                   not timed (--old-path-max {args.old_path_max})")
-            print(f"  import gpu_ops.definitions  {code_location:7.2f} s  with GPU_OPS_CONFIG = this file (median of {runs}; {code_location - location:.2f} s over the demo config)")
+            print(f"  import gpu_ops.definitions  {code_location:7.2f} s  with GPU_OPS_CONFIG = this file (median of {runs}; {code_location - location:.2f} s over the plain defaults)")
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def demo_job():
     """The demo's job with the code location's executor (gpu_ops.definitions: Dagster's
     multiprocess executor, step processes forked from a preloaded forkserver), rebuilt
     from $GPU_OPS_CONFIG in each step process."""
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 
@@ -170,7 +170,7 @@ def _demo_with_preemption(compute: str, training: str, preempt, executor: str = 
     """Materialize the demo asset on the local backend; once its first checkpoint exists,
     ``preempt(pid)`` (returns the kill's wall time). Returns (run log, kill time, ledger rows)."""
 
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
     from gpu_ops.storage.tables import TableStore
     from gpu_ops.training import ledger
 

@@ -13,7 +13,7 @@ import click
 
 # name -> "module:attribute" of a click command or group
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("gpu_ops.demo.cli:demo", "Run the main job on the embedded default (SQLite, local backend)."),
+    "demo": ("gpu_ops.demo.cli:demo", "Run the main job on the demo's configuration (SQLite, local backend)."),
     "cost": ("gpu_ops.cost.cli:cost", "GPU cost attribution, budgets and ROI over usage files (no Dagster import)."),
     "alerts": ("gpu_ops.alerts.cli:alerts", "Budget alert channels: `gpu-ops alerts test <channel>` sends a marked test notification."),
     "plan": ("gpu_ops.compute.cli:plan", "Print, as YAML, every Kubernetes object a GPU launch would create or patch."),

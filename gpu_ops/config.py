@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -45,7 +47,14 @@ from gpu_ops.paths import PathNotUsable, path_kind
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
 HOME_ENV = "GPU_OPS_HOME"
-BUNDLED_CONFIG = Path(__file__).parent / "demo" / "gpu_ops.yaml"
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
+# The demo's configuration (`gpu-ops demo`, `make run`, `make dev` name it): its usage files,
+# budgets and simulated GPU pricing are the demo's, never a default.
+DEMO_CONFIG = Path(__file__).parent / "demo" / "gpu_ops.yaml"
+# The bundled list prices: reference data, the price table of the plain defaults.
+BUNDLED_PRICES = DEMO_CONFIG.parent / "prices.yaml"
+
+_log = logging.getLogger("gpu_ops")
 
 CapacityType = Literal["spot", "on-demand", "reserved"]
 SharingMode = Literal["none", "mig", "mps", "timeslice"]
@@ -910,8 +919,41 @@ class GpuOpsConfig(_Model):
 
 
 def gpu_ops_home() -> Path:
-    """Where the embedded default keeps its SQLite database and checkpoints."""
+    """Where gpu_ops keeps what no configuration file places: the plain defaults' tables and
+    checkpoints, standby records, CUR indexes. ``$GPU_OPS_HOME``; else ``$DAGSTER_HOME/gpu_ops``,
+    beside the Dagster instance; else the user's data folder (``$XDG_DATA_HOME/gpu_ops``,
+    ``~/.local/share/gpu_ops``; ``~/Library/Application Support/gpu_ops`` on macOS,
+    ``%LOCALAPPDATA%\\gpu_ops`` on Windows). Never the working directory."""
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]).expanduser().resolve()
+    if os.environ.get(DAGSTER_HOME_ENV):
+        return (Path(os.environ[DAGSTER_HOME_ENV]).expanduser() / "gpu_ops").resolve()
+    return _user_data_dir().resolve()
+
+
+def _user_data_dir() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "gpu_ops"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "gpu_ops"
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share") / "gpu_ops"
+
+
+def demo_home() -> Path:
+    """Where the demo configuration (:data:`DEMO_CONFIG`) keeps its tables, checkpoints and
+    Dagster instance: ``$GPU_OPS_HOME``, else ``./.gpu_ops`` (in the repository root, where
+    `make run` and `make dev` run; the repository's dagster.yaml keeps its instance there)."""
     return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".gpu_ops").resolve()
+
+
+def relative_anchor(source: Path | None) -> Path:
+    """The folder a relative SQLite file or checkpoint folder of the configuration read from
+    ``source`` resolves against: the file's folder; :func:`demo_home` for the demo's file (its
+    own folder is the installed package); :func:`gpu_ops_home` without a file."""
+    if source is None:
+        return gpu_ops_home()
+    return demo_home() if source.resolve() == DEMO_CONFIG.resolve() else source.parent
 
 
 # --------------------------------------------------------------------------- loading
@@ -1118,13 +1160,13 @@ def _check_from_bill(cfg: GpuOpsConfig, price_table: Any, prices_label: str, pri
 
 
 def _anchor_storage_paths(cfg: GpuOpsConfig, source: Path | None, base: Path) -> GpuOpsConfig:
-    """A relative SQLite URL is anchored at the config file (the bundled one's at gpu_ops_home());
+    """A relative SQLite URL is anchored at :func:`relative_anchor` (the config file's folder);
     the row-level path is resolved like every other path."""
     url = cfg.storage.url
     if isinstance(url, str) and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         rel = url[len("sqlite:///") :]
         if rel and rel != ":memory:":
-            anchor = base if source and source != BUNDLED_CONFIG else gpu_ops_home()
+            anchor = relative_anchor(source)
             cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"url": f"sqlite:///{(anchor / rel).resolve()}"})})
     if cfg.storage.row_level_path:
         cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"row_level_path": str(cfg.resolve_path(cfg.storage.row_level_path))})})
@@ -1164,9 +1206,11 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:
-    """Load ``path``, else ``$GPU_OPS_CONFIG``, else the bundled demo configuration."""
-    chosen = Path(path) if path else Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else BUNDLED_CONFIG
-    chosen = chosen.expanduser().resolve()
+    """Load ``path``, else ``$GPU_OPS_CONFIG``, else the plain defaults (:func:`default_config`)."""
+    named = path or os.environ.get(CONFIG_ENV)
+    if not named:
+        return default_config()
+    chosen = Path(named).expanduser().resolve()
     try:
         stamp = chosen.stat().st_mtime_ns
     except OSError as exc:
@@ -1182,3 +1226,22 @@ def _load_cached(path: Path, _stamp: int, _home: str) -> GpuOpsConfig:
         if problems:
             raise ConfigError(problems)
         return parse_config(data if data is not None else {}, path)
+
+
+def default_config() -> GpuOpsConfig:
+    """The configuration when none is named: every section's defaults, the bundled list
+    prices, and storage under :func:`gpu_ops_home` (``costs.db``, ``checkpoints/``). No usage
+    files, budgets or simulated GPU pricing: those are the demo's (:data:`DEMO_CONFIG`). Said
+    once per process (a warning on the ``gpu_ops`` logger), with where its tables are."""
+    return _default_cached(gpu_ops_home(), BUNDLED_PRICES.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _default_cached(home: Path, _stamp: int) -> GpuOpsConfig:
+    storage = f"sqlite:///{home / 'costs.db'}"
+    config = parse_config({"storage": {"url": storage}, "prices": str(BUNDLED_PRICES), "training": {"checkpoint_url": str(home / "checkpoints")}}, None)
+    _log.warning(
+        f"gpu_ops: no configuration named ({CONFIG_ENV} is unset): the plain defaults, with the cost tables in {storage} "
+        f"and checkpoints under {home / 'checkpoints'}; name a file in {CONFIG_ENV} to choose storage, prices and budgets"
+    )
+    return config

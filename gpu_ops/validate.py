@@ -154,7 +154,7 @@ _MARK = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the plain defaults)")
 @click.option("--only", help="run only the check with this name, as printed: " + ", ".join(check_names()))
 @click.option("--settle-orphans", is_flag=True, help="settle training attempts whose owner is gone (bill what ran, stop workers, release leases) and send the telemetry still queued; validate writes nothing otherwise")
 def validate(config_path: str | None, only: str | None, settle_orphans: bool) -> None:

@@ -19,7 +19,7 @@ def alerts() -> None:
 
 @alerts.command(name="test")
 @click.argument("channel")
-@click.option("--config", "config_path", default=None, help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo).")
+@click.option("--config", "config_path", default=None, help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the plain defaults).")
 def test_channel(channel: str, config_path: str | None) -> None:
     """Send a clearly marked test notification through CHANNEL and report the outcome."""
     from gpu_ops.alerts.channels import DeliverySettings, Redactor, send

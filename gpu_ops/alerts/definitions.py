@@ -15,7 +15,10 @@ from gpu_ops.alerts.sensor import Clock, KarpenterAccess, build_alert_definition
 from gpu_ops.config import GpuOpsConfig
 
 
-def build_defs(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None, clock: Clock | None = None) -> dg.Definitions:
+def build_defs(
+    config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None, clock: Clock | None = None, bind_to: dg.Definitions | None = None
+) -> dg.Definitions:
     """``clock`` (a function returning the aware UTC now) replaces the sensor's wall clock
-    in tests that simulate hours or days of ticks."""
-    return build_alert_definitions(config, karpenter=karpenter, **({"clock": clock} if clock else {}))
+    in tests that simulate hours or days of ticks. ``bind_to``: the definitions (resources,
+    executor) the alert and enforcement jobs run with, bound before the sensor targets them."""
+    return build_alert_definitions(config, karpenter=karpenter, bind_to=bind_to, **({"clock": clock} if clock else {}))

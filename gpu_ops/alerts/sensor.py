@@ -611,15 +611,23 @@ def run_sensor_once(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: 
     return TickOutcome(data.cursor if data.cursor is not None else cursor, requests, [r for _, r in launched], skipped, data.skip_message)
 
 
-def build_alert_definitions(config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None, clock: Clock = _now) -> dg.Definitions:
-    alert_job = build_alert_job(config)
-    enforcement_job = build_enforcement_job(config)
-    sensor = build_sensor(config, [alert_job, enforcement_job], clock=clock)
+def build_alert_definitions(
+    config: GpuOpsConfig, *, karpenter: KarpenterAccess | None = None, clock: Clock = _now, bind_to: dg.Definitions | None = None
+) -> dg.Definitions:
+    """``bind_to``: the definitions whose resources, executor and loggers the jobs run with
+    (the shared ones); the jobs are bound to them before the sensor targets them
+    (:func:`gpu_ops.resources.bound_jobs`: no `owners` BetaWarning)."""
+    from gpu_ops.resources import bound_jobs
+
+    resources = {"gpu_ops_karpenter": karpenter or KarpenterAccess()}
+    jobs = [build_alert_job(config), build_enforcement_job(config)]
+    if bind_to is not None:
+        jobs = bound_jobs(jobs, bind_to, resources)
     return dg.Definitions(
-        jobs=[alert_job, enforcement_job],
-        sensors=[sensor],
+        jobs=jobs,
+        sensors=[build_sensor(config, jobs, clock=clock)],
         asset_checks=[build_dead_letter_check(clock)],
-        resources={"gpu_ops_karpenter": karpenter or KarpenterAccess()},
+        resources=resources,
     )
 
 

@@ -69,33 +69,6 @@ class GpuCostComponent(dg.Component, dg.Resolvable, dg.Model):
 
         path = self.config_path(context)
         config = load_config(path)  # errors name the file and the field
-        return with_bound_op_jobs(dg.Definitions.merge(shared_defs(config), cost_defs(config), alerts_defs(config)))
+        shared = shared_defs(config)
+        return dg.Definitions.merge(shared, cost_defs(config), alerts_defs(config, bind_to=shared))
 
-
-def with_bound_op_jobs(defs: dg.Definitions) -> dg.Definitions:
-    """``defs`` with its op jobs (the alert and enforcement jobs) and the sensors that
-    launch them already bound to ``defs``' own resources.
-
-    Left unbound, Dagster binds them whenever the project's definitions are resolved, and
-    each time its ``SensorDefinition.with_attributes`` passes ``owners=[]`` back to the
-    constructor, which prints "Parameter `owners` ... is currently in beta" (a dozen times
-    per ``dg launch``; no gpu_ops sensor has owners). Bound here, with the same resource
-    objects the definitions carry, there is nothing left to bind and nothing to print.
-    """
-    op_jobs = [j for j in defs.jobs or [] if isinstance(j, dg.JobDefinition)]
-    launchers = [s for s in defs.sensors or [] if s.targets and all(t.has_job_def and t.job_def in op_jobs for t in s.targets)]
-    if not op_jobs:
-        return defs
-    repo = dg.Definitions(jobs=op_jobs, sensors=launchers, resources=defs.resources).get_repository_def()
-    bound = {id(j): repo.get_job(j.name) for j in op_jobs}
-    return dg.Definitions(
-        assets=defs.assets,
-        asset_checks=defs.asset_checks,
-        schedules=defs.schedules,
-        sensors=[repo.get_sensor_def(s.name) if s in launchers else s for s in defs.sensors or []],
-        jobs=[bound.get(id(j), j) for j in defs.jobs or []],
-        resources=defs.resources,
-        executor=defs.executor,
-        loggers=defs.loggers,
-        metadata=defs.metadata,
-    )

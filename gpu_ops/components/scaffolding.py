@@ -8,7 +8,14 @@ project loads and launches with no edits:
 - the ``gpu_compute`` resource the training components need, once, as
   ``<defs folder>/gpu_compute.py`` (dg's documented ``@dg.definitions`` resources file),
   reading the same configuration; skipped when a file in the defs folder already
-  provides ``gpu_compute``.
+  provides ``gpu_compute``;
+- one Dagster instance for the project, so that `dg launch` and `dg dev` show the same
+  runs (without ``DAGSTER_HOME`` each makes a temporary one and removes it on exit):
+  ``<project root>/.env`` names ``DAGSTER_HOME=<project root>/.gpu_ops/dagster_home``
+  (absolute: Dagster refuses a relative one; both commands read the ``.env`` of the
+  folder they run in, `dg dev` the project root's), and that folder gets a
+  ``dagster.yaml`` with telemetry off unless it has one; when ``.env`` already names a
+  ``DAGSTER_HOME``, that one is kept (its folder only created if missing).
 
 Nothing here is imported when a code location loads: only by the scaffolders.
 """
@@ -21,9 +28,18 @@ from pathlib import Path
 
 from dagster.components import ScaffoldRequest
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import BUNDLED_PRICES
 
 CONFIG_NAME = "gpu_ops.yaml"
+# The project's Dagster instance (beside the cost tables and checkpoints of its gpu_ops.yaml).
+INSTANCE_DIR = Path(".gpu_ops") / "dagster_home"
+INSTANCE_SETTINGS = """\
+# The Dagster instance of this project: `dg launch` and `dg dev` both use it, because the
+# project's .env names this folder as DAGSTER_HOME (written by gpu_ops's `dg scaffold defs`).
+# Telemetry off: no banner about it. Add storage, run queue or concurrency settings here.
+telemetry:
+  enabled: false
+"""
 # What a scaffolded defs.yaml says for config_file: the project's one configuration.
 CONFIG_REF = "{{ context.project_root }}/" + CONFIG_NAME
 
@@ -87,11 +103,38 @@ def project_root(request: ScaffoldRequest) -> Path:
     return (request.project_root or request.target_path).resolve()
 
 
+def ensure_project_instance(request: ScaffoldRequest) -> Path | None:
+    """The project's ``DAGSTER_HOME``: the one ``<project root>/.env`` names, else
+    ``<project root>/.gpu_ops/dagster_home``, named there and given a ``dagster.yaml``
+    (telemetry off) unless it has one; the folder exists afterwards. None outside a dg project."""
+    from dotenv import dotenv_values  # Dagster's own reader of .env files (python-dotenv)
+
+    if request.project_root is None:
+        return None
+    root = project_root(request)
+    env = root / ".env"
+    named = dotenv_values(env).get("DAGSTER_HOME") if env.exists() else None
+    if named:  # the project's own choice
+        home = Path(named).expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+    home = root / INSTANCE_DIR
+    text = env.read_text() if env.exists() else ""
+    line = f"# One Dagster instance for `dg launch` and `dg dev` (an absolute path: move the project, change it)\nDAGSTER_HOME={home}\n"
+    env.write_text(text + ("\n" if text and not text.endswith("\n") else "") + line)
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(INSTANCE_SETTINGS)
+    return home
+
+
 def ensure_project_config(request: ScaffoldRequest) -> Path:
-    """``<project root>/gpu_ops.yaml``, written with the bundled prices unless it exists."""
+    """``<project root>/gpu_ops.yaml``, written with the bundled prices unless it exists, and
+    the project's Dagster instance (:func:`ensure_project_instance`)."""
+    ensure_project_instance(request)
     path = project_root(request) / CONFIG_NAME
     if not path.exists():
-        prices = (BUNDLED_CONFIG.parent / "prices.yaml").read_text()
+        prices = BUNDLED_PRICES.read_text()
         start = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
         config = CONFIG_TEMPLATE.replace("@PARTITIONS_START@", start.isoformat())
         path.write_text(config + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))

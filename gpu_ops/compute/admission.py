@@ -13,7 +13,7 @@
   nobody and keeps waiting.
 
 Both read the gpu_ops configuration from ``config_path`` (default ``$GPU_OPS_CONFIG``, then
-the bundled demo). They are ``dg.ResourceDependency``s of ``GpuCompute``: a deployment can
+the plain defaults). They are ``dg.ResourceDependency``s of ``GpuCompute``: a deployment can
 share one instance between compute resources, or give a test its own.
 """
 

@@ -89,7 +89,7 @@ def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--asset", default="train", show_default=True, help="Asset name the launch names objects after.")
 @click.option("--run-id", default=None, help="Dagster run id to label with (default: none; a plan is not a run).")
 @click.option("--expected-duration", default=None, help="How long a run trains (2h, 90m): the estimate when the asset has no successful run in the ledger.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the bundled demo)")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the plain defaults)")
 def plan(config_path: str | None, **opts: Any) -> None:
     """Print, as YAML, every Kubernetes object a launch would create or patch."""
     from pydantic import ValidationError

@@ -232,11 +232,17 @@ def declared(gpu_type: str, gpu_count: int, mig_profile: str | None = None) -> s
     return f"{gpu_count}x {gpu_type}" + (f" MIG {mig_profile}" if mig_profile else "") if gpu_count else CPU
 
 
-def mismatch(gpu_type: str, gpu_count: int, mig_profile: str | None, actual: Hardware) -> str | None:
-    """Why what ran differs from what was declared, or None when it does not."""
+def mismatch(gpu_type: str, gpu_count: int, mig_profile: str | None, actual: Hardware, simulated: bool = False) -> str | None:
+    """Why what ran differs from what was declared, or None when it does not. ``simulated``:
+    CPU attempts are priced as the declared GPUs in the asset's metadata (training.simulate_gpu_pricing)."""
     want = declared(gpu_type, gpu_count, mig_profile)
     if not actual.determined or actual.describe() == want:
         return None
+    if actual.is_cpu and simulated:
+        return (
+            f"declared {want} but the worker had no GPU: the ledger records it as CPU (not priced); the asset's "
+            f"cost_usd prices it as the declared {want} (simulated: training.simulate_gpu_pricing)"
+        )
     if actual.is_cpu:
         return f"declared {want} but the worker had no GPU: recorded as CPU, not priced as a GPU"
     extra = "" if actual.known else " (not in the GPU catalog: the cost flow quarantines it until it is added with a price)"

@@ -170,7 +170,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
     # Injected: the GPU quota admission (compute.quotas) and the budget gate.
     admission: dg.ResourceDependency[GpuAdmission] = Field(default_factory=GpuAdmission)  # type: ignore[arg-type]
     budget_gate: dg.ResourceDependency[BudgetGate] = Field(default_factory=BudgetGate)  # type: ignore[arg-type]
-    config_path: str | None = Field(default=None, description="gpu_ops YAML of this deployment (default: $GPU_OPS_CONFIG, then the bundled demo).")
+    config_path: str | None = Field(default=None, description="gpu_ops YAML of this deployment (default: $GPU_OPS_CONFIG, then the plain defaults).")
 
     _run_id: str | None = PrivateAttr(default=None)
     _pending: list[Backend] = PrivateAttr(default_factory=list)

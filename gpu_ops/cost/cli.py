@@ -1,7 +1,7 @@
 """`gpu-ops cost attribution | budgets | roi`: the cost core over files, no Dagster.
 
 Without ``--usage`` the sources, prices, budgets, grouping and idle mode come from the
-configuration file (``--config``, else ``$GPU_OPS_CONFIG``, else the bundled demo).
+configuration file (``--config``, else ``$GPU_OPS_CONFIG``, else the plain defaults).
 Nothing here may import Dagster or torch: the command must start fast (a test checks).
 `cost attribution` over files (``--usage``, ``--prices``, ``--inventory``) loads neither
 pandas nor pydantic: the engine and :mod:`gpu_ops.cost.allocate` work in DuckDB and the
@@ -390,7 +390,7 @@ _common = [
     click.option("--usage", multiple=True, help="Usage CSV/Parquet file or glob (repeatable); default: the config's sources."),
     click.option("--prices", type=click.Path(dir_okay=False), help="Prices YAML; default: the config's."),
     click.option("--inventory", type=click.Path(dir_okay=False), help="Node inventory CSV/Parquet, for idle cost."),
-    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML (default: $GPU_OPS_CONFIG, then the bundled demo)."),
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML (default: $GPU_OPS_CONFIG, then the plain defaults)."),
     click.option("--date", "date_", help="UTC day, YYYY-MM-DD (default: yesterday)."),
     click.option("--as-of", "as_of", help="Clip open intervals here (default: the end of the day, or now)."),
     click.option("--format", "fmt", type=FORMATS, default="table", show_default=True),

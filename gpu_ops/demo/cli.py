@@ -1,4 +1,4 @@
-"""`gpu-ops demo`: the main job on the embedded default (SQLite, local backend)."""
+"""`gpu-ops demo`: the main job on the demo's configuration (SQLite, local backend)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: the bundled demo)")
 def demo(config_path: str | None) -> None:
-    """Run the main job on the embedded default (SQLite, local backend)."""
+    """Run the main job on the demo's configuration (SQLite, local backend)."""
     from gpu_ops.demo.run import run_demo
 
     raise SystemExit(run_demo(config_path))

@@ -1,8 +1,8 @@
 """The main job behind `gpu-ops demo` and `make run`.
 
-On the embedded default (SQLite under ``$GPU_OPS_HOME``, the local backend, alerts to
-the log), with a persistent Dagster instance in ``$GPU_OPS_HOME/dagster_home`` so that
-`make dev` shows every run afterwards:
+On the demo's configuration (``gpu_ops/demo/gpu_ops.yaml``: SQLite under ``$GPU_OPS_HOME``,
+else ``./.gpu_ops``, the local backend, alerts to the log), with a persistent Dagster
+instance in ``<that folder>/dagster_home`` so that `make dev` shows every run afterwards:
 
 1. ``train_demo_model`` on the local backend; its worker is killed once training is
    under way, and the step retries and resumes from its newest checkpoint.
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import click
 
-from gpu_ops.config import BUNDLED_CONFIG, GpuOpsConfig, gpu_ops_home, load_config
+from gpu_ops.config import DEMO_CONFIG, GpuOpsConfig, demo_home, load_config
 from gpu_ops.formatting import gpu_hours, money, percent
 
 Echo = Callable[[str], None]
@@ -52,24 +52,21 @@ def _demo_days(config: GpuOpsConfig) -> list[str]:
 
 
 def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo = click.echo) -> int:
-    import warnings
-
     import dagster as dg
-
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)  # Dagster's own sensor internals
 
     from gpu_ops.alerts.sensor import launch_requests, tick
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
     from gpu_ops.storage.tables import TableStore
     from gpu_ops.training.demo_run import materialize_with_preemption
     from gpu_ops.validate import run_checks
 
+    config_path = str(config_path or DEMO_CONFIG)  # the demo's configuration unless another is named
     config = load_config(config_path)
-    home = gpu_ops_home()
+    home = demo_home()
     echo(f"gpu_ops demo — config {config.source_path}")
-    if reset and config.source_path == BUNDLED_CONFIG.resolve():
+    if reset and config.source_path == DEMO_CONFIG.resolve():
         _reset_demo_state(config, home, echo)
     for r in run_checks(config, "storage"):
         echo(f"  {r.status}: {r.name}: {r.detail}")
@@ -173,9 +170,10 @@ def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
 def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days: list[str], alert_runs: list, echo: Echo) -> None:
     import pandas as pd
 
+    simulated = " simulated" if str(training.get("pricing", "")).startswith("simulated") else ""
     echo(
         f"  training: {training['attempts']} attempts, {training['preemptions']} preemption(s), final_loss "
-        f"{float(training['final_loss']):.4f}, {gpu_hours(training.get('gpu_hours'))}, {money(training.get('cost_usd'))}, "
+        f"{float(training['final_loss']):.4f}, {gpu_hours(training.get('gpu_hours'))}, {money(training.get('cost_usd'))}{simulated}, "
         f"weights_sha256 {str(training['weights_sha256'])[:16]}…"
     )
     attribution = store.read("gpu_cost_attribution", partition_keys=days, missing_ok=True)

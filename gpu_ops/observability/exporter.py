@@ -190,7 +190,7 @@ def serve(reader: Reader, host: str, port: int, cache_seconds: float, ready: Any
 @click.command("exporter")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="Port of /metrics (0: any free port, printed).")
-@click.option("--config", "config_path", default=None, help="GPU_OPS_CONFIG file (default: $GPU_OPS_CONFIG, else the bundled demo).")
+@click.option("--config", "config_path", default=None, help="GPU_OPS_CONFIG file (default: $GPU_OPS_CONFIG, else the plain defaults).")
 @click.option("--per-pod", is_flag=True, help="Also export per-pod series (pod names are unbounded: opt in knowingly).")
 @click.option("--cache-seconds", default=15.0, show_default=True, type=seconds(), help="Scrapes this close together share one database read.")
 @click.option("--history-seconds", default=300.0, show_default=True, type=seconds(),

@@ -86,7 +86,7 @@ class TrainingSpec:
     checkpoint_url: str | None = None  # default: training.checkpoint_url of the config
     keep_last: int | None = None
     compute_resource_key: str = "gpu_compute"
-    settings_resource_key: str | None = None  # None: load_config() ($GPU_OPS_CONFIG or the demo)
+    settings_resource_key: str | None = None  # None: load_config(config_path) ($GPU_OPS_CONFIG, else the plain defaults)
     config_path: str | None = None
     # Modules a worker imports before the function (standby workers import them while
     # the previous attempt runs): e.g. ("torch",). The function's own module is added.
@@ -539,12 +539,21 @@ def _settle(step: _Step, launched: _Launched, c: Classification) -> tuple[float,
     if row is None and step.recorder.taken_over is not None:
         step.log.warning(f"attempt {step.attempt} was settled by {step.recorder.taken_over.settled_by} while its step still ran")
     if row is not None:
-        step.log.info(
-            f"ledger: attempt {step.attempt} {c.outcome.value} ({c.reason}); {fmt.gpu_hours(row.gpu_hours)} on {row.capacity_type} "
-            f"{row.gpu_count}x {row.gpu_type} ({row.hardware_source}) for {row.duration_s:.1f} s of worker time, lost {row.lost_seconds:.1f} s of work"
-        )
+        step.log.info(f"ledger: attempt {step.attempt} {c.outcome.value} ({c.reason}); {_ledger_usage(row, request, step.config.training.simulate_gpu_pricing)}")
         return row.duration_s, row.lost_seconds
     return 0.0, 0.0
+
+
+def _ledger_usage(row: Any, request: GpuRequest, simulated: bool) -> str:
+    """What a settled ledger row holds, in words: GPU-hours on what ran, or that it ran on
+    CPU (or never started) and is not priced."""
+    work = f"{row.duration_s:.1f} s of worker time, lost {row.lost_seconds:.1f} s of work"
+    if row.gpu_count:
+        return f"{fmt.gpu_hours(row.gpu_hours)} on {row.capacity_type} {row.gpu_count}x {row.gpu_type} ({row.hardware_source}) for {work}"
+    if row.hardware_source == "none":
+        return f"no worker started, so no GPU time: not priced ({work})"
+    also = f"; the asset's metadata prices it as the declared {hardware.declared(request.gpu_type, request.total_gpus)} (simulated: training.simulate_gpu_pricing)" if simulated else ""
+    return f"ran on CPU (the worker had no GPU): not GPU usage, not priced{also}; {work}"
 
 
 def _decide(step: _Step, launched: _Launched, c: Classification, seconds: tuple[float, float]) -> Decision:
@@ -582,9 +591,10 @@ def _result(step: _Step, launched: _Launched, decision: Decision) -> AttemptResu
     returned = report.value if isinstance(report.value, dict) else {"value": report.value, "summary": {}}
     value = returned.get("value")
     actual = sink.actual_hardware or _reported_hardware(report)
-    warning = hardware.mismatch(request.gpu_type, request.total_gpus, request.mig_profile, actual) if actual else None
-    if warning:
-        step.log.warning(f"attempt {step.attempt}: {warning}")
+    simulated = step.config.training.simulate_gpu_pricing and actual is not None and actual.is_cpu
+    warning = hardware.mismatch(request.gpu_type, request.total_gpus, request.mig_profile, actual, simulated) if actual else None
+    if warning:  # a CPU run priced as asked (simulated) is what the configuration wants: said, not warned
+        (step.log.info if simulated else step.log.warning)(f"attempt {step.attempt}: {warning}")
     metadata = _materialization_metadata(step.store, step.config, step.run_id, step.asset_key, decision, returned.get("summary") or {}, value, step.ckpt_url, request, sink)
     metadata.update(_hardware_metadata(request, actual, warning))
     metadata.update(_estimate_metadata(step, metadata.get("cost_usd")))
@@ -909,7 +919,7 @@ def gpu_asset(
     function runs in a worker process; a returned mapping's scalars become
     materialization metadata. Requires the ``gpu_compute`` resource (and
     ``settings_resource_key`` when given; otherwise the configuration comes from
-    ``config_path``, ``$GPU_OPS_CONFIG`` or the bundled demo). ``warm_imports`` (e.g.
+    ``config_path``, ``$GPU_OPS_CONFIG`` or the plain defaults). ``warm_imports`` (e.g.
     ``("torch",)``) are imported by workers before the function, and by the standby
     worker that takes over a retry while the attempt before it still runs.
     ``expected_duration`` (``"2h"``, ``"90m"`` or seconds) is how long a run trains: the

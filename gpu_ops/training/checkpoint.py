@@ -293,10 +293,10 @@ class CheckpointStore:
 def checkpoint_root(config: "GpuOpsConfig", override: str | None = None) -> str:
     """The configured checkpoint URL (``training.checkpoint_url``, or ``override``).
 
-    A relative folder resolves like the SQLite default: against the config file's
-    folder, or ``$GPU_OPS_HOME`` for the bundled demo configuration.
+    A relative folder resolves like a relative SQLite file: against the config file's
+    folder (:func:`gpu_ops.config.relative_anchor`: the demo's home for the demo's file).
     """
-    from gpu_ops.config import BUNDLED_CONFIG, gpu_ops_home
+    from gpu_ops.config import relative_anchor
 
     url = override or config.training.checkpoint_url
     if "://" in url:
@@ -304,9 +304,7 @@ def checkpoint_root(config: "GpuOpsConfig", override: str | None = None) -> str:
     p = Path(url).expanduser()
     if p.is_absolute():
         return str(p)
-    source = config.source_path
-    anchor = source.parent if source and source.resolve() != BUNDLED_CONFIG.resolve() else gpu_ops_home()
-    return str((anchor / p).resolve())
+    return str((relative_anchor(config.source_path) / p).resolve())
 
 
 def checkpoint_url_for(root: str, asset_key: str, partition_key: str | None, run_scope: str) -> str:

@@ -60,7 +60,7 @@ def materialize_with_preemption(
     import dagster as dg
 
     from gpu_ops.config import load_config
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
     from gpu_ops.training.checkpoint import checkpoint_root
 
     config = load_config(config_path)

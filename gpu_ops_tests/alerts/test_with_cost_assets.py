@@ -5,13 +5,13 @@ from __future__ import annotations
 import dagster as dg
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import DEMO_CONFIG
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.storage.io_manager import TableIOManager
 
 from .conftest import SensorHarness
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 
 
 def test_alerts_from_materialized_budget_status(tmp_path, dagster_instance, receiver, monkeypatch):

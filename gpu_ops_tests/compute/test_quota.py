@@ -211,7 +211,7 @@ def test_the_gpu_leases_asset_shows_who_holds_what_in_the_ui_and_in_sql(tmp_path
     expired but is not reclaimed yet; `gpu_leases` materialized from the code location's
     definitions on a real instance: a typed table with one row per lease, the quota usage,
     the row count, and the same rows in the gpu_ops database's table gpu_leases."""
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     live, said = holder(db_url, 0.0, gpus=3, run_id="live-run")
     dead, said_dead = holder(db_url, 0.0, gpus=1, run_id="dead-run")

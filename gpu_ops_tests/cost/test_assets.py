@@ -11,19 +11,19 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from gpu_ops.config import BUNDLED_CONFIG, load_config
+from gpu_ops.config import DEMO_CONFIG, load_config
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.cost.definitions import DAILY_SCHEDULE
 from gpu_ops.resources import GpuOpsSettings
 from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report", "gpu_estimate_accuracy")
 
 
 def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01") -> Path:
-    demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
     sources = [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
     if ledger:
         sources.insert(0, {"type": "ledger"})

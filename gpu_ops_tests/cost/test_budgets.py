@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from gpu_ops.config import BUNDLED_CONFIG, Budget
+from gpu_ops.config import DEMO_CONFIG, Budget
 from gpu_ops.cost.budgets import DAILY_COLUMNS, SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
 from gpu_ops.cost.pipeline import price_window
 
@@ -258,8 +258,8 @@ def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(id
     from gpu_ops.cost.sources import SourceSet
     from gpu_ops.cost.pipeline import load_raw
 
-    cfg = load_config()
-    demo = BUNDLED_CONFIG.parent
+    cfg = load_config(DEMO_CONFIG)  # the demo's budgets, over the demo's October
+    demo = DEMO_CONFIG.parent
     start, end = pd.Timestamp("2026-10-01", tz="UTC"), pd.Timestamp("2026-11-01", tz="UTC")
     rows = price_window(load_raw(SourceSet(usage_files=[str(demo / "usage" / "*.csv")]))[0], load_inventory(SourceSet(inventory_files=[str(demo / "inventory.csv")])), PriceMatrix.from_table(cfg.prices), start, end, end).rows
     budgets = [*cfg.budgets, Budget(name="everything", amount_usd=50000)]

@@ -199,8 +199,13 @@ def test_the_cost_commands_never_import_dagster_or_torch(files):
     assert "HEAVY []" in r.stdout
 
 
-def test_default_config_is_the_bundled_demo():
-    r = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--format", "json")
+def test_the_default_config_is_the_plain_defaults_and_the_demo_is_named():
+    # No configuration named: the plain defaults (usage from the training ledger, empty here),
+    # said on stderr with where the tables are; never the demo's October.
+    plain = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--format", "json")
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout) == [] and "no configuration named (GPU_OPS_CONFIG is unset)" in plain.stderr
+    r = gpu_ops("cost", "attribution", "--config", str(REPO / "gpu_ops" / "demo" / "gpu_ops.yaml"), "--date", "2026-10-14", "--by", "team", "--format", "json")
     assert r.returncode == 0, r.stderr
     teams = {x["team"] for x in json.loads(r.stdout)}
     assert {"nlp", "vision", "research", "__idle__"} <= teams
@@ -208,12 +213,13 @@ def test_default_config_is_the_bundled_demo():
 
 def test_inventory_resolves_against_the_working_directory(tmp_path):
     """`--inventory nodes.csv` is the file in the working directory, as `--usage` is, even
-    when the usage comes from the (bundled) configuration."""
+    when the usage comes from a configuration in another folder (the demo's)."""
+    demo = str(REPO / "gpu_ops" / "demo" / "gpu_ops.yaml")
     (tmp_path / "nodes.csv").write_text((REPO / "gpu_ops" / "demo" / "inventory.csv").read_text())
-    r = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--inventory", "nodes.csv", cwd=tmp_path)
+    r = gpu_ops("cost", "attribution", "--config", demo, "--date", "2026-10-14", "--by", "team", "--inventory", "nodes.csv", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "fleet $" in r.stdout and "__idle__" in r.stdout
-    missing = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--inventory", "absent.csv", cwd=tmp_path)
+    missing = gpu_ops("cost", "attribution", "--config", demo, "--date", "2026-10-14", "--inventory", "absent.csv", cwd=tmp_path)
     assert missing.returncode != 0 and str(tmp_path / "absent.csv") in missing.stdout + missing.stderr
 
 

@@ -170,7 +170,7 @@ def test_collector_job_records_every_run_through_dagster(tmp_path, monkeypatch):
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import BUNDLED_CONFIG, load_config
+    from gpu_ops.config import BUNDLED_PRICES, load_config
     from gpu_ops.cost.assets import COLLECT_JOB, COLLECT_SCHEDULE
     from gpu_ops.cost.definitions import build_defs
     from gpu_ops.resources import GpuOpsSettings
@@ -179,7 +179,7 @@ def test_collector_job_records_every_run_through_dagster(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     cfg = {
         "storage": {"url": url},
-        "prices": str(BUNDLED_CONFIG.parent / "prices.yaml"),
+        "prices": str(BUNDLED_PRICES),
         "usage": {"sources": [{"type": "kubernetes", "namespaces": ["ml"]}], "inventory": {"type": "karpenter"}},
     }
     path = tmp_path / "gpu_ops.yaml"

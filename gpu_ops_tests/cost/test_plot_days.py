@@ -24,8 +24,8 @@ import pytest
 import yaml
 from dagster.components import ScaffoldRequest
 
-from gpu_ops.config import BUNDLED_CONFIG, ConfigError, load_config, parse_config
-from gpu_ops.definitions import build_defs
+from gpu_ops.config import DEMO_CONFIG, ConfigError, load_config, parse_config
+from gpu_ops.location import build_defs
 
 UI_PLOT_PARTITIONS = 120  # what the asset page's plots ask for (see the module docstring)
 COST_ASSETS = ("gpu_usage", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report")
@@ -41,8 +41,8 @@ def usage_days(folder: Path) -> set[str]:
 
 
 def test_the_demos_partitions_are_the_days_of_its_data() -> None:
-    defs = build_defs(str(BUNDLED_CONFIG))
-    have_data = usage_days(BUNDLED_CONFIG.parent / "usage")
+    defs = build_defs(str(DEMO_CONFIG))
+    have_data = usage_days(DEMO_CONFIG.parent / "usage")
     for key in COST_ASSETS:
         partitions = defs.resolve_assets_def(key).partitions_def
         assert partitions is not None
@@ -56,7 +56,7 @@ def test_the_plot_axis_of_a_bounded_partitioning() -> None:
     from dagster._core.definitions.partitions.context import PartitionLoadingContext
     from dagster._core.definitions.temporal_context import TemporalContext
 
-    partitions = build_defs(str(BUNDLED_CONFIG)).resolve_assets_def("gpu_budget_status").partitions_def
+    partitions = build_defs(str(DEMO_CONFIG)).resolve_assets_def("gpu_budget_status").partitions_def
     assert partitions is not None
     now = dt.datetime.now(dt.timezone.utc)
     context = PartitionLoadingContext(temporal_context=TemporalContext(effective_dt=now, last_event_id=None), dynamic_partitions_store=None)
@@ -65,20 +65,20 @@ def test_the_plot_axis_of_a_bounded_partitioning() -> None:
 
 
 def test_without_an_end_the_partitions_run_to_yesterday(tmp_path: Path) -> None:
-    data = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    data = yaml.safe_load(DEMO_CONFIG.read_text())
     data["usage"].pop("partitions_end")
-    config = parse_config(data, BUNDLED_CONFIG)
+    config = parse_config(data, DEMO_CONFIG)
     today = dt.date(2026, 11, 25)
     assert config.usage.partitions_end is None and config.usage.last_partition(today) == dt.date(2026, 11, 24)
-    assert load_config(BUNDLED_CONFIG).usage.last_partition(today) == dt.date(2026, 10, 31)
-    assert load_config(BUNDLED_CONFIG).usage.last_partition(dt.date(2026, 10, 20)) == dt.date(2026, 10, 19)  # the end is not reached yet
+    assert load_config(DEMO_CONFIG).usage.last_partition(today) == dt.date(2026, 10, 31)
+    assert load_config(DEMO_CONFIG).usage.last_partition(dt.date(2026, 10, 20)) == dt.date(2026, 10, 19)  # the end is not reached yet
 
 
 def test_an_end_before_the_start_is_a_config_error() -> None:
-    data = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    data = yaml.safe_load(DEMO_CONFIG.read_text())
     data["usage"]["partitions_end"] = "2026-09-30"
     with pytest.raises(ConfigError, match=r"partitions_end \(2026-09-30\) is before partitions_start \(2026-10-01\)"):
-        parse_config(data, BUNDLED_CONFIG)
+        parse_config(data, DEMO_CONFIG)
 
 
 def test_a_scaffolded_project_partitions_from_the_day_before_it_was_scaffolded(tmp_path: Path) -> None:

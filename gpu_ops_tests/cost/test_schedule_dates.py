@@ -9,7 +9,7 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import BUNDLED_PRICES
 from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE
 
 UTC = dt.timezone.utc
@@ -28,11 +28,11 @@ TICKS = [  # the 00:15 UTC tick -> the day that just ended
 def schedule(tmp_path_factory: pytest.TempPathFactory) -> dg.ScheduleDefinition:
     """The schedule of the reference code location on a configuration whose partitions
     have no end (the demo's stop at its month)."""
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "gpu_ops.yaml").write_text(
-        f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_CONFIG.parent / 'prices.yaml'}\n"
+        f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_PRICES}\n"
         "usage: {sources: [{type: ledger}], partitions_start: '2026-10-01'}\n"
     )
     return build_defs(str(folder / "gpu_ops.yaml")).resolve_schedule_def(DAILY_SCHEDULE)

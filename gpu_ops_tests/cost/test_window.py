@@ -311,13 +311,13 @@ def test_mixed_sources_over_a_range_equal_each_day_alone(tmp_path):
 def _cost_config(tmp_path: Path, url: str) -> Path:
     import yaml
 
-    from gpu_ops.config import BUNDLED_CONFIG
+    from gpu_ops.config import BUNDLED_PRICES
 
     for d in DAYS:
         write_parquet(intervals(d, seed=3), tmp_path / "exports" / f"day={d}" / "part-0.parquet")
     cfg = {
         "storage": {"url": url},
-        "prices": str(BUNDLED_CONFIG.parent / "prices.yaml"),
+        "prices": str(BUNDLED_PRICES),
         "usage": {"sources": [{"type": "ledger"}, {"type": "file", "path": "exports/day={date}/*.parquet"}], "partitions_start": "2026-10-01", "backfill_days_per_run": 5},
     }
     path = tmp_path / "gpu_ops.yaml"

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from gpu_ops_tests.conftest import cuda_available
 from gpu_ops_tests.demo.conftest import DemoRun
 
 
@@ -39,3 +40,20 @@ def test_the_main_job_trains_through_a_preemption_then_costs_a_month_and_alerts(
     assert "quarantined on purpose (gpu_usage_quarantine, check quarantine_empty), in the partition(s) 2026-10-" in text
     # the persistent instance holds the runs for `make dev`
     assert (demo_run.home / "dagster_home").is_dir()
+
+
+@pytest.mark.slow
+def test_the_main_job_prints_no_warning_and_says_a_simulated_cost_once(demo_run: DemoRun):
+    """A quiet console: no Python warning (Dagster's `owners` BetaWarning was filtered, not
+    fixed), the demo names its configuration (no "no configuration named"), the only Dagster
+    WARNING is the injected preemption, and a CPU run's cost is said one way: simulated as
+    the declared GPU (training.simulate_gpu_pricing), never also "not priced as a GPU"."""
+    everything = demo_run.stdout + demo_run.stderr
+    assert demo_run.returncode == 0, everything[-4000:]
+    assert "Warning:" not in everything and "no configuration named" not in everything, everything[-4000:]
+    warned = [line for line in everything.splitlines() if " - WARNING - " in line]
+    assert len(warned) == 1 and "attempt 1 preempted" in warned[0], warned
+    assert "not priced as a GPU" not in everything
+    if not cuda_available():  # CI and this machine: the demo's t4 ran on CPU
+        assert re.search(r"cost \$\d+\.\d\d \(simulated: 2 CPU attempt\(s\) priced as the declared 1x t4 \(training\.simulate_gpu_pricing\)\)", demo_run.stdout), demo_run.stdout
+        assert re.search(r"training: 2 attempts, .*, \$\d+\.\d\d simulated, weights_sha256", demo_run.stdout), demo_run.stdout

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_ops.config import DEMO_CONFIG
 from gpu_ops_tests.conftest import REPO, skip_or_fail
 from gpu_ops_tests.demo.conftest import DemoRun
 from gpu_ops_tests.training.test_ui_launch import dagster_ui_processes, gql, wait_for_location
@@ -87,12 +88,13 @@ def test_the_ui_pages_the_manual_shows(demo_run: DemoRun, tmp_path: Path, monkey
     out_dir = Path(os.environ.get("GPU_OPS_SCREENSHOTS") or tmp_path / "shots")
     out_dir = out_dir if out_dir.is_absolute() else REPO / out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    # What `make dev` opens after `make run`: the demo's instance and its bundled config,
-    # whose partitions are the days that have data (usage.partitions_end).
+    # What `make dev` opens after `make run`: the demo's instance and the demo's configuration
+    # (`make dev` names it in GPU_OPS_CONFIG), whose partitions are the days that have data
+    # (usage.partitions_end).
     monkeypatch.setenv("GPU_OPS_HOME", str(demo_run.home))
     run_id = training_run_id(demo_run.home / "dagster_home")
 
-    with dagster_ui_processes(tmp_path, None, daemon=False, home=demo_run.home / "dagster_home") as (url, _home):
+    with dagster_ui_processes(tmp_path, DEMO_CONFIG, daemon=False, home=demo_run.home / "dagster_home") as (url, _home):
         wait_for_location(url, tmp_path)
         runs = gql(url, RUNS)["runsOrError"]["results"]
         assert {r["status"] for r in runs} == {"SUCCESS"}, runs

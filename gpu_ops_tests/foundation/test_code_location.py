@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -21,6 +26,16 @@ def test_loading_the_code_location_imports_neither_torch_nor_kubetorch_nor_duckd
     out = run([sys.executable, "-c", code])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_code_location_loads_and_resolves_without_a_warning():
+    """Every warning shown (``-W always``): none. Dagster's `owners` BetaWarning, printed when
+    it re-created the alert sensor to bind its op jobs, is gone at its source (the jobs are
+    bound before the sensor targets them)."""
+    code = "import gpu_ops.definitions as d; d.defs.get_repository_def(); d.defs.resolve_sensor_def('budget_alert_sensor'); print('ok')"
+    out = run([sys.executable, "-W", "always", "-c", code], env={"GPU_OPS_CONFIG": str(REPO / "gpu_ops" / "demo" / "gpu_ops.yaml")})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert out.stderr == "", out.stderr
 
 
 def _fresh_clone_root(tmp_path: Path) -> dict[str, str]:
@@ -43,14 +58,21 @@ def test_dagster_validates_the_workspace_with_no_environment(tmp_path):
     assert "DAGSTER_PG" not in out.stderr + out.stdout
 
 
-def test_dagster_asset_materialize_selects_gpu_usage_alone_on_the_local_instance(tmp_path):
-    """`dagster asset materialize` in the repository root: the local dagster.yaml's instance
-    (SQLite under .gpu_ops/dagster_home) records the materialization of gpu_usage alone."""
+def test_dg_launch_selects_gpu_usage_alone_on_the_local_instance(tmp_path):
+    """`dg launch` in the repository root with no environment: the local dagster.yaml's
+    instance (SQLite under .gpu_ops/dagster_home) records the materialization of gpu_usage
+    alone; with no configuration named the cost tables are the plain defaults', in the
+    user's data folder (no GPU_OPS_HOME, DAGSTER_HOME or XDG_DATA_HOME), not the working
+    directory."""
     import dagster as dg
 
     env = _fresh_clone_root(tmp_path)
+    del env["GPU_OPS_HOME"]
+    env.pop("XDG_DATA_HOME", None)
+    user = tmp_path.parent / f"{tmp_path.name}-user"
+    env.update({"HOME": str(user), "DAGSTER_DG_UPDATE_CHECK_ENABLED": "0"})
     out = subprocess.run(
-        [str(BIN / "dagster"), "asset", "materialize", "-m", "gpu_ops.definitions", "--select", "gpu_usage", "--partition", "2026-10-14"],
+        [str(BIN / "dg"), "launch", "-m", "gpu_ops.definitions", "--assets", "gpu_usage", "--partition", "2026-10-14"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -59,6 +81,10 @@ def test_dagster_asset_materialize_selects_gpu_usage_alone_on_the_local_instance
         usage = instance.get_latest_materialization_event(dg.AssetKey("gpu_usage"))
         assert usage is not None and usage.asset_materialization.partition == "2026-10-14"
         assert instance.get_latest_materialization_event(dg.AssetKey("gpu_usage_quarantine")) is None
+    assert (user / ".local" / "share" / "gpu_ops" / "costs.db").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gpu_ops", "dagster.yaml", "workspace.yaml"]
+    assert sorted(p.name for p in (tmp_path / ".gpu_ops").iterdir()) == ["dagster_home"]  # the instance only
+    assert "Warning" not in out.stdout + out.stderr, out.stderr[-3000:]  # `dagster asset materialize` is superseded
 
 
 def test_validate_passes_on_the_default_and_fails_with_a_fix_on_bad_storage(tmp_path):
@@ -151,3 +177,53 @@ def test_the_lazy_dataframe_type_is_what_dagster_infers_from_a_dataframe_annotat
     bad, bad_inferred = dg.check_dagster_type(DATAFRAME_TYPE, [1]), dg.check_dagster_type(inferred, [1])
     assert ok.success and not bad.success
     assert bad.description == bad_inferred.description
+
+
+PARTITIONS = '{ assetNodeOrError(assetKey: {path: ["gpu_budget_status"]}) { ... on AssetNode { partitionKeys } } }'
+
+
+def _make_dev_command() -> list[str]:
+    """What `make dev` runs (its recipe, from `make -n`), with this test's interpreter."""
+    out = subprocess.run(["make", "-n", "dev", f"VENV={BIN.parent}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return shlex.split(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_make_dev_serves_the_demo_quietly(tmp_path):
+    """`make dev`'s command in the repository root of a fresh clone: `dg dev` on the
+    repository's workspace.yaml and dagster.yaml serves the code location on the demo's
+    configuration (its partitions end with its October), with no Python warning
+    (`dagster dev` printed a SupersessionWarning)."""
+    import httpx
+
+    from gpu_ops.compute.local import free_port
+
+    command = _make_dev_command()
+    assert command[:2] == ["env", "-u"] and f"GPU_OPS_CONFIG={REPO}/gpu_ops/demo/gpu_ops.yaml" in command and "dev" in command, command
+    env = _fresh_clone_root(tmp_path)
+    env["DAGSTER_DG_UPDATE_CHECK_ENABLED"] = "0"
+    port = free_port()
+    log = open(tmp_path / "dev.log", "wb")
+    proc = subprocess.Popen([*command, "-p", str(port)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    keys = None
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and keys is None and proc.poll() is None:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": PARTITIONS}, timeout=10)
+                keys = r.json()["data"]["assetNodeOrError"].get("partitionKeys") if r.status_code == 200 else None
+            except (httpx.HTTPError, KeyError, TypeError, ValueError):
+                pass
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a user stops it
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    output = (tmp_path / "dev.log").read_text(errors="replace")
+    assert keys is not None, output[-3000:]
+    assert keys[0] == "2026-10-01" and keys[-1] == "2026-10-31", keys  # the demo's partitions (usage.partitions_end)
+    assert "Warning" not in output and "no configuration named" not in output, output[-3000:]

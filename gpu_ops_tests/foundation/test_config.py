@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.config import BUNDLED_CONFIG, ConfigError, LiteralSecret, SecretRef, load_config, parse_duration
+from gpu_ops.config import DEMO_CONFIG, ConfigError, LiteralSecret, SecretRef, load_config, parse_duration
 
 PRICES = """
 currency: USD
@@ -25,13 +25,17 @@ def write(tmp_path: Path, text: str, name: str = "gpu_ops.yaml") -> Path:
     return path
 
 
-def test_bundled_default_loads_and_keeps_its_database_under_gpu_ops_home(tmp_path, monkeypatch):
+def test_the_demo_config_keeps_its_database_under_gpu_ops_home_else_dot_gpu_ops(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "home"))
-    cfg = load_config()
-    assert cfg.source_path == BUNDLED_CONFIG.resolve()
+    cfg = load_config(DEMO_CONFIG)
+    assert cfg.source_path == DEMO_CONFIG.resolve()
     assert cfg.storage.resolved_url() == f"sqlite:///{(tmp_path / 'home' / 'costs.db').resolve()}"
     assert cfg.prices.gpus["a100-80gb"]["on-demand"] == pytest.approx(5.12)
-    assert {b.name for b in cfg.budgets} >= {"nlp-monthly"}
+    assert {b.name for b in cfg.budgets} >= {"nlp-monthly"} and cfg.training.simulate_gpu_pricing
+    # Without GPU_OPS_HOME the demo (`make run`, `make dev`, in the repository root) keeps ./.gpu_ops.
+    monkeypatch.delenv("GPU_OPS_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(DEMO_CONFIG).storage.resolved_url() == f"sqlite:///{(tmp_path / '.gpu_ops' / 'costs.db').resolve()}"
 
 
 def test_env_var_selects_the_file_and_relative_paths_resolve_against_it(tmp_path, monkeypatch):

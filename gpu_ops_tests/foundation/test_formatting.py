@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from gpu_ops.column_descriptions import COLUMN_DESCRIPTIONS, describe
+from gpu_ops.config import DEMO_CONFIG
 from gpu_ops.formatting import gpu_hours, hours, money, percent, round_hours, round_money
 
 
@@ -48,9 +49,9 @@ def test_every_column_of_every_cost_table_is_described_in_the_ui(tmp_path, monke
     dagster/column_schema and each typed metadata table carry a description per column."""
     monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "home"))
     from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
-    defs = build_defs(None)
+    defs = build_defs(str(DEMO_CONFIG))
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def(DAILY_JOB).execute_in_process(partition_key="2026-10-14", instance=instance, raise_on_error=False)
         assert result.success

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import DEMO_CONFIG
 
 BIN = Path(sys.executable).parent
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 SETTINGS = {
     "row_level_path": ("storage.row_level_path", lambda p: {"storage": {"row_level_path": p}}),
     "cur_index": ("usage.billing.index_path", lambda p: {"usage": {"billing": {"type": "aws_cur", "path": "cur/*.csv", "index_path": p}}}),

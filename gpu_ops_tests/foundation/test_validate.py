@@ -14,16 +14,21 @@ BIN = Path(sys.executable).parent
 
 
 def _validate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("GPU_OPS_HOME", "GPU_OPS_CONFIG")}  # the default home: ./.gpu_ops
+    # No configuration named, no GPU_OPS_HOME or DAGSTER_HOME: the plain defaults, under the
+    # user's data folder (HOME beside the working directory), never the working directory.
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU_OPS_HOME", "GPU_OPS_CONFIG", "DAGSTER_HOME", "XDG_DATA_HOME")}
+    env["HOME"] = str(cwd.parent / f"{cwd.name}-user")
     return subprocess.run([str(BIN / "gpu-ops"), "validate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_validate_in_an_empty_folder_writes_nothing_there(tmp_path: Path):
     out = _validate(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "ok   storage: sqlite:///" in out.stdout and "does not exist yet" in out.stdout
-    assert re.search(r"ok   checkpoints: .*does not exist yet: the first checkpoint creates it", out.stdout), out.stdout
+    data = tmp_path.parent / f"{tmp_path.name}-user" / ".local" / "share" / "gpu_ops"
+    assert f"ok   storage: sqlite:///{data / 'costs.db'}" in out.stdout and "does not exist yet" in out.stdout
+    assert re.search(rf"ok   checkpoints: {re.escape(str(data / 'checkpoints'))} .*does not exist yet: the first checkpoint creates it", out.stdout), out.stdout
     assert sorted(tmp_path.rglob("*")) == []  # no ./.gpu_ops, no costs.db, no checkpoints folder
+    assert not (tmp_path.parent / f"{tmp_path.name}-user").exists()  # nor in the data folder: validate writes nothing
 
 
 def test_a_folder_that_cannot_be_created_fails_with_a_fix(tmp_path: Path):

@@ -26,14 +26,14 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG, GROUPING_KEYS, load_config
+from gpu_ops.config import DEMO_CONFIG, GROUPING_KEYS, load_config
 from gpu_ops.cost.attribution import attribute
 from gpu_ops.cost.utilization import group_efficiency
 from gpu_ops.observability.metrics import Family, families
 from gpu_ops.observability.readers import Reader
 from gpu_ops.storage.tables import TableStore
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 DAYS = ["2026-10-01", "2026-10-02"]
 KEYS = (*GROUPING_KEYS, "label:tier")
 COMBINATIONS = [list(c) for n in range(1, len(KEYS) + 1) for c in itertools.combinations(KEYS, n)]
@@ -52,7 +52,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("labels")
     url = f"sqlite:///{folder / 'costs.db'}"
-    demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
     cfg = {
         "storage": {"url": url}, "prices": str(DEMO / "prices.yaml"), "budgets": demo["budgets"], "channels": demo["channels"],
         "usage": {"sources": [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}], "inventory": {"type": "file", "path": str(DEMO / "inventory.csv")},

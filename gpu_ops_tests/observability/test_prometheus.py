@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG, load_config
+from gpu_ops.config import DEMO_CONFIG, load_config
 from gpu_ops.observability.dashboards import DASHBOARDS, PROMETHEUS_METRICS, panel_queries
 from gpu_ops.observability.dashboards import RULES_FILE
 from gpu_ops.observability.metrics import CATALOG
@@ -36,7 +36,7 @@ from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.observability.servers import Exporter, free_port, prometheus, query, series, up, wait_for_scrape_after
 from gpu_ops_tests.waiting import wait_until
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 DAYS = [f"2026-10-{d:02d}" for d in range(1, 32)]
 CHART_DASHBOARDS = REPO / "helm" / "gpu-ops" / "dashboards"
 HOSTILE = "start,end,namespace,pod,node,team,project,cost_center,experiment_id,gpu_type,gpu_count,capacity_type,sharing,gpu_share\n" \
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.slow
 
 
 def write_config(folder: Path) -> Path:
-    demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
     (folder / "extra").mkdir()
     (folder / "extra" / "hostile.csv").write_text(HOSTILE)
     cfg = {
@@ -79,7 +79,7 @@ def materialize_month(config_path: Path) -> None:
     from gpu_ops.alerts.sensor import launch_requests, tick
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     config = load_config(config_path)
     store = TableStore.from_config(config)

@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG, load_config
+from gpu_ops.config import DEMO_CONFIG, load_config
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.observability.metrics import families
 from gpu_ops.observability.readers import Reader
@@ -22,7 +22,7 @@ from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.waiting import wait_until
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 DAYS = ["2026-10-01", "2026-10-02", "2026-10-03"]
 
 
@@ -30,7 +30,7 @@ def fill(tmp_path: Path, url: str) -> TableStore:
     from gpu_ops.compute.quota import LeaseBook, Quotas
     from gpu_ops.training import ledger
 
-    demo = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
     cfg = {
         "storage": {"url": url}, "prices": str(DEMO / "prices.yaml"), "budgets": demo["budgets"], "channels": demo["channels"],
         "usage": {"sources": [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}], "inventory": {"type": "file", "path": str(DEMO / "inventory.csv")},

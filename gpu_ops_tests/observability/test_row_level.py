@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG, load_config
+from gpu_ops.config import DEMO_CONFIG, load_config
 from gpu_ops.observability.exporter import reader_from_config
 from gpu_ops.observability.metrics import families
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 DAY = "2026-10-01"
 HOSTILE = "start,end,namespace,pod,node,team,project,cost_center,experiment_id,gpu_type,gpu_count,capacity_type,sharing,gpu_share\n" \
     "2026-10-01T02:00:00Z,2026-10-01T03:00:00Z,ml-nlp,odd-0,n9,nlp,llm-eval,cc-1001,,quantum-9000,1,on-demand,none,1\n"

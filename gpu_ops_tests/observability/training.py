@@ -6,14 +6,14 @@ from pathlib import Path
 
 import yaml
 
-from gpu_ops.config import BUNDLED_CONFIG
+from gpu_ops.config import DEMO_CONFIG
 
-DEMO = BUNDLED_CONFIG.parent
+DEMO = DEMO_CONFIG.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def write_config(folder: Path, *, ledger_only: bool = False) -> Path:
-    cfg = yaml.safe_load(BUNDLED_CONFIG.read_text())
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
     cfg["storage"] = {"url": f"sqlite:///{folder / 'costs.db'}"}
     cfg["prices"] = str(DEMO / "prices.yaml")
     cfg["usage"]["sources"] = [{"type": "ledger"}] + ([] if ledger_only else [{"type": "file", "path": str(DEMO / "usage" / "*.csv")}])

@@ -219,7 +219,7 @@ def test_the_io_manager_fails_the_step_naming_the_database(closed_port):
 
 
 def test_a_cost_asset_fails_its_step_naming_the_database(tmp_path, closed_port, monkeypatch):
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     monkeypatch.setenv("GPU_OPS_TEST_DB_PASSWORD", PASSWORD)
     defs = build_defs(str(write_config(tmp_path, closed_port)))
@@ -240,7 +240,7 @@ def test_a_cost_asset_fails_its_step_naming_the_database(tmp_path, closed_port, 
 
 
 def test_the_budget_sensor_tick_names_the_database(tmp_path, closed_port, monkeypatch):
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     monkeypatch.setenv("GPU_OPS_TEST_DB_PASSWORD", PASSWORD)
     defs = build_defs(str(write_config(tmp_path, closed_port)))

@@ -82,7 +82,7 @@ def reference_sha() -> str:
 
 
 def demo_assets(config: Path) -> list[dg.AssetsDefinition]:
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     return [build_defs(str(config)).resolve_assets_def("train_demo_model")]
 

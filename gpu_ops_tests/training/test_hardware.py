@@ -8,6 +8,7 @@ the real NVML/torch path runs where a GPU is lent (``gpu`` marker).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,18 @@ def test_a_cpu_run_is_recorded_as_cpu_and_the_mismatch_is_flagged(tmp_path: Path
 
 def test_simulated_pricing_is_opt_in_and_labelled(tmp_path: Path) -> None:
     config = _config(tmp_path, simulate=True)
-    _, result = _run_on_cpu(config, "demo_like")
+    instance, result = _run_on_cpu(config, "demo_like")
     md = metadata(result, "demo_like")
     assert md["pricing"].startswith("simulated: 1 CPU attempt(s) priced as the declared 8x a100-80gb")
+    # Said one way: simulated, everywhere (no "not priced as a GPU" beside a simulated cost),
+    # and not as a warning (the configuration asked for it).
+    assert "simulated" in md["hardware_warning"] and "not priced as a GPU" not in md["hardware_warning"]
+    records = [r for r in instance.all_logs(result.run_id) if r.user_message]
+    assert not any("not priced as a GPU" in r.user_message for r in records)
+    said = [r for r in records if r.user_message.startswith("attempt 1: declared")]
+    assert len(said) == 1 and said[0].level == logging.INFO, [(r.level, r.user_message) for r in said]
+    ledger = next(r.user_message for r in records if r.user_message.startswith("ledger: attempt 1"))
+    assert "ran on CPU" in ledger and "simulated" in ledger and "0x cpu" not in ledger, ledger
     row = ledger_rows(config).iloc[0]
     assert (row["gpu_type"], row["gpu_count"]) == ("cpu", 0)  # the ledger stays as run
     seconds = (row["end"] - row["start"]).total_seconds()
@@ -113,6 +123,10 @@ def test_a_declared_type_that_differs_from_what_ran_is_a_warning() -> None:
     assert "2x h100" in hardware.mismatch("h100", 1, None, hardware.from_devices(["NVIDIA H100 80GB HBM3"] * 2))
     unknown = hardware.from_devices(["NVIDIA GeForce RTX 4090"])
     assert "not in the GPU catalog" in hardware.mismatch("l4", 1, None, unknown)
+    cpu = hardware.Hardware(hardware.CPU, 0, source="no-driver")
+    assert hardware.mismatch("t4", 1, None, cpu) == "declared 1x t4 but the worker had no GPU: recorded as CPU, not priced as a GPU"
+    simulated = hardware.mismatch("t4", 1, None, cpu, simulated=True)
+    assert simulated is not None and "not priced as a GPU" not in simulated and "prices it as the declared 1x t4 (simulated" in simulated
 
 
 def test_detect_honours_an_empty_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:

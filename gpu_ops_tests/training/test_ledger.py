@@ -96,7 +96,7 @@ def test_rows_of_attempts_without_gpus_pass_the_cost_flow(tmp_path: Path) -> Non
     quarantine_empty check passes, through real cost assets on SQLite."""
     import dagster as dg
 
-    from gpu_ops.config import BUNDLED_CONFIG, load_config
+    from gpu_ops.config import BUNDLED_PRICES, load_config
     from gpu_ops.cost.assets import build_assets
     from gpu_ops.resources import GpuOpsSettings
     from gpu_ops.storage.io_manager import TableIOManager
@@ -104,7 +104,7 @@ def test_rows_of_attempts_without_gpus_pass_the_cost_flow(tmp_path: Path) -> Non
     url = f"sqlite:///{tmp_path / 'costs.db'}"
     cfg = tmp_path / "gpu_ops.yaml"
     cfg.write_text(
-        f"storage: {{url: '{url}'}}\nprices: {BUNDLED_CONFIG.parent / 'prices.yaml'}\n"
+        f"storage: {{url: '{url}'}}\nprices: {BUNDLED_PRICES}\n"
         "usage: {sources: [{type: ledger}], partitions_start: 2026-11-01}\n"
     )
     store = TableStore(url)

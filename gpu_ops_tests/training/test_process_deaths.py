@@ -63,7 +63,7 @@ training:
 
 
 def demo_job() -> dg.JobDefinition:
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 

@@ -23,7 +23,7 @@ from gpu_ops_tests.waiting import wait_until
 
 def demo_job() -> dg.JobDefinition:
     """The demo job with its default (multiprocess) executor, rebuilt in each step process."""
-    from gpu_ops.definitions import build_defs
+    from gpu_ops.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 

@@ -88,7 +88,7 @@ def prepare_instance(home: Path) -> None:
 @contextmanager
 def dagster_ui_processes(tmp_path: Path, config: Path | None, *, daemon: bool = True, home: Path | None = None) -> Iterator[tuple[str, Path]]:
     """dagster-webserver (and dagster-daemon) on 127.0.0.1 with the repository's
-    workspace.yaml, ``config`` as GPU_OPS_CONFIG (None: the bundled one) and a fresh
+    workspace.yaml, ``config`` as GPU_OPS_CONFIG (None: none, the plain defaults) and a fresh
     DAGSTER_HOME, or ``home`` as it is (an instance a run left, as `make dev` opens
     `make run`'s); yields the GraphQL URL and that home. Other tests reuse it."""
     if home is None:
