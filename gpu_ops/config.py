@@ -1159,7 +1159,7 @@ def _check_from_bill(cfg: GpuOpsConfig, price_table: Any, prices_label: str, pri
         problems.append(f"{prices_label}: {prices_prefix + '.' if prices_prefix else ''}from_bill: needs usage.billing (the bill) and usage.inventory (the nodes it pays for)")
 
 
-def _anchor_storage_paths(cfg: GpuOpsConfig, source: Path | None, base: Path) -> GpuOpsConfig:
+def _anchor_storage_paths(cfg: GpuOpsConfig, source: Path | None) -> GpuOpsConfig:
     """A relative SQLite URL is anchored at :func:`relative_anchor` (the config file's folder);
     the row-level path is resolved like every other path."""
     url = cfg.storage.url
@@ -1202,7 +1202,7 @@ def parse_config(data: Any, source: Path | None) -> GpuOpsConfig:
         raise ConfigError(problems)
     assert cfg is not None and price_table is not None
     cfg = cfg.model_copy(update={"prices": price_table, "source_path": source})
-    return _anchor_storage_paths(cfg, source, base)
+    return _anchor_storage_paths(cfg, source)
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:
@@ -1215,11 +1215,12 @@ def load_config(path: str | os.PathLike[str] | None = None) -> GpuOpsConfig:
         stamp = chosen.stat().st_mtime_ns
     except OSError as exc:
         raise ConfigError([f"{chosen}: cannot be read: {exc.strerror or exc}"]) from None
-    return _load_cached(chosen, stamp, os.environ.get(HOME_ENV, ""))
+    # The demo's file anchors its storage at demo_home() ($GPU_OPS_HOME or ./.gpu_ops): part of the key.
+    return _load_cached(chosen, stamp, demo_home() if chosen == DEMO_CONFIG.resolve() else None)
 
 
 @lru_cache(maxsize=16)
-def _load_cached(path: Path, _stamp: int, _home: str) -> GpuOpsConfig:
+def _load_cached(path: Path, _stamp: int, _anchor: Path | None) -> GpuOpsConfig:
     problems: list[str] = []
     with collection_deferred():  # ~10 acyclic objects per budget: no collection midway
         data = _read_yaml(path, problems)
