@@ -58,6 +58,7 @@ class RepeatedHashes:
         self.bits = bucket_bits(rows, memory_bytes)  # of the bucket files (0: none, one array)
         self._all = np.empty(0 if self.bits else max(rows, 0), np.uint64)
         self._n = 0  # hashes in the array
+        self.repeated_rows = 0  # after repeats(): how many of the hashes added are repeated ones
         self._dir: Path | None = None
         self._files: list[Any] = []
         self.paths: list[Path] = []  # the bucket files, if any
@@ -110,9 +111,14 @@ class RepeatedHashes:
             if not self._files:
                 held = self._all[: self._n]
                 held.sort()
-                return repeated(held)  # (a copy: boolean indexing)
+                out = repeated(held)  # (a copy: boolean indexing)
+                # Each run of one value of length L has L - 1 equal neighbours.
+                self.repeated_rows = int(np.count_nonzero(held[1:] == held[:-1])) + len(out)
+                return out
             with ThreadPoolExecutor(SORTERS, thread_name_prefix="gpu_ops-key-sort") as pool:
-                return np.concatenate(list(pool.map(self._repeated_in, range(len(self._files)))))
+                out = np.concatenate(list(pool.map(self._repeated_in, range(len(self._files)))))
+            self.repeated_rows = -1  # not counted through bucket files
+            return out
         finally:
             self.close()
 
@@ -126,3 +132,57 @@ class RepeatedHashes:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+class Fingerprints:
+    """The top 32 bits of each hash of a stream, by its place in the stream (4 bytes a row
+    beside the hashes' 8): once the repeated hashes are known, the places whose
+    fingerprint is one of theirs (every place of a repeated hash, and a few others) are
+    found without another pass over the rows."""
+
+    def __init__(self, rows: int):
+        import numpy as np
+
+        self._fp = np.empty(max(rows, 0), np.uint32)
+        self.n = 0  # places filled
+
+    def add(self, hashes: Any) -> None:
+        """The hashes of the next places of the stream (uint64; a place without a hash holds any value)."""
+        import numpy as np
+
+        end = self.n + len(hashes)
+        if end > len(self._fp):
+            grown = np.empty(max(end, 2 * len(self._fp)), np.uint32)
+            grown[: self.n] = self._fp[: self.n]
+            self._fp = grown
+        np.right_shift(hashes, np.uint64(32), out=self._fp[self.n : end], casting="unsafe")
+        self.n = end
+
+    def places(self, hashes: Any) -> Any:
+        """The places (int64, ascending) whose fingerprint is that of one of ``hashes`` (uint64)."""
+        import numpy as np
+
+        want = np.sort((hashes >> np.uint64(32)).astype(np.uint32))
+        if not len(want):
+            return np.empty(0, np.int64)
+        low = np.uint32((1 << _BITMAP_BITS) - 1)
+        bitmap = np.zeros(1 << _BITMAP_BITS, bool)
+        bitmap[want & low] = True
+        out = []
+        for lo in range(0, self.n, _PLACES_BATCH):
+            chunk = self._fp[lo : min(lo + _PLACES_BATCH, self.n)]
+            near = np.flatnonzero(bitmap[chunk & low])  # the fingerprint's low bits are some wanted one's
+            if len(near):
+                fp = chunk[near]
+                i = np.minimum(np.searchsorted(want, fp), len(want) - 1)
+                out.append(near[want[i] == fp] + lo)
+        return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
+
+    def close(self) -> None:
+        import numpy as np
+
+        self._fp, self.n = np.empty(0, np.uint32), 0
+
+
+_BITMAP_BITS = 24  # a 16 MiB table of the wanted fingerprints' low bits
+_PLACES_BATCH = 1 << 20
