@@ -482,20 +482,21 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
                 if d == last:  # day 1 re-exported closed; the days between, as day 1 left them
                     pq.write_table(usage_day(MONTH, n, open_share=0.0, keys=layout), tmp / f"usage-{MONTH}.parquet", row_group_size=256_000)
                     fill_month(store, url)
-                walls: dict[str, list[tuple[float, float, float, dict[int, float], dict[int, tuple[str, float]]]]] = {v: [] for v in DAILY_VARIANTS}
+                walls: dict[str, list[tuple[float, float, float, list[str]]]] = {v: [] for v in DAILY_VARIANTS}
                 costs: dict[str, float] = {}
                 for _ in range(args.repeat):
                     for variant in DAILY_VARIANTS:
                         wall, peak, pss, _, per_pid, at_peak = run_job_tree(daily_command(variant, d, config, url, tmp / "rows"), env)
-                        walls[variant].append((wall, peak, pss, per_pid, at_peak))
+                        steps = step_lines(home, per_pid, at_peak) if args.steps and variant != BASELINE else []  # this run's, read before the next
+                        walls[variant].append((wall, peak, pss, steps))
                         costs[variant] = day_cost(store, d, variant)
                 base = min(w[0] for w in walls[BASELINE])
                 for variant, runs in walls.items():
-                    wall, peak, pss, per_pid, at_peak = min(runs, key=lambda r: r[0])
+                    wall, peak, pss, steps = min(runs, key=lambda r: r[0])
                     spread = "-".join(f"{w[0]:.2f}" for w in sorted(runs, key=lambda r: r[0]))
                     print(f"{layout:<12} {(d - MONTH).days + 1:>4} {variant:<22} {wall:8.2f} {spread:>17} {peak:14.0f} {pss:13.0f} {wall / base:10.2f}x {costs[variant]:15,.2f}", flush=True)
-                    if args.steps and variant != BASELINE:
-                        print_steps(home, per_pid, at_peak)
+                    for line in steps:
+                        print(line, flush=True)
                 print(f"{'':<12} {'':>4} {load_note()}", flush=True)
             TableStore.dispose_all()
     print(load_note())
@@ -543,14 +544,15 @@ def day_cost(store: Any, day: dt.date, variant: str) -> float:
         return float(conn.execute(sa.text("SELECT sum(cost_usd) FROM base_cost_daily WHERE day = :d"), {"d": day}).scalar() or 0.0)
 
 
-def print_steps(home: Path, per_pid: dict[int, float], at_peak: dict[int, tuple[str, float]]) -> None:
-    """Each step of the latest run (start-up before it, its work, its process's peak) and the tree at its peak."""
-    for step, boot, secs, mib in step_profile(home, per_pid):
-        print(f"{'':<40} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak", flush=True)
+def step_lines(home: Path, per_pid: dict[int, float], at_peak: dict[int, tuple[str, float]]) -> list[str]:
+    """Each step of the latest run (start-up before it, its work, its process's peak) and the tree at its peak, as lines to print."""
+    out = [
+        f"{'':<40} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak"
+        for step, boot, secs, mib in step_profile(home, per_pid)
+    ]
     steps = step_pids(home)
     moment = sorted(((steps.get(p, label), mib) for p, (label, mib) in at_peak.items()), key=lambda x: -x[1])
-    print(f"{'':<40} at the tree's peak: " + ", ".join(f"{label} {mib:.0f}" for label, mib in moment), flush=True)
-
+    return [*out, f"{'':<40} at the tree's peak: " + ", ".join(f"{label} {mib:.0f}" for label, mib in moment)]
 
 # The one-process baseline of daily_job_mp: the day's work done by DuckDB in one process.
 BASE_TABLES = ("base_cost_attribution", "base_cost_daily", "base_budget_status")

@@ -536,14 +536,24 @@ class UsageEngine:
         self.con.execute("CREATE OR REPLACE TEMP TABLE counted_twice AS SELECT ord, pos FROM copies UNION ALL SELECT ord, pos FROM superseded")
         if not self.con.execute("SELECT count(*) FROM counted_twice").fetchall()[0][0]:
             return
+        import duckdb
+
         keys = _tally_keys(tally)
-        twice = (
-            f"SELECT {keys}, sum(v) AS value, count(v) AS n FROM (SELECT {keys}, {tally.value} AS v FROM ({self._typed_sql('counted_twice')}) "
-            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM counted_twice)) GROUP BY ALL"
-        )
+        # Their typed records are in table ``good`` (the identity rules compared them): no
+        # pass over the sources, unless the tally reads a column ``good`` lacks.
+        try:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE twice AS SELECT {keys}, sum(v) AS value, count(v) AS n FROM "
+                f"(SELECT {keys}, {tally.value} AS v FROM good SEMI JOIN counted_twice USING (ord, pos)) GROUP BY ALL"
+            )
+        except duckdb.BinderException:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE twice AS SELECT {keys}, sum(v) AS value, count(v) AS n FROM (SELECT {keys}, {tally.value} AS v "
+                f"FROM ({self._typed_sql('counted_twice')}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM counted_twice)) GROUP BY ALL"
+            )
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE tally AS SELECT t.* REPLACE (t.value - coalesce(m.value, 0) AS value, t.n - coalesce(m.n, 0) AS n) "
-            f"FROM tally t LEFT JOIN ({twice}) m USING ({keys})"
+            f"FROM tally t LEFT JOIN twice m USING ({keys})"
         )
 
     def _flagged_parts(self, columns: str) -> list[str]:
@@ -761,7 +771,7 @@ class UsageEngine:
         """Table ``good``: the records of ``rows`` the identity rules compare, with their
         ``ikey`` (pod or attempt; node), only those whose interval key repeats when
         ``repeated``."""
-        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "gpu_type_raw", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         gathered = f"SELECT {cols}, {ikey} AS ikey FROM ({rows})"
         if repeated:
             key = ", ".join(_INTERVAL_KEY.columns)
