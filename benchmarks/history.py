@@ -16,14 +16,19 @@ Sections (all by default):
   daily_job      the four cost assets for one day of --intervals (default 1M) usage
                  intervals on PostgreSQL, days 1 and 2: wall time and peak RSS per step,
                  rows written per second (goal: < 60 s and < 2 GB peak for the day).
-  daily_job_mp   the real job: `dagster asset materialize` of every cost asset (multiprocess
-                 executor), day 1 and day 30, nested and independent keys; wall time and
-                 the process tree's peak, as summed RSS (every process's resident pages,
-                 shared ones counted in each) and summed PSS (each page once: what the tree
-                 holds) (--steps: each step's work, start-up and peak;
-                 --row-level-mp parquet|postgresql). Goal: <= 30 s, <= 1 GB (of summed
-                 RSS, the stricter), day 30 <= 1.2x day 1.
-
+  daily_job_mp   the daily job as users run it: `dagster job execute -j daily_gpu_cost_job`
+                 (what the schedule runs: in-process executor), beside `dagster asset
+                 materialize` of every cost asset (the implicit job: multiprocess
+                 executor) and the one-process baseline (DuckDB applies the rules and
+                 the identity, prices, writes row-level Parquet, builds attribution,
+                 daily and budget tables and COPYs them into PostgreSQL), interleaved
+                 --repeat times (best); day 1 and day 30, nested and independent keys;
+                 wall time, the ratio to the baseline, and the process tree's peak, as
+                 summed RSS (every process's resident pages, shared ones counted in
+                 each) and summed PSS (each page once: what the tree holds) (--steps:
+                 each step's work, start-up and peak; --row-level-mp
+                 parquet|postgresql). Goal (issue 39): the job <= 2x the baseline,
+                 <= 1 GiB of tree peak, day 30 <= 1.1x day 1.
 Big runs hold the benchmark lock:
     flock /tmp/gpu_ops_bench.lock .venv/bin/python benchmarks/history.py --section daily_job
 The PostgreSQL server is --pg (default $GPU_OPS_TEST_PG or postgres@127.0.0.1/test); a
@@ -356,7 +361,7 @@ def process_label(pid: int) -> str:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "?"
-    for needle, label in (("forkserver import main", "forkserver or a step forked from it"), ("resource_tracker", "resource tracker"), ("watch_orphans", "watch_orphans"), ("tail -F", "tail"), ("asset materialize", "the run (dagster CLI)")):
+    for needle, label in (("forkserver import main", "forkserver or a step forked from it"), ("resource_tracker", "resource tracker"), ("watch_orphans", "watch_orphans"), ("tail -F", "tail"), ("asset materialize", "the run (dagster CLI)"), ("job execute", "the run (dagster CLI)")):
         if needle in cmd:
             return label
     return cmd[:40]
@@ -440,20 +445,27 @@ def budget_read(config: Path, store: Any, day: dt.date) -> Any:
 
 
 def section_daily_job_mp(args: argparse.Namespace) -> None:
-    """The real daily cost job as Dagster runs it: `dagster asset materialize` of every
-    cost asset for one partition, the code location's default (multiprocess) executor, a
-    persistent instance, PostgreSQL; wall time and the peak RSS of the whole process tree
-    (every step process included). Day 1 of a month, then day 30 with the 28 days between
-    present in gpu_cost_daily (copies of day 1's), for both key layouts. Before day 30,
-    day 1's file is exported again with its intervals closed (as a later export delivers
-    them): left open, its 1 % still-running intervals would be running on day 30 too, and
-    day 30 would price (and read) a month-old file. Row-level gpu_usage as Parquet under
-    storage.row_level_path (--row-level-mp parquet, the default) or a PostgreSQL table."""
+    """The daily cost job as users run it, beside its peers, in the same run: the job the
+    schedule runs (`dagster job execute -j daily_gpu_cost_job`, in-process executor, a
+    persistent instance), `dagster asset materialize` of every cost asset (the implicit
+    asset job: the code location's multiprocess executor) and the one-process baseline
+    (:func:`one_process_day`), each a whole process tree, interleaved --repeat times;
+    best wall time, the tree's peak (summed RSS and summed PSS) of that run, and each
+    against the baseline. PostgreSQL. Day 1 of a month, then day 30 with the 28 days
+    between present in gpu_cost_daily (copies of day 1's; the baseline's daily table
+    likewise), for both key layouts. Before day 30, day 1's file is exported again with
+    its intervals closed (as a later export delivers them): left open, its 1 % still-running
+    intervals would be running on day 30 too, and day 30 would price (and read) a
+    month-old file. Row-level gpu_usage as Parquet under storage.row_level_path
+    (--row-level-mp parquet, the default) or a PostgreSQL table; the baseline's always
+    as Parquet. The day's cost of each (gpu_cost_daily; the baseline's own) is printed:
+    they agree to the cent."""
     from gpu_ops.storage.tables import TableStore
 
     n = args.intervals
-    print(f"daily job (multiprocess executor): {n:,} intervals a day, {len(fleet_budgets())} budgets, row-level gpu_usage as {args.row_level_mp}, aggregates on PostgreSQL; {load_note()}")
-    print(f"{'keys':<12} {'day':>4} {'wall s':>8} {'tree peak MiB':>14} {'PSS peak MiB':>13} {'gpu_cost_daily rows/day':>24} {'budget read rows/day':>21}")
+    print(f"daily job: {n:,} intervals a day, {len(fleet_budgets())} budgets, row-level gpu_usage as {args.row_level_mp}, aggregates on PostgreSQL; "
+          f"best of {args.repeat} interleaved; {load_note()}")
+    print(f"{'keys':<12} {'day':>4} {'variant':<22} {'wall s':>8} {'walls s':>17} {'tree peak MiB':>14} {'PSS peak MiB':>13} {'x baseline':>11} {'day cost USD':>15}")
     for layout in args.keys or ("nested", "independent"):
         with tempfile.TemporaryDirectory(prefix="gpu_ops_hist_") as tmp_, scratch_database(args.pg) as url:
             tmp = Path(tmp_)
@@ -465,29 +477,200 @@ def section_daily_job_mp(args: argparse.Namespace) -> None:
             home.mkdir()
             (home / "dagster.yaml").write_text("telemetry: {enabled: false}\n")
             env = {**os.environ, "DAGSTER_HOME": str(home), "GPU_OPS_CONFIG": str(config), "PYTHONPATH": str(REPO)}
-            dagster = str(Path(sys.executable).with_name("dagster"))
             store = TableStore(url)
             for d in (MONTH, last):
                 if d == last:  # day 1 re-exported closed; the days between, as day 1 left them
                     pq.write_table(usage_day(MONTH, n, open_share=0.0, keys=layout), tmp / f"usage-{MONTH}.parquet", row_group_size=256_000)
-                    daily = store.read("gpu_cost_daily", partition_keys=[MONTH.isoformat()]).drop(columns=["partition_key"], errors="ignore")
-                    for i in range(1, 29):
-                        other = MONTH + dt.timedelta(days=i)
-                        store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
-                cmd = [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", d.isoformat()]
-                wall, peak, pss, _, per_pid, at_peak = run_job_tree(cmd, env)
-                rows = len(store.read("gpu_cost_daily", partition_keys=[d.isoformat()]))
-                read = len(budget_read(config, store, d))
-                print(f"{layout:<12} {(d - MONTH).days + 1:>4} {wall:8.2f} {peak:14.0f} {pss:13.0f} {rows:>24,} {read:>21,}", flush=True)
-                if args.steps:
-                    profile = step_profile(home, per_pid)
-                    for step, boot, secs, mib in profile:
-                        print(f"{'':<12} {'':>4} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak", flush=True)
-                    steps = step_pids(home)
-                    moment = sorted(((steps.get(p, label), mib) for p, (label, mib) in at_peak.items()), key=lambda x: -x[1])
-                    print(f"{'':<12} {'':>4} {'':>8} {'':>14}   at the tree's peak: " + ", ".join(f"{label} {mib:.0f}" for label, mib in moment), flush=True)
+                    fill_month(store, url)
+                walls: dict[str, list[tuple[float, float, float, list[str]]]] = {v: [] for v in DAILY_VARIANTS}
+                costs: dict[str, float] = {}
+                for _ in range(args.repeat):
+                    for variant in DAILY_VARIANTS:
+                        wall, peak, pss, _, per_pid, at_peak = run_job_tree(daily_command(variant, d, config, url, tmp / "rows"), env)
+                        steps = step_lines(home, per_pid, at_peak) if args.steps and variant != BASELINE else []  # this run's, read before the next
+                        walls[variant].append((wall, peak, pss, steps))
+                        costs[variant] = day_cost(store, d, variant)
+                base = min(w[0] for w in walls[BASELINE])
+                for variant, runs in walls.items():
+                    wall, peak, pss, steps = min(runs, key=lambda r: r[0])
+                    spread = "-".join(f"{w[0]:.2f}" for w in sorted(runs, key=lambda r: r[0]))
+                    print(f"{layout:<12} {(d - MONTH).days + 1:>4} {variant:<22} {wall:8.2f} {spread:>17} {peak:14.0f} {pss:13.0f} {wall / base:10.2f}x {costs[variant]:15,.2f}", flush=True)
+                    for line in steps:
+                        print(line, flush=True)
+                print(f"{'':<12} {'':>4} {load_note()}", flush=True)
             TableStore.dispose_all()
     print(load_note())
+
+
+JOB, MATERIALIZE, BASELINE = "job (in-process)", "asset materialize (mp)", "one process (DuckDB)"
+DAILY_VARIANTS = (JOB, MATERIALIZE, BASELINE)
+
+
+def daily_command(variant: str, day: dt.date, config: Path, url: str, row_level: Path) -> list[str]:
+    """The command line of one variant of daily_job_mp for ``day``."""
+    import json
+
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    if variant == JOB:
+        return [dagster, "job", "execute", "-m", "gpu_ops.definitions", "-j", "daily_gpu_cost_job", "--tags", json.dumps({"dagster/partition": day.isoformat()})]
+    if variant == MATERIALIZE:
+        return [dagster, "asset", "materialize", "-m", "gpu_ops.definitions", "--select", COST_ASSETS, "--partition", day.isoformat()]
+    return [sys.executable, __file__, "--one-process", "--config", str(config), "--url", url, "--day", day.isoformat(), "--row-level", str(row_level)]
+
+
+def fill_month(store: Any, url: str) -> None:
+    """Days 2-29 of gpu_cost_daily (and of the baseline's daily table) as copies of day 1's."""
+    import sqlalchemy as sa
+
+    daily = store.read("gpu_cost_daily", partition_keys=[MONTH.isoformat()]).drop(columns=["partition_key"], errors="ignore")
+    for i in range(1, 29):
+        other = MONTH + dt.timedelta(days=i)
+        store.write("gpu_cost_daily", daily.assign(day=other), partition_keys=[other.isoformat()])
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM base_cost_daily WHERE day > :d1 AND day < :d30"), {"d1": MONTH, "d30": MONTH + dt.timedelta(days=29)})
+        conn.execute(sa.text(
+            "INSERT INTO base_cost_daily SELECT to_char(day + i, 'YYYY-MM-DD'), day + i, kind, team, project, namespace, cost_center, intervals, gpu_hours, cost_usd, on_demand_usd "
+            "FROM base_cost_daily, generate_series(1, 28) AS i WHERE day = :d1"
+        ), {"d1": MONTH})
+
+
+def day_cost(store: Any, day: dt.date, variant: str) -> float:
+    """The day's cost as ``variant`` just wrote it: gpu_cost_daily, or the baseline's own daily table."""
+    import sqlalchemy as sa
+
+    if variant != BASELINE:
+        return float(store.read("gpu_cost_daily", partition_keys=[day.isoformat()])["cost_usd"].sum())
+    with store.engine.connect() as conn:
+        return float(conn.execute(sa.text("SELECT sum(cost_usd) FROM base_cost_daily WHERE day = :d"), {"d": day}).scalar() or 0.0)
+
+
+def step_lines(home: Path, per_pid: dict[int, float], at_peak: dict[int, tuple[str, float]]) -> list[str]:
+    """Each step of the latest run (start-up before it, its work, its process's peak) and the tree at its peak, as lines to print."""
+    out = [
+        f"{'':<40} {secs:8.2f} {mib:14.0f}   step {step}: {boot:.2f} s start-up before it, then its work; its process's peak"
+        for step, boot, secs, mib in step_profile(home, per_pid)
+    ]
+    steps = step_pids(home)
+    moment = sorted(((steps.get(p, label), mib) for p, (label, mib) in at_peak.items()), key=lambda x: -x[1])
+    return [*out, f"{'':<40} at the tree's peak: " + ", ".join(f"{label} {mib:.0f}" for label, mib in moment)]
+
+# The one-process baseline of daily_job_mp: the day's work done by DuckDB in one process.
+BASE_TABLES = ("base_cost_attribution", "base_cost_daily", "base_budget_status")
+BASE_DDL = (
+    "CREATE TABLE IF NOT EXISTS base_cost_attribution (partition_key TEXT, team TEXT, project TEXT, intervals BIGINT, gpu_hours DOUBLE PRECISION, cost_usd DOUBLE PRECISION, on_demand_usd DOUBLE PRECISION)",
+    "CREATE TABLE IF NOT EXISTS base_cost_daily (partition_key TEXT, day DATE, kind TEXT, team TEXT, project TEXT, namespace TEXT, cost_center TEXT, intervals BIGINT, gpu_hours DOUBLE PRECISION, cost_usd DOUBLE PRECISION, on_demand_usd DOUBLE PRECISION)",
+    "CREATE TABLE IF NOT EXISTS base_budget_status (partition_key TEXT, budget TEXT, amount_usd DOUBLE PRECISION, spend_usd DOUBLE PRECISION, percent_used DOUBLE PRECISION, forecast_usd DOUBLE PRECISION, status TEXT)",
+)
+# The row rules of the baseline (those the generated files could fail: what the rule book
+# checks of each column, by SQL on the typed file): a known start, an end not before it,
+# a positive GPU count, a share in (0, 1], a known GPU and capacity type, a namespace and
+# either a pod, text without edges to trim.
+BASE_BAD = (
+    "start IS NULL OR (\"end\" IS NOT NULL AND \"end\" < start) OR gpu_count IS NULL OR NOT isfinite(gpu_count) OR gpu_count <= 0 "
+    "OR gpu_share IS NULL OR NOT (gpu_share > 0 AND gpu_share <= 1) OR p.price IS NULL OR coalesce(namespace, '') = '' OR coalesce(pod, '') = '' "
+    "OR namespace <> trim(namespace) OR pod <> trim(pod) OR team <> trim(team) OR project <> trim(project)"
+)
+
+
+def one_process_day(config: Path, url: str, day: dt.date, row_level: Path) -> None:
+    """The daily job's work in one process, DuckDB throughout (the baseline of
+    daily_job_mp): the day's rows from the files through the row rules, the identity (a
+    key seen several times counted once, the closed and latest-ending record winning:
+    a window over the rows of the repeated key hashes alone), clipped to the day and
+    priced; row-level Parquet written; attribution (team, project), the daily table
+    (day, kind, budget scope keys) and each budget's month to date (read back from
+    PostgreSQL per grain) built and COPYed into PostgreSQL. Prints RESULT with the day's cost."""
+    import io
+    import json
+
+    import duckdb
+    import psycopg2
+    import pyarrow.csv as pcsv
+
+    from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
+
+    cfg = yaml.safe_load(config.read_text())
+    gpus = yaml.safe_load(Path(cfg["prices"]).read_text())["gpus"]
+    glob = cfg["usage"]["sources"][0]["path"]
+    key = day.isoformat()
+    lo, hi = f"TIMESTAMPTZ '{day}'", f"TIMESTAMPTZ '{day + dt.timedelta(days=1)}'"  # as-of: the day's end (a past day)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET enable_progress_bar = false")
+    names = [r[0] for r in con.execute(f"SELECT DISTINCT gpu_type FROM read_parquet({glob!r})").fetchall()]
+    rows = []
+    for g in names:
+        try:
+            canon = canonical_gpu_type(g)
+        except UnknownGpuType:
+            continue
+        rows += [(g, canon, c, v, gpus[canon].get("on-demand")) for c, v in gpus.get(canon, {}).items()]
+    con.execute("CREATE TABLE p (gpu_raw VARCHAR, gpu_type VARCHAR, capacity_type VARCHAR, price DOUBLE, on_demand DOUBLE)")
+    con.executemany("INSERT INTO p VALUES (?, ?, ?, ?, ?)", rows)
+    con.execute(
+        "CREATE TEMP TABLE r AS SELECT u.* EXCLUDE (gpu_type), p.gpu_type, p.price, p.on_demand, "
+        f"({BASE_BAD}) AS bad FROM read_parquet({glob!r}, filename = true, file_row_number = true) u "
+        "LEFT JOIN p ON p.gpu_raw = u.gpu_type AND p.capacity_type = u.capacity_type "
+        f"WHERE start < {hi} AND coalesce(\"end\", {hi}) > {lo}"
+    )
+    con.execute(
+        "CREATE TEMP TABLE losers AS SELECT filename, file_row_number FROM (SELECT * FROM r WHERE NOT bad AND hash(namespace, pod, start) IN "
+        "(SELECT h FROM (SELECT hash(namespace, pod, start) AS h FROM r WHERE NOT bad) GROUP BY h HAVING count(*) > 1)) "
+        "QUALIFY row_number() OVER (PARTITION BY namespace, pod, start, gpu_type ORDER BY \"end\" IS NULL, \"end\" DESC, filename DESC, file_row_number DESC) > 1"
+    )
+    hours = f"greatest(epoch_us(least(coalesce(\"end\", {hi}), {hi})) - epoch_us(greatest(start, {lo})), 0) / 3.6e9"
+    con.execute(
+        f"CREATE TEMP TABLE priced AS SELECT * EXCLUDE (bad, filename, file_row_number, price, on_demand), {hours} AS hours, "
+        f"gpu_count * gpu_share * {hours} AS gpu_hours, price AS price_per_gpu_hour, gpu_count * gpu_share * {hours} * price AS cost_usd, "
+        f"gpu_count * gpu_share * {hours} * on_demand AS on_demand_usd, 'allocated' AS kind, DATE '{day}' AS day, {key!r} AS partition_key "
+        "FROM r ANTI JOIN losers USING (filename, file_row_number) WHERE NOT bad"
+    )
+    out = row_level / "base_usage" / f"partition_key={key}"
+    out.mkdir(parents=True, exist_ok=True)
+    con.execute(f"COPY priced TO '{out / 'part-0.parquet'}' (FORMAT parquet)")
+    sums = "count(*) AS intervals, sum(gpu_hours) AS gpu_hours, sum(cost_usd) AS cost_usd, sum(on_demand_usd) AS on_demand_usd"
+    tables = {
+        "base_cost_attribution": f"SELECT partition_key, team, project, {sums} FROM priced GROUP BY ALL",
+        "base_cost_daily": f"SELECT partition_key, day, kind, team, project, '' AS namespace, '' AS cost_center, {sums} FROM priced GROUP BY ALL",
+    }
+    pg = psycopg2.connect(url.replace("postgresql+psycopg2://", "postgresql://"))
+
+    def copy_in(name: str, arrow: Any) -> None:
+        buf = io.BytesIO()
+        pcsv.write_csv(arrow, buf, pcsv.WriteOptions(include_header=False))
+        buf.seek(0)
+        with pg.cursor() as cur:
+            cur.execute(f"DELETE FROM {name} WHERE partition_key = %s", (key,))
+            cur.copy_expert(f"COPY {name} ({', '.join(arrow.schema.names)}) FROM STDIN WITH (FORMAT csv)", buf)
+
+    with pg, pg.cursor() as cur:
+        for ddl in BASE_DDL:
+            cur.execute(ddl)
+    with pg:
+        for name, sql in tables.items():
+            copy_in(name, con.sql(sql).to_arrow_table())
+    # Budgets: the month to date of the daily table, summed by PostgreSQL per grain.
+    month = day.replace(day=1)
+    with pg.cursor() as cur:
+        cur.execute("SELECT team, project, sum(cost_usd), grouping(team, project) FROM base_cost_daily WHERE day BETWEEN %s AND %s GROUP BY GROUPING SETS ((team), (project), ())", (month, day))
+        spend = {("team", t) if g == 1 else ("project", p) if g == 2 else ("", ""): c for t, p, c, g in cur.fetchall()}
+    days_in = ((month + dt.timedelta(days=32)).replace(day=1) - month).days
+    elapsed = (day - month).days + 1
+    status = []
+    for b in fleet_budgets():
+        scope = b.get("scope") or {}
+        k = next(iter(scope.items()), ("", ""))
+        s = float(spend.get(k) or 0.0)
+        forecast = s / elapsed * days_in
+        status.append((key, b["name"], b["amount_usd"], s, 100 * s / b["amount_usd"], forecast, "exceeded" if s > b["amount_usd"] else "warning" if s > 0.8 * b["amount_usd"] else "ok"))
+    con.execute("CREATE TABLE st (partition_key VARCHAR, budget VARCHAR, amount_usd DOUBLE, spend_usd DOUBLE, percent_used DOUBLE, forecast_usd DOUBLE, status VARCHAR)")
+    con.executemany("INSERT INTO st VALUES (?, ?, ?, ?, ?, ?, ?)", status)
+    with pg:
+        copy_in("base_budget_status", con.sql("SELECT * FROM st").to_arrow_table())
+    cost = con.execute("SELECT sum(cost_usd), count(*) FROM priced").fetchall()[0]
+    pg.close()
+    con.close()
+    print("RESULT " + json.dumps({"cost_usd": cost[0], "rows": cost[1]}))
 
 
 # ------------------------------------------------------------------ reads against history
@@ -684,18 +867,22 @@ def main() -> None:
     ap.add_argument("--budget-intervals", type=int, default=100_000, help="budget_status: intervals of the generated day")
     ap.add_argument("--rows-per-day", type=int, default=100_000, help="usage_files: intervals in each daily file")
     ap.add_argument("--ledger-rows-per-day", type=int, default=10_000, help="usage_ledger: ledger rows a day")
-    ap.add_argument("--repeat", type=int, default=3, help="usage_files, usage_ledger: timings per case (median)")
+    ap.add_argument("--repeat", type=int, default=3, help="usage_files, usage_ledger: timings per case (median); daily_job_mp: runs of each variant, interleaved (best)")
     ap.add_argument("--keep", type=Path, help="usage_files, usage_ledger: keep (and reuse) generated data in this folder")
     ap.add_argument("--keys", action="append", choices=["nested", "independent"], help="daily_job_mp: only these key layouts (repeatable); default: both")
     ap.add_argument("--row-level-mp", choices=["postgresql", "parquet"], default="parquet", help="daily_job_mp: where row-level gpu_usage lives (storage.row_level_path set or not)")
     ap.add_argument("--steps", action="store_true", help="daily_job_mp: also each step's seconds and its process's peak RSS")
     ap.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a scratch database is created on it)")
     ap.add_argument("--step", help=argparse.SUPPRESS)  # daily_job's child processes
+    ap.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)  # daily_job_mp's baseline
     ap.add_argument("--day", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--row-level", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_process:
+        one_process_day(Path(args.config), args.url, dt.date.fromisoformat(args.day), Path(args.row_level))
+        return
     if args.step:
         run_step(Path(args.config), args.url, dt.date.fromisoformat(args.day), args.step.split(","), args.row_level)
         return

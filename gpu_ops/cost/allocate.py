@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_ops.cost.columns import group_column
-from gpu_ops.cost.engine import Tally, UsageEngine, UsageInput, values_table
+from gpu_ops.cost.engine import QUARANTINE_ROWS, Tally, UsageEngine, UsageInput, values_table
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import INVENTORY
 from gpu_ops.cost.rules import label_value, quote
@@ -274,9 +274,13 @@ _NO_PIECES = "CREATE OR REPLACE TEMP TABLE pieces (node VARCHAR, day_us BIGINT, 
 
 def attribution_of(
     usage: UsageInput, inventory: UsageInput | None, prices: PriceMatrix, window: Span, group_by: Sequence[str], idle_mode: str = "row", keep: Sequence[str] | None = None,
+    first_quarantined: int | None = None,
 ) -> tuple[Groups, Any]:
     """(the groups of ``window``, its quarantine as Arrow): usage (and the inventory) through
-    the engine, then pieces, idle and groups in SQL."""
+    the engine, then pieces, idle and groups in SQL. ``first_quarantined``: the usage
+    quarantine's reasons and records are built for that many rows only where the engine
+    can (see :meth:`UsageEngine.quarantine_arrow`); the table's schema metadata
+    :data:`~gpu_ops.cost.engine.QUARANTINE_ROWS` then counts the rows of both whole quarantines."""
     fleet, inv_quarantine = _inventory(inventory, prices, window)
     engine = UsageEngine(prices)
     try:
@@ -293,10 +297,16 @@ def attribution_of(
             engine.con.execute(_NO_PIECES)
         pieces = "SELECT * FROM pieces"
         groups = attribute(engine.con, pieces, group_by, set(text), Idle.of(engine.con, pieces, fleet), idle_mode)
-        quarantine = engine.quarantine_arrow(window.start, window.end)
+        quarantine = engine.quarantine_arrow(window.start, window.end, first_quarantined)
     finally:
         engine.close()
-    return groups, quarantine if inv_quarantine is None else _concat(quarantine, inv_quarantine)
+    if inv_quarantine is None:
+        return groups, quarantine
+    counted = (quarantine.schema.metadata or {}).get(QUARANTINE_ROWS.encode())
+    both = _concat(quarantine, inv_quarantine)
+    if counted is None:
+        return groups, both
+    return groups, both.replace_schema_metadata({QUARANTINE_ROWS: str(int(counted) + inv_quarantine.num_rows)})
 
 
 def _inventory(inventory: UsageInput | None, prices: PriceMatrix, window: Span) -> tuple[Any, Any]:

@@ -266,9 +266,10 @@ def _report_quarantine(q: "pd.DataFrame", path: str | None) -> None:
     _report_rows(records, path)
 
 
-def _report_rows(records: list[dict[str, Any]], path: str | None) -> None:
+def _report_rows(records: list[dict[str, Any]], path: str | None, total: int | None = None) -> None:
     """Say what was set aside (stderr) and write it to ``path`` (a CSV with its header even
-    when empty); exit 1 when a file or pattern gave no rows at all.
+    when empty); exit 1 when a file or pattern gave no rows at all. ``total``: how many
+    records there are when ``records`` holds only the first ones (and every file problem).
 
     Called last, after the table was printed: the good files are priced either way, but a
     missing or unreadable file must not pass for a cheap day in a script (exit status).
@@ -286,7 +287,8 @@ def _report_rows(records: list[dict[str, Any]], path: str | None) -> None:
         where = f"{first['location']} row {'<NA>' if first['row'] is None else first['row']}"
         if str(first["location"]).lower().endswith(".csv") and first["row"] is not None:
             where += f" (line {int(first['row']) + 1}, after the header)"  # rows count data rows from 1
-        click.echo(f"quarantined {len(rows)} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
+        n = len(rows) if total is None else total - len(files)
+        click.echo(f"quarantined {n} row(s){f' (written to {path})' if path else ''}; first: {where}: {first['reason']}", err=True)
     if files:
         for f in files:
             click.echo(f"Error: {f['location']}: {f['reason']}", err=True)
@@ -437,6 +439,7 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     """Cost per group for one UTC day."""
     from gpu_ops.cost.allocate import Span, attribution_of
     from gpu_ops.cost.columns import attribution_columns
+    from gpu_ops.cost.engine import QUARANTINE_ROWS
     from gpu_ops.cost.window import Window
 
     inputs = Inputs(usage, prices, inventory, config_path, idle, by)
@@ -448,11 +451,13 @@ def attribution(usage: tuple[str, ...], prices: str | None, inventory: str | Non
     except (UsageSourceError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     span = Span(_us(window.start), _us(window.end), _us(as_of_t))
-    groups, quarantine = attribution_of(raw, inv, inputs.prices, span, inputs.group_by, inputs.idle, keep)
+    # Without --quarantine only the first row's reason is said: the others' are not built.
+    groups, quarantine = attribution_of(raw, inv, inputs.prices, span, inputs.group_by, inputs.idle, keep, first_quarantined=None if quarantine_path else 1)
     t = groups.totals
     fleet = f", fleet ${t['fleet_cost_usd']:,.2f} (idle ${t['idle_cost_usd']:,.2f})" if t.get("fleet_cost_usd") is not None else ""
     _emit_groups(groups, fmt, f"GPU cost {day} (as of {as_of_t.isoformat()}): ${t['attributed_cost_usd']:,.2f}, {t['gpu_hours']:,.2f} GPU-hours{fleet}")
-    _report_rows(quarantine.to_pylist(), quarantine_path)
+    counted = (quarantine.schema.metadata or {}).get(QUARANTINE_ROWS.encode())
+    _report_rows(quarantine.to_pylist(), quarantine_path, None if counted is None else int(counted))
     if not date_ and not t["gpu_hours"]:
         _say_where_data_is(inputs, day)
 

@@ -35,9 +35,12 @@ from gpu_ops.cost import rules as R
 from gpu_ops.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.cost.columns import CAPACITY_TYPES
 from gpu_ops.cost.pricing import PriceMatrix
-from gpu_ops.cost.repeats import MEMORY_BYTES, RepeatedHashes
+from gpu_ops.cost.repeats import MEMORY_BYTES, Fingerprints, RepeatedHashes
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
+# Schema metadata of a quarantine built for its first rows only (UsageEngine.quarantine_arrow):
+# how many rows the whole quarantine holds (file and line problems included).
+QUARANTINE_ROWS = "gpu_ops.quarantine_rows"
 # Good-row columns handed on (optional ones only when some source has them).
 _ALWAYS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "gpu_type", "capacity_type", "sharing", "region")
 _OPTIONAL_TEXT = ("labels", "run_id", "asset_key", "outcome", "instance_type")
@@ -60,6 +63,9 @@ _LOOKUP_KEYS = ("gpu_type", "capacity_type", "region")
 _LOOKUP_TYPED = ("gpu_type_raw", "capacity_type", "region")
 # Distinct raw values of a lookup key column the text check keeps at most (beyond: a scan).
 _MAX_CHOICES = 10_000
+# Values of a text column that need a trim the text check names at most (beyond: every
+# row of the column is trimmed and searched).
+_MAX_FAILING = 1_000
 
 
 def _tally_keys(tally: Tally) -> str:
@@ -67,8 +73,8 @@ def _tally_keys(tally: Tally) -> str:
     return ", ".join(dict.fromkeys((*tally.keys, *_LOOKUP_TYPED)))
 
 
-# Key hashes a batch of the tally's hash pass holds (8 MiB): fewer, larger batches to split
-# into buckets (10M rows: 0.8 s -> 0.7 s for the pass).
+# Key hashes a batch of the tally's hash pass holds (8 MiB): fewer, larger batches to copy
+# (10M rows: 0.8 s -> 0.7 s for the pass when they were split into buckets).
 _HASH_BATCH = 1 << 20
 _POS_SPAN = 1 << 40  # a bad row's place, ord and pos in one integer: ord * _POS_SPAN + pos
 _IDENTITY_COLUMNS = (
@@ -107,6 +113,7 @@ class Part:
     labels: dict[str, R.Stored]  # label:<name> columns
     has_source: bool
     clean: frozenset[str] = frozenset()  # text columns no value of which needs a trim or holds a control character
+    by_value: R.ByValue = field(default_factory=dict)  # text columns only these values of which may (their text in dictionaries)
     file: FileRows | None = None  # a Parquet file DuckDB scans (read as Arrow instead if the scan fails)
     rows: int = 0
     # The raw values of the columns the lookup is keyed by (None: a missing value), as the
@@ -255,6 +262,12 @@ class UsageEngine:
         self.key_memory_bytes = MEMORY_BYTES
         # After check(tally=...): table ``tally`` holds the tally's sums (keys, lookup keys, value, n).
         self.tallied = False
+        # After the screening pass: the places (ord * span + pos) of the rows that may hold a
+        # repeated key hash, and how many hashes it counted among the repeated ones (every
+        # row's, or only the good rows' when not _hashed_every_row); None: not known.
+        self._candidates: tuple[Any, int] | None = None
+        self._hashed_every_row = False
+        self._bad_times = False  # table bad_times holds the bad rows' places and times
         if kind == INVENTORY:
             _register_instance_map(self.con)
 
@@ -293,8 +306,10 @@ class UsageEngine:
         name = self._name()
         self.con.register(name, table)
         choices = self._choices_to_gather(layout)
-        clean = clean_text_columns([table], layout, bool(labels), choices=choices) | {c for c, st in layout.items() if st.bounded}
-        self.parts.append(Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean, rows=n, choices=_known(choices)))
+        failing: dict[str, set[str] | None] = {}
+        clean = clean_text_columns([table], layout, bool(labels), choices=choices, failing=failing) | {c for c, st in layout.items() if st.bounded}
+        part = Part(name, layout, source, location, "__row" in table.column_names, labels, "__source" in table.column_names, clean, _by_value(failing), rows=n, choices=_known(choices))
+        self.parts.append(part)
 
     def _name(self) -> str:
         self._parts_made += 1
@@ -317,8 +332,9 @@ class UsageEngine:
             layout["labels"] = layout.get("labels", R.Stored(R.STORED_NULL))
         text = [n for n in schema.names if stored(schema.field(n).type).kind == R.STORED_TEXT]
         choices = self._choices_to_gather(layout)
+        failing: dict[str, set[str] | None] = {}
         try:
-            clean = clean_text_columns(f.scan.text_batches(f.path, text), layout, bool(labels), utf8=True, choices=choices)
+            clean = clean_text_columns(f.scan.text_batches(f.path, text), layout, bool(labels), utf8=True, choices=choices, failing=failing)
         except (pa.ArrowException, OSError):  # not UTF-8, or unreadable: the Arrow read judges it
             self._add_loaded(f, source)
             return
@@ -342,7 +358,7 @@ class UsageEngine:
             f"FROM read_parquet({R.literal(str(f.path))}, file_row_number = true){where}"
         )
         rows = sum(f.scan.firsts[i + 1] - f.scan.firsts[i] for i in f.scan.groups)
-        self.parts.append(Part(name, layout, source, str(f.path), True, labels, False, clean, f, rows, _known(choices)))
+        self.parts.append(Part(name, layout, source, str(f.path), True, labels, False, clean, _by_value(failing), f, rows, _known(choices)))
 
     def _choices_to_gather(self, layout: dict[str, R.Stored]) -> dict[str, set[Any] | None] | None:
         """Sets for the text check to fill with the raw values of the lookup's key columns
@@ -389,7 +405,7 @@ class UsageEngine:
             raw = self._part_sql(i, p, where=where)
             if self.kind == INVENTORY:
                 raw = R.inventory_raw(raw)
-            parts.append(f"SELECT *, {R.text_control(p.clean)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean))} FROM ({raw}))")
+            parts.append(f"SELECT *, {R.text_control(p.clean, p.by_value)} AS text_control FROM (SELECT *, {', '.join(R.typed_select(p.clean, p.by_value))} FROM ({raw}))")
         return parts
 
     def _distinct_keys(self) -> tuple[list[str], list[str], list[str]]:
@@ -497,6 +513,7 @@ class UsageEngine:
 
     def _check(self, keep: Sequence[str] | None, tally: Tally | None) -> tuple[dict[str, str], list[str], list[str], list[str]]:
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW typed AS {self._typed_sql()}")
+        self._bad_times = False
         self._lookups()
         if tally is None:
             self._screen()
@@ -520,14 +537,24 @@ class UsageEngine:
         self.con.execute("CREATE OR REPLACE TEMP TABLE counted_twice AS SELECT ord, pos FROM copies UNION ALL SELECT ord, pos FROM superseded")
         if not self.con.execute("SELECT count(*) FROM counted_twice").fetchall()[0][0]:
             return
+        import duckdb
+
         keys = _tally_keys(tally)
-        twice = (
-            f"SELECT {keys}, sum(v) AS value, count(v) AS n FROM (SELECT {keys}, {tally.value} AS v FROM ({self._typed_sql('counted_twice')}) "
-            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM counted_twice)) GROUP BY ALL"
-        )
+        # Their typed records are in table ``good`` (the identity rules compared them): no
+        # pass over the sources, unless the tally reads a column ``good`` lacks.
+        try:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE twice AS SELECT {keys}, sum(v) AS value, count(v) AS n FROM "
+                f"(SELECT {keys}, {tally.value} AS v FROM good SEMI JOIN counted_twice USING (ord, pos)) GROUP BY ALL"
+            )
+        except duckdb.BinderException:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE twice AS SELECT {keys}, sum(v) AS value, count(v) AS n FROM (SELECT {keys}, {tally.value} AS v "
+                f"FROM ({self._typed_sql('counted_twice')}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM counted_twice)) GROUP BY ALL"
+            )
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE tally AS SELECT t.* REPLACE (t.value - coalesce(m.value, 0) AS value, t.n - coalesce(m.n, 0) AS n) "
-            f"FROM tally t LEFT JOIN ({twice}) m USING ({keys})"
+            f"FROM tally t LEFT JOIN twice m USING ({keys})"
         )
 
     def _flagged_parts(self, columns: str) -> list[str]:
@@ -553,34 +580,76 @@ class UsageEngine:
         import numpy as np
 
         keys = _tally_keys(tally)
-        rows = " UNION ALL ".join(self._flagged_parts(f"{keys}, ord, pos, {tally.value} AS __value"))
+        rows = " UNION ALL ".join(self._flagged_parts(f"{keys}, ord, pos, start_us, end_us, {tally.value} AS __value"))
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, count(__value) FILTER (WHERE NOT bad) AS n, "
-            f"list(ord * {_POS_SPAN} + pos) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
+            f"list({{'place': ord * {_POS_SPAN} + pos, 'start_us': start_us, 'end_us': end_us}}) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
         )
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
-        bad_at = self.con.sql("SELECT unnest(bad_at) AS at FROM tally_raw WHERE bad_at IS NOT NULL").to_arrow_table().column("at")
+        # The bad rows' times (the typed layer's): which of them a window's quarantine holds,
+        # known without computing their records again (see quarantine_arrow's ``first``).
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE bad_times AS SELECT b.place // {_POS_SPAN} AS ord, b.place % {_POS_SPAN} AS pos, b.start_us, b.end_us, b.place "
+            "FROM (SELECT unnest(bad_at) AS b FROM tally_raw WHERE bad_at IS NOT NULL)"
+        )
+        self._bad_times = True
+        bad_at = self.con.sql("SELECT place FROM bad_times").to_arrow_table().column("place")
         self.con.execute("DROP TABLE tally_raw")
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(_HASH_BATCH)
+        self._hashed_every_row = True
         self._keep_screened([_values(c, np.int64) for c in bad_at.chunks if len(c)], self._repeated_hashes(reader))  # (combine_chunks of none would import pandas)
 
     def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
-        more than once; with ``bad_at``, the non-NULL values of column ``bad_at`` appended."""
+        more than once; with ``bad_at``, the non-NULL values of column ``bad_at`` appended.
+        ``reader`` streams the rows of table ``typed`` in their order: where the hashes are
+        held in memory, each row's fingerprint is kept by its place, and the rows that may
+        hold a repeated hash are found from them (:attr:`_candidates`, for the identity
+        rules: no second pass computing every row's hash)."""
         import numpy as np
 
-        keys = RepeatedHashes(sum(p.rows for p in self.parts), self.key_memory_bytes)
+        rows = sum(p.rows for p in self.parts)
+        keys = RepeatedHashes(rows, self.key_memory_bytes)
+        prints = Fingerprints(rows) if not keys.bits else None
+        self._candidates = None
         try:
             for batch in reader:
                 key = batch.column("key_hash")
                 if bad_at is not None and (at := batch.column("bad_at")).null_count < len(at):
                     bad_at.append(_values(at.drop_null(), np.int64).copy())
+                if prints is not None:
+                    prints.add(_values(key, np.uint64))  # a NULL's place holds some value: the identity step judges it
                 if key.null_count:
                     key = key.drop_null()
                 keys.add(_values(key, np.uint64))
-            return keys.repeats()
+            repeats = keys.repeats()
+            if prints is not None and len(repeats) and prints.n == rows:
+                self._candidates = (self._at_places(prints.places(repeats)), keys.repeated_rows)
+            return repeats
         finally:
             keys.close()
+            if prints is not None:
+                prints.close()
+
+    def _at_places(self, places: Any) -> Any:
+        """``ord * span + pos`` of the rows at ``places`` (ascending) of table ``typed``'s
+        rows in order: each part's rows in turn, those of a scanned file in the ranges of
+        row groups it reads."""
+        import numpy as np
+
+        out = np.empty(len(places), np.int64)
+        first = 0
+        for i, p in enumerate(self.parts):
+            spans = p.file.scan.ranges() if p.file is not None and p.file.scan is not None else [(0, p.rows - 1)]
+            lo, hi = np.searchsorted(places, [first, first + p.rows])
+            local = places[lo:hi] - first
+            lengths = np.array([b - a + 1 for a, b in spans], np.int64)
+            ends = np.cumsum(lengths)
+            k = np.searchsorted(ends, local, side="right")
+            starts = np.array([a for a, _ in spans], np.int64)
+            out[lo:hi] = i * _POS_SPAN + starts[k] + local - (ends[k] - lengths[k])
+            first += p.rows
+        return out
 
     def _keep_screened(self, bad_at: list[Any], repeats: Any) -> None:
         """Tables ``bad_pos`` (ord, pos of each bad row, from the int64 arrays ``bad_at``:
@@ -607,6 +676,7 @@ class UsageEngine:
         parts = self._flagged_parts(f"ord, pos, namespace, {_IKEY} AS ikey, start_us")
         sql = f"SELECT CASE WHEN bad THEN ord * {_POS_SPAN} + pos END AS bad_at, CASE WHEN NOT bad THEN {_key_hash('ikey')} END AS key_hash FROM ({' UNION ALL '.join(parts)})"
         bad_at: list[Any] = []
+        self._hashed_every_row = False
         repeats = self._repeated_hashes(self.con.sql(sql).to_arrow_reader(1 << 16), bad_at)
         self._keep_screened(bad_at, repeats)
 
@@ -662,20 +732,47 @@ class UsageEngine:
         # good rows whose key hash repeats are kept in ``good`` and compared column by
         # column (rows without a pod or attempt share a NULL key with their copies and are
         # compared too). Their full records are computed again and the key itself decides.
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM typed) c "
-            "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
-        )
-        typed = "(" + self._typed_sql("colliding") + ")"
-        self._gather(f"SELECT * FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding)", _IKEY, repeated=True)
+        rows = self._repeated_rows()
+        if rows is None:  # not known from the screening pass: every row's hash again
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE colliding AS SELECT c.ord, c.pos FROM (SELECT ord, pos, {_KEY_HASH} AS key_hash FROM typed) c "
+                "ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos WHERE c.key_hash IN (SELECT key_hash FROM repeats)"
+            )
+            typed = "(" + self._typed_sql("colliding") + ")"
+            rows = f"SELECT * FROM ({_joined(typed)}) WHERE (ord, pos) IN (SELECT (ord, pos) FROM colliding)"
+        self._gather(rows, _IKEY, repeated=True)
         self._copies_and_superseded(_INTERVAL_KEY)
         return True
+
+    def _repeated_rows(self) -> str | None:
+        """SQL: the good rows whose key hash repeats, from the rows the screening pass placed
+        (:attr:`_candidates`: table ``candidates`` holds their typed records and hashes);
+        None when it placed none, or when the rows found there are not every row of a
+        repeated hash it counted (then they are looked for again by their hashes)."""
+        if self._candidates is None:
+            return None
+        import pyarrow as pa
+
+        at, counted = self._candidates
+        self.con.register("placed", pa.table({"ord": int_array(at // _POS_SPAN), "pos": int_array(at % _POS_SPAN)}))
+        typed = "(" + self._typed_sql("placed") + ")"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE candidates AS SELECT * FROM (SELECT *, {_KEY_HASH} AS key_hash FROM ({_joined(typed)}) "
+            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM placed)) WHERE key_hash IN (SELECT key_hash FROM repeats)"
+        )
+        self.con.unregister("placed")
+        # The hashes counted: every row's with a tally, else the good rows' only.
+        counting = "candidates" if self._hashed_every_row else "(SELECT c.* FROM candidates c ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos)"
+        found = self.con.execute(f"SELECT count(*) FROM {counting}").fetchall()[0][0]
+        if found != counted:
+            return None
+        return "SELECT c.* FROM candidates c ANTI JOIN bad_pos b ON b.ord = c.ord AND b.pos = c.pos"
 
     def _gather(self, rows: str, ikey: str, repeated: bool) -> None:
         """Table ``good``: the records of ``rows`` the identity rules compare, with their
         ``ikey`` (pod or attempt; node), only those whose interval key repeats when
         ``repeated``."""
-        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
+        cols = ", ".join(R.quote(c) for c in (*_IDENTITY_COLUMNS, "gpu_type_raw", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "source", "location", "row", "ord", "pos"))
         gathered = f"SELECT {cols}, {ikey} AS ikey FROM ({rows})"
         if repeated:
             key = ", ".join(_INTERVAL_KEY.columns)
@@ -793,55 +890,78 @@ class UsageEngine:
         """The quarantine as a pandas frame (:data:`QUARANTINE_COLUMNS`), after :meth:`check`."""
         return self._quarantine() if self.parts else _quarantine_frame(self.problems, None)
 
-    def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None) -> Any:
+    def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None, first: int | None = None) -> Any:
         """The quarantine as Arrow (:data:`QUARANTINE_COLUMNS`, times as UTC microseconds
         ``start_us``/``end_us``): file and line problems first, then the rows in reading
         order; with a window, only the rows that belong to it (what
-        :func:`gpu_ops.cost.usage.quarantine_in_window` keeps)."""
+        :func:`gpu_ops.cost.usage.quarantine_in_window` keeps). ``first``: only that many
+        of the rows (the problems all) when the screening pass kept the bad rows' times
+        (a tally): their reasons and records are built for those alone, and the schema's
+        metadata :data:`QUARANTINE_ROWS` says how many rows the whole quarantine holds."""
         import pyarrow as pa
 
-        sql = "SELECT * FROM (" + (self._quarantine_sql() if self.parts else _NO_QUARANTINE) + ")"
+        only = self._first_in_window(window_start_us, window_end_us, first) if first is not None and self.parts and self._bad_times else None
+        sql = "SELECT * FROM (" + (self._quarantine_sql(only is not None) if self.parts else _NO_QUARANTINE) + ")"
         if window_start_us is not None:
             sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
         rows = self.con.sql(sql).to_arrow_table()
+        if only is not None:
+            rows = rows.replace_schema_metadata({QUARANTINE_ROWS: str(only + len(self.problems))})
         if not self.problems:
             return rows
-        first = pa.table({
+        problems = pa.table({
             "source": [p["source"] for p in self.problems], "location": [p["location"] for p in self.problems],
             "row": pa.array([p["row"] for p in self.problems], pa.int64()), "field": [p["field"] for p in self.problems],
             "reason": [p["reason"] for p in self.problems], "record": [p["record"] for p in self.problems],
             "start_us": pa.nulls(len(self.problems), pa.int64()), "end_us": pa.nulls(len(self.problems), pa.int64()),
         })
-        return pa.concat_tables([first, rows.cast(first.schema)])
+        out = pa.concat_tables([problems, rows.cast(problems.schema)])
+        return out if only is None else out.replace_schema_metadata({QUARANTINE_ROWS: str(only + len(self.problems))})
 
-    def _quarantine_sql(self) -> str:
+    def _first_in_window(self, lo: int | None, hi: int | None, first: int) -> int:
+        """Table ``kept``: the places of the ``first`` rows set aside (bad, copies,
+        superseded) that belong to the window, in reading order, from their times alone;
+        returns how many rows belong to it."""
+        sets = ["SELECT ord, pos, start_us, end_us FROM bad_times"]
+        if self._repeats:
+            sets.append("SELECT ord, pos, start_us, end_us FROM good SEMI JOIN (SELECT ord, pos FROM copies UNION ALL SELECT ord, pos FROM superseded) x USING (ord, pos)")
+        where = "true" if lo is None else _in_window(lo, hi)
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE in_window AS SELECT ord, pos FROM ({' UNION ALL '.join(sets)}) WHERE {where}")
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE kept AS SELECT ord, pos FROM in_window ORDER BY ord, pos LIMIT {int(first)}")
+        self.con.execute("CREATE OR REPLACE TEMP TABLE bad_kept AS SELECT ord, pos FROM bad_pos SEMI JOIN kept USING (ord, pos)")
+        return int(self.con.execute("SELECT count(*) FROM in_window").fetchall()[0][0])
+
+    def _quarantine_sql(self, kept: bool = False) -> str:
+        """SQL: the quarantined rows in reading order (``kept``: only those of table ``kept``)."""
         reason = "array_to_string(list_transform(problems, lambda x: x.field || ': ' || x.reason), '; ')"
         dup = (
             "'duplicate of ' || (CASE WHEN first_location = location THEN '' ELSE first_location || ' ' END) || 'row ' || coalesce(CAST(first_row AS VARCHAR), '?') "
             "|| ': identical in every column, counted once'"
         )
         lo, hi = R.TIME_MIN_US, R.TIME_MAX_US
+        only = " SEMI JOIN kept USING (ord, pos)" if kept else ""
         identity = (
-            f" UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos) "
-            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos)"
+            f" UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', {dup}, start_us, end_us, ord, pos FROM good JOIN copies USING (ord, pos){only} "
+            f"UNION ALL SELECT source, location, row, '{R.ROW_FIELD}', s.reason, start_us, end_us, ord, pos FROM superseded s JOIN good USING (ord, pos){only}"
         ) if self._repeats else ""
+        bad = "bad_kept" if kept else "bad_pos"
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE quarantined AS SELECT source, location, row, problems[1].field AS field, {reason} AS reason, "
             f"CASE WHEN p_start BETWEEN {lo} AND {hi} THEN p_start END AS start_us, CASE WHEN p_end BETWEEN {lo} AND {hi} THEN p_end END AS end_us, ord, pos "
-            f"FROM ({self._bad_rows_sql() if self._bad else _NO_BAD_ROWS}){identity}"
+            f"FROM ({self._bad_rows_sql(bad) if self._bad else _NO_BAD_ROWS}){identity}"
         )
         records = self._records()
         return f"SELECT q.source, q.location, q.row, q.field, q.reason, coalesce(r.record, '') AS record, q.start_us, q.end_us FROM quarantined q LEFT JOIN ({records}) r USING (ord, pos) ORDER BY q.ord, q.pos"
 
-    def _bad_rows_sql(self) -> str:
-        """SQL: the bad rows (``bad_pos``) computed again, alone, with their problems: one
-        reason per field (the first, most specific one)."""
+    def _bad_rows_sql(self, bad: str = "bad_pos") -> str:
+        """SQL: the bad rows (of table ``bad``: ord, pos) computed again, alone, with their
+        problems: one reason per field (the first, most specific one)."""
         first_per_field = "list_filter(all_problems, lambda x, i: NOT list_contains(list_transform(all_problems[1:i - 1], lambda y: y.field), x.field))"
-        typed = "(" + self._typed_sql("bad_pos") + ")"
+        typed = "(" + self._typed_sql(bad) + ")"
         return (
             f"SELECT source, location, row, p_start, p_end, ord, pos, {first_per_field} AS problems FROM ("
             f"SELECT source, location, row, p_start, p_end, ord, pos, list_concat(storage_problems, {R.rules_select(self.kind)}) AS all_problems FROM ({_joined(typed)}) "
-            "WHERE (ord, pos) IN (SELECT (ord, pos) FROM bad_pos))"
+            f"WHERE (ord, pos) IN (SELECT (ord, pos) FROM {bad}))"
         )
 
     def _records(self) -> str:
@@ -945,7 +1065,10 @@ def _register_instance_map(con: Any) -> None:
     })
 
 
-def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_label_columns: bool, utf8: bool = False, choices: dict[str, set[Any] | None] | None = None) -> frozenset[str]:
+def clean_text_columns(
+    tables: Iterable[Any], layout: dict[str, R.Stored], has_label_columns: bool, utf8: bool = False, choices: dict[str, set[Any] | None] | None = None,
+    failing: dict[str, set[str] | None] | None = None,
+) -> frozenset[str]:
     """The text columns (stored as text) no value of which needs a trim or holds a control
     character, over ``tables`` (a table, or a file's row groups one at a time): checked
     once per distinct value where a column is dictionary-encoded (as Parquet hands most
@@ -953,7 +1076,9 @@ def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_l
     (:data:`~gpu_ops.cost.rules.LOWERED`) with no upper-case letter. ``utf8``: every text
     column is also validated (``ArrowInvalid`` when some value is not UTF-8). ``choices``:
     sets (column -> set) filled with the distinct values met, None meaning missing (a set
-    becomes None past :data:`_MAX_CHOICES` values)."""
+    becomes None past :data:`_MAX_CHOICES` values). ``failing``: filled, for each column
+    that is not clean, with the values that need a trim or hold a control character when
+    every such value came in a dictionary (at most :data:`_MAX_FAILING`), else None."""
     import pyarrow as pa
 
     text = {c for c, st in layout.items() if st == R.Stored(R.STORED_TEXT)}
@@ -961,13 +1086,15 @@ def clean_text_columns(tables: Iterable[Any], layout: dict[str, R.Stored], has_l
     lowered = {c for c in R.LOWERED if c in text}
     failed: set[str] = set()  # columns with a value that needs a trim or holds a control character; "lower:<c>": an upper-case letter
     choices = choices or {}
+    failing = {} if failing is None else failing
     for table in tables:
         for col in table.column_names if utf8 else candidates | lowered | (choices.keys() & set(table.column_names)):
             for chunk in table.column(col).chunks:
-                values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
+                dictionary = pa.types.is_dictionary(chunk.type)
+                values = chunk.dictionary if dictionary else chunk
                 if utf8:
                     values.validate(full=True)
-                failed |= _failing(col, values, candidates, lowered, failed)
+                failed |= _failing(col, values, dictionary, candidates, lowered, failed, failing)
                 if (seen := choices.get(col)) is not None:
                     choices[col] = _gathered(seen, chunk, values)
     out = {c for c in R.CLEAN_COLUMNS if c not in layout and not (c == "labels" and has_label_columns)}  # missing: NULL, ''
@@ -995,14 +1122,34 @@ def _known(choices: dict[str, set[Any] | None] | None) -> dict[str, set[Any]] | 
     return choices  # type: ignore[return-value]
 
 
-def _failing(col: str, values: Any, candidates: set[str], lowered: set[str], failed: set[str]) -> set[str]:
-    """What ``values`` of column ``col`` newly fail of the checks of :func:`clean_text_columns`."""
+def _failing(col: str, values: Any, dictionary: bool, candidates: set[str], lowered: set[str], failed: set[str], failing: dict[str, set[str] | None]) -> set[str]:
+    """What ``values`` (a ``dictionary``'s, or a plain chunk) of column ``col`` newly fail
+    of the checks of :func:`clean_text_columns`; ``failing`` gathers the values that do
+    (see there)."""
     out = set()
-    if col in candidates and col not in failed and _needs_clean(values):
+    looking = col not in failed or failing.get(col) is not None  # a failed column's values still gathered
+    if col in candidates and looking and _needs_clean(values):
         out.add(col)
+        failing[col] = _failing_values(values, failing.get(col, set())) if dictionary else None
     if col in lowered and f"lower:{col}" not in failed and _has_upper(values):
         out.add(f"lower:{col}")
     return out
+
+
+def _failing_values(values: Any, seen: set[str] | None) -> set[str] | None:
+    """``seen`` with the values of ``values`` (a dictionary's) that need a trim or hold a
+    control character; None past :data:`_MAX_FAILING`."""
+    import pyarrow.compute as pc
+
+    if seen is None:
+        return None
+    seen.update(values.filter(pc.match_substring_regex(values, R.clean_pattern())).to_pylist())
+    return seen if len(seen) <= _MAX_FAILING else None
+
+
+def _by_value(failing: dict[str, set[str] | None]) -> R.ByValue:
+    """The columns of ``failing`` whose values that need a trim are all known."""
+    return {c: frozenset(v) for c, v in failing.items() if v is not None}
 
 
 def _has_upper(values: Any) -> bool:

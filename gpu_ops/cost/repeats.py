@@ -3,13 +3,14 @@
 The engine's screening pass streams one 64-bit hash per row (each good row's; with a
 tally, every row's: see
 :meth:`gpu_ops.cost.engine.UsageEngine.check`); the hashes several rows share are the only
-candidates for the identity rules. Each batch of hashes is split into ``2**k`` buckets by
-the top ``k`` bits of its values (equal hashes always share a bucket), and each bucket is
-then sorted on its own, :data:`SORTERS` at a time (numpy sorts without the GIL): at 10M
-rows, 16 buckets sorted on two threads take 0.3 s where one array took 0.8 s. Up to
-:data:`MEMORY_BYTES` of hashes (32M rows) the buckets are held in memory; beyond that
-they are written, batch by batch, to bucket files, read back one bucket at a time per
-sorter: memory then follows the buckets being sorted (each at most a quarter of the
+candidates for the identity rules. Up to :data:`MEMORY_BYTES` of hashes (32M rows) they
+are copied, batch by batch, into one array allocated for the rows expected, and that
+array is sorted once, in place (numpy's vectorised sort: at 10M rows 0.3-0.6 s, where
+splitting each batch into buckets by its top bits and sorting the buckets cost 0.9-3 s,
+most of it the split). Beyond that they are written, batch by batch, to ``2**k`` bucket
+files by the top ``k`` bits of their values (equal hashes always share a bucket), read
+back one bucket at a time per sorter (:data:`SORTERS` at once, numpy sorts without the
+GIL): memory then follows the buckets being sorted (each at most a quarter of the
 setting), not the rows (800 MB of hashes at 100M rows).
 """
 
@@ -23,8 +24,7 @@ from typing import Any
 
 # Hashes held in memory before they go to bucket files (8 bytes a row: 32M rows).
 MEMORY_BYTES = 256 * 2**20
-HELD_BITS = 4  # buckets held in memory: 16 (a tenth of a second's sorting each at 10M rows)
-SORTERS = 2  # buckets sorted at once, each on a thread of its own
+SORTERS = 2  # bucket files sorted at once, each on a thread of its own
 _BUFFER_BYTES = 1 << 20  # each bucket file's write buffer
 
 
@@ -48,14 +48,17 @@ def repeated(sorted_hashes: Any) -> Any:
 
 class RepeatedHashes:
     """Collects uint64 hashes (:meth:`add`), then gives those that occur more than once
-    (:meth:`repeats`, sorted). ``rows``: how many are expected (more may come; they only
-    decide whether bucket files are needed); ``memory_bytes``: what may be held in memory
-    before they go to bucket files."""
+    (:meth:`repeats`, sorted). ``rows``: how many are expected (more may come: the array
+    grows; they decide whether bucket files are needed and the array's first size);
+    ``memory_bytes``: what may be held in memory before they go to bucket files."""
 
     def __init__(self, rows: int, memory_bytes: int = MEMORY_BYTES):
-        self.bits = bucket_bits(rows, memory_bytes)  # of the bucket files (0: none)
-        self._split = self.bits or HELD_BITS
-        self._held: list[list[Any]] = [[] for _ in range(1 << self._split)]
+        import numpy as np
+
+        self.bits = bucket_bits(rows, memory_bytes)  # of the bucket files (0: none, one array)
+        self._all = np.empty(0 if self.bits else max(rows, 0), np.uint64)
+        self._n = 0  # hashes in the array
+        self.repeated_rows = 0  # after repeats(): how many of the hashes added are repeated ones
         self._dir: Path | None = None
         self._files: list[Any] = []
         self.paths: list[Path] = []  # the bucket files, if any
@@ -65,28 +68,30 @@ class RepeatedHashes:
             self._files = [open(p, "wb", buffering=_BUFFER_BYTES) for p in self.paths]
 
     def add(self, hashes: Any) -> None:
-        """One batch of hashes (a uint64 array; not kept: its buckets are copies)."""
+        """One batch of hashes (a uint64 array; not kept: copied into the array or the files)."""
         import numpy as np
 
-        bucket = (hashes >> np.uint64(64 - self._split)).astype(np.uint8)
-        order = np.argsort(bucket, kind="stable")  # a radix sort of small integers
-        ends = np.cumsum(np.bincount(bucket, minlength=len(self._held)))
-        grouped = hashes[order]
-        for i, (lo, hi) in enumerate(zip((0, *ends[:-1]), ends)):
-            if hi <= lo:
-                continue
-            if self._files:
-                self._files[i].write(grouped[lo:hi].tobytes())
-            else:
-                self._held[i].append(grouped[lo:hi])
+        if self._files:
+            bucket = (hashes >> np.uint64(64 - self.bits)).astype(np.uint8)
+            order = np.argsort(bucket, kind="stable")  # a radix sort of small integers
+            ends = np.cumsum(np.bincount(bucket, minlength=len(self._files)))
+            grouped = hashes[order]
+            for i, (lo, hi) in enumerate(zip((0, *ends[:-1]), ends)):
+                if hi > lo:
+                    self._files[i].write(grouped[lo:hi].tobytes())
+            return
+        end = self._n + len(hashes)
+        if end > len(self._all):  # more than expected: a larger array
+            grown = np.empty(max(end, 2 * len(self._all)), np.uint64)
+            grown[: self._n] = self._all[: self._n]
+            self._all = grown
+        self._all[self._n : end] = hashes
+        self._n = end
 
     def _bucket(self, i: int) -> Any:
-        """Bucket ``i``'s hashes in one array (what held or wrote them let go)."""
+        """Bucket file ``i``'s hashes in one array (the file removed)."""
         import numpy as np
 
-        if not self._files:
-            held, self._held[i] = self._held[i], []
-            return np.concatenate(held) if held else np.empty(0, np.uint64)
         f = self._files[i]
         f.close()
         keys = np.fromfile(f.name, np.uint64)
@@ -103,16 +108,81 @@ class RepeatedHashes:
         import numpy as np
 
         try:
+            if not self._files:
+                held = self._all[: self._n]
+                held.sort()
+                out = repeated(held)  # (a copy: boolean indexing)
+                # Each run of one value of length L has L - 1 equal neighbours.
+                self.repeated_rows = int(np.count_nonzero(held[1:] == held[:-1])) + len(out)
+                return out
             with ThreadPoolExecutor(SORTERS, thread_name_prefix="gpu_ops-key-sort") as pool:
-                return np.concatenate(list(pool.map(self._repeated_in, range(len(self._held)))))
+                out = np.concatenate(list(pool.map(self._repeated_in, range(len(self._files)))))
+            self.repeated_rows = -1  # not counted through bucket files
+            return out
         finally:
             self.close()
 
     def close(self) -> None:
         """Lets go of the held hashes and removes the bucket files, if any."""
-        self._held = [[] for _ in self._held]
+        import numpy as np
+
+        self._all, self._n = np.empty(0, np.uint64), 0
         for f in self._files:
             f.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+class Fingerprints:
+    """The top 32 bits of each hash of a stream, by its place in the stream (4 bytes a row
+    beside the hashes' 8): once the repeated hashes are known, the places whose
+    fingerprint is one of theirs (every place of a repeated hash, and a few others) are
+    found without another pass over the rows."""
+
+    def __init__(self, rows: int):
+        import numpy as np
+
+        self._fp = np.empty(max(rows, 0), np.uint32)
+        self.n = 0  # places filled
+
+    def add(self, hashes: Any) -> None:
+        """The hashes of the next places of the stream (uint64; a place without a hash holds any value)."""
+        import numpy as np
+
+        end = self.n + len(hashes)
+        if end > len(self._fp):
+            grown = np.empty(max(end, 2 * len(self._fp)), np.uint32)
+            grown[: self.n] = self._fp[: self.n]
+            self._fp = grown
+        np.right_shift(hashes, np.uint64(32), out=self._fp[self.n : end], casting="unsafe")
+        self.n = end
+
+    def places(self, hashes: Any) -> Any:
+        """The places (int64, ascending) whose fingerprint is that of one of ``hashes`` (uint64)."""
+        import numpy as np
+
+        want = np.sort((hashes >> np.uint64(32)).astype(np.uint32))
+        if not len(want):
+            return np.empty(0, np.int64)
+        low = np.uint32((1 << _BITMAP_BITS) - 1)
+        bitmap = np.zeros(1 << _BITMAP_BITS, bool)
+        bitmap[want & low] = True
+        out = []
+        for lo in range(0, self.n, _PLACES_BATCH):
+            chunk = self._fp[lo : min(lo + _PLACES_BATCH, self.n)]
+            near = np.flatnonzero(bitmap[chunk & low])  # the fingerprint's low bits are some wanted one's
+            if len(near):
+                fp = chunk[near]
+                i = np.minimum(np.searchsorted(want, fp), len(want) - 1)
+                out.append(near[want[i] == fp] + lo)
+        return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
+
+    def close(self) -> None:
+        import numpy as np
+
+        self._fp, self.n = np.empty(0, np.uint32), 0
+
+
+_BITMAP_BITS = 24  # a 16 MiB table of the wanted fingerprints' low bits
+_PLACES_BATCH = 1 << 20

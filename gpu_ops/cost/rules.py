@@ -254,10 +254,31 @@ def _problem_list(items: list[tuple[str, str, str]]) -> str:
 # --------------------------------------------------------------------------- layer 2: typed
 
 
-def _text(col: str, clean: frozenset[str] = frozenset()) -> str:
-    """SQL: a text column trimmed, missing = "" (``clean``: columns known to need no trim)."""
+def text_literal(text: str) -> str:
+    """SQL: any text as a constant (a NUL, which cannot stand in a literal, as chr(0))."""
+    return "(" + " || chr(0) || ".join(literal(part) for part in text.split("\x00")) + ")"
+
+
+# Values of a text column that need a trim or hold a control character, by column: where a
+# column's every such value is known (its text came as dictionaries), only the rows holding
+# one of them are trimmed and searched, not every row of the column.
+ByValue = dict[str, frozenset[str]]
+
+
+def _among(raw: str, values: frozenset[str]) -> str:
+    """SQL: whether ``raw`` is one of ``values``."""
+    return f"{raw} IN ({', '.join(text_literal(v) for v in sorted(values))})"
+
+
+def _text(col: str, clean: frozenset[str] = frozenset(), by_value: ByValue | None = None) -> str:
+    """SQL: a text column trimmed, missing = "" (``clean``: columns known to need no trim;
+    ``by_value``: the only values of a column that may need one)."""
     raw = quote("r_" + col)
-    return f"coalesce({raw}, '')" if col in clean else f"coalesce({_trim(raw)}, '')"
+    if col in clean:
+        return f"coalesce({raw}, '')"
+    if by_value and col in by_value:
+        return f"coalesce(CASE WHEN {_among(raw, by_value[col])} THEN {_trim(raw)} ELSE {raw} END, '')"
+    return f"coalesce({_trim(raw)}, '')"
 
 
 def utc_text(expr: str) -> str:
@@ -269,17 +290,19 @@ def _in_range(expr: str) -> str:
     return f"({expr} BETWEEN {TIME_MIN_US} AND {TIME_MAX_US})"
 
 
-def typed_columns(clean: frozenset[str] = frozenset()) -> dict[str, str]:
+def typed_columns(clean: frozenset[str] = frozenset(), by_value: ByValue | None = None) -> dict[str, str]:
     """The typed layer (name -> SQL over the raw layer). ``clean``: text columns whose
     every value the engine found free of edge spaces and control characters (checked
-    once per distinct value): they skip the per-row trim; time columns every value of
-    which is in the supported range: they skip the range test; ``lower:<choice>``: a
-    choice column with no upper-case letter skips ``lower``; the answer is the same."""
-    capacity, sharing = (_text(c, clean) if f"lower:{c}" in clean else f"lower({_text(c, clean)})" for c in LOWERED)
+    once per distinct value): they skip the per-row trim; ``by_value``: text columns
+    only some known values of which need a trim: only rows holding one are trimmed;
+    time columns every value of which is in the supported range: they skip the range
+    test; ``lower:<choice>``: a choice column with no upper-case letter skips ``lower``;
+    the answer is the same."""
+    capacity, sharing = (_text(c, clean, by_value) if f"lower:{c}" in clean else f"lower({_text(c, clean, by_value)})" for c in LOWERED)
     sharing = f"coalesce(nullif({sharing}, ''), 'none')"
     return {
-        **{c: _text(c, clean) for c in TEXT_COLUMNS},
-        "gpu_type_raw": _text("gpu_type", clean),
+        **{c: _text(c, clean, by_value) for c in TEXT_COLUMNS},
+        "gpu_type_raw": _text("gpu_type", clean, by_value),
         "capacity_type": capacity,
         "sharing": sharing,
         **{f"{c.removesuffix('_at')}_us": f"p_{c}" if c in clean else f"CASE WHEN {_in_range('p_' + c)} THEN p_{c} END" for c in TIME_COLUMNS},
@@ -295,17 +318,22 @@ def typed_columns(clean: frozenset[str] = frozenset()) -> dict[str, str]:
 TYPED: dict[str, str] = typed_columns()
 
 
-def typed_select(clean: frozenset[str] = frozenset()) -> list[str]:
-    return [f"{expr} AS {quote(name)}" for name, expr in typed_columns(clean).items()]
+def typed_select(clean: frozenset[str] = frozenset(), by_value: ByValue | None = None) -> list[str]:
+    return [f"{expr} AS {quote(name)}" for name, expr in typed_columns(clean, by_value).items()]
 
 
-def text_control(clean: frozenset[str] = frozenset()) -> str:
+def text_control(clean: frozenset[str] = frozenset(), by_value: ByValue | None = None) -> str:
     """SQL over the typed layer: whether a text column that is not ``clean`` holds a
-    control character (one look across them; the per-column rules name which)."""
-    cols = [c for c in TEXT_COLUMNS if c not in clean]
-    if not cols:
-        return "false"
-    return f"regexp_matches(concat({', '.join(cols)}), '{CONTROL}')"
+    control character (one look across them; the per-column rules name which); a column
+    of ``by_value`` is looked at only in the rows holding one of its values."""
+    by_value = by_value or {}
+    cols = [c for c in TEXT_COLUMNS if c not in clean and c not in by_value]
+    looks = [f"regexp_matches(concat({', '.join(cols)}), '{CONTROL}')"] if cols else []
+    looks += [
+        f"CASE WHEN {_among(quote('r_' + c), by_value[c])} THEN regexp_matches({quote(c)}, '{CONTROL}') ELSE false END"
+        for c in TEXT_COLUMNS if c in by_value and c not in clean
+    ]
+    return " OR ".join(f"({x})" for x in looks) if looks else "false"
 
 
 # What :func:`clean_pattern` finds in a value makes its column not clean.
