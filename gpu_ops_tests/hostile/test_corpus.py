@@ -237,7 +237,7 @@ def test_validate_judges_a_files_columns_as_the_read_does(corpus: Path) -> None:
 def test_validate_only_with_an_unknown_name_is_an_error_listing_the_names(corpus: Path) -> None:
     r = _validate(corpus, "--config", str(corpus / "configs" / "two_patterns_one_file.yaml"), "--only", "typo")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "no check named 'typo'" in r.stderr and "storage, kubeconfig" in r.stderr and "usage_sources" in r.stderr
+    assert "no check named 'typo'" in r.stderr and "storage, row_level_path, kubeconfig" in r.stderr and "usage_sources" in r.stderr and "cur_index" in r.stderr
 
 
 def test_a_missing_source_blocks_the_days_attribution(corpus: Path, dagster_env: Any, tmp_path: Path) -> None:
