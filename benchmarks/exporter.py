@@ -31,10 +31,8 @@ import argparse
 import datetime as dt
 import logging
 import os
-import socket
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +45,7 @@ from gpu_ops.observability.exporter import Scrapes
 from gpu_ops.observability.readers import DEFAULT_DEADLINE_S, Reader
 from gpu_ops.storage.files import PartitionFiles
 from gpu_ops.storage.tables import TableStore
+from gpu_ops_tests.observability.servers import silent_listener
 
 DAYS = [f"2026-10-{d:02d}" for d in range(1, 32)]
 TEAMS = [f"team-{i}" for i in range(20)]
@@ -163,22 +162,12 @@ def at_scale(store: TableStore, files: PartitionFiles, sizes: list[int], deadlin
 
 def silent(deadline: float) -> None:
     """Three scrapes in a row against a listener that accepts and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    server.settimeout(0.2)
-    held: list[socket.socket] = []
-    stop = threading.Event()
+    with silent_listener() as port:
+        _scrape_silent(port, deadline)
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
 
-    threading.Thread(target=accept, daemon=True).start()
-    store = TableStore(f"postgresql://gpu_ops@127.0.0.1:{server.getsockname()[1]}/costs", connect_timeout_s=10)
+def _scrape_silent(port: int, deadline: float) -> None:
+    store = TableStore(f"postgresql://gpu_ops@127.0.0.1:{port}/costs", connect_timeout_s=10)
     reader = Reader(store, deadline_s=deadline)
     print(f"silent database (accepts, never answers; connect timeout 10 s), deadline {deadline:g} s:")
     for i in range(3):
@@ -187,10 +176,6 @@ def silent(deadline: float) -> None:
         took = time.perf_counter() - t
         zeros = sum(1 for line in text.splitlines() if line.startswith("gpu_ops_exporter_read_ok{") and line.endswith(" 0.0"))
         print(f"  scrape {i + 1}: {took * 1000:.0f} ms, {zeros} sources at gpu_ops_exporter_read_ok 0")
-    stop.set()
-    for conn in held:
-        conn.close()
-    server.close()
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import StorageUnavailable, TableStore
+from gpu_ops_tests.observability.servers import silent_listener
 
 PASSWORD = "pw-marker-7f3a9c"
 # Generous: a hang would be minutes (the OS's TCP timeouts) or forever.
@@ -40,28 +41,8 @@ BOUND_S = 60
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A TCP listener on 127.0.0.1 that accepts every connection and never says a word."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    with silent_listener() as port:
+        yield port
 
 
 @pytest.fixture
