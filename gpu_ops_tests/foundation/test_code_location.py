@@ -184,7 +184,10 @@ PARTITIONS = '{ assetNodeOrError(assetKey: {path: ["gpu_budget_status"]}) { ... 
 
 def _make_dev_command() -> list[str]:
     """What `make dev` runs (its recipe, from `make -n`), with this test's interpreter."""
-    out = subprocess.run(["make", "-n", "dev", f"VENV={BIN.parent}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # Under `make test` this make is a sub-make: without --no-print-directory (and the
+    # parent's MAKEFLAGS) it prints "make[1]: Leaving directory ..." after the recipe.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "dev", f"VENV={BIN.parent}"], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     return shlex.split(out.stdout.strip().splitlines()[-1])
 
