@@ -36,18 +36,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_ops._failures import AlertDeliveryFailed as AlertDeliveryFailed
-    from gpu_ops._failures import GpuOpsFailure as GpuOpsFailure
-    from gpu_ops._failures import LaunchRefused as LaunchRefused
-    from gpu_ops._failures import TrainingFailed as TrainingFailed
+    from gpu_ops.failures import AlertDeliveryFailed as AlertDeliveryFailed
+    from gpu_ops.failures import GpuOpsFailure as GpuOpsFailure
+    from gpu_ops.failures import LaunchRefused as LaunchRefused
+    from gpu_ops.failures import TrainingFailed as TrainingFailed
     from gpu_ops.alerts.enforcement import assert_launch_allowed as assert_launch_allowed
     from gpu_ops.alerts.messages import verify_webhook_signature as verify_webhook_signature
     from gpu_ops.compute.backend import WorkerExit as WorkerExit
     from gpu_ops.compute.backend import WorkerReport as WorkerReport
     from gpu_ops.compute.backend import WorkerTerminated as WorkerTerminated
-    from gpu_ops.compute.catalog import UnknownGpuType as UnknownGpuType
+    from gpu_ops.errors import UnknownGpuType as UnknownGpuType
     from gpu_ops.compute.catalog import canonical_gpu_type as canonical_gpu_type
-    from gpu_ops.compute.kubetorch_backend import ComputeSetupError as ComputeSetupError
+    from gpu_ops.errors import ComputeSetupError as ComputeSetupError
     from gpu_ops.compute.request import Attribution as Attribution
     from gpu_ops.compute.request import GpuRequest as GpuRequest
     from gpu_ops.compute.resource import GpuCompute as GpuCompute
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from gpu_ops.compute.resource import KarpenterPools as KarpenterPools
     from gpu_ops.compute.admission import GpuAdmission as GpuAdmission
     from gpu_ops.compute.admission import BudgetGate as BudgetGate
-    from gpu_ops.config import ConfigError as ConfigError
+    from gpu_ops.errors import ConfigError as ConfigError
     from gpu_ops.config import GpuOpsConfig as GpuOpsConfig
     from gpu_ops.config import load_config as load_config
     from gpu_ops.cost.attribution import attribute as attribute
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from gpu_ops.training.checkpoint import CheckpointStore as CheckpointStore
     from gpu_ops.training.classify import Outcome as Outcome
     from gpu_ops.training.context import TrainingContext as TrainingContext
-    from gpu_ops.training.context import TrainingPreempted as TrainingPreempted
+    from gpu_ops.errors import TrainingPreempted as TrainingPreempted
     from gpu_ops.training.interval import young_daly_interval as young_daly_interval
     from gpu_ops.training.policy import PreemptionPolicy as PreemptionPolicy
 
@@ -127,14 +127,14 @@ _EXPORTS: dict[str, str] = {
     "verify_webhook_signature": "gpu_ops.alerts.messages",
     # errors
     "GpuOpsError": "gpu_ops.errors",
-    "GpuOpsFailure": "gpu_ops._failures",
-    "TrainingFailed": "gpu_ops._failures",
-    "LaunchRefused": "gpu_ops._failures",
-    "AlertDeliveryFailed": "gpu_ops._failures",
-    "ConfigError": "gpu_ops.config",
-    "UnknownGpuType": "gpu_ops.compute.catalog",
-    "ComputeSetupError": "gpu_ops.compute.kubetorch_backend",
-    "TrainingPreempted": "gpu_ops.training.context",
+    "GpuOpsFailure": "gpu_ops.failures",
+    "TrainingFailed": "gpu_ops.failures",
+    "LaunchRefused": "gpu_ops.failures",
+    "AlertDeliveryFailed": "gpu_ops.failures",
+    "ConfigError": "gpu_ops.errors",
+    "UnknownGpuType": "gpu_ops.errors",
+    "ComputeSetupError": "gpu_ops.errors",
+    "TrainingPreempted": "gpu_ops.errors",
 }
 
 __all__ = [

@@ -33,22 +33,13 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from gpu_ops.config import is_http_url
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import RemoteError
 from gpu_ops.formatting import redact_url, redact_urls
 
-ErrorKind = Literal["connect", "deadline", "dropped", "protocol", "too_large"]
 CHUNK = 65_536
-
-
-class RemoteError(GpuOpsError):
-    """An exchange that did not end in a complete answer (names the server, never a secret)."""
-
-    def __init__(self, where: str, what: str, *, kind: ErrorKind, sent: bool):
-        self.where, self.what, self.kind, self.sent = where, what, kind, sent
-        super().__init__(f"{where}: {what}")
 
 
 @dataclass(frozen=True)

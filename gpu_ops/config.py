@@ -42,7 +42,7 @@ from pydantic import (
 from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
 from gpu_ops.compute.request import LabelKey, NamespaceName, ObjectName
 from gpu_ops.cost.rules import FIRST_DAY
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import ConfigError
 from gpu_ops.paths import PathNotUsable, path_kind
 
 CONFIG_ENV = "GPU_OPS_CONFIG"
@@ -58,14 +58,6 @@ _log = logging.getLogger("gpu_ops")
 
 CapacityType = Literal["spot", "on-demand", "reserved"]
 SharingMode = Literal["none", "mig", "mps", "timeslice"]
-
-
-class ConfigError(GpuOpsError, ValueError):
-    """One or more problems in a configuration file; each line names file and field."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 # A finite number above zero (YAML's .inf and .nan are refused: pydantic's PositiveFloat
@@ -991,7 +983,6 @@ def _friendly(err: Mapping[str, Any]) -> str:
         return f"unknown type {ctx.get('tag')!r}: expected one of {ctx.get('expected_tags')}"
     msg = err["msg"]
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
-
 
 
 def _field_path(loc: tuple[Any, ...], data: Any) -> str:

@@ -1,23 +1,17 @@
-"""The exceptions of gpu_ops: every one derives from :class:`GpuOpsError`.
+"""The exceptions of gpu_ops: one family under :class:`GpuOpsError`, all defined here.
 
     try:
         ...
     except gpu_ops.GpuOpsError as exc:   # anything gpu_ops raised on purpose
         ...
 
-Two families:
-
-- **Plain errors** (configuration, catalog, storage, usage files, checkpoints, launches):
-  ``GpuOpsError`` plus the builtin they refine (``ConfigError`` is also a ``ValueError``),
-  defined next to the code that raises them and listed in :data:`PLAIN_ERRORS`. They import
-  no Dagster, so training workers and the CLI raise them cheaply.
-- **Step failures**: :class:`GpuOpsFailure` and its subclasses are Dagster ``Failure``\\ s
-  carrying metadata, raised where gpu_ops deliberately ends a step (as dagster-dbt's
-  ``DagsterDbtError`` does): :class:`TrainingFailed` (the preemption policy gave up or
-  the function raised), :class:`LaunchRefused` (a budget blocks GPU launches),
-  :class:`AlertDeliveryFailed` (a notification channel failed). They are defined in
-  :mod:`gpu_ops._failures` and resolved here on first use, so that importing this module
-  does not import Dagster.
+- **Plain errors** (configuration, catalog, storage, usage files, checkpoints, launches,
+  remote answers): ``GpuOpsError`` plus the builtin they refine (``ConfigError`` is also a
+  ``ValueError``). This module imports nothing but the standard library, so training
+  workers and the CLI raise them cheaply; each is also importable from the module that
+  raises it (``gpu_ops.config.ConfigError``). :data:`PLAIN_ERRORS` is every one of them.
+- **Step failures** (:mod:`gpu_ops.failures`): ``GpuOpsFailure`` and its subclasses are
+  Dagster ``Failure``\\ s under the same base, kept apart because they import Dagster.
 
 :class:`gpu_ops.compute.backend.WorkerTerminated` is deliberately no ``GpuOpsError``: it
 is the ``BaseException`` a worker's SIGTERM handler raises so that ``except Exception`` in
@@ -26,45 +20,182 @@ user code cannot swallow a preemption.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from gpu_ops._failures import AlertDeliveryFailed, GpuOpsFailure, LaunchRefused, TrainingFailed
-
-__all__ = ["GpuOpsError", "GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed", "PLAIN_ERRORS"]
+ErrorKind = Literal["connect", "deadline", "dropped", "protocol", "too_large"]
 
 
 class GpuOpsError(Exception):
     """Base class of every exception gpu_ops raises on purpose."""
 
 
-# Where each plain error lives (module, class): one list, checked by a test.
-PLAIN_ERRORS: tuple[tuple[str, str], ...] = (
-    ("gpu_ops.config", "ConfigError"),
-    ("gpu_ops.fastyaml", "YamlFileError"),
-    ("gpu_ops.compute.catalog", "UnknownGpuType"),
-    ("gpu_ops.compute.catalog", "UnknownMigProfile"),
-    ("gpu_ops.compute.karpenter", "NotManagedError"),
-    ("gpu_ops.compute.kubetorch_backend", "ComputeSetupError"),
-    ("gpu_ops.compute.local", "LaunchError"),
-    ("gpu_ops.compute.quota", "QuotaExceeded"),
-    ("gpu_ops.compute.quota", "SharedSqliteLeases"),
-    ("gpu_ops.training.context", "TrainingPreempted"),
-    ("gpu_ops.training.worker", "TrainingFunctionError"),
-    ("gpu_ops.training.checkpoint", "CheckpointError"),
-    ("gpu_ops.training.attempts", "TransitionError"),
-    ("gpu_ops.storage.errors", "StorageError"),
-    ("gpu_ops.storage.errors", "StorageUnavailable"),
-    ("gpu_ops.cost.read", "UsageSourceError"),
-    ("gpu_ops.validate", "UnknownCheck"),
+# --------------------------------------------------------------------------- configuration and files
+
+
+class ConfigError(GpuOpsError, ValueError):
+    """One or more problems in a configuration file; each line names file and field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class YamlFileError(GpuOpsError, ValueError):
+    """A YAML file that cannot be read, is not UTF-8 text or does not parse: ``str()`` is
+    one line naming the file (and the line and column, or the byte)."""
+
+
+class PathNotUsable(GpuOpsError, ValueError):
+    """A path no file system takes, or that cannot be looked at: ``str()`` is the reason
+    alone (the caller names the path)."""
+
+
+class UnknownCheck(GpuOpsError, ValueError):
+    """`gpu-ops validate --only` named a check that does not exist."""
+
+
+class RemoteError(GpuOpsError):
+    """An exchange that did not end in a complete answer (names the server, never a secret)."""
+
+    def __init__(self, where: str, what: str, *, kind: ErrorKind, sent: bool):
+        self.where, self.what, self.kind, self.sent = where, what, kind, sent
+        super().__init__(f"{where}: {what}")
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class StorageError(GpuOpsError, RuntimeError):
+    """A table could not be read or written; the message says which and why."""
+
+
+class StorageUnavailable(StorageError):
+    """The database could not be reached, did not answer in time, or stayed locked.
+
+    The message names the database (password hidden) and says what to check.
+    """
+
+
+# --------------------------------------------------------------------------- compute
+
+
+class UnknownGpuType(GpuOpsError, ValueError):
+    """A GPU name the catalog does not know; ``suggestions`` holds the close known names."""
+
+    def __init__(self, name: str, suggestions: list[str], known: Iterable[str] = ()):
+        self.name = name
+        self.suggestions = suggestions
+        hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+        super().__init__(f"unknown GPU type {name!r}{hint} (known: {', '.join(sorted(known))})")
+
+
+class UnknownMigProfile(GpuOpsError, ValueError):
+    pass
+
+
+class NotManagedError(GpuOpsError, RuntimeError):
+    """The object exists but was not created by gpu_ops: it is left alone."""
+
+
+class ComputeSetupError(GpuOpsError, RuntimeError):
+    """A launch could not be set up; ``fix`` says what to change."""
+
+    def __init__(self, problem: str, fix: str, cause: BaseException | None = None):
+        self.problem, self.fix, self.cause = problem, fix, cause
+        super().__init__(f"{problem}\n  fix: {fix}")
+
+
+class LaunchError(GpuOpsError, RuntimeError):
+    """The launch could not start (the callable cannot be shipped, a worker cannot spawn)."""
+
+
+class LeaseLost(GpuOpsError, RuntimeError):
+    """The GPU lease expired (or is gone) before its workers were written on it: they must not start."""
+
+
+class QuotaExceeded(GpuOpsError, ValueError):
+    """The request alone is larger than a quota: waiting cannot help."""
+
+
+class SharedSqliteLeases(QuotaExceeded):
+    """Two hosts launch on one SQLite file: their clocks, not one database clock, would time the leases."""
+
+
+# --------------------------------------------------------------------------- training
+
+
+class TrainingPreempted(GpuOpsError):
+    """Raised by the worker wrapper when the function stopped after a preemption notice.
+
+    An ``Exception``: in a Kubetorch server the function runs inside a request handler
+    that must survive it, and the classifier knows the name. (The local backend's worker
+    raises :class:`WorkerTerminated` instead, so the attempt reads as ended by SIGTERM,
+    exit 143.) Either way the attempt is ``preempted``, not a user error.
+    """
+
+
+class TrainingFunctionError(GpuOpsError, TypeError):
+    pass
+
+
+class CheckpointError(GpuOpsError, RuntimeError):
+    pass
+
+
+class TransitionError(GpuOpsError, ValueError):
+    """A move the attempt diagram does not allow (a bug, or two writers of one attempt)."""
+
+
+# --------------------------------------------------------------------------- cost sources
+
+
+class UsageSourceError(GpuOpsError, ValueError):
+    """A source cannot be read at all (missing file, wrong format, missing columns)."""
+
+    def __init__(self, location: Any, reason: str | None = None):
+        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
+        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
+
+
+class BillingSourceError(GpuOpsError, ValueError):
+    """A CUR file cannot be read at all (missing file, missing columns)."""
+
+
+class UtilizationError(GpuOpsError):
+    """Prometheus could not be queried, or answered something that is not a matrix of
+    samples (names the server without credentials, the query, and what was wrong)."""
+
+
+# Every plain error: derived from the classes above, so a new one cannot be left out.
+PLAIN_ERRORS: tuple[type[GpuOpsError], ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, type) and issubclass(value, GpuOpsError) and value is not GpuOpsError
 )
 
-_FAILURES = {"GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _FAILURES:
-        from gpu_ops import _failures
-
-        return getattr(_failures, name)
-    raise AttributeError(f"module 'gpu_ops.errors' has no attribute {name!r}")
+__all__ = [
+    "GpuOpsError",
+    "PLAIN_ERRORS",
+    "ErrorKind",
+    "ConfigError",
+    "YamlFileError",
+    "PathNotUsable",
+    "UnknownCheck",
+    "RemoteError",
+    "StorageError",
+    "StorageUnavailable",
+    "UnknownGpuType",
+    "UnknownMigProfile",
+    "NotManagedError",
+    "ComputeSetupError",
+    "LaunchError",
+    "LeaseLost",
+    "QuotaExceeded",
+    "SharedSqliteLeases",
+    "TrainingPreempted",
+    "TrainingFunctionError",
+    "CheckpointError",
+    "TransitionError",
+    "UsageSourceError",
+    "BillingSourceError",
+    "UtilizationError",
+]

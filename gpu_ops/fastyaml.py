@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from yaml import events as ev
 
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import YamlFileError
 from gpu_ops.formatting import not_utf8
 from gpu_ops.paths import PathNotUsable, refuse_nul
 
@@ -38,11 +38,6 @@ _PLAIN_COLLECTION_TAGS = (None, "!", "tag:yaml.org,2002:map", "tag:yaml.org,2002
 
 class _Fallback(Exception):
     pass
-
-
-class YamlFileError(GpuOpsError, ValueError):
-    """A YAML file that cannot be read, is not UTF-8 text or does not parse: ``str()`` is
-    one line naming the file (and the line and column, or the byte)."""
 
 
 def read_yaml_file(path: Path | str) -> Any:

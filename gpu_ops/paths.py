@@ -15,12 +15,7 @@ import stat
 from pathlib import Path
 from typing import Literal
 
-from gpu_ops.errors import GpuOpsError
-
-
-class PathNotUsable(GpuOpsError, ValueError):
-    """A path no file system takes, or that cannot be looked at: ``str()`` is the reason
-    alone (the caller names the path)."""
+from gpu_ops.errors import PathNotUsable
 
 
 def refuse_nul(path: Path | str) -> None:

@@ -7,7 +7,7 @@ Register as ``"gpu_ops.alerts.checks:check_channels"`` in ``gpu_ops.validate.CHE
 from __future__ import annotations
 
 from gpu_ops.config import GpuOpsConfig, SecretRef, is_http_url
-from gpu_ops.validate import CheckResult
+from gpu_ops.check_result import CheckResult
 
 
 def check_channels(config: GpuOpsConfig) -> CheckResult:

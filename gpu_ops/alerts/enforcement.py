@@ -399,7 +399,7 @@ def _store_for(source: Any) -> Any:
 
 
 def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None = None) -> None:
-    """Raise :class:`gpu_ops.errors.LaunchRefused` (a ``dg.Failure``, never retried) when a budget blocks or throttles this launch.
+    """Raise :class:`gpu_ops.failures.LaunchRefused` (a ``dg.Failure``, never retried) when a budget blocks or throttles this launch.
 
     ``source``: a GpuOpsConfig, a TableStore, a storage URL, or None (the loaded config).
     No enforcement table yet means nothing was ever enforced: the launch goes ahead. An
@@ -419,6 +419,6 @@ def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None 
     reason = launch_refusal(active_enforcements(records, now or dt.datetime.now(dt.timezone.utc)), request)
     if reason is None:
         return
-    from gpu_ops.errors import LaunchRefused
+    from gpu_ops.failures import LaunchRefused
 
     raise LaunchRefused(reason, metadata={"refused_by": "gpu_budget_enforcement"})

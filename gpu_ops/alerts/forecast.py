@@ -13,7 +13,7 @@ For every budget whose scope covers the launch and whose ``enforcement.action`` 
 ``block`` or ``throttle``: when ``projected`` passes the enforcement line (``amount_usd ×
 enforcement.threshold_percent / 100``), a ``block`` refuses the launch and a ``throttle``
 refuses it when the throttle would (more GPUs than ``max_gpus``, or on-demand under
-``spot_only``), with every figure in the message (:class:`gpu_ops.errors.LaunchRefused`).
+``spot_only``), with every figure in the message (:class:`gpu_ops.failures.LaunchRefused`).
 A launch with no estimate ("no history") is not refused by a forecast it cannot make.
 
 The running attempts are those of the attempt records (``gpu_ops_training_attempts``,
@@ -194,7 +194,7 @@ def spend_to_date(config: Any, store: Any, budgets: Sequence[Any], now: dt.datet
 
 
 def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt.datetime | None = None, store: Any = None) -> None:
-    """Raise :class:`gpu_ops.errors.LaunchRefused` when ``estimate`` (an
+    """Raise :class:`gpu_ops.failures.LaunchRefused` when ``estimate`` (an
     :class:`~gpu_ops.training.estimate.Estimate`) would carry an enforced budget past its
     line; nothing when ``alerts.launch_forecast`` is ``off`` or no budget enforces."""
     basis = config.alerts.launch_forecast
@@ -215,7 +215,7 @@ def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt
     reason = forecast_refusal(budgets, request, figure, basis, spend)
     if reason is None:
         return
-    from gpu_ops.errors import LaunchRefused
+    from gpu_ops.failures import LaunchRefused
 
     raise LaunchRefused(reason, metadata={"refused_by": "forecast gate", "estimate_usd": float(figure), "estimate_basis": basis})
 

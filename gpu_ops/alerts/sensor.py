@@ -490,7 +490,7 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
             retry = any(not r.permanent for r in failed)
             delivered = sorted(done | {r.channel for r in results if r.ok})
             metadata["dead_letter"] = bool(delivery.get("final"))
-            from gpu_ops.errors import AlertDeliveryFailed
+            from gpu_ops.failures import AlertDeliveryFailed
 
             raise AlertDeliveryFailed(
                 description=(

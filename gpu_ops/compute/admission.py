@@ -99,7 +99,7 @@ class GpuAdmission(dg.ConfigurableResource):
 
 def _try(book: Any, quotas: Any, request: GpuRequest, pools: list[str], run_id: str, asset_key: str) -> Any:
     from gpu_ops.compute.quota import Admission, QuotaExceeded
-    from gpu_ops.errors import LaunchRefused
+    from gpu_ops.failures import LaunchRefused
 
     try:
         return book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id, asset_key=asset_key)
@@ -137,7 +137,7 @@ def _hold(book: Any, admission: Any, ttl_s: float, state: _Waiting, info: Say, w
 
 
 def _wait(reason: str, state: _Waiting, settings: Any, warn: Say) -> None:
-    from gpu_ops.errors import LaunchRefused
+    from gpu_ops.failures import LaunchRefused
 
     waited = state.waited()
     if waited >= settings.wait_timeout_s:

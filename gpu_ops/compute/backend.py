@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import LeaseLost
 
 
 class WorkerExit(str, enum.Enum):
@@ -103,10 +103,6 @@ class Gone:
 
     confirmed: bool
     why: str
-
-
-class LeaseLost(GpuOpsError, RuntimeError):
-    """The GPU lease expired (or is gone) before its workers were written on it: they must not start."""
 
 
 def hold_workers(hold: HoldSink | None, workers: Mapping[str, Any]) -> LeaseLost | None:

@@ -10,21 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from gpu_ops.errors import GpuOpsError
-
-
-class UnknownGpuType(GpuOpsError, ValueError):
-    """A GPU name the catalog does not know; ``suggestions`` holds the close known names."""
-
-    def __init__(self, name: str, suggestions: list[str]):
-        self.name = name
-        self.suggestions = suggestions
-        hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
-        super().__init__(f"unknown GPU type {name!r}{hint} (known: {', '.join(sorted(CATALOG))})")
-
-
-class UnknownMigProfile(GpuOpsError, ValueError):
-    pass
+from gpu_ops.errors import UnknownGpuType, UnknownMigProfile
 
 
 @dataclass(frozen=True)
@@ -158,13 +144,13 @@ for _spec in _SPECS:
 def canonical_gpu_type(name: str) -> str:
     """``NVIDIA-A100-SXM4-80GB`` -> ``a100-80gb``; unknown names raise :class:`UnknownGpuType`."""
     if not isinstance(name, str) or not name.strip():
-        raise UnknownGpuType(str(name), [])
+        raise UnknownGpuType(str(name), [], CATALOG)
     key = _norm(name)
     if key in _ALIASES:
         return _ALIASES[key]
     close = difflib.get_close_matches(key, list(_ALIASES), n=3, cutoff=0.6)
     return_names = list(dict.fromkeys(_ALIASES[c] for c in close))
-    raise UnknownGpuType(name, return_names)
+    raise UnknownGpuType(name, return_names, CATALOG)
 
 
 def gpu_spec(name: str) -> GpuSpec:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.validate import CheckResult
+from gpu_ops.check_result import CheckResult
 
 KT_CONTROLLER = "kubetorch-controller"
 KT_CONTROLLER_PORT = 8080

@@ -43,7 +43,7 @@ from gpu_ops.compute.naming import (
 )
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import KarpenterConfig
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import NotManagedError
 
 KARPENTER_GROUP = "karpenter.sh"
 KARPENTER_VERSION = "v1"
@@ -251,10 +251,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[key] = merge_patch(out.get(key), value)
     return out
-
-
-class NotManagedError(GpuOpsError, RuntimeError):
-    """The object exists but was not created by gpu_ops: it is left alone."""
 
 
 def is_managed(obj: Mapping[str, Any]) -> bool:

@@ -64,21 +64,13 @@ from gpu_ops.compute.karpenter import (
     pod_node_selector,
 )
 from gpu_ops.compute.request import GpuRequest
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import ComputeSetupError
 
 if TYPE_CHECKING:
     import kubetorch as kt
 
 KUBETORCH_VERSION = "0.5.1"  # the client is pinned; the controller chart must match
 SERVICE_LABEL = "kubetorch.com/service"
-
-
-class ComputeSetupError(GpuOpsError, RuntimeError):
-    """A launch could not be set up; ``fix`` says what to change."""
-
-    def __init__(self, problem: str, fix: str, cause: BaseException | None = None):
-        self.problem, self.fix, self.cause = problem, fix, cause
-        super().__init__(f"{problem}\n  fix: {fix}")
 
 
 class LaunchSettings(Protocol):

@@ -49,7 +49,7 @@ from gpu_ops.compute import fence
 from gpu_ops.compute import standby as standby_mod
 from gpu_ops.compute.backend import NOTICE_SIGNAL, Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
 from gpu_ops.compute.standby import AdoptedProcess, Standby, StandbyScope, is_alive, process_start
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import LaunchError
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"
 _POLL_S = 0.05
@@ -69,10 +69,6 @@ def recorded_end(workdir: str | os.PathLike[str] | None) -> float | None:
         except (OSError, ValueError):
             continue
     return max(times) if times else None
-
-
-class LaunchError(GpuOpsError, RuntimeError):
-    """The launch could not start (the callable cannot be shipped, a worker cannot spawn)."""
 
 
 def free_port() -> int:

@@ -70,17 +70,9 @@ from typing import Any
 
 from gpu_ops.compute import fence
 from gpu_ops.compute.backend import Gone, LeaseLost
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import QuotaExceeded, SharedSqliteLeases
 
 LEASE_TABLE = "gpu_ops_gpu_leases"
-
-
-class QuotaExceeded(GpuOpsError, ValueError):
-    """The request alone is larger than a quota: waiting cannot help."""
-
-
-class SharedSqliteLeases(QuotaExceeded):
-    """Two hosts launch on one SQLite file: their clocks, not one database clock, would time the leases."""
 
 
 TOKEN_TABLE = "gpu_ops_lease_tokens"

@@ -53,7 +53,7 @@ import pandas as pd
 from gpu_ops.compute.catalog import CATALOG
 from gpu_ops.cost.read import first_line, handler_failures, header_names, ragged_line, write_without_ragged_lines
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import BillingSourceError
 from gpu_ops.formatting import not_utf8
 from gpu_ops.paths import NOT_REGULAR, PathNotUsable, path_kind
 
@@ -86,10 +86,6 @@ _NOT_INSTANCE_COST = ("SavingsPlanNegation", "SavingsPlanRecurringFee", "Savings
 _KNOWN_TYPES = ("Usage", "SavingsPlanCoveredUsage", "DiscountedUsage", "Refund", "Credit", *_DISCOUNTS)
 _NAT = np.iinfo(np.int64).min
 GPU_INSTANCE_TYPES = {t: (g, n) for g, spec in CATALOG.items() for t, n in spec.instance_types.items()}
-
-
-class BillingSourceError(GpuOpsError, ValueError):
-    """A CUR file cannot be read at all (missing file, missing columns)."""
 
 
 # --------------------------------------------------------------------------- reading
@@ -669,7 +665,6 @@ def _missing_cost(line_types: np.ndarray, col: str) -> Any:
 
 def _terms(s: pd.Series) -> str:
     return ",".join(sorted({t for t in s if t}))
-
 
 
 def node_instance_ids(inventory: Any) -> dict[str, str]:

@@ -4,7 +4,7 @@ open, and can the CUR index be kept where ``usage.billing.index_path`` says?"""
 from __future__ import annotations
 
 from gpu_ops.config import GpuOpsConfig
-from gpu_ops.validate import CheckResult, folder_setting
+from gpu_ops.check_result import CheckResult, folder_setting
 
 
 def check_cur_index(config: GpuOpsConfig) -> CheckResult:

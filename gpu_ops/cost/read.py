@@ -12,7 +12,6 @@ a file-level quarantine row.
 from __future__ import annotations
 
 import csv
-import glob as globmod
 import os
 import sys
 from collections import Counter
@@ -22,14 +21,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpu_ops.cost import window as win
 from gpu_ops.cost.columns import parquet_columns
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.cost.window import ReadStats, Window
+from gpu_ops.errors import UsageSourceError
 from gpu_ops.formatting import not_utf8
-from gpu_ops.paths import NOT_REGULAR, PathNotUsable, path_kind
 
 if TYPE_CHECKING:
     from gpu_ops.cost.footers import FooterCache
-    from gpu_ops.cost.window import ReadStats, Window
 
 
 USAGE_COLUMNS = (
@@ -43,63 +42,12 @@ USAGE, INVENTORY = "usage", "inventory"  # the two formats a file is read as
 _FORMATS = {USAGE: (USAGE_REQUIRED, USAGE_COLUMNS), INVENTORY: (INVENTORY_REQUIRED, INVENTORY_COLUMNS)}
 
 
-class UsageSourceError(GpuOpsError, ValueError):
-    """A source cannot be read at all (missing file, wrong format, missing columns)."""
-
-    def __init__(self, location: Any, reason: str | None = None):
-        self.location, self.reason = (str(location), reason) if reason is not None else ("", str(location))
-        super().__init__(f"{self.location}: {self.reason}" if self.location else self.reason)
-
-
-def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
-    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
-    file; matching nothing is an error, or no files with ``missing_ok``."""
-    p = Path(pattern).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
-    if any(c in str(p) for c in "*?["):
-        return _globbed(p, pattern, missing_ok)
-    try:
-        kind = path_kind(p)
-    except PathNotUsable as exc:
-        raise UsageSourceError(p, str(exc)) from None
-    if kind == "dir":
-        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
-        if not paths and not missing_ok:
-            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
-        return _regular(paths)
-    if kind == "missing":
-        if missing_ok:
-            return []
-        raise UsageSourceError(p, "no such file")
-    if kind == "special":
-        raise UsageSourceError(p, NOT_REGULAR)
-    return [p]
-
-
-def _globbed(p: Path, pattern: str, missing_ok: bool) -> list[Path]:
-    paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
-    if not paths and not missing_ok:
-        raise UsageSourceError(p, f"no file matches {pattern!r}")
-    return _regular(paths)
-
-
-def _regular(paths: list[Path]) -> list[Path]:
-    """``paths``, each a regular file or a folder (a glob may match one), or the error naming the first that is not."""
-    for path in paths:
-        if path_kind(path) == "special":
-            raise UsageSourceError(path, NOT_REGULAR)
-    return paths
-
-
 def distinct_files(
     patterns: Iterable[str], base_dir: Path | None, window: Window | None = None, lookback_days: Mapping[str, int] | None = None, stats: ReadStats | None = None,
 ) -> Iterator[tuple[Path | None, UsageSourceError | None]]:
     """Each file the patterns match, once (by real path); a pattern matching nothing is an
     error. With a ``window``, only files of days that can hold its rows (see
     :func:`gpu_ops.cost.window.list_files`; ``lookback_days`` per pattern)."""
-    from gpu_ops.cost import window as win
-
     seen: set[str] = set()
     for pattern in patterns:
         try:
@@ -390,8 +338,6 @@ def _ruled_out(path: Path, columns: Sequence[str] | None, window: Window | None,
     columns are still checked: a file missing one is an error every day)."""
     if footers is None or window is None:
         return False
-    from gpu_ops.cost import window as win
-
     cached = win.ruled_out(path, window, footers, stats)
     if cached is None:
         return False
@@ -409,8 +355,6 @@ def empty_table(schema: Any) -> Any:
 def _parquet(path: Path, columns: Sequence[str] | None, window: Window | None, stats: ReadStats | None, footers: FooterCache | None, kind: str = USAGE) -> FileRows:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from gpu_ops.cost import window as win
 
     try:
         pf = pq.ParquetFile(path)

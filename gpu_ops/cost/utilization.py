@@ -48,7 +48,7 @@ import pandas as pd
 
 from gpu_ops.config import UtilizationConfig, parse_duration
 from gpu_ops.formatting import redact_url
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import UtilizationError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -77,11 +77,6 @@ MAX_POINTS = 10_000
 MAX_DEPTH = 8
 # A Prometheus sample value: Go's strconv.FormatFloat output, NaN and ±Inf (nothing else).
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN", re.ASCII)
-
-
-class UtilizationError(GpuOpsError):
-    """Prometheus could not be queried, or answered something that is not a matrix of
-    samples (names the server without credentials, the query, and what was wrong)."""
 
 
 # --------------------------------------------------------------------------- Prometheus

@@ -40,13 +40,14 @@ results without it:
 from __future__ import annotations
 
 import datetime as dt
+import glob as globmod
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gpu_ops.cost.footers import FooterCache
+from gpu_ops.errors import UsageSourceError
+from gpu_ops.paths import NOT_REGULAR, PathNotUsable, path_kind
 
 DATE_PLACEHOLDER = "{date}"
 DEFAULT_LOOKBACK_DAYS = 1
@@ -154,14 +155,53 @@ class ReadStats:
 # --------------------------------------------------------------------------- listing
 
 
+def expand_pattern(pattern: str, base_dir: Path | None, missing_ok: bool = False) -> list[Path]:
+    """The files a source path names: a glob, a folder (its CSV and Parquet files) or a
+    file; matching nothing is an error, or no files with ``missing_ok``."""
+    p = Path(pattern).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    if any(c in str(p) for c in "*?["):
+        return _globbed(p, pattern, missing_ok)
+    try:
+        kind = path_kind(p)
+    except PathNotUsable as exc:
+        raise UsageSourceError(p, str(exc)) from None
+    if kind == "dir":
+        paths = sorted([*p.glob("*.csv"), *p.glob("*.parquet")])
+        if not paths and not missing_ok:
+            raise UsageSourceError(p, "no .csv or .parquet file in this folder")
+        return _regular(paths)
+    if kind == "missing":
+        if missing_ok:
+            return []
+        raise UsageSourceError(p, "no such file")
+    if kind == "special":
+        raise UsageSourceError(p, NOT_REGULAR)
+    return [p]
+
+
+def _globbed(p: Path, pattern: str, missing_ok: bool) -> list[Path]:
+    paths = sorted(Path(x) for x in globmod.glob(str(p), recursive=True))
+    if not paths and not missing_ok:
+        raise UsageSourceError(p, f"no file matches {pattern!r}")
+    return _regular(paths)
+
+
+def _regular(paths: list[Path]) -> list[Path]:
+    """``paths``, each a regular file or a folder (a glob may match one), or the error naming the first that is not."""
+    for path in paths:
+        if path_kind(path) == "special":
+            raise UsageSourceError(path, NOT_REGULAR)
+    return paths
+
+
 def list_files(pattern: str, base_dir: Path | None, window: Window | None, lookback_days: int, stats: ReadStats | None = None) -> list[Path]:
     """The files of ``pattern`` that can hold rows of ``window`` (all of them without one).
 
     ``{date}`` is replaced by each day of :meth:`Window.file_days`; without a window it
     matches every day (a glob ``*``). Hive day folders outside those days are dropped.
     """
-    from gpu_ops.cost.read import expand_pattern
-
     if DATE_PLACEHOLDER not in pattern:
         paths = expand_pattern(pattern, base_dir)
     elif window is None:
@@ -194,8 +234,6 @@ def _older_reaching(pattern: str, base_dir: Path | None, window: Window, lo: dt.
     (and reported) rather than silently priced at $0. Footers only; CSV files of those
     days cannot be judged without reading them and follow ``lookback_days``."""
     import fnmatch
-
-    from gpu_ops.cost.read import expand_pattern
 
     out = []
     for path in expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir, missing_ok=True):
@@ -250,7 +288,15 @@ def _in_days(day: dt.date | None, lo: dt.date, hi: dt.date) -> bool:
 # --------------------------------------------------------------------------- Parquet
 
 
-def ruled_out(path: Path, window: Window, footers: "FooterCache", stats: ReadStats | None) -> tuple[str, ...] | None:
+class FooterStore(Protocol):
+    """Where footer summaries are kept between days (:class:`gpu_ops.cost.footers.FooterCache`)."""
+
+    def summary(self, path: Path) -> FooterSummary | None: ...
+
+    def remember(self, path: Path, summary: FooterSummary) -> None: ...
+
+
+def ruled_out(path: Path, window: Window, footers: FooterStore, stats: ReadStats | None) -> tuple[str, ...] | None:
     """The column names of Parquet file ``path`` when its cached :class:`FooterSummary`
     shows no row can touch ``window`` (counted in ``files_skipped_by_summary``: the file
     is stat'ed, never opened); None when it must be read."""
@@ -263,7 +309,7 @@ def ruled_out(path: Path, window: Window, footers: "FooterCache", stats: ReadSta
     return cached.columns
 
 
-def row_groups(pf: Any, path: Path, window: Window, stats: ReadStats, footers: "FooterCache | None" = None) -> list[int]:
+def row_groups(pf: Any, path: Path, window: Window, stats: ReadStats, footers: FooterStore | None = None) -> list[int]:
     """The row groups of Parquet file ``pf`` (at ``path``) that can touch ``window``, from
     its footer (whose summary is remembered in ``footers``). A file with none is counted
     as footer-only: its columns are still checked, no row is read."""

@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import StorageError as StorageError
+from gpu_ops.errors import StorageUnavailable as StorageUnavailable
 
-
-class StorageError(GpuOpsError, RuntimeError):
-    """A table could not be read or written; the message says which and why."""
-
-
-class StorageUnavailable(StorageError):
-    """The database could not be reached, did not answer in time, or stayed locked.
-
-    The message names the database (password hidden) and says what to check.
-    """

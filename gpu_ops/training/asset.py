@@ -574,7 +574,7 @@ def _decide(step: _Step, launched: _Launched, c: Classification, seconds: tuple[
 
 
 def _fail(step: _Step, launched: _Launched, c: Classification, decision: Decision) -> BaseException:
-    from gpu_ops.errors import TrainingFailed
+    from gpu_ops.failures import TrainingFailed
 
     err = launched.error
     tb = c.traceback or (launched.report.traceback if launched.report else None) or ("".join(traceback.format_exception(err)) if err else None)

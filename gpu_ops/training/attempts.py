@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import TransitionError
 
 
 class State(str, enum.Enum):
@@ -61,10 +61,6 @@ NEXT: Mapping[State, frozenset[State]] = {
     State.DECIDED: frozenset(),
 }
 OPEN_STATES = (State.PLANNED, State.ADMITTED, State.LAUNCHED, State.RUNNING)
-
-
-class TransitionError(GpuOpsError, ValueError):
-    """A move the attempt diagram does not allow (a bug, or two writers of one attempt)."""
 
 
 def started_since_boot(pid: int) -> float | None:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import CheckpointError
 
 # fsspec is imported when a store is opened, not when the code location loads (gpu_asset imports this module).
 if TYPE_CHECKING:
@@ -46,10 +46,6 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.(bin|json)$")
 _TMP_PREFIX = ".tmp-"
-
-
-class CheckpointError(GpuOpsError, RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

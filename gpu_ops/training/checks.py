@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.formatting import redact_url, redact_urls
-from gpu_ops.validate import CheckResult, folder_setting
+from gpu_ops.check_result import CheckResult, folder_setting
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:

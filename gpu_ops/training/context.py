@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from gpu_ops.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL
 from gpu_ops.compute.fence import FenceCheck
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import TrainingPreempted as TrainingPreempted
 from gpu_ops.training.checkpoint import CheckpointInfo, CheckpointStore
 from gpu_ops.training.interval import CheckpointSchedule
 
@@ -58,16 +58,6 @@ def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
     except ValueError:
         return None
     return (head, data) if isinstance(data, dict) else None
-
-
-class TrainingPreempted(GpuOpsError):
-    """Raised by the worker wrapper when the function stopped after a preemption notice.
-
-    An ``Exception``: in a Kubetorch server the function runs inside a request handler
-    that must survive it, and the classifier knows the name. (The local backend's worker
-    raises :class:`WorkerTerminated` instead, so the attempt reads as ended by SIGTERM,
-    exit 143.) Either way the attempt is ``preempted``, not a user error.
-    """
 
 
 @dataclass

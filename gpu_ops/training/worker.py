@@ -25,15 +25,11 @@ from gpu_ops.training.context import (
     emit,
     install_sigterm_handler,
 )
-from gpu_ops.errors import GpuOpsError
+from gpu_ops.errors import TrainingFunctionError
 
 # (module, qualname) -> the undecorated training function; filled by gpu_asset/gpu_op
 # at import time in the parent and again in the worker when it imports the module.
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
-
-
-class TrainingFunctionError(GpuOpsError, TypeError):
-    pass
 
 
 def register(fn: Callable[..., Any]) -> tuple[str, str]:

@@ -12,7 +12,7 @@ import pytest
 from gpu_ops.alerts.forecast import Spend, assert_forecast_allowed, forecast_refusal, spend_to_date
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import parse_config
-from gpu_ops.errors import LaunchRefused
+from gpu_ops.failures import LaunchRefused
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import attempts, ledger
 from gpu_ops.training.attempt_store import AttemptStore

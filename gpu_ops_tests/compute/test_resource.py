@@ -157,7 +157,7 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
     import yaml
 
     from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
-    from gpu_ops.errors import LaunchRefused
+    from gpu_ops.failures import LaunchRefused
     from gpu_ops.storage.tables import TableStore
 
     cfg = tmp_path / "gpu_ops.yaml"

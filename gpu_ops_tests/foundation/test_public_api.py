@@ -65,10 +65,11 @@ def test_import_gpu_ops_and_its_errors_import_nothing_heavy():
 
 
 def test_every_exception_derives_from_gpu_ops_error():
-    for module, name in errors.PLAIN_ERRORS:
-        cls = getattr(importlib.import_module(module), name)
-        assert issubclass(cls, errors.GpuOpsError), name
-        assert not issubclass(cls, dg.Failure), name
+    assert len(errors.PLAIN_ERRORS) >= 21
+    for cls in errors.PLAIN_ERRORS:
+        assert issubclass(cls, errors.GpuOpsError) and cls.__module__ == "gpu_ops.errors", cls
+        assert not issubclass(cls, dg.Failure), cls
+        assert cls.__name__ in errors.__all__
     # Every exception class the package defines is a GpuOpsError, or deliberately not.
     deliberately_not = {"WorkerTerminated"}  # a BaseException: user code's `except Exception` must not swallow SIGTERM
     found = set()
@@ -79,12 +80,51 @@ def test_every_exception_derives_from_gpu_ops_error():
                 found.add(obj)
     strays = sorted(c.__qualname__ for c in found if not issubclass(c, errors.GpuOpsError) and c.__name__ not in deliberately_not)
     assert strays == []
-    assert {c.__name__ for c in found} >= {name for _, name in errors.PLAIN_ERRORS}
+    # One family in one module: every plain error is defined in gpu_ops.errors (and only
+    # re-exported where it is raised), every step failure in gpu_ops.failures.
+    assert found >= set(errors.PLAIN_ERRORS)
+    homes = {c.__module__ for c in found if c.__name__ not in deliberately_not}
+    assert homes == {"gpu_ops.errors", "gpu_ops.failures"}, homes
+    assert {c for c in found if c.__module__ == "gpu_ops.errors"} == {errors.GpuOpsError, *errors.PLAIN_ERRORS}
+
+
+# Where each plain error was defined before gpu_ops.errors held them all: still importable there.
+_RAISED_IN = {
+    "gpu_ops.config": ["ConfigError"],
+    "gpu_ops.fastyaml": ["YamlFileError"],
+    "gpu_ops.paths": ["PathNotUsable"],
+    "gpu_ops.validate": ["UnknownCheck"],
+    "gpu_ops.bounded_http": ["RemoteError"],
+    "gpu_ops.storage.errors": ["StorageError", "StorageUnavailable"],
+    "gpu_ops.compute.catalog": ["UnknownGpuType", "UnknownMigProfile"],
+    "gpu_ops.compute.karpenter": ["NotManagedError"],
+    "gpu_ops.compute.kubetorch_backend": ["ComputeSetupError"],
+    "gpu_ops.compute.local": ["LaunchError"],
+    "gpu_ops.compute.backend": ["LeaseLost"],
+    "gpu_ops.compute.quota": ["QuotaExceeded", "SharedSqliteLeases"],
+    "gpu_ops.training.context": ["TrainingPreempted"],
+    "gpu_ops.training.worker": ["TrainingFunctionError"],
+    "gpu_ops.training.checkpoint": ["CheckpointError"],
+    "gpu_ops.training.attempts": ["TransitionError"],
+    "gpu_ops.cost.read": ["UsageSourceError"],
+    "gpu_ops.cost.billing": ["BillingSourceError"],
+    "gpu_ops.cost.utilization": ["UtilizationError"],
+}
+
+
+def test_each_plain_error_is_importable_where_it_is_raised():
+    named = [name for names in _RAISED_IN.values() for name in names]
+    assert sorted(named) == sorted(c.__name__ for c in errors.PLAIN_ERRORS)
+    for module, names in _RAISED_IN.items():
+        for name in names:
+            assert getattr(importlib.import_module(module), name) is getattr(errors, name), f"{module}.{name}"
 
 
 def test_step_failures_are_dagster_failures_carrying_metadata():
+    from gpu_ops import failures
+
     for name in ("GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed"):
-        cls = getattr(errors, name)
-        assert issubclass(cls, dg.Failure) and issubclass(cls, errors.GpuOpsError)
-    exc = errors.TrainingFailed("train: attempt 3 raised ValueError", metadata={"attempts": 3})
+        cls = getattr(failures, name)
+        assert issubclass(cls, dg.Failure) and issubclass(cls, errors.GpuOpsError) and cls is getattr(gpu_ops, name)
+    exc = failures.TrainingFailed("train: attempt 3 raised ValueError", metadata={"attempts": 3})
     assert exc.metadata["attempts"].value == 3 and exc.allow_retries is False and "attempt 3" in exc.description

@@ -1,5 +1,11 @@
-"""Dagster ``Failure`` subclasses that end a step on purpose; import them from
-:mod:`gpu_ops.errors` (this module imports Dagster, that one does not)."""
+"""The step failures: Dagster ``Failure`` subclasses under :class:`gpu_ops.errors.GpuOpsError`.
+
+Raised where gpu_ops deliberately ends a step (as dagster-dbt's ``DagsterDbtError`` does):
+:class:`TrainingFailed` (the preemption policy gave up or the function raised),
+:class:`LaunchRefused` (a budget blocks GPU launches), :class:`AlertDeliveryFailed` (a
+notification channel failed). Apart from :mod:`gpu_ops.errors` only because this module
+imports Dagster and that one imports nothing.
+"""
 
 from __future__ import annotations
 
