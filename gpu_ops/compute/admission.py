@@ -38,17 +38,18 @@ class BudgetGate(dg.ConfigurableResource):
     enabled: bool = Field(default=True, description="Refuse launches that an enforced budget blocks or throttles.")
     config_path: str | None = Field(default=None, description="gpu_ops YAML whose storage holds budget enforcement (default: $GPU_OPS_CONFIG, then the demo).")
 
-    def check(self, request: GpuRequest, estimate: Any = None) -> None:
+    def check(self, request: GpuRequest, estimate: Any = None, config_path: str | None = None) -> None:
         """Refuse the launch when an enforced budget blocks or throttles it, or when its
         ``estimate`` (:class:`gpu_ops.training.estimate.Estimate`) would carry one past its
-        threshold (``alerts.launch_forecast``)."""
+        threshold (``alerts.launch_forecast``). A gate that names no configuration reads
+        ``config_path`` (the launching resource's)."""
         if not self.enabled:
             return
         from gpu_ops.alerts.enforcement import assert_launch_allowed
         from gpu_ops.alerts.forecast import assert_forecast_allowed
         from gpu_ops.config import load_config
 
-        config = load_config(self.config_path)
+        config = load_config(self.config_path or config_path)
         assert_launch_allowed(config, request)
         if estimate is not None:
             assert_forecast_allowed(config, request, estimate)
@@ -73,13 +74,15 @@ class GpuAdmission(dg.ConfigurableResource):
 
     def admit(
         self, request: GpuRequest, *, pools: list[str], run_id: str, asset_key: str, info: Say, warn: Say, fence_path: str | None = None, reclaimer: Any = None,
+        config_path: str | None = None,
     ) -> Any:
         """``reclaimer``: the launch's backend (``make_gone``), which stops the workers of
         expired leases before they are handed on; without one only leases that recorded no
-        worker are reclaimed."""
+        worker are reclaimed. An admission that names no configuration reads
+        ``config_path`` (the launching resource's)."""
         from gpu_ops.config import load_config
 
-        config = load_config(self.config_path)
+        config = load_config(self.config_path or config_path)
         from gpu_ops.compute.quota import LeaseBook, Quotas
         from gpu_ops.storage.tables import TableStore
 

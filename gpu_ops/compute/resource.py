@@ -15,9 +15,9 @@
 Both have ``lifecycle: Lifecycle`` (cleanup policy, SIGTERM grace) and two injected
 resources (``dg.ResourceDependency``): ``admission`` (:class:`~gpu_ops.compute.admission.GpuAdmission`,
 the GPU quotas) and ``budget_gate`` (:class:`~gpu_ops.compute.admission.BudgetGate`).
-``GpuCompute.from_config(config.compute)`` builds the one the configuration names.
-``GpuCompute(...)`` with the former flat keywords (``backend="kubetorch"``,
-``namespace=...``, ``cleanup=...``) still works and returns the subclass (deprecated).
+``GpuCompute.from_config(config.compute)`` builds the one the configuration names;
+``GpuCompute(...)`` itself builds the default backend, ``LocalGpuCompute(...)``, with the
+same keywords. Gates that name no configuration read the resource's ``config_path``.
 
 Lifecycle, after dagster-ray: objects are created per launch (a Kubetorch service, run
 scoped NodePools, or local worker processes and their folder), named from the asset key,
@@ -43,7 +43,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, dataclass_transform
@@ -89,12 +88,6 @@ def _asset_key_of(context: Any) -> list[str] | None:
         return [op_context.op.name]
     except Exception:
         return None
-
-
-_LOCAL_KEYS = {"local_workdir", "standby", "standby_idle_s"}
-_KUBETORCH_KEYS = {"namespace", "kubeconfig_path"}
-_LAUNCH_KEYS = {"priority_class", "launch_timeout_s", "inactivity_ttl", "image", "service_account"}
-_POOL_KEYS = {"manage_nodepools", "manage_ec2nodeclass", "node_class", "node_role", "cluster_name", "consolidate_after", "gpu_limit", "pool_scope"}
 
 
 class Lifecycle(dg.Config):
@@ -146,24 +139,23 @@ if TYPE_CHECKING:  # the metaclass every ConfigurableResource has (it carries th
 else:
     _ResourceMeta = type(dg.ConfigurableResource)
 
-# The classes whose direct call takes the former flat keywords (see _LegacyCall).
-_FLAT_ENTRY: list[type] = []
-
-
 @dataclass_transform(kw_only_default=True, field_specifiers=(Field,))
-class _LegacyCall(_ResourceMeta):
-    """``GpuCompute(**flat)`` (the abstract class called as before the split) builds the
-    backend's subclass from the former flat keywords; every other call is a normal one."""
+class _DefaultBackend(_ResourceMeta):
+    """Calling the abstract ``GpuCompute`` builds the default backend, ``LocalGpuCompute``,
+    with the same keywords (``resources={"gpu_compute": GpuCompute()}``); a keyword that is
+    no field of the class built is refused (Dagster resources would ignore it)."""
 
     if not TYPE_CHECKING:  # type checkers see the classes' own signatures
 
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-            if cls in _FLAT_ENTRY:
-                return _from_flat(**kwargs)
-            return super().__call__(*args, **kwargs)
+            target = LocalGpuCompute if cls is GpuCompute else cls
+            unknown = sorted(set(kwargs) - set(target.model_fields))
+            if unknown:
+                raise TypeError(f"{target.__name__} got unexpected keyword(s): {', '.join(unknown)} (the settings are nested: lifecycle=Lifecycle(...), standby=StandbySettings(...), kubetorch=KubetorchLaunch(...), karpenter=KarpenterPools(...))")
+            return super().__call__(*args, **kwargs) if cls is not GpuCompute else LocalGpuCompute(*args, **kwargs)
 
 
-class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
+class GpuCompute(dg.ConfigurableResource, metaclass=_DefaultBackend):
     """Runs functions on GPUs; one subclass per backend (see the module docstring)."""
 
     lifecycle: Lifecycle = Field(default_factory=Lifecycle, description="Cleanup policy and SIGTERM grace of launches.")
@@ -197,7 +189,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
 
     def make_backend(self, request: GpuRequest, name: str, labels: dict[str, str], warm: tuple[str, ...] = (), standby: Any = None) -> Backend:
         """The backend of one launch: each subclass builds its own (``GpuCompute`` itself is
-        never instantiated: calling it builds the subclass its keywords name)."""
+        never instantiated: calling it builds ``LocalGpuCompute``)."""
         raise NotImplementedError(f"{type(self).__name__} is not a backend: use LocalGpuCompute or KubetorchGpuCompute")
 
     def pool_scope(self) -> str:
@@ -280,7 +272,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         # Before anything is created: a blocked or throttled budget scope, or one this
         # launch's estimate would carry past its threshold, refuses the launch with
         # dg.Failure(allow_retries=False) saying why and how to lift it.
-        self.budget_gate.check(request, estimate)
+        self.budget_gate.check(request, estimate, self.config_path)
         with _fence_folder(self.fence_parent()) as fence_path:
             # The launch's backend exists before the admission: it is the reclaimer that
             # makes an expired lease's workers gone before their GPUs are handed on.
@@ -316,7 +308,7 @@ class GpuCompute(dg.ConfigurableResource, metaclass=_LegacyCall):
         log = getattr(context, "log", None)
         heartbeat = self.admission.admit(
             request, pools=pools, run_id=run_id or "", asset_key="/".join(asset_key or []),
-            info=log.info if log is not None else print, warn=log.warning if log is not None else print, fence_path=fence_path, reclaimer=backend,
+            info=log.info if log is not None else print, warn=log.warning if log is not None else print, fence_path=fence_path, reclaimer=backend, config_path=self.config_path,
         )
         if heartbeat is not None:
             self._last_admission = heartbeat.admission
@@ -451,33 +443,6 @@ class KubetorchGpuCompute(GpuCompute):
         from gpu_ops.compute.kubetorch_backend import KubetorchBackend
 
         return KubetorchBackend.from_resource(self, request, name=name, labels=labels)
-
-
-_FLAT_ENTRY.append(GpuCompute)
-
-
-def _from_flat(*, backend: str = "local", cleanup: CleanupPolicy = "always", grace_period_s: float = 10.0, budget_gate: bool = True, config_path: str | None = None, **rest: Any) -> GpuCompute:
-    """The former flat ``GpuCompute(...)`` keywords -> the backend's subclass (deprecated)."""
-    if rest:
-        warnings.warn(
-            f"GpuCompute({', '.join(sorted(rest))}=...) is deprecated: use LocalGpuCompute(...) or KubetorchGpuCompute(...) with their nested settings",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    common: dict[str, Any] = {
-        "config_path": config_path, "lifecycle": Lifecycle(cleanup=cleanup, grace_period_s=grace_period_s),
-        "admission": GpuAdmission(config_path=config_path), "budget_gate": BudgetGate(enabled=budget_gate, config_path=config_path),
-    }
-    unknown = set(rest) - _LOCAL_KEYS - _KUBETORCH_KEYS - _LAUNCH_KEYS - _POOL_KEYS
-    if unknown:
-        raise TypeError(f"GpuCompute got unexpected keyword(s): {', '.join(sorted(unknown))}")
-    if backend == "local":
-        standby = StandbySettings(**{k: rest[f] for k, f in (("enabled", "standby"), ("idle_s", "standby_idle_s")) if f in rest})
-        return LocalGpuCompute(**common, local_workdir=rest.get("local_workdir"), standby=standby)
-    if backend != "kubetorch":
-        raise ValueError(f"GpuCompute: unknown backend {backend!r} (local or kubetorch)")
-    pick = lambda keys: {k: v for k, v in rest.items() if k in keys}  # noqa: E731
-    return KubetorchGpuCompute(**common, **pick(_KUBETORCH_KEYS), kubetorch=KubetorchLaunch(**pick(_LAUNCH_KEYS)), karpenter=KarpenterPools(**pick(_POOL_KEYS)))
 
 
 def _context_log(context: Any) -> LogSink:

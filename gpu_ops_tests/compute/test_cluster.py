@@ -22,7 +22,7 @@ from gpu_ops.compute.kubetorch_backend import SERVICE_LABEL, KubetorchBackend
 from gpu_ops.compute.naming import launch_labels, launch_name
 from gpu_ops.compute.quota import LeaseBook, Quotas
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, KubetorchGpuCompute
+from gpu_ops.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch, Lifecycle
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import launch_assets
 from gpu_ops_tests.waiting import wait_until
@@ -34,7 +34,7 @@ def test_deploys_a_tiny_function_and_tears_it_down() -> None:
     from kubernetes import client, config
 
     namespace = os.environ.get("GPU_OPS_TEST_NAMESPACE", "default")
-    compute = GpuCompute(backend="kubetorch", namespace=namespace, manage_nodepools=False, cleanup="always", launch_timeout_s=600, inactivity_ttl="15m")
+    compute = KubetorchGpuCompute(namespace=namespace, karpenter=KarpenterPools(manage_nodepools=False), lifecycle=Lifecycle(cleanup="always"), kubetorch=KubetorchLaunch(launch_timeout_s=600, inactivity_ttl="15m"))
     result = dg.materialize([launch_assets.summed], resources={"gpu_compute": compute})
     assert result.success
     assert result.output_for_node("summed")["sum"] == 5

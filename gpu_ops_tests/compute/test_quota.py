@@ -21,7 +21,7 @@ import yaml
 
 from gpu_ops.compute.quota import Lease, LeaseBook, QuotaExceeded, Quotas, decide
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, LocalGpuCompute, StandbySettings
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import worker_fns
 
@@ -84,7 +84,7 @@ def _messages(instance: dg.DagsterInstance, run_id: str) -> list[tuple[float, st
 
 def test_a_launch_over_quota_waits_then_runs_when_the_first_ends(tmp_path: Path, db_url: str) -> None:
     cfg = write_config(tmp_path, db_url)
-    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    compute = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=StandbySettings(enabled=False))
     results: dict[str, tuple[dg.DagsterInstance, dg.ExecuteInProcessResult]] = {}
 
     def materialize(name: str, gpus: int, seconds: float) -> None:
@@ -156,7 +156,7 @@ def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, d
         if proc.poll() is None:
             proc.kill()
     cfg = write_config(tmp_path, db_url, ttl_s=1.0)
-    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    compute = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=StandbySettings(enabled=False))
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize([_asset("after_the_crash", 4, 0.1)], instance=instance, resources={"gpu_compute": compute})
     assert result.success
@@ -182,7 +182,7 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_live_leases(db_url: str) ->
 
 def test_a_launch_larger_than_the_quota_fails_at_once(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
-    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    compute = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=StandbySettings(enabled=False))
     request = GpuRequest(gpu_type="t4", gpus=8, capacity="spot", labels=Attribution(team="nlp"))
     with dg.build_asset_context() as context:
         with pytest.raises(dg.Failure, match="more than its whole quota of 4") as info:
@@ -197,7 +197,7 @@ def test_a_training_asset_shows_who_holds_what(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
     request = GpuRequest(gpu_type="t4", gpus=2, capacity="spot", labels=Attribution(team="nlp"))
     asset = gpu_asset(workloads.counting, name="quota_visible", request=request, params={"steps": 3, "step_s": 0.0}, config_path=str(cfg))
-    compute = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=False)
+    compute = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=StandbySettings(enabled=False))
     result = dg.materialize([asset], instance=dg.DagsterInstance.ephemeral(), resources={"gpu_compute": compute})
     assert result.success
     md = result.asset_materializations_for_node("quota_visible")[-1].metadata

@@ -9,7 +9,8 @@ import pytest
 
 from gpu_ops.compute.backend import WorkerExit
 from gpu_ops.compute.naming import MAX_SERVICE_NAME, launch_labels, launch_name
-from gpu_ops.compute.resource import GpuCompute, Lifecycle, StandbySettings, should_clean_up
+from gpu_ops.compute.admission import BudgetGate
+from gpu_ops.compute.resource import GpuCompute, KarpenterPools, KubetorchGpuCompute, Lifecycle, LocalGpuCompute, StandbySettings, should_clean_up
 from gpu_ops_tests.compute import launch_assets, worker_fns
 
 
@@ -45,7 +46,7 @@ def test_materialize_launches_a_worker_and_streams_into_the_dagster_log(tmp_path
 def test_cleanup_policy(tmp_path: Path, policy: str, asset: str, kept: bool) -> None:
     result = dg.materialize(
         [getattr(launch_assets, asset)],
-        resources={"gpu_compute": GpuCompute(local_workdir=str(tmp_path), cleanup=policy)},
+        resources={"gpu_compute": LocalGpuCompute(local_workdir=str(tmp_path), lifecycle=Lifecycle(cleanup=policy))},
         raise_on_error=False,
     )
     assert result.success is (asset == "summed")
@@ -58,7 +59,7 @@ def test_cleanup_policy(tmp_path: Path, policy: str, asset: str, kept: bool) -> 
 
 @pytest.mark.parametrize(("policy", "kept"), [("always", False), ("on_exception", False), ("never", True)])
 def test_interrupt_stops_workers_and_cleans_up_per_policy(tmp_path: Path, policy: str, kept: bool) -> None:
-    compute = GpuCompute(local_workdir=str(tmp_path), cleanup=policy, grace_period_s=2)
+    compute = LocalGpuCompute(local_workdir=str(tmp_path), lifecycle=Lifecycle(cleanup=policy, grace_period_s=2))
     pids: list[int] = []
 
     def interrupt_on_output(line: str) -> None:
@@ -131,7 +132,7 @@ def cluster_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, karpenter_
 def test_kubetorch_setup_failure_cleans_up_run_pools_per_policy(cluster_boundary, policy: str, kept: bool) -> None:
     from gpu_ops.compute.kubetorch_backend import ComputeSetupError
 
-    compute = GpuCompute(backend="kubetorch", namespace="ml", cleanup=policy, pool_scope="run")
+    compute = KubetorchGpuCompute(namespace="ml", lifecycle=Lifecycle(cleanup=policy), karpenter=KarpenterPools(pool_scope="run"))
     request = launch_assets.REQUEST.model_copy(update={"gpus": 1})
     lines: list[str] = []
     with dg.build_asset_context() as context:
@@ -144,7 +145,7 @@ def test_kubetorch_setup_failure_cleans_up_run_pools_per_policy(cluster_boundary
 def test_kubetorch_team_pools_are_shared_and_kept(cluster_boundary) -> None:
     from gpu_ops.compute.kubetorch_backend import ComputeSetupError
 
-    compute = GpuCompute(backend="kubetorch", namespace="ml", cleanup="always")
+    compute = KubetorchGpuCompute(namespace="ml", lifecycle=Lifecycle(cleanup="always"))
     with dg.build_asset_context() as context:
         with pytest.raises(ComputeSetupError):
             compute.launch(context, launch_assets.REQUEST.model_copy(update={"gpus": 1}), worker_fns.add, args=(1, 2), log=lambda _l: None)
@@ -181,24 +182,25 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
     other = launch_assets.REQUEST.model_copy(update={"labels": launch_assets.Attribution(team="vision")})
     with dg.build_asset_context() as context:
         assert compute.launch(context, other, worker_fns.add, args=(1, 2), log=lambda _l: None).ok
-        ungated = GpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), budget_gate=False)
+        ungated = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), budget_gate=BudgetGate(enabled=False))
         assert ungated.launch(context, launch_assets.REQUEST, worker_fns.add, args=(1, 2), log=lambda _l: None).ok
 
 
-def test_one_class_per_backend_with_nested_settings_and_the_old_call_still_works(tmp_path: Path) -> None:
-    from gpu_ops.compute.admission import BudgetGate, GpuAdmission
-    from gpu_ops.compute.resource import KubetorchGpuCompute, KubetorchLaunch, Lifecycle, LocalGpuCompute, StandbySettings
+def test_one_class_per_backend_with_nested_settings(tmp_path: Path) -> None:
+    from gpu_ops.compute.admission import GpuAdmission
+    from gpu_ops.compute.resource import KubetorchLaunch
 
-    # The author's call of before the split builds the backend's class (flat keywords are deprecated).
+    # The abstract class called builds the default backend with the same (nested) keywords.
     assert type(GpuCompute()) is LocalGpuCompute
-    with pytest.warns(DeprecationWarning, match="use LocalGpuCompute"):
-        old = GpuCompute(local_workdir=str(tmp_path), cleanup="never", standby=False, budget_gate=False)
-    assert isinstance(old, LocalGpuCompute) and old.lifecycle.cleanup == "never" and not old.standby.enabled and not old.budget_gate.enabled
-    with pytest.warns(DeprecationWarning):
-        kt = GpuCompute(backend="kubetorch", namespace="ml", image="img:1", pool_scope="run")
-    assert isinstance(kt, KubetorchGpuCompute) and (kt.namespace, kt.kubetorch.image, kt.karpenter.pool_scope) == ("ml", "img:1", "run")
-    with pytest.raises(TypeError, match="unexpected keyword"):
-        GpuCompute(nodes=3)
+    local = GpuCompute(local_workdir=str(tmp_path), lifecycle=Lifecycle(cleanup="never"), standby=StandbySettings(enabled=False), budget_gate=BudgetGate(enabled=False))
+    assert isinstance(local, LocalGpuCompute) and local.lifecycle.cleanup == "never" and not local.standby.enabled and not local.budget_gate.enabled
+    # The flat keywords of 0.1 are gone: refused, never silently ignored.
+    with pytest.raises(TypeError, match=r"unexpected keyword\(s\): backend, namespace .*lifecycle=Lifecycle"):
+        GpuCompute(backend="kubetorch", namespace="ml")
+    with pytest.raises(TypeError, match="LocalGpuCompute got unexpected keyword"):
+        LocalGpuCompute(cleanup="never")
+    with pytest.raises(TypeError, match="KubetorchGpuCompute got unexpected keyword.*pool_scope"):
+        KubetorchGpuCompute(namespace="ml", pool_scope="run")
 
     # The new shape: nested settings, the gates injected (and shared) as resources.
     gate = BudgetGate(enabled=False)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, Lifecycle
 from gpu_ops.config import load_config
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.resources import GpuOpsSettings
@@ -59,7 +59,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     on_gpu = gpu_asset(workloads.on_a_reported_gpu, name="on_gpu", request=REQUEST, config_path=str(config))
     on_cpu = gpu_asset(workloads.counting, name="on_cpu", request=REQUEST, params={"steps": 5}, env={"CUDA_VISIBLE_DEVICES": ""}, config_path=str(config))
     try:
-        result = dg.materialize([on_gpu, on_cpu], instance=dg.DagsterInstance.ephemeral(), resources={"gpu_compute": GpuCompute(grace_period_s=5)})
+        result = dg.materialize([on_gpu, on_cpu], instance=dg.DagsterInstance.ephemeral(), resources={"gpu_compute": GpuCompute(lifecycle=Lifecycle(grace_period_s=5))})
         assert result.success
         md = {name: metadata_of(result, name) for name in ("on_gpu", "on_cpu")}
         cost_assets, _ = build_assets(load_config(config))

@@ -20,7 +20,7 @@ import pytest
 
 from gpu_ops.compute import hardware
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, LocalGpuCompute
+from gpu_ops.compute.resource import GpuCompute, Lifecycle, LocalGpuCompute
 from gpu_ops.config import load_config
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.training import ledger
@@ -248,7 +248,7 @@ def counting_asset(config: Path, name: str, params: dict[str, Any], **policy: An
 
 
 def run(asset: dg.AssetsDefinition, instance: dg.DagsterInstance) -> dg.ExecuteInJobResult:
-    return dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(grace_period_s=5)}, raise_on_error=False)
+    return dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(lifecycle=Lifecycle(grace_period_s=5))}, raise_on_error=False)
 
 
 def test_user_error_is_not_retried(config_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_two_workers_losing_one_rank_resume_together(config_path: Path) -> None:
     def ddp_asset(name: str) -> dg.AssetsDefinition:
         return gpu_asset(workloads.ddp_train, name=name, request=request, policy={"backoff_s": 0.05, "checkpoint_interval": 0.3}, config_path=str(config_path))
 
-    resources = {"gpu_compute": GpuCompute(grace_period_s=3)}
+    resources = {"gpu_compute": GpuCompute(lifecycle=Lifecycle(grace_period_s=3))}
     straight = dg.materialize([ddp_asset("ddp_straight")], instance=dg.DagsterInstance.ephemeral(), resources=resources)
     reference = metadata(straight, "ddp_straight")
     assert reference["ranks_agree"] is True and reference["world_size"] == 2

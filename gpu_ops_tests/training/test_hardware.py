@@ -17,7 +17,7 @@ import pytest
 
 from gpu_ops.compute import hardware
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, Lifecycle
 from gpu_ops.training.asset import gpu_asset
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import PRICES, ledger_rows, messages, metadata
@@ -40,7 +40,7 @@ def _run_on_cpu(config: Path, name: str) -> tuple[dg.DagsterInstance, Any]:
         policy={"checkpoint_interval": 60}, env={"CUDA_VISIBLE_DEVICES": ""}, config_path=str(config),
     )
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(grace_period_s=5)})
+    result = dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(lifecycle=Lifecycle(grace_period_s=5))})
     assert result.success
     return instance, result
 

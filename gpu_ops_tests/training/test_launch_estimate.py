@@ -11,7 +11,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, Lifecycle
 from gpu_ops.config import load_config
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.resources import GpuOpsSettings
@@ -50,7 +50,7 @@ def config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def materialize(asset: dg.AssetsDefinition, config: Path, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
-    return dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(config_path=str(config), grace_period_s=5)}, raise_on_error=False)
+    return dg.materialize([asset], instance=instance, resources={"gpu_compute": GpuCompute(config_path=str(config), lifecycle=Lifecycle(grace_period_s=5))}, raise_on_error=False)
 
 
 def test_estimate_and_actual_in_the_run_log_the_metadata_and_the_accuracy_table(config_path: Path, tmp_path: Path) -> None:

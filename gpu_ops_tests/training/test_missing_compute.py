@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.compute.resource import GpuCompute, Lifecycle
 from gpu_ops.training.asset import gpu_asset, gpu_op
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import REQUEST, write_config
@@ -67,7 +67,7 @@ def materialized_metadata(result: dg.ExecuteInJobResult, node: str) -> dict[str,
 def test_definitions_with_the_resource_load_and_materialize(config_path: Path, key: str) -> None:
     # two training assets share the compute resource (no conflicting resource definitions)
     assets = [training_asset(config_path, name, compute_resource_key=key) for name in ("first_model", "second_model")]
-    defs = dg.Definitions(assets=assets, resources={key: GpuCompute(grace_period_s=5)})
+    defs = dg.Definitions(assets=assets, resources={key: GpuCompute(lifecycle=Lifecycle(grace_period_s=5))})
     dg.Definitions.validate_loadable(defs)
     result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=dg.DagsterInstance.ephemeral(), asset_selection=[dg.AssetKey("first_model")])
     assert result.success

@@ -26,6 +26,6 @@ defs = dg.Definitions(
     # Launched as this job, runs carry the tags the run queue limits (gpu-ops/gpu-launch, gpu-ops/team).
     jobs=[dg.define_asset_job("finetune_job", selection=[finetuned_model], tags=gpu_run_tags(REQUEST))],
     # GPU work runs through this resource: local subprocess workers here; on a cluster
-    # GpuCompute(backend="kubetorch", namespace="ml"), or GpuCompute.from_config(config.compute).
+    # KubetorchGpuCompute(namespace="ml"), or GpuCompute.from_config(config.compute).
     resources={"gpu_compute": GpuCompute()},
 )

@@ -1,5 +1,5 @@
 """The resource GPU training components need: where GPU work runs (local subprocess
-workers here; GpuCompute(backend="kubetorch", namespace="ml") on a cluster). Its budget
+workers here; KubetorchGpuCompute(namespace="ml") on a cluster). Its budget
 gate reads the enforcement table of the same configuration as the cost component."""
 
 from pathlib import Path
