@@ -799,6 +799,11 @@ class AlertsConfig(_Model):
     # apart). Enforcement runs are never held back.
     max_runs_per_tick: PositiveInt = 500
     top_spenders: int = Field(default=5, ge=0)
+    intraday: bool = True
+    """Budgets within the hour: budget_alert_sensor's view of the current period adds what
+    the newest ``gpu_budget_status`` partition has not counted yet (attempts settled in the
+    usage ledger since its ``as_of``, and running attempts at their price), and evaluates on
+    the tick after an attempt settles. ``false``: the daily partitions only."""
     launch_forecast: Literal["estimate", "p90", "off"] = "estimate"
     """The forecast gate (see "Know the cost before the launch"): a ``gpu_asset`` launch whose
     estimate would carry a budget that blocks or throttles past its enforcement line is
