@@ -151,7 +151,7 @@ def tick(config: GpuOpsConfig, store: TableStore | None, cursor: AlertCursor, *,
     queue, oldest first. ``cursor`` is left as it was."""
     new_cursor = AlertCursor(
         cursor.last_storage_id, cursor.evaluated_at, cursor.budgets, dict(cursor.pending), cursor.runs_seen_at,
-        cursor.queue.copy(), cursor.ledger_mark,
+        cursor.queue.copy(), cursor.ledger_mark, dict(cursor.anomalies),
     )
     enforcement: list[dg.RunRequest] = []
     summary: list[str] = []
@@ -171,6 +171,7 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     """The newest status rows against ``cursor``'s state: the state advances in place,
     the alerts join its queue; returns the enforcement runs (never held back: they gate
     launches, and there is at most one per budget) and a summary."""
+    from gpu_ops.alerts.anomalies import queue_anomalies
     from gpu_ops.alerts.intraday import with_intraday
     from gpu_ops.alerts.records import read_latest_status
 
@@ -180,12 +181,13 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     result, in_detail = evaluate_table(plan, table, cursor.budgets, now)
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
     cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
+    anomalies = queue_anomalies(config, store, plan, table, cursor, now)
     enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
     return enforcement, [
         f"evaluated {len(table)} budget rows ({in_detail} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
-    ] + ([intraday] if intraday else [])
+    ] + ([intraday] if intraday else []) + ([f"{anomalies} spend anomaly alert(s) queued"] if anomalies else [])
 
 
 def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
