@@ -38,7 +38,7 @@ from gpu_ops.cost.budgets import period_bounds
 from gpu_ops.cost.columns import GROUPING_KEYS
 
 KEYS = GROUPING_KEYS  # what a budget scope filters on and an attempt is billed to
-_FRAME = [*KEYS, "start", "end", "per_s", "settled"]
+_FRAME = [*KEYS, "asset_key", "start", "end", "per_s", "settled"]
 
 
 def _price(config: Any, gpu_type: str, capacity: str) -> float:
@@ -48,8 +48,8 @@ def _price(config: Any, gpu_type: str, capacity: str) -> float:
 
 @dataclass(frozen=True)
 class Accrual:
-    """Attempts as priced intervals: ``KEYS`` (text), ``start``, ``end`` (UTC), ``per_s``
-    (USD per second), ``settled`` (a ledger row, else running)."""
+    """Attempts as priced intervals: ``KEYS`` and ``asset_key`` (text), ``start``, ``end``
+    (UTC), ``per_s`` (USD per second), ``settled`` (a ledger row, else running)."""
 
     frame: pd.DataFrame
 
@@ -85,7 +85,7 @@ def _ledger_frame(config: Any, rows: pd.DataFrame, now: pd.Timestamp) -> pd.Data
     gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
     count = rows["gpu_count"].astype(float).where(~simulated, rows["declared_gpu_count"].astype(float))
     price = pd.Series([_price(config, g, c) for g, c in zip(gpu_type, rows["capacity_type"])], index=rows.index)
-    out = pd.DataFrame({k: rows[k].fillna("").astype(str) if k in rows else "" for k in KEYS}, index=rows.index)
+    out = pd.DataFrame({k: rows[k].fillna("").astype(str) if k in rows else "" for k in (*KEYS, "asset_key")}, index=rows.index)
     out["start"] = pd.to_datetime(rows["start"], utc=True)
     out["end"] = pd.to_datetime(rows["end"], utc=True).clip(upper=now)
     out["per_s"] = count * rows["gpu_share"].astype(float) * price / 3600.0
@@ -105,7 +105,7 @@ def _running_frame(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
         bill = dict(a.bill)
         price = _price(config, str(bill.get("gpu_type")), str(bill.get("capacity_type")))
         rows.append({
-            **{k: str(bill.get(k) or "") for k in KEYS}, "start": pd.Timestamp(a.launched_at, unit="s", tz="UTC"), "end": now,
+            **{k: str(bill.get(k) or "") for k in KEYS}, "asset_key": a.asset_key, "start": pd.Timestamp(a.launched_at, unit="s", tz="UTC"), "end": now,
             "per_s": float(bill.get("gpu_count", 0)) * float(bill.get("gpu_share", 1.0)) * price / 3600.0, "settled": False,
         })
     return pd.DataFrame(rows, columns=_FRAME)
