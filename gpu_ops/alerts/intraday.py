@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,8 @@ class Accrual:
 
     def cost_since(self, since: pd.Timestamp) -> pd.Series:
         """Each interval's cost after ``since``."""
+        if self.frame.empty:
+            return pd.Series([], dtype=float)
         seconds = (self.frame["end"] - self.frame["start"].clip(lower=since)).dt.total_seconds().clip(lower=0.0)
         return seconds * self.frame["per_s"]
 
@@ -145,52 +147,77 @@ def _instant(value: Any) -> pd.Timestamp | None:
     return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
 
 
-def _mark(bounds: tuple[dt.date, dt.date], raw: tuple | None, i: int | None) -> Mark:
-    start, end = bounds
-    period_start = pd.Timestamp(start).tz_localize("UTC")
-    if raw is None or str(raw[1])[:10] != start.isoformat():
-        return Mark(start, end, period_start, i, False)
+@dataclass(frozen=True)
+class _Period:
+    start: dt.date
+    end: dt.date
+    iso: str
+    since: pd.Timestamp  # its start, UTC
+
+
+def _mark(period: _Period, raw: tuple | None, i: int | None) -> Mark:
+    if raw is None or str(raw[1])[:10] != period.iso:
+        return Mark(period.start, period.end, period.since, i, False)
     as_of = _instant(raw[8])
-    return Mark(start, end, period_start if as_of is None else max(as_of, period_start), i, True)
+    return Mark(period.start, period.end, period.since if as_of is None else max(as_of, period.since), i, True)
 
 
-def marks(plan: ThresholdPlan, table: StatusTable, now: dt.datetime) -> dict[str, Mark]:
-    """Every configured budget's :class:`Mark` at ``now``."""
+def marks(plan: ThresholdPlan, table: StatusTable, now: dt.datetime, names: Iterable[str]) -> dict[str, Mark]:
+    """The :class:`Mark` of each budget of ``names`` at ``now`` (a fleet's budgets share a
+    handful of periods and as_of values)."""
     row_of = {name: i for i, name in enumerate(table.names)}
     today = now.astimezone(dt.timezone.utc).date()
-    bounds: dict[tuple[str, int], tuple[dt.date, dt.date]] = {}  # a fleet shares a few periods
+    periods: dict[tuple[str, int], _Period] = {}
     out = {}
-    for name, budget in plan.budgets.items():
+    for name in names:
+        budget = plan.budgets[name]
         key = (budget.period, budget.reset_day)
-        if key not in bounds:
-            bounds[key] = period_bounds(budget, today)
+        period = periods.get(key)
+        if period is None:
+            start, end = period_bounds(budget, today)
+            period = periods[key] = _Period(start, end, start.isoformat(), pd.Timestamp(start).tz_localize("UTC"))
         i = row_of.get(name)
-        out[name] = _mark(bounds[key], table.rows[i] if i is not None else None, i)
+        out[name] = _mark(period, table.rows[i] if i is not None else None, i)
     return out
 
 
-def added_spend(accrual: Accrual, plan: ThresholdPlan, at: Mapping[str, Mark]) -> dict[str, float]:
-    """USD each budget's scope accrued after its mark (budgets with none left out). The
-    intervals are summed per attribution (a handful) and each budget adds up the
-    attributions its scope matches, so a fleet of budgets costs a lookup each."""
+def _scopes(accrual: Accrual, plan: ThresholdPlan) -> tuple[Any, dict[str, list[int]]]:
+    """(each interval's attribution number, the attributions each budget's scope matches,
+    for the budgets that match any): attributions are a handful, budgets may be 100,000."""
     frame = accrual.frame
     groups = frame.groupby(list(KEYS), sort=False).ngroup().to_numpy()
-    combos = frame[list(KEYS)].drop_duplicates().reset_index(drop=True)
+    first = ~frame.duplicated(list(KEYS)).to_numpy()
     matching: dict[tuple[str, str], set[int]] = {}
-    for c, values in enumerate(combos.itertuples(index=False)):
-        for key, value in zip(KEYS, values):
-            matching.setdefault((key, value), set()).add(c)
-    everything = set(range(len(combos)))
-    per_since = {s: np.bincount(groups, weights=accrual.cost_since(s).to_numpy(), minlength=len(combos)) for s in {m.since for m in at.values()}}
+    for key in KEYS:
+        for value, g in zip(frame[key].to_numpy()[first], groups[first]):
+            matching.setdefault((key, value), set()).add(int(g))
+    everything = sorted(int(g) for g in groups[first])
     out = {}
-    for name, mark in at.items():
-        ids = everything.copy()
-        for key, value in plan.filters(name).items():
-            ids &= matching.get((key, value), set())
-        usd = float(per_since[mark.since][sorted(ids)].sum()) if ids else 0.0
+    for name in plan.budgets:
+        sets = [matching.get(item) for item in plan.filters(name).items()]
+        if not sets:
+            out[name] = everything
+        elif all(sets):
+            ids = sorted(set.intersection(*sets))  # type: ignore[arg-type]
+            if ids:
+                out[name] = ids
+    return groups, out
+
+
+def added_spend(accrual: Accrual, plan: ThresholdPlan, table: StatusTable, now: dt.datetime) -> tuple[dict[str, float], dict[str, Mark]]:
+    """USD each budget's scope accrued after its mark (budgets with none left out), and
+    the marks. The intervals are summed per attribution, and only budgets whose scope
+    matches one are looked at: a fleet of budgets costs a lookup or two each."""
+    groups, scoped = _scopes(accrual, plan)
+    at = marks(plan, table, now, scoped)
+    width = int(groups.max()) + 1 if len(groups) else 0
+    per_since = {s: np.bincount(groups, weights=accrual.cost_since(s).to_numpy(), minlength=width) for s in {m.since for m in at.values()}}
+    out = {}
+    for name, ids in scoped.items():
+        usd = float(per_since[at[name].since][ids].sum())
         if usd > 0:
             out[name] = usd
-    return out
+    return out, at
 
 
 def _row(plan: ThresholdPlan, table: StatusTable, name: str, mark: Mark, usd: float, now: str) -> tuple:
@@ -204,19 +231,31 @@ def _row(plan: ThresholdPlan, table: StatusTable, name: str, mark: Mark, usd: fl
     return (name, raw[1], raw[2], amount, spend, spend / amount * 100.0, raw[6], raw[7], now)
 
 
+def _earliest(plan: ThresholdPlan, table: StatusTable, today: dt.date) -> pd.Timestamp:
+    """An instant no budget's mark precedes, from distinct values only: the rows' earliest
+    ``as_of``, or a period's start where a budget has no row (or one without ``as_of``)."""
+    instants = {_instant(v) for v in {r[8] for r in table.rows}}
+    known = {t for t in instants if t is not None}
+    if None in instants or not known or plan.budgets.keys() - set(table.names):
+        periods = {(b.period, b.reset_day): b for b in plan.budgets.values()}
+        known |= {pd.Timestamp(period_bounds(b, today)[0]).tz_localize("UTC") for b in periods.values()}
+    return min(known)
+
+
 def with_intraday(config: Any, store: Any, plan: ThresholdPlan, table: StatusTable, now: dt.datetime) -> tuple[StatusTable, str]:
     """``table`` (the newest status partition) with each budget's current period brought
     to ``now``: its row's spend plus what its scope accrued since the row's ``as_of`` (a
     row of the current period for budgets whose period has no row yet). Off under
     ``alerts.intraday: false``. Returns the table and a line for the tick's summary."""
-    at = marks(plan, table, now) if config.alerts.intraday else {}
-    if not at:
+    if not config.alerts.intraday or not plan.budgets:
         return table, ""
     now_ts = pd.Timestamp(now).tz_convert("UTC")
-    accrual = read_accrual(config, store, min(m.since for m in at.values()), now_ts)
-    added = added_spend(accrual, plan, at) if not accrual.empty else {}
+    accrual = read_accrual(config, store, _earliest(plan, table, now_ts.date()), now_ts)
+    if accrual.empty:
+        return table, ""
+    added, at = added_spend(accrual, plan, table, now)
     if not added:
-        return table, f"intraday: no spend since the status partition ({len(accrual.frame)} attempt(s) read)"
+        return table, f"intraday: no budget's scope has spend since its status row ({len(accrual.frame)} attempt(s) read)"
     rows = list(table.rows)
     stamp = now_ts.isoformat()
     for name, usd in added.items():
@@ -226,7 +265,7 @@ def with_intraday(config: Any, store: Any, plan: ThresholdPlan, table: StatusTab
             rows.append(row)
         else:
             rows[mark.row] = row  # a row of an earlier period is replaced by one of this period
-    return StatusTable(rows), f"intraday: {len(added)} budget(s) with spend since the status partition ({sum(added.values()):,.2f} USD, {len(accrual.frame)} attempt(s))"
+    return StatusTable(rows), f"intraday: {len(added)} budget(s) with spend since their status row ({sum(added.values()):,.2f} USD, {len(accrual.frame)} attempt(s))"
 
 
 __all__ = ["Accrual", "Mark", "added_spend", "marks", "read_accrual", "with_intraday"]

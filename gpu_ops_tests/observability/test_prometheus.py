@@ -386,7 +386,7 @@ def test_every_panel_query_of_every_shipped_dashboard_returns_data(month: dict[s
     assert asked >= 40
 
 
-IDENT = re.compile(r"\b(gpu_ops_[a-z_]+|ALERTS)\b")
+IDENT = re.compile(r"\b(gpu_ops_[a-z0-9_]+|ALERTS)\b")
 BY = re.compile(r"\bby \(([^)]*)\)")
 MATCHER = re.compile(r"([a-z_]+)\s*(?:=~|!=|!~|=)\s*\"")
 
