@@ -24,8 +24,12 @@ Delivery design (why run requests, not sends from the sensor):
   Taking from the queue is deterministic, so a replayed tick yields the same run keys.
 
 The sensor ticks every 30 s but evaluates fully only when ``gpu_budget_status`` has a new
-materialization or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock
-period ends and config changes such as a raised budget need no new materialization).
+materialization, a training attempt has settled in the usage ledger (``alerts.intraday``: each
+period's spend then includes what the partition has not counted, :mod:`gpu_ops.alerts.intraday`),
+or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock period ends, config
+changes such as a raised budget, and running attempts, which accrue cost by the second).
+Spend anomalies past ``alerts.anomalies.alert_score`` join the queue on full evaluations
+(:mod:`gpu_ops.alerts.anomalies`).
 """
 
 from __future__ import annotations
