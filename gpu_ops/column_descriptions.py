@@ -123,6 +123,15 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "abs_error_usd": "absolute error of the estimate in USD",
     "abs_pct_error": "absolute error of the estimate as a share of the actual cost",
     "within_p90": "whether the actual cost stayed at or under the p90 estimate",
+    # spend anomalies (gpu_spend_anomalies)
+    "dimension": "what is scored: team, project or asset (a training asset)",
+    "key": "the team, project or asset key scored",
+    "baseline_usd": "the usual spend of the day: median of the same weekday's days in the window, or of all its days",
+    "band_usd": "spend per unit of score: 1.4826 x MAD (floored), widened while too few same-weekday days",
+    "basis": "the baseline's days: weekday, all days (the first weeks, a wider band) or none (too little history)",
+    "points": "days the baseline was taken from",
+    "score": "(spend_usd - baseline_usd) / band_usd: a robust z-score, positive for a spike",
+    "anomalous": "score at alerts.anomalies.check_score or more and spend min_excess_usd or more over the baseline",
 }
 
 

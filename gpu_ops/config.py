@@ -765,6 +765,25 @@ Channel = Annotated[
 ]
 
 
+class AnomalyConfig(_Model):
+    """Spend anomalies (``gpu_spend_anomalies``): each day's spend of a team, project and
+    training asset against its trailing ``window_days`` (gpu_ops.cost.anomaly)."""
+
+    window_days: PositiveInt = 28
+    # The same weekday's points the baseline needs; with fewer, all days of the window,
+    # the band widened by fallback_widen; with fewer than min_points, no score.
+    min_weekday_points: PositiveInt = 3
+    min_points: PositiveInt = 4
+    fallback_widen: PositiveFinite = 2.0
+    # The band's floor: this fraction of the baseline (a flat series has no spread).
+    relative_floor: PositiveFinite = 0.1
+    # A day is anomalous from check_score (the asset check warns) when it is also at least
+    # min_excess_usd over its baseline; from alert_score it goes to the budgets' channels.
+    min_excess_usd: float = Field(default=25.0, ge=0)
+    check_score: PositiveFinite = 3.5
+    alert_score: PositiveFinite | None = 6.0
+
+
 class AlertsConfig(_Model):
     # Links in notifications point here (the Dagster UI's base URL).
     dagster_url: Annotated[str, AfterValidator(_http_url)] = "http://localhost:3000"
@@ -791,6 +810,14 @@ class AlertsConfig(_Model):
     # apart). Enforcement runs are never held back.
     max_runs_per_tick: PositiveInt = 500
     top_spenders: int = Field(default=5, ge=0)
+    intraday: bool = True
+    """Budgets within the hour: budget_alert_sensor's view of the current period adds what
+    the newest ``gpu_budget_status`` partition has not counted yet (attempts settled in the
+    usage ledger since its ``as_of``, and running attempts at their price), and evaluates on
+    the tick after an attempt settles. ``false``: the daily partitions only."""
+    anomalies: AnomalyConfig = AnomalyConfig()
+    """Spend anomalies past ``alert_score`` are sent through the channels of every budget
+    whose scope covers them (``alert_score: null``: only the asset check reports them)."""
     launch_forecast: Literal["estimate", "p90", "off"] = "estimate"
     """The forecast gate (see "Know the cost before the launch"): a ``gpu_asset`` launch whose
     estimate would carry a budget that blocks or throttles past its enforcement line is

@@ -16,10 +16,8 @@ refuses it when the throttle would (more GPUs than ``max_gpus``, or on-demand un
 ``spot_only``), with every figure in the message (:class:`gpu_ops.failures.LaunchRefused`).
 A launch with no estimate ("no history") is not refused by a forecast it cannot make.
 
-The running attempts are those of the attempt records (``gpu_ops_training_attempts``,
-launched and not settled): the holders of the live GPU leases, and of launches under no
-quota too. The ledger is the ``gpu_asset`` usage source: usage of other sources counts
-once its daily partition lands. An unreachable database fails open (logged), as
+The settled and running attempts are read as the budget sensor reads them
+(:mod:`gpu_ops.alerts.intraday`). An unreachable database fails open (logged), as
 enforcement does. ``now`` is an input. The reading and the arithmetic are separate: the
 decision (:func:`forecast_refusal`) is pure.
 """
@@ -117,49 +115,6 @@ def forecast_refusal(budgets: Sequence[Any], request: Any, figure: float | None,
 # --------------------------------------------------------------------------- reading the spend
 
 
-def _price(config: Any, gpu_type: str, capacity: str) -> float:
-    price = config.prices.gpus.get(gpu_type, {}).get(capacity)
-    return 0.0 if price is None else float(price)
-
-
-def _ledger_cost(config: Any, rows: pd.DataFrame, since: pd.Timestamp, now: pd.Timestamp) -> pd.Series:
-    """Each ledger row's cost of its time in ``[since, now]`` (CPU rows priced as declared under
-    ``training.simulate_gpu_pricing``, as the asset's metadata prices them; otherwise 0)."""
-    if rows.empty:
-        return pd.Series([], dtype=float)
-    start = pd.to_datetime(rows["start"], utc=True).clip(lower=since)
-    end = pd.to_datetime(rows["end"], utc=True).clip(upper=now)
-    seconds = (end - start).dt.total_seconds().clip(lower=0.0)
-    simulated = (rows["gpu_type"] == "cpu") & bool(config.training.simulate_gpu_pricing)
-    gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
-    count = rows["gpu_count"].astype(float).where(~simulated, rows["declared_gpu_count"].astype(float))
-    price = [_price(config, g, c) for g, c in zip(gpu_type, rows["capacity_type"])]
-    return count * rows["gpu_share"].astype(float) * seconds * pd.Series(price, index=rows.index) / 3600.0
-
-
-def _in_scope(frame: pd.DataFrame, filters: Mapping[str, str]) -> pd.Series:
-    keep = pd.Series(True, index=frame.index)
-    for key, value in filters.items():
-        keep &= frame[key].astype(str) == value if key in frame else False
-    return keep
-
-
-def _running(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
-    """Launched, unsettled attempts: their bill's attribution and the cost since launch."""
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.attempts import State
-
-    rows = []
-    for a, _quiet in AttemptStore(store).open_attempts():
-        if a.state not in (State.LAUNCHED, State.RUNNING) or a.launched_at is None:
-            continue
-        bill = dict(a.bill)
-        launched = pd.Timestamp(a.launched_at, unit="s", tz="UTC")
-        rows.append({**{k: str(bill.get(k, "")) for k in ("team", "project", "namespace", "cost_center")}, "launched": launched,
-                     "per_s": float(bill.get("gpu_count", 0)) * float(bill.get("gpu_share", 1.0)) * _price(config, str(bill.get("gpu_type")), str(bill.get("capacity_type"))) / 3600.0})
-    return pd.DataFrame(rows, columns=["team", "project", "namespace", "cost_center", "launched", "per_s"])
-
-
 def _period_status(status: pd.DataFrame, budget: Any, start: dt.date, end: dt.date) -> tuple[float, pd.Timestamp | None]:
     """(spend, as_of) of the newest gpu_budget_status row of ``budget``'s current period."""
     if status.empty:
@@ -173,23 +128,24 @@ def _period_status(status: pd.DataFrame, budget: Any, start: dt.date, end: dt.da
 
 def spend_to_date(config: Any, store: Any, budgets: Sequence[Any], now: dt.datetime) -> dict[str, Spend]:
     """Each budget's :class:`Spend` at ``now`` from the stored tables."""
-    from gpu_ops.training import ledger
+    from gpu_ops.alerts.intraday import read_accrual
 
     now_ts = pd.Timestamp(now).tz_convert("UTC")
     status = store.read(STATUS_TABLE, missing_ok=True)
-    rows = ledger.read(store)
-    running = _running(config, store, now_ts)
-    out = {}
+    marks = {}
     for budget in budgets:
         start, end = period_bounds(budget, now_ts.date())
         period_usd, as_of = _period_status(status, budget, start, end)
-        since = as_of if as_of is not None else pd.Timestamp(start).tz_localize("UTC")
-        filters = budget.scope.as_filters()
-        settled = _ledger_cost(config, rows[_in_scope(rows, filters)], since, now_ts) if not rows.empty else pd.Series([], dtype=float)
-        live = running[_in_scope(running, filters)]
-        held = ((now_ts - live["launched"].clip(lower=since)).dt.total_seconds().clip(lower=0.0) * live["per_s"]).sum() if len(live) else 0.0
+        marks[budget.name] = (period_usd, as_of, as_of if as_of is not None else pd.Timestamp(start).tz_localize("UTC"))
+    if not marks:
+        return {}
+    accrual = read_accrual(config, store, min(since for _, _, since in marks.values()), now_ts)
+    out = {}
+    for budget in budgets:
+        period_usd, as_of, since = marks[budget.name]
+        settled, running = accrual.spend(budget.scope.as_filters(), since)
         through = f"through {as_of.isoformat()}" if as_of is not None else "no gpu_budget_status for this period yet"
-        out[budget.name] = Spend(period_usd, through, float(settled.sum()), float(held))
+        out[budget.name] = Spend(period_usd, through, settled, running)
     return out
 
 

@@ -106,7 +106,7 @@ def pagerduty_event(alert: Alert, routing_key: str) -> dict[str, Any]:
 
 
 def webhook_payload(alert: Alert) -> dict[str, Any]:
-    kind = {"trigger": "threshold_crossed", "resolve": "resolved", "test": "test"}[alert.kind]
+    kind = "spend_anomaly" if alert.basis == "anomaly" else {"trigger": "threshold_crossed", "resolve": "resolved", "test": "test"}[alert.kind]
     return {
         "type": f"gpu_ops.budget.{kind}",
         "id": alert.idempotency_key,

@@ -45,7 +45,7 @@ class Alert:
     period_start: str  # ISO date, first day of the period
     period_end: str  # ISO date, first day of the next period
     threshold: str  # Threshold.key(): "actual-80pct", "forecast-120pct", "actual-20000usd"
-    basis: Literal["actual", "forecast"]
+    basis: Literal["actual", "forecast", "anomaly"]  # anomaly: threshold "anomaly-<day>-<dimension>-<key>", threshold_usd that day's spend
     threshold_usd: float
     severity: Literal["info", "warning", "critical"]
     amount_usd: float
@@ -90,7 +90,16 @@ class Alert:
     # ---- presentation helpers shared by every channel
 
     @property
+    def anomaly_label(self) -> str:
+        """``spend anomaly: team nlp spent $5,000.00 on 2026-11-20`` (an anomaly alert's key, in words)."""
+        day, rest = self.threshold[len("anomaly-") : len("anomaly-") + 10], self.threshold[len("anomaly-") + 11 :]
+        dimension, _, key = rest.partition("-")
+        return f"spend anomaly: {dimension} {key} spent {money(self.threshold_usd)} on {day}"
+
+    @property
     def threshold_label(self) -> str:
+        if self.basis == "anomaly":
+            return self.anomaly_label
         if self.threshold.endswith("pct"):
             pct = self.threshold.split("-", 1)[1][:-3]
             what = f"{pct}% of budget ({money(self.threshold_usd)})"
@@ -120,6 +129,8 @@ class Alert:
         spend = f"{money(self.spend_usd)} of {money(self.amount_usd)} ({self.percent_used:.1f}%)"
         if self.kind == "resolve":
             return f"{prefix}GPU budget {self.budget}: back under {self.threshold_label}; spend {spend}"
+        if self.basis == "anomaly":
+            return f"{prefix}GPU budget {self.budget}: {self.anomaly_label}, far above its usual spend; spend so far {spend}"
         if self.basis == "forecast" and self.forecast_usd is not None:
             return (
                 f"{prefix}GPU budget {self.budget}: forecast {money(self.forecast_usd)} crosses "

@@ -24,8 +24,12 @@ Delivery design (why run requests, not sends from the sensor):
   Taking from the queue is deterministic, so a replayed tick yields the same run keys.
 
 The sensor ticks every 30 s but evaluates fully only when ``gpu_budget_status`` has a new
-materialization or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock
-period ends and config changes such as a raised budget need no new materialization).
+materialization, a training attempt has settled in the usage ledger (``alerts.intraday``: each
+period's spend then includes what the partition has not counted, :mod:`gpu_ops.alerts.intraday`),
+or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock period ends, config
+changes such as a raised budget, and running attempts, which accrue cost by the second).
+Spend anomalies past ``alerts.anomalies.alert_score`` join the queue on full evaluations
+(:mod:`gpu_ops.alerts.anomalies`).
 """
 
 from __future__ import annotations
@@ -151,7 +155,7 @@ def tick(config: GpuOpsConfig, store: TableStore | None, cursor: AlertCursor, *,
     queue, oldest first. ``cursor`` is left as it was."""
     new_cursor = AlertCursor(
         cursor.last_storage_id, cursor.evaluated_at, cursor.budgets, dict(cursor.pending), cursor.runs_seen_at,
-        cursor.queue.copy(),
+        cursor.queue.copy(), cursor.ledger_mark, dict(cursor.anomalies),
     )
     enforcement: list[dg.RunRequest] = []
     summary: list[str] = []
@@ -171,19 +175,23 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     """The newest status rows against ``cursor``'s state: the state advances in place,
     the alerts join its queue; returns the enforcement runs (never held back: they gate
     launches, and there is at most one per budget) and a summary."""
+    from gpu_ops.alerts.anomalies import queue_anomalies
+    from gpu_ops.alerts.intraday import with_intraday
     from gpu_ops.alerts.records import read_latest_status
 
     partition, table = read_latest_status(store)
     plan = threshold_plan(config)
+    table, intraday = with_intraday(config, store, plan, table, now)
     result, in_detail = evaluate_table(plan, table, cursor.budgets, now)
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
     cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
+    anomalies = queue_anomalies(config, store, plan, table, cursor, now)
     enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
     return enforcement, [
         f"evaluated {len(table)} budget rows ({in_detail} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
-    ]
+    ] + ([intraday] if intraday else []) + ([f"{anomalies} spend anomaly alert(s) queued"] if anomalies else [])
 
 
 def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
@@ -340,16 +348,19 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
         now = clock()
         latest = _latest_storage_id(instance)
         new_data = latest is not None and latest != cursor.last_storage_id
-        due = new_data or cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
-        skip = f"no new gpu_budget_status materialization; next full evaluation within {cfg.alerts.evaluation_interval_s}s"
+        store, settled = _ledger_moved(cfg, cursor)
+        due = new_data or settled is not None or cursor.evaluated_at is None or now.timestamp() - cursor.evaluated_at >= cfg.alerts.evaluation_interval_s
+        skip = f"no new gpu_budget_status materialization or settled attempt; next full evaluation within {cfg.alerts.evaluation_interval_s}s"
         if not (due or cursor.pending or cursor.queue):
             return dg.SkipReason(skip)
         from gpu_ops.storage.tables import TableStore
 
         with collection_deferred():
-            new_cursor, requests, summary = tick(cfg, TableStore.from_config(cfg) if due else None, cursor, now=now, evaluate=due)
+            new_cursor, requests, summary = tick(cfg, (store or TableStore.from_config(cfg)) if due else None, cursor, now=now, evaluate=due)
         if due and latest is not None:
             new_cursor.last_storage_id = latest
+        if due and settled is not None:
+            new_cursor.ledger_mark = settled
         if summary:
             context.log.info(summary)
         # Redeliveries share the tick's cap with the queue's alerts, which go first.
@@ -378,6 +389,23 @@ def build_dead_letter_check(clock: Clock = _now) -> dg.AssetChecksDefinition:
         return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=description, metadata=metadata)
 
     return alerts_delivered
+
+
+def _ledger_moved(config: GpuOpsConfig, cursor: AlertCursor) -> tuple[TableStore | None, list[Any] | None]:
+    """Under ``alerts.intraday``: the store and the ledger's new mark when an attempt has
+    settled since the last full evaluation (that tick evaluates: budgets within the hour),
+    else None. An unreadable ledger waits for the interval's evaluation."""
+    if not config.alerts.intraday:
+        return None, None
+    from gpu_ops.storage.tables import TableStore
+    from gpu_ops.training.ledger import watermark
+
+    store = TableStore.from_config(config)
+    try:
+        mark = watermark(store)
+    except Exception:  # the database is down: the full evaluation reports it
+        return store, None
+    return store, mark if mark is not None and mark != cursor.ledger_mark else None
 
 
 def _instance_or_none(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:

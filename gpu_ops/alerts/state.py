@@ -148,6 +148,10 @@ class AlertCursor:
     runs_seen_at: float | None = None  # wall-clock epoch s of the last look at alert runs
     # alerts evaluated but not requested yet (alerts.max_runs_per_tick), oldest first
     queue: AlertQueue = field(default_factory=AlertQueue)
+    # the usage ledger's [rows, newest end] at the last full evaluation (ledger.watermark)
+    ledger_mark: list[Any] | None = None
+    # spend anomaly alerts queued (run key -> the anomaly's day), for alerts.anomalies.window_days (anomalies.py)
+    anomalies: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> str:
         """JSON, zlib+base64 above 32 KB. Budgets in the same state (most of a fleet) share
@@ -161,6 +165,10 @@ class AlertCursor:
             body["w"] = self.runs_seen_at
         if self.queue:
             body["q"] = self.queue.to_json()
+        if self.ledger_mark is not None:
+            body["l"] = self.ledger_mark
+        if self.anomalies:
+            body["a"] = self.anomalies
         text = json.dumps(body, separators=(",", ":"))
         if len(text) > _COMPRESS_OVER:
             return "z:" + base64.b64encode(zlib.compress(text.encode(), 1)).decode()
@@ -185,7 +193,7 @@ class AlertCursor:
             pending = {k: entries[i] for k, i in (data.get("r") or {}).items()}
         else:
             raise ValueError(f"alert sensor cursor has version {version}, this code reads 1 and {CURSOR_VERSION}")
-        return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"), AlertQueue.from_json(data.get("q")))
+        return cls(data.get("m"), data.get("at"), budgets, pending, data.get("w"), AlertQueue.from_json(data.get("q")), data.get("l"), dict(data.get("a") or {}))
 
 
 def _shared(items: Iterable[tuple[str, Any]], signature: Any, to_json: Any) -> tuple[list[Any], dict[str, Any]]:

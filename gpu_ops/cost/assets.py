@@ -108,6 +108,7 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
         _budget_asset(config, partitions, backfill),
         _roi_asset(config, partitions, backfill),
         _estimate_accuracy_asset(partitions, backfill),
+        _anomaly_asset(partitions, backfill),
     ]
     return assets, partitions
 
@@ -515,6 +516,79 @@ def _run_estimate_accuracy(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSet
             **({"runs_table": table_value(day[["run_id", "asset_key", "estimate_basis", "estimate_usd", "estimate_p90_usd", "actual_usd", "error_usd"]])} if len(day) else {}),
         },
     )
+
+
+# --------------------------------------------------------------------------- spend anomalies
+
+
+def _anomaly_asset(partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+    @_asset(
+        name="gpu_spend_anomalies", partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
+        deps=["gpu_cost_attribution", "gpu_estimate_accuracy"],
+        description="Each team's, project's and training asset's spend of the UTC day against its trailing days (median and MAD by weekday; "
+        "all days, a wider band, in the first weeks): the robust score, read by budget_alert_sensor (alerts.anomalies).",
+        check_specs=[dg.AssetCheckSpec("spend_anomalies", asset="gpu_spend_anomalies", description="WARN when a key's spend of the day scores alerts.anomalies.check_score or more over its baseline.")],
+        dagster_type=DATAFRAME_TYPE, backfill_policy=backfill,
+    )
+    def gpu_spend_anomalies(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
+        yield from _run_anomalies(context, gpu_ops)
+
+    return gpu_spend_anomalies
+
+
+def _run_anomalies(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
+    import pandas as pd
+
+    from gpu_ops.cost.anomaly import describe, score_day
+    from gpu_ops.cost.pipeline import PARTITION_KEY
+    from gpu_ops.storage.tables import TableStore
+
+    settings = gpu_ops.load().alerts.anomalies
+    keys = context.partition_keys
+    days = [dt.date.fromisoformat(k) for k in keys]
+    daily, present = _daily_spend(TableStore.from_config(gpu_ops.load()), days[0] - dt.timedelta(days=settings.window_days), days[-1])
+    per_day = [score_day(daily, d, sorted(set(present) | {d}), settings) for d in days]
+    day = per_day[-1]
+    out = day if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in zip(keys, per_day)], ignore_index=True)
+    flagged = day[day["anomalous"].astype(bool)].sort_values("score", ascending=False) if len(day) else day
+    yield dg.Output(out, metadata={**table_metadata(day), "scored": len(day), "anomalies": len(flagged),
+                                   **({"top_score": round(float(day["score"].max()), 2)} if day["score"].notna().any() else {})})
+    listed = "; ".join(describe(r) for _, r in flagged.head(10).iterrows())
+    yield dg.AssetCheckResult(
+        check_name="spend_anomalies", passed=flagged.empty, severity=dg.AssetCheckSeverity.WARN,
+        description=f"{len(flagged)} spend anomal{'y' if len(flagged) == 1 else 'ies'}: {listed}" if len(flagged) else f"no spend anomaly among {len(day)} key(s) scored",
+        metadata={"anomalies": len(flagged), "check_score": settings.check_score},
+    )
+
+
+def _daily_spend(store: Any, first: dt.date, last: dt.date) -> tuple[Any, list[dt.date]]:
+    """Daily aggregates of ``[first, last]``: spend per day of each team and project
+    (gpu_cost_attribution, the idle row left out) and training asset (gpu_estimate_accuracy:
+    its runs completed that day), as ``day, dimension, key, team, project, spend_usd``; and
+    the days gpu_cost_attribution has (the others are unknown, not zero)."""
+    import pandas as pd
+
+    from gpu_ops.cost.attribution import IDLE
+    from gpu_ops.storage.tables import PARTITION_COLUMN
+
+    keys = [(first + dt.timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
+    attribution = store.read("gpu_cost_attribution", partition_keys=keys, columns=[PARTITION_COLUMN, "team", "project", "cost_usd"], missing_ok=True)
+    runs = store.read("gpu_estimate_accuracy", partition_keys=keys, columns=[PARTITION_COLUMN, "asset_key", "team", "project", "actual_usd"], missing_ok=True)
+    parts = []
+    if len(attribution):
+        attribution = attribution[attribution["team"].astype(str) != IDLE]
+        for dim in ("team", "project"):
+            if dim in attribution:
+                g = attribution.groupby([PARTITION_COLUMN, dim], as_index=False)["cost_usd"].sum()
+                parts.append(pd.DataFrame({"day": g[PARTITION_COLUMN], "dimension": dim, "key": g[dim].astype(str), "team": g[dim].astype(str) if dim == "team" else "",
+                                           "project": g[dim].astype(str) if dim == "project" else "", "spend_usd": g["cost_usd"]}))
+    if len(runs):
+        g = runs.groupby([PARTITION_COLUMN, "asset_key"], as_index=False).agg(team=("team", "first"), project=("project", "first"), spend_usd=("actual_usd", "sum"))
+        parts.append(pd.DataFrame({"day": g[PARTITION_COLUMN], "dimension": "asset", "key": g["asset_key"].astype(str), "team": g["team"].astype(str), "project": g["project"].astype(str), "spend_usd": g["spend_usd"]}))
+    daily = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["day", "dimension", "key", "team", "project", "spend_usd"])
+    daily["day"] = [dt.date.fromisoformat(str(d)[:10]) for d in daily["day"]]
+    present = sorted({dt.date.fromisoformat(str(d)[:10]) for d in attribution[PARTITION_COLUMN]}) if len(attribution) else []
+    return daily, present
 
 
 def build_collector(config: GpuOpsConfig) -> tuple[list[dg.JobDefinition], list[dg.ScheduleDefinition]]:

@@ -147,6 +147,15 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                Q("sum by (status) (increase(gpu_ops_alert_deliveries_total[1h]))", "{{status}}"), unit="short"),
             _p("stat", "Dead-lettered alerts", "Alerts the sensor gave up on after alerts.max_pending_s (see table gpu_alert_dead_letters).",
                Q("sum(gpu_ops_alert_dead_letters_total)"), unit="short", width=6, thresholds=(("green", None), ("red", 1.0))),
+            _p("bargauge", "Training spend since the newest partition", "What budget_alert_sensor adds to each team's budgets before the day's partition lands: "
+               "attempts settled since and attempts running now, at their price.",
+               Q("sum by (team, state) (gpu_ops_intraday_cost_usd)", "{{team}} {{state}}", instant=True)),
+            _p("table", "Launch estimates", "The expected cost of each training asset's newest launch (median run and p90), and what the estimate came from.",
+               Q("gpu_ops_launch_estimate_usd", instant=True), Q("gpu_ops_launch_estimate_p90_usd", instant=True)),
+            _p("bargauge", "Spend anomaly score, newest day", "Robust score of the newest day's spend of each team, project and asset against its trailing days; "
+               "the asset check warns from alerts.anomalies.check_score (3.5), the channels hear from alert_score (6).",
+               Q("topk(10, gpu_ops_spend_anomaly_score)", "{{dimension}} {{key}}", instant=True), unit="short",
+               thresholds=(("green", None), ("orange", 3.5), ("red", 6.0))),
         ),
     ),
     DashboardSpec(

@@ -129,7 +129,7 @@ def reader_from_config(config_path: str | None, per_pod: bool, history_s: float 
     cfg = load_config(config_path)
     quotas = {"team": dict(cfg.compute.quotas.team), "pool": dict(cfg.compute.quotas.pool)}
     files = PartitionFiles(cfg.storage.row_level_path) if cfg.storage.row_level_path else None
-    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod, history_s=history_s, files=files, deadline_s=deadline_s)
+    return Reader(TableStore.from_config(cfg), quotas=quotas, per_pod=per_pod, history_s=history_s, files=files, deadline_s=deadline_s, config=cfg)
 
 
 def _handler(scrapes: Scrapes) -> type[http.server.BaseHTTPRequestHandler]:

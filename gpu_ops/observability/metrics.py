@@ -61,6 +61,8 @@ def _m(name: str, kind: str, unit: str, labels: Sequence[str], source: str, help
 _COST = ("window", "kind", *COST_KEYS)
 _HW = ("kind", "team", "gpu_type", "capacity_type")
 _ATTEMPT = ("asset_key", "team", "gpu_type", "capacity_type")
+_ESTIMATE = ("asset_key", "capacity", "basis")  # gpu_launch_estimates' keys
+_ANOMALY = ("dimension", "key")  # gpu_spend_anomalies' keys
 # gpu_cost_attribution's grouping keys: usage.group_by (team, project by default).
 _GROUP_BY = ("team", "project")
 _BY_GROUP = "the table's grouping keys (`usage.group_by`; `team`, `project` by default)"
@@ -137,6 +139,15 @@ CATALOG: dict[str, MetricDef] = {
         _m("gpu_ops_quota_waiting_attempts", GAUGE, "", ("team",), "gpu_ops_training_attempts",
            "Training attempts waiting for GPU quota admission (state planned, owner live)."),
         _m("gpu_ops_quota_waiting_gpus", GAUGE, "", ("team",), "gpu_ops_training_attempts", "GPUs the waiting attempts ask for."),
+        # before and within the day (gpu_launch_estimates, gpu_usage_ledger, gpu_spend_anomalies)
+        _m("gpu_ops_launch_estimate_usd", GAUGE, "USD", _ESTIMATE, "gpu_launch_estimates",
+           "Expected cost of the newest launch of each training asset (median run; basis history, declared or no history)."),
+        _m("gpu_ops_launch_estimate_p90_usd", GAUGE, "USD", _ESTIMATE, "gpu_launch_estimates", "p90 of the expected cost of the newest launch of each training asset."),
+        _m("gpu_ops_intraday_cost_usd", GAUGE, "USD", ("team", "project", "asset_key", "state"), "gpu_usage_ledger",
+           "Training cost after the newest gpu_budget_status partition, as budget_alert_sensor adds it: state settled (ledger) or running (attempt records, to now)."),
+        _m("gpu_ops_spend_anomaly_score", GAUGE, "", _ANOMALY, "gpu_spend_anomalies",
+           "Robust score of the newest day's spend of each team, project and training asset against its trailing days (dimension team, project or asset)."),
+        _m("gpu_ops_spend_anomaly_baseline_usd", GAUGE, "USD", _ANOMALY, "gpu_spend_anomalies", "The usual spend the newest day is scored against (median by weekday, or of all days)."),
         # freshness and quarantine
         _m("gpu_ops_cost_partition_timestamp_seconds", GAUGE, "seconds", ("table",), "cost tables",
            "Start (UTC midnight, Unix time) of the newest materialized daily partition of each cost table."),
@@ -188,6 +199,9 @@ class Snapshot:
     waiting: list[dict[str, Any]] = field(default_factory=list)
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    estimates: list[dict[str, Any]] = field(default_factory=list)
+    intraday: list[dict[str, Any]] = field(default_factory=list)
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
     # gpu_cost_attribution's grouping keys as read (the efficiency families' labels).
     efficiency_keys: tuple[str, ...] = _GROUP_BY
     sources: list[str] = field(default_factory=list)
@@ -370,7 +384,23 @@ def partition_timestamp(partition_key: str) -> float:
 
 def families(s: Snapshot) -> list[Family]:
     """Every family of the catalog the snapshot has data for (pod families only when read)."""
-    return [*cost_families(s), *roi_families(s), *budget_families(s), *training_families(s), *quota_families(s), *health_families(s)]
+    return [*cost_families(s), *roi_families(s), *budget_families(s), *training_families(s), *quota_families(s), *foresight_families(s), *health_families(s)]
+
+
+def foresight_families(s: Snapshot) -> list[Family]:
+    """The launch estimates, the spend not in a partition yet, and the anomaly scores."""
+    est, p90 = Family(CATALOG["gpu_ops_launch_estimate_usd"]), Family(CATALOG["gpu_ops_launch_estimate_p90_usd"])
+    for r in s.estimates:
+        est.add(r, r.get("estimate_usd"))
+        p90.add(r, r.get("estimate_p90_usd"))
+    intraday = Family(CATALOG["gpu_ops_intraday_cost_usd"])
+    for r in s.intraday:
+        intraday.add(r, r.get("cost_usd"))
+    score, baseline = Family(CATALOG["gpu_ops_spend_anomaly_score"]), Family(CATALOG["gpu_ops_spend_anomaly_baseline_usd"])
+    for r in s.anomalies:
+        score.add(r, r.get("score"))
+        baseline.add(r, r.get("baseline_usd"))
+    return [est, p90, intraday, score, baseline]
 
 
 def reference_markdown() -> str:

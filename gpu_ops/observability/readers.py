@@ -24,6 +24,7 @@ written with, so no two samples of a family share a label set.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import threading
@@ -47,6 +48,9 @@ DELIVERIES = "gpu_alert_deliveries"
 DEAD_LETTERS = "gpu_alert_dead_letters"
 USAGE = "gpu_usage"
 ATTRIBUTION = "gpu_cost_attribution"
+ESTIMATES = "gpu_launch_estimates"  # gpu_ops.training.estimate_store.ESTIMATE_TABLE
+ANOMALIES = "gpu_spend_anomalies"
+INTRADAY = "intraday"  # gpu_usage_ledger and gpu_ops_training_attempts after the newest gpu_budget_status day
 # Below Prometheus' default scrape_timeout (10 s), which the chart's ServiceMonitor keeps:
 # what is left of it renders the families and sends them.
 DEFAULT_DEADLINE_S = 8.0
@@ -94,9 +98,11 @@ class Reader:
 
     def __init__(
         self, store: TableStore, *, quotas: Mapping[str, Mapping[str, int]] | None = None, per_pod: bool = False, history_s: float = 0.0,
-        files: PartitionFiles | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
+        files: PartitionFiles | None = None, deadline_s: float = DEFAULT_DEADLINE_S, config: Any = None, clock: Callable[[], dt.datetime] | None = None,
     ):
         self.store, self.per_pod, self.history_s, self.files, self.deadline_s = store, per_pod, history_s, files, deadline_s
+        # The configuration (prices) that intraday spend is priced with; without one, no intraday source.
+        self.config, self.clock = config, clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self._history: dict[str, tuple[float, dict[str, Any]]] = {}  # append-only source -> (when read, its fields)
         self.quotas = {k: dict(v) for k, v in (quotas or {}).items()}
         self.epoch = _EPOCH[store.dialect]
@@ -121,6 +127,9 @@ class Reader:
             LEASES: sql(self._leases),
             ATTEMPTS: sql(self._waiting),
             "gpu_usage_quarantine": sql(self._quarantine),
+            ESTIMATES: sql(self._estimates),
+            ANOMALIES: sql(self._anomalies),
+            **({INTRADAY: self._intraday} if self.config is not None else {}),
         }
 
     def read(self, deadline: float | None = None) -> Snapshot:
@@ -373,6 +382,45 @@ class Reader:
         if newest is None:
             return {}
         return {"quarantine": self._grouped(conn, "gpu_usage_quarantine", ["source", "field"], {"n": "COUNT(*)"}, f"WHERE {_q(PARTITION_COLUMN)} = :p", p=newest)}
+
+
+    def _estimates(self, conn: sa.Connection) -> dict[str, Any]:
+        """The newest launch estimate of each training asset."""
+        if self._columns(conn, ESTIMATES) is None:
+            return {}
+        t = _q(ESTIMATES)
+        newest = f'SELECT "asset_key", MAX("estimated_at") AS "at" FROM {t} GROUP BY "asset_key"'
+        sql = (f'SELECT e."asset_key", e."capacity", e."basis", e."estimate_usd", e."estimate_p90_usd" FROM {t} AS e '
+               f'JOIN ({newest}) AS n ON e."asset_key" = n."asset_key" AND e."estimated_at" = n."at"')
+        rows = self._rows(conn, sql)
+        return {"estimates": list({r["asset_key"]: r for r in rows}.values())}  # one per asset (two attempts estimated at one instant)
+
+    def _anomalies(self, conn: sa.Connection) -> dict[str, Any]:
+        newest = self._newest(conn, ANOMALIES)
+        if newest is None:
+            return {}
+        sql = f'SELECT "dimension", "key", "score", "baseline_usd" FROM {_q(ANOMALIES)} WHERE {_q(PARTITION_COLUMN)} = :p'
+        return {"newest": {ANOMALIES: newest}, "anomalies": self._rows(conn, sql, p=newest)}
+
+    def _intraday(self, deadline: float | None) -> dict[str, Any]:
+        """Training cost after the newest gpu_budget_status partition's day, priced as
+        budget_alert_sensor prices it (:func:`gpu_ops.alerts.intraday.read_accrual`), per
+        team, project, asset and state."""
+        import pandas as pd
+
+        from gpu_ops.alerts.intraday import read_accrual
+
+        with self.store.reading(deadline) as conn:
+            newest = self._newest(conn, "gpu_budget_status")
+        if newest is None:
+            return {}
+        since = pd.Timestamp(dt.date.fromisoformat(newest[:10]) + dt.timedelta(days=1)).tz_localize("UTC")
+        accrual = read_accrual(self.config, self.store, since, pd.Timestamp(self.clock()).tz_convert("UTC"))
+        if accrual.empty:
+            return {"intraday": []}
+        frame = accrual.frame.assign(cost_usd=accrual.cost_since(since), state=accrual.frame["settled"].map({True: "settled", False: "running"}))
+        sums = frame.groupby(["team", "project", "asset_key", "state"], as_index=False)["cost_usd"].sum()
+        return {"intraday": sums.to_dict("records")}
 
 
 def _merge(s: Snapshot, result: Mapping[str, Any]) -> None:

@@ -180,6 +180,16 @@ def read(store: TableStore, **where: object) -> pd.DataFrame:
     return store.read(LEDGER_TABLE, where=where or None, missing_ok=True)
 
 
+def watermark(store: TableStore) -> list[object] | None:
+    """``[rows, newest end]`` of the ledger (None without one): it moves when an attempt
+    settles; one aggregate query (the budget sensor asks it every tick)."""
+    if not store.has_table(LEDGER_TABLE):
+        return None
+    with store.engine.connect() as conn:
+        count, newest = conn.execute(sa.text(f'SELECT COUNT(*), MAX("end") FROM "{LEDGER_TABLE}"')).one()
+    return [int(count), None if newest is None else str(newest)]
+
+
 def run_history(store: TableStore, run_id: str, asset_key: str) -> list[AttemptRecord]:
     """Earlier attempts of this run and asset, oldest first."""
     df = read(store, run_id=run_id, asset_key=asset_key)

@@ -19,7 +19,7 @@ from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 
 DEMO = DEMO_CONFIG.parent
-TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report", "gpu_estimate_accuracy")
+TABLES = ("gpu_usage", "gpu_usage_quarantine", "gpu_cost_attribution", "gpu_cost_daily", "gpu_budget_status", "gpu_roi_report", "gpu_estimate_accuracy", "gpu_spend_anomalies")
 
 
 def write_config(tmp_path: Path, url: str, ledger: bool = False, extra_budgets: list | None = None, start: str = "2026-10-01") -> Path:

@@ -43,6 +43,8 @@ HOSTILE = "start,end,namespace,pod,node,team,project,cost_center,experiment_id,g
     "2026-10-31T02:00:00Z,2026-10-31T03:00:00Z,ml-nlp,odd-0,n9,nlp,llm-eval,cc-1001,,quantum-9000,1,on-demand,none,1\n"
 
 pytestmark = pytest.mark.slow
+# The demo's price per GPU-hour by (gpu_type, capacity_type), read here from its file.
+PRICES = {(g, c): float(p) for g, caps in yaml.safe_load((DEMO / "prices.yaml").read_text())["gpus"].items() for c, p in caps.items()}
 
 
 def write_config(folder: Path) -> Path:
@@ -103,7 +105,8 @@ def materialize_month(config_path: Path) -> None:
 def write_training_quota_and_dead_letter(config_path: Path) -> None:
     from gpu_ops.alerts.records import record_dead_letters
     from gpu_ops.compute.quota import LeaseBook, Quotas
-    from gpu_ops.training import ledger
+    from gpu_ops.training import estimate_store, ledger
+    from gpu_ops.training.estimate import Estimate, Leg
 
     store = TableStore.from_config(load_config(config_path))
     t0 = dt.datetime(2026, 10, 30, 10, tzinfo=dt.timezone.utc)
@@ -115,6 +118,11 @@ def write_training_quota_and_dead_letter(config_path: Path) -> None:
         ledger.LedgerRow(start=t0 + dt.timedelta(minutes=43), end=t0 + dt.timedelta(minutes=103), attempt=2, outcome="completed", last_checkpoint_at=None,
                          lost_seconds=0.0, **common),  # type: ignore[arg-type]
     ])
+    # After the month's last partition: what budget_alert_sensor adds intraday (settled, so its figure stays put).
+    t1 = dt.datetime(2026, 11, 2, 10, tzinfo=dt.timezone.utc)
+    ledger.append(store, [ledger.LedgerRow(start=t1, end=t1 + dt.timedelta(hours=1), attempt=1, outcome="completed", last_checkpoint_at=None, lost_seconds=0.0,
+                                           **{**common, "run_id": "run-4"})])  # type: ignore[arg-type]
+    estimate_store.record(store, "run-1", "train_llm", 1, t0, "spot", Estimate("history", 3, 3600.0, 5400.0, 3600.0, 5400.0, 2.0, (Leg("spot", 2.0, 0.0, 20.0, 30.0),)))
     admission = LeaseBook(store, ttl_s=3600).try_acquire(Quotas(team={"nlp": 8}), team="nlp", pools=["gpu-ops-nlp-a100-spot"], gpus=8, run_id="run-2", asset_key="train_llm")
     assert admission.granted
     record_dead_letters(store, [{
@@ -242,9 +250,28 @@ def expected_training_and_quota(store: TableStore, out: Expected) -> None:
     _put(out, "gpu_ops_quota_waiting_gpus", {"team": "nlp"}, 4)
 
 
+def expected_foresight(store: TableStore, out: Expected) -> None:
+    """The launch estimate, the ledger's cost after the newest status day, the newest anomaly scores."""
+    for r in store.read("gpu_launch_estimates").sort_values("estimated_at").groupby("asset_key").tail(1).itertuples():
+        labels = {"asset_key": r.asset_key, "capacity": r.capacity, "basis": r.basis}
+        _put(out, "gpu_ops_launch_estimate_usd", labels, r.estimate_usd)
+        _put(out, "gpu_ops_launch_estimate_p90_usd", labels, r.estimate_p90_usd)
+    since = pd.Timestamp(store.read("gpu_budget_status", columns=["partition_key"])["partition_key"].max(), tz="UTC") + pd.Timedelta(days=1)
+    ledger = store.read("gpu_usage_ledger")
+    after = ledger[ledger["end"] > since]
+    for (team, project, asset), g in after.groupby(["team", "project", "asset_key"]):
+        price = [PRICES[(t, c)] for t, c in zip(g["gpu_type"], g["capacity_type"])]
+        seconds = (g["end"] - g["start"].clip(lower=since)).dt.total_seconds()
+        _put(out, "gpu_ops_intraday_cost_usd", {"team": team, "project": project, "asset_key": asset, "state": "settled"}, (g["gpu_count"] * g["gpu_share"] * seconds * price / 3600).sum())
+    scores = store.read("gpu_spend_anomalies")
+    for r in scores[scores["partition_key"] == scores["partition_key"].max()].itertuples():
+        _put(out, "gpu_ops_spend_anomaly_score", {"dimension": r.dimension, "key": r.key}, r.score)
+        _put(out, "gpu_ops_spend_anomaly_baseline_usd", {"dimension": r.dimension, "key": r.key}, r.baseline_usd)
+
+
 def expected_from_tables(store: TableStore) -> Expected:
     out: Expected = {}
-    for part in (expected_cost, expected_roi, expected_budgets_and_alerts, expected_training_and_quota):
+    for part in (expected_cost, expected_roi, expected_budgets_and_alerts, expected_training_and_quota, expected_foresight):
         part(store, out)
     return out
 
@@ -359,7 +386,7 @@ def test_every_panel_query_of_every_shipped_dashboard_returns_data(month: dict[s
     assert asked >= 40
 
 
-IDENT = re.compile(r"\b(gpu_ops_[a-z_]+|ALERTS)\b")
+IDENT = re.compile(r"\b(gpu_ops_[a-z0-9_]+|ALERTS)\b")
 BY = re.compile(r"\bby \(([^)]*)\)")
 MATCHER = re.compile(r"([a-z_]+)\s*(?:=~|!=|!~|=)\s*\"")
 

@@ -228,3 +228,51 @@ def test_sums_that_miss_the_deadline_are_read_on_and_served_by_the_next_scrape(t
         conn.rollback()
     holder.dispose()
     assert "gpu_usage_ledger" in missed.errors and attempts(missed) == 2  # read_ok 0, and the counter keeps its last value
+
+
+def test_estimates_intraday_spend_and_anomaly_scores(tmp_path: Path) -> None:
+    """The foresight families from real tables at an injected clock: the newest launch
+    estimate per asset, the training cost after the newest gpu_budget_status day (settled
+    and running, priced as the budget sensor prices it), the newest day's anomaly scores."""
+    import pandas as pd
+
+    from gpu_ops.config import parse_config
+    from gpu_ops.training import attempts, estimate_store, ledger
+    from gpu_ops.training.attempt_store import AttemptStore
+    from gpu_ops.training.estimate import Estimate, Leg
+
+    cfg = parse_config({"storage": {"url": f"sqlite:///{tmp_path / 'costs.db'}"},
+                        "prices": {"currency": "USD", "source": "t", "as_of": dt.date(2026, 1, 1), "gpus": {"a100-80gb": {"spot": 2.0, "on-demand": 5.0}}}}, None)
+    store = TableStore.from_config(cfg)
+    day = dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc)
+    store.write("gpu_budget_status", pd.DataFrame({"budget": ["nlp"], "spend_usd": [10.0]}), partition_keys=["2026-11-19"])
+    common = dict(namespace="ml", pod="", node="n1", team="nlp", project="llm", cost_center="", experiment_id="", gpu_type="a100-80gb", gpu_count=8,
+                  capacity_type="spot", sharing="none", gpu_share=1.0, asset_key="train_llm", outcome="completed", last_checkpoint_at=None, lost_seconds=0.0)
+    ledger.append(store, [
+        ledger.LedgerRow(start=day - dt.timedelta(hours=3), end=day - dt.timedelta(hours=1), run_id="yesterday", attempt=1, **common),  # type: ignore[arg-type]
+        ledger.LedgerRow(start=day - dt.timedelta(hours=1), end=day + dt.timedelta(hours=2), run_id="straddles", attempt=1, **common),  # type: ignore[arg-type]
+    ])
+    owner = attempts.Owner("host", 1, None, "run", "step")
+    bill = {"team": "nlp", "project": "llm", "gpu_type": "a100-80gb", "gpu_count": 4, "gpu_share": 1.0, "capacity_type": "on-demand"}
+    a = attempts.plan("a1", "run", "train_vision", 1, owner, launch_name="x", bill=bill, at=(day + dt.timedelta(hours=4)).timestamp())
+    book = AttemptStore(store)
+    book.create(a)
+    book.move(a, attempts.launch(a, host="host", pids=(1,), started=(None,), at=(day + dt.timedelta(hours=4)).timestamp(), workdir=None))
+    for at, usd in ((day - dt.timedelta(days=2), 50.0), (day - dt.timedelta(hours=1), 64.0)):
+        estimate_store.record(store, f"run-{usd}", "train_llm", 1, at, "spot", Estimate("history", 3, 3600.0, 5400.0, 3600.0, 5400.0, 8.0, (Leg("spot", 2.0, 0.0, usd, usd * 1.5),)))
+    store.write("gpu_spend_anomalies", pd.DataFrame({"dimension": ["team", "asset"], "key": ["nlp", "train_llm"], "score": [7.5, float("nan")], "baseline_usd": [100.0, 40.0]}),
+                partition_keys=["2026-11-19"])
+
+    snap = Reader(store, config=cfg, clock=lambda: day + dt.timedelta(hours=5)).read()
+    assert snap.errors == {}
+    got = {(f.metric.name, labels): v for f in families(snap) for labels, v in f.samples if f.metric.name.startswith(("gpu_ops_launch", "gpu_ops_intraday", "gpu_ops_spend"))}
+    assert got == {
+        ("gpu_ops_launch_estimate_usd", ("train_llm", "spot", "history")): 64.0,
+        ("gpu_ops_launch_estimate_p90_usd", ("train_llm", "spot", "history")): 96.0,
+        ("gpu_ops_intraday_cost_usd", ("nlp", "llm", "train_llm", "settled")): pytest.approx(8 * 2.0 * 2),  # the 2 h after 2026-11-20 00:00
+        ("gpu_ops_intraday_cost_usd", ("nlp", "llm", "train_vision", "running")): pytest.approx(4 * 5.0 * 1),  # 1 h since launch
+        ("gpu_ops_spend_anomaly_score", ("team", "nlp")): 7.5,  # the asset without a score is absent, never 0
+        ("gpu_ops_spend_anomaly_baseline_usd", ("team", "nlp")): 100.0,
+        ("gpu_ops_spend_anomaly_baseline_usd", ("asset", "train_llm")): 40.0,
+    }
+    assert "intraday" not in Reader(store).steps()  # without a configuration, no prices: no intraday source

@@ -1,0 +1,92 @@
+"""Spend anomalies through the budgets' channels.
+
+The ``gpu_spend_anomalies`` asset scores each day's spend of every team, project and
+training asset (:mod:`gpu_ops.cost.anomaly`); its check warns from
+``alerts.anomalies.check_score``. On each full evaluation, budget_alert_sensor reads the
+last two days' scores and, for every anomalous key scoring ``alerts.anomalies.alert_score``
+or more, queues one alert per budget with channels whose scope covers that key (a budget
+of team ``nlp`` covers team ``nlp`` and the training assets billed to it; an unscoped
+budget covers everything). The alert is a ``trigger`` of basis ``anomaly`` under the run
+key ``<budget>/<period>/anomaly-<day>-<dimension>-<key>``, delivered, retried,
+redelivered and deduplicated as every budget alert is; the keys sent are kept in the
+sensor's cursor, so a key is alerted once whatever re-materializes the day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from gpu_ops.alerts.model import Alert
+from gpu_ops.alerts.state import AlertCursor, StatusTable, ThresholdPlan
+from gpu_ops.cost.budgets import period_bounds
+
+ANOMALY_TABLE = "gpu_spend_anomalies"
+RECENT_DAYS = 2  # today's partition (a run during the day) and yesterday's
+
+
+def read_recent(store: Any, today: dt.date) -> pd.DataFrame:
+    """The anomalous rows of the last :data:`RECENT_DAYS` partitions."""
+    keys = [(today - dt.timedelta(days=i)).isoformat() for i in range(RECENT_DAYS)]
+    rows = store.read(ANOMALY_TABLE, partition_keys=keys, missing_ok=True)
+    return rows[rows["anomalous"].astype(bool)] if len(rows) else rows
+
+
+def known(row: Mapping[str, Any]) -> dict[str, str]:
+    """What an anomaly's key tells of the scope keys: a team, a project, or an asset's both."""
+    if row["dimension"] != "asset":
+        return {str(row["dimension"]): str(row["key"])}
+    return {k: str(row[k]) for k in ("team", "project") if str(row[k] or "")}
+
+
+def covers(filters: Mapping[str, str], attrs: Mapping[str, str]) -> bool:
+    """Does a budget scoped by ``filters`` hold all of the spend of a key known by ``attrs``?"""
+    return all(attrs.get(k) == v for k, v in filters.items())
+
+
+def _alert(plan: ThresholdPlan, name: str, row: Mapping[str, Any], spend: float, dagster_url: str) -> Alert:
+    budget = plan.budgets[name]
+    day = dt.date.fromisoformat(str(row["day"])[:10])
+    start, end = period_bounds(budget, day)
+    return Alert(
+        kind="trigger", budget=name, period_start=start.isoformat(), period_end=end.isoformat(),
+        threshold=f"anomaly-{day.isoformat()}-{row['dimension']}-{row['key']}", basis="anomaly", threshold_usd=float(row["spend_usd"]),
+        severity="warning", amount_usd=budget.amount_usd, spend_usd=spend, percent_used=spend / budget.amount_usd * 100.0, forecast_usd=None,
+        scope=plan.filters(name), channels=tuple(budget.channels), partition_key=day.isoformat(), enforcement=budget.enforcement.action, dagster_url=dagster_url,
+    )
+
+
+def anomaly_alerts(plan: ThresholdPlan, rows: pd.DataFrame, spend: Mapping[str, float], alert_score: float, dagster_url: str) -> list[Alert]:
+    """One alert per anomalous row scoring ``alert_score`` or more and budget with channels
+    covering it (pure). ``spend``: each budget's period spend, as the alerts show it."""
+    out = []
+    for _, row in rows[rows["score"].astype(float) >= alert_score].iterrows():
+        attrs = known(row)
+        out += [_alert(plan, name, row, spend.get(name, 0.0), dagster_url) for name, b in plan.budgets.items() if b.channels and covers(plan.filters(name), attrs)]
+    return out
+
+
+def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusTable, cursor: AlertCursor, now: dt.datetime) -> int:
+    """Queue the alerts of anomalies not alerted yet (their run keys join
+    ``cursor.anomalies``, kept ``window_days`` and a little); how many were queued."""
+    settings = config.alerts.anomalies
+    today = now.astimezone(dt.timezone.utc).date()
+    horizon = (today - dt.timedelta(days=settings.window_days + RECENT_DAYS)).isoformat()
+    cursor.anomalies = {k: d for k, d in cursor.anomalies.items() if d >= horizon}
+    if settings.alert_score is None:
+        return 0
+    rows = read_recent(store, today)
+    if rows.empty:
+        return 0
+    spend = {r[0]: float(r[4]) for r in table.rows}
+    fresh = [a for a in anomaly_alerts(plan, rows, spend, settings.alert_score, config.alerts.dagster_url) if a.run_key not in cursor.anomalies]
+    for alert in fresh:
+        cursor.queue.add(alert)
+        cursor.anomalies[alert.run_key] = str(alert.partition_key)
+    return len(fresh)
+
+
+__all__ = ["ANOMALY_TABLE", "anomaly_alerts", "covers", "known", "queue_anomalies", "read_recent"]

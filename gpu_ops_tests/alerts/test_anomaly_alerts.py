@@ -1,0 +1,67 @@
+"""Spend anomalies through the budgets' channels: the real gpu_spend_anomalies asset
+materialized from stored daily tables (a generated month, a seeded spike), then the real
+`budget_alert_sensor` on a real Dagster instance alerting a real webhook receiver once,
+for the budgets whose scope covers the key."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from gpu_ops.cost.assets import build_assets
+from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops_tests.cost.anomaly_data import month, write_daily_tables
+
+from .conftest import SensorHarness, status_row, write_config, write_status
+
+UTC = dt.timezone.utc
+
+
+def test_a_spike_is_alerted_once_through_the_budgets_that_cover_it(tmp_path: Path, dagster_instance: Any, receiver: Any) -> None:
+    hook = receiver()
+    budgets = [
+        {"name": "nlp", "scope": {"team": "nlp"}, "amount_usd": 50_000, "channels": ["audit"]},
+        {"name": "cv", "scope": {"team": "cv"}, "amount_usd": 50_000, "channels": ["audit"]},
+        {"name": "nlp-llm", "scope": {"team": "nlp", "project": "llm"}, "amount_usd": 50_000, "channels": ["audit"]},  # covers part of team nlp only
+    ]
+    path = write_config(tmp_path, budgets=budgets, channels={"audit": {"type": "webhook", "url": hook.url + "/hook"}}, alerts={"anomalies": {"alert_score": 8}})
+    h = SensorHarness(dagster_instance, path)
+    daily, dates = month(days=35, start=dt.date(2026, 10, 16))
+    spike = dates[-1]  # 2026-11-19, a Thursday
+    daily.loc[(daily["day"] == spike) & (daily["key"] == "nlp"), "spend_usd"] = 6000.0
+    write_daily_tables(h.store, daily, dates)
+    write_status(h.store, spike.isoformat(), [status_row(b["name"], day=spike.isoformat(), spend=9000.0, amount=50_000) for b in budgets])
+    assets, _ = build_assets(h.config)
+    resources = {"gpu_ops": h.settings, "table_io_manager": TableIOManager(url=h.config.storage.resolved_url())}
+    assert dg.materialize(assets, partition_key=spike.isoformat(), resources=resources, instance=dagster_instance, selection=["gpu_spend_anomalies"]).success
+
+    requests, results = h.tick()
+    assert [r.run_key for r in requests] == ["nlp/2026-11-01/anomaly-2026-11-19-team-nlp"] and all(r.success for r in results)
+    [body] = [r.json() for r in hook.acknowledged]
+    assert body["type"] == "gpu_ops.budget.spend_anomaly" and body["basis"] == "anomaly" and body["threshold_usd"] == 6000.0
+    assert body["spend_usd"] == 9000.0 and body["budget"] == "nlp"
+
+    # The day re-materialized, and the next evaluations: alerted already.
+    assert dg.materialize(assets, partition_key=spike.isoformat(), resources=resources, instance=dagster_instance, selection=["gpu_spend_anomalies"]).success
+    h.now += dt.timedelta(minutes=10)
+    requests, _ = h.tick()
+    assert requests == [] and len(hook.requests) == 1
+
+
+def test_scores_under_alert_score_stay_in_the_check(tmp_path: Path, dagster_instance: Any, receiver: Any) -> None:
+    hook = receiver()
+    budgets = [{"name": "nlp", "scope": {"team": "nlp"}, "amount_usd": 50_000, "channels": ["audit"]}]
+    path = write_config(tmp_path, budgets=budgets, channels={"audit": {"type": "webhook", "url": hook.url + "/hook"}}, alerts={"anomalies": {"alert_score": None}})
+    h = SensorHarness(dagster_instance, path)
+    daily, dates = month(days=35, start=dt.date(2026, 10, 16))
+    daily.loc[(daily["day"] == dates[-1]) & (daily["key"] == "nlp"), "spend_usd"] = 6000.0
+    write_daily_tables(h.store, daily, dates)
+    assets, _ = build_assets(h.config)
+    resources = {"gpu_ops": h.settings, "table_io_manager": TableIOManager(url=h.config.storage.resolved_url())}
+    result = dg.materialize(assets, partition_key=dates[-1].isoformat(), resources=resources, instance=dagster_instance, selection=["gpu_spend_anomalies"])
+    assert not result.get_asset_check_evaluations()[0].passed
+    requests, _ = h.tick()
+    assert requests == [] and hook.requests == []
