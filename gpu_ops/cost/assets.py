@@ -19,7 +19,7 @@ import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, attribution_input_columns, budget_groupings, roi_input_columns
-from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
+from gpu_ops.cost.metadata import hours, money, per_key, schema_metadata, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
 from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
@@ -153,24 +153,36 @@ def _usage_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, back
 
 
 def _priced_usage(context: dg.AssetExecutionContext, cfg: GpuOpsConfig) -> tuple[Any, Any, Any, Any, Any]:
-    """(usage read, priced table, quarantine, measured utilisation, billing settlement or None) of the run's days."""
-    from gpu_ops.cost.attribution import day_window
+    """(usage read, stored table, quarantine, measured utilisation, billing settlement or None)
+    of the run's days. The stored table is the day files by reference, written from DuckDB;
+    with utilisation metrics or a bill to settle against (both pandas) it is their frame."""
     from gpu_ops.cost.pipeline import usage_for_days
     from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.storage.tables import TableStore
+
+    first, last = _days(context)
+    usage = usage_for_days(
+        SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last, scratch_in=cfg.storage.row_level_path,
+    )
+    if cfg.usage.utilization is None and cfg.usage.billing is None:
+        return usage, usage.parts, usage.quarantine, None, None
+    return _measured_and_settled(context, cfg, usage)
+
+
+def _measured_and_settled(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any) -> tuple[Any, Any, Any, Any, Any]:
+    import pandas as pd
+
+    from gpu_ops.cost.attribution import day_window
     from gpu_ops.cost.utilization import measured_rows
     from gpu_ops.storage.tables import TableStore
 
     first, last = _days(context)
-    usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
-    table, q = usage.table, usage.quarantine
-    measured = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
-    table = measured.rows
+    measured = measured_rows(cfg.usage.utilization, usage.table, day_window(first)[0], day_window(last)[1])
+    table, q = measured.rows, usage.quarantine
     if measured.missing:
         context.log.warning(measured.missing)
     if cfg.usage.billing is None:
         return usage, table, q, measured, None
-    import pandas as pd
-
     from gpu_ops.cost.billing import settle
 
     settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
@@ -191,26 +203,36 @@ def _run_usage(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> It
     yield from _usage_checks({k.name for k in context.selected_asset_check_keys}, q, settled)
 
 
-def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
+def _usage_figures(usage: Any, table: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(fleet totals, efficiency coverage, intervals) of the stored rows: summed as they were
+    written, or (a measured or settled frame) from the frame."""
     from gpu_ops.cost.attribution import fleet_totals
-    from gpu_ops.cost.utilization import coverage
+    from gpu_ops.cost.utilization import coverage, coverage_of_sums
 
+    if table is usage.parts:
+        t = usage.totals
+        totals = {"gpu_hours": t.gpu_hours, "allocated_cost_usd": t.allocated_cost_usd, "idle_cost_usd": t.idle_cost_usd, "fleet_cost_usd": t.fleet_cost_usd}
+        return totals, coverage_of_sums(t.gpu_hours, t.measured), t.intervals
+    return fleet_totals(table), coverage(table), int((table["kind"] != "idle").sum()) if len(table) else 0
+
+
+def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
     first, last = _days(context)
-    totals = fleet_totals(table)
+    totals, cov, intervals = _usage_figures(usage, table)
     from_bill = settled.from_bill if settled is not None else None
     return {
-        **table_metadata(table),
+        **(table_metadata(table) if table is not usage.parts else schema_metadata(usage.parts.schema, usage.parts.rows)),
         **({"days": f"{first} .. {last}"} if last > first else {}),
         "as_of": usage.as_of.isoformat(),
-        "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
+        "intervals": intervals,
         "gpu_hours": hours(totals["gpu_hours"]),
         "allocated_cost_usd": money(totals["allocated_cost_usd"]),
         "idle_cost_usd": money(totals["idle_cost_usd"]),
         "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
         "quarantined_rows": len(q),
         **usage.stats.metadata(),
-        **_efficiency_metadata(coverage(table), measured.pod_steps if cfg.usage.utilization else None),
-        **measured.metadata(),
+        **_efficiency_metadata(cov, measured.pod_steps if cfg.usage.utilization else None),
+        **(measured.metadata() if measured is not None else {}),
         **({"priced_from_bill": f"{from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(from_bill['unbilled_nodes']) or 'none'}"} if from_bill else {}),
     }
 

@@ -156,6 +156,7 @@ class ParquetParts:
 
     paths: dict[str, Path]
     rows: int = 0
+    schema: Any = None  # the files' Arrow schema
 
     def to_pandas(self) -> pd.DataFrame:
         """The rows as one frame, with ``partition_key`` (the storage boundary of a SQL store)."""
@@ -206,7 +207,7 @@ class PartitionWriter:
             self._writer(key)
         for w in self.writers.values():
             w.close()
-        return ParquetParts({k: self.folder / f"{k}.parquet" for k in self.keys}, self.rows)
+        return ParquetParts({k: self.folder / f"{k}.parquet" for k in self.keys}, self.rows, self.schema)
 
 
 def _is_text(t: Any) -> bool:

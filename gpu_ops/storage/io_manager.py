@@ -138,7 +138,12 @@ class TableIOManager(dg.ConfigurableIOManager):
 
         from gpu_ops.storage.tables import StorageError, display_url
 
+        from gpu_ops.storage.files import ParquetParts
+
         if obj is None:
+            return
+        if isinstance(obj, ParquetParts):
+            self._adopt(context, obj)
             return
         if not isinstance(obj, pd.DataFrame):
             raise StorageError(f"{context.asset_key.to_user_string()}: TableIOManager stores pandas DataFrames, got {type(obj).__name__}")
@@ -160,6 +165,28 @@ class TableIOManager(dg.ConfigurableIOManager):
             rows = store.write(name, obj, partition_keys=keys)
         context.add_output_metadata(
             {"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(store.url), "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
+        )
+
+    def _adopt(self, context: dg.OutputContext, parts: Any) -> None:
+        """A row-level table handed by reference (Parquet files already written): moved in
+        place under ``row_level_path``, or loaded into the SQL store (its storage boundary)."""
+        from gpu_ops.storage.tables import display_url
+
+        name = table_name(context.asset_key)
+        keys = list(parts.paths)
+        files = self._files(context.definition_metadata) if context.has_asset_partitions else None
+        t0 = time.perf_counter()
+        if files is not None:
+            rows = files.adopt(name, parts)
+            where = str(files.path(name, keys[0]) if len(keys) == 1 else files.root / name)
+        else:
+            store = self._store()
+            with _failure_on_unreachable_database():
+                rows = store.write(name, parts.to_pandas(), partition_keys=keys if context.has_asset_partitions else None)
+            where = display_url(store.url)
+        context.add_output_metadata(
+            {"table": name, "rows": dg.MetadataValue.int(rows), "storage": dg.MetadataValue.path(where) if files is not None else where,
+             "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
         )
 
     def load_input(self, context: dg.InputContext) -> Any:
