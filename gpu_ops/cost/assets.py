@@ -22,7 +22,7 @@ from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEM
 from gpu_ops.cost.metadata import hours, money, per_key, schema_metadata, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
+from gpu_ops.storage.io_manager import BY_REFERENCE, COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
 
 GROUP = "gpu_cost"
 # Steps that load the day's row-level gpu_usage whole: the executor runs them one at a time.
@@ -279,7 +279,8 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
         name="gpu_cost_attribution",
         partitions_def=partitions,
         can_subset=True,  # each table can be materialized alone
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: attribution_input_columns(config.usage.group_by)})},
+        # The day files by reference (read by DuckDB where they lie); a SQL store: the frame of these columns.
+        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: attribution_input_columns(config.usage.group_by), BY_REFERENCE: True})},
         outs={
             "gpu_cost_attribution": dg.AssetOut(
                 io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
@@ -302,20 +303,41 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
     return gpu_cost_attribution
 
 
-def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
+def _day_attribution(con: Any, rows: str, cfg: GpuOpsConfig) -> Any:
+    """One day's attribution of its stored rows, grouped in DuckDB, with the groups' efficiency."""
     import pandas as pd
 
-    from gpu_ops.cost.attribution import attribute
-    from gpu_ops.cost.budgets import daily_costs, scope_keys, scope_label_keys
-    from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
+    from gpu_ops.cost.allocate import METRIC_COLUMNS
+    from gpu_ops.cost.attribution import Attribution
+    from gpu_ops.cost.stored import has_metrics, stored_attribution
     from gpu_ops.cost.utilization import group_efficiency
+
+    groups = stored_attribution(con, rows, cfg.usage.group_by, cfg.usage.idle)
+    table = pd.DataFrame(groups.rows, columns=groups.columns).astype({c: float for c in METRIC_COLUMNS})
+    measured = con.sql(rows).df() if has_metrics(con, rows) else pd.DataFrame()
+    return Attribution(group_efficiency(table, measured, cfg.usage.group_by), list(cfg.usage.group_by), groups.totals)
+
+
+def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
+    import duckdb
+    import pandas as pd
+
+    from gpu_ops.cost.budgets import daily_costs_sql, scope_keys, scope_label_keys
+    from gpu_ops.cost.pipeline import PARTITION_KEY
+    from gpu_ops.cost.stored import day_relations, measured_sums
 
     cfg = gpu_ops.load()
     keys = context.partition_keys
-    per_day = usage_by_day(gpu_usage, keys)
-    days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
-    table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
-    daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
+    con = duckdb.connect()
+    try:
+        per_day = day_relations(con, gpu_usage, keys)
+        days = [(key, _day_attribution(con, rows, cfg)) for key, rows in per_day]
+        every = " UNION ALL BY NAME ".join(f"SELECT * FROM ({rows})" for _, rows in per_day)
+        daily = daily_costs_sql(con, every, [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
+        sums = measured_sums(con, every)
+    finally:
+        con.close()
+    table = pd.concat([r.table.assign(**{PARTITION_KEY: key}) for key, r in days], ignore_index=True)
     daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
     t = _sum_totals([r.totals for _, r in days])
     from gpu_ops.observability.hooks import partition_materialized  # issue 23: the partition's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
@@ -323,7 +345,7 @@ def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings,
     partition_materialized(context, "gpu_cost_attribution", {"cost.total": t["attributed_cost_usd"], "gpu_hours.allocated": t["gpu_hours"], "cost.idle": t["idle_cost_usd"]})
     selected = {k.to_user_string() for k in context.selected_asset_keys}
     if "gpu_cost_attribution" in selected:
-        yield dg.Output(table, output_name="gpu_cost_attribution", metadata=_attribution_metadata(table, t, gpu_usage))
+        yield dg.Output(table, output_name="gpu_cost_attribution", metadata=_attribution_metadata(table, t, sums))
     if "gpu_cost_daily" in selected:
         yield dg.Output(
             daily, output_name="gpu_cost_daily",
@@ -333,8 +355,8 @@ def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings,
         yield _conservation_check(days, t)
 
 
-def _attribution_metadata(table: Any, t: dict[str, Any], gpu_usage: Any) -> dict[str, Any]:
-    from gpu_ops.cost.utilization import coverage
+def _attribution_metadata(table: Any, t: dict[str, Any], sums: tuple[float, dict[str, float]]) -> dict[str, Any]:
+    from gpu_ops.cost.utilization import coverage_of_sums
 
     teams = top_teams(table)
     return {
@@ -347,7 +369,7 @@ def _attribution_metadata(table: Any, t: dict[str, Any], gpu_usage: Any) -> dict
         "groups": t["groups"],
         "top_teams": table_value(teams),
         **per_key("team", teams.to_dict("records"), "team", ["cost_usd", "gpu_hours"]),
-        **_efficiency_metadata(coverage(gpu_usage), None),
+        **_efficiency_metadata(coverage_of_sums(*sums), None),
     }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpu_ops.cost.allocate import IDLE, Span, idle_sql, pieces_sql, priced_sql
+from gpu_ops.cost.allocate import IDLE, Groups, Idle, Span, attribute, idle_sql, pieces_sql, priced_sql
 from gpu_ops.cost.engine import UsageEngine
 from gpu_ops.storage.files import ParquetParts, PartitionWriter
 
@@ -103,8 +103,11 @@ def _idle_columns(present: set[str]) -> dict[str, str]:
     return {c: cols.get(c) or _plain(c, present) for c in USAGE_TABLE_COLUMNS}
 
 
-def _select(columns: dict[str, str], source: str, order_by: str) -> str:
-    return "SELECT " + ", ".join(f'{sql} AS "{c}"' for c, sql in columns.items()) + f" FROM ({source}) ORDER BY {order_by}"
+def _select(columns: dict[str, str], source: str, order_by: str | None = None) -> str:
+    """SQL: ``columns`` of ``source``; without ``order_by`` in the order DuckDB reads them
+    (insertion order is kept: the sources' order, as a sort would give, without holding a
+    sorted copy of every column)."""
+    return "SELECT " + ", ".join(f'{sql} AS "{c}"' for c, sql in columns.items()) + f" FROM ({source})" + (f" ORDER BY {order_by}" if order_by else "")
 
 
 _NO_PIECES = (
@@ -205,10 +208,80 @@ def store_usage(engine: UsageEngine, fleet: Any, span: Span, keys: Sequence[str]
             lost = "lost_seconds" in numbers
             pieces = priced_sql(pieces_sql(engine.good_sql(), span.start, span.priced_end), lost)
             present = {*times, *text, *numbers, *prov}
-            _write(engine.con, _select(_allocated_columns(present, lost), pieces, "ord, pos, day_us"), writer, totals, idle=False)
+            _write(engine.con, _select(_allocated_columns(present, lost), pieces), writer, totals, idle=False)
         if fleet is not None and fleet.num_rows:
             engine.con.register("fleet_days", fleet)
             _write(engine.con, _select(_idle_columns(set(fleet.column_names)), idle_sql(pieces), "node, day_us"), writer, totals, idle=True)
     finally:
         parts = writer.close()
     return StoredUsage(parts, totals)
+
+
+# --------------------------------------------------------------------------- the stored rows read where they lie
+
+
+def day_relations(con: Any, usage: Any, keys: Sequence[str]) -> list[tuple[str, str]]:
+    """(key, SQL of that day's stored rows) for each partition key: ``usage`` is the day
+    files by reference (:class:`ParquetParts`, read by DuckDB where they lie) or a loaded
+    frame (a SQL store; with ``partition_key`` when it holds several days). A day without
+    a file has no rows, in the stored columns."""
+    if isinstance(usage, ParquetParts):
+        con.register("no_usage_rows", usage_schema().empty_table())
+        return [(k, f"SELECT * FROM read_parquet('{_quoted(usage.paths[k])}')" if k in usage.paths else "SELECT * FROM no_usage_rows") for k in keys]
+    con.register("usage_rows", usage)
+    if "partition_key" not in usage.columns:
+        return [(keys[0], "SELECT * FROM usage_rows")]
+    return [(k, f"SELECT * EXCLUDE (partition_key) FROM usage_rows WHERE partition_key = '{k}'") for k in keys]
+
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def stored_idle(con: Any, idle_rows: str, columns: set[str]) -> Idle:
+    """The idle totals of stored idle rows (no row: no fleet); ``columns``: those the rows have."""
+    def total(c: str) -> str:
+        return f"sum({c})" if c in columns else "CAST(NULL AS DOUBLE)"
+
+    n, gh, cost, od, fleet = con.execute(
+        f"SELECT count(*), {total('gpu_hours')}, {total('cost_usd')}, coalesce({total('on_demand_usd')}, 0), {total('fleet_cost_usd')} FROM ({idle_rows})"
+    ).fetchone()
+    if not n:
+        return Idle()
+    return Idle(float(gh or 0.0), float(cost or 0.0), float(od), float(fleet or 0.0))
+
+
+def fleet_checks(con: Any, alloc: str, idle_rows: str, idle: Idle) -> dict[str, Any]:
+    """The conservation figures of a day's stored rows: usage on nodes outside the
+    inventory, and the nodes with more GPU-hours allocated than they have."""
+    if idle.fleet_cost_usd is None:
+        return {"off_fleet_cost_usd": 0.0, "over_allocated_nodes": []}
+    off = con.execute(f"SELECT coalesce(sum(cost_usd), 0) FROM ({alloc}) WHERE CAST(node AS VARCHAR) NOT IN (SELECT CAST(node AS VARCHAR) FROM ({idle_rows}))").fetchone()[0]
+    # Tolerance: a millionth of a GPU-hour of rounding is not over-allocation.
+    over = con.execute(f"SELECT DISTINCT CAST(node AS VARCHAR) AS n FROM ({idle_rows}) WHERE gpu_hours < -1e-6 ORDER BY n").fetchall()
+    return {"off_fleet_cost_usd": float(off), "over_allocated_nodes": [r[0] for r in over]}
+
+
+def stored_attribution(con: Any, rows: str, group_by: Sequence[str], idle_mode: str) -> Groups:
+    """The attribution of one day's stored rows (SQL ``rows``), grouped in DuckDB
+    (:func:`gpu_ops.cost.allocate.attribute`), with the conservation figures in its totals."""
+    columns = {r[0] for r in con.execute(f"DESCRIBE {rows}").fetchall()}
+    alloc, idle_rows = f"SELECT * FROM ({rows}) WHERE kind <> 'idle'", f"SELECT * FROM ({rows}) WHERE kind = 'idle'"
+    idle = stored_idle(con, idle_rows, columns)
+    groups = attribute(con, alloc, group_by, columns, idle, idle_mode)
+    groups.totals.update(fleet_checks(con, alloc, idle_rows, idle))
+    return groups
+
+
+def has_metrics(con: Any, rows: str) -> bool:
+    """Whether some allocated row of ``rows`` carries a utilisation measurement."""
+    got = con.execute(f"SELECT count(active_gpu_hours) + count(metered_gpu_hours) + count(unused_cost_usd) FROM ({rows}) WHERE kind <> 'idle'").fetchone()[0]
+    return bool(got)
+
+
+def measured_sums(con: Any, rows: str) -> tuple[float, dict[str, float]]:
+    """(allocated GPU-hours, sums of the efficiency columns) of ``rows``: what
+    :func:`gpu_ops.cost.utilization.coverage_of_sums` takes."""
+    names = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")
+    got = con.execute(f"SELECT coalesce(sum(gpu_hours), 0), {', '.join(f'coalesce(sum({c}), 0)' for c in names)} FROM ({rows}) WHERE kind <> 'idle'").fetchone()
+    return float(got[0]), {c: float(v) for c, v in zip(names, got[1:])}

@@ -96,6 +96,14 @@ class PartitionFiles:
                 tmp.unlink(missing_ok=True)
         return parts.rows
 
+    def parts(self, name: str, partition_keys: Iterable[str]) -> "ParquetParts":
+        """The files of ``partition_keys`` that exist, by reference (not read)."""
+        import pyarrow.parquet as pq
+
+        paths = {k: self.path(name, k) for k in partition_keys if self.path(name, k).exists()}
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths.values())
+        return ParquetParts(paths, rows, pq.read_schema(next(iter(paths.values()))) if paths else None)
+
     def read(self, name: str, partition_keys: Iterable[str] | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """Rows of the partitions that have a file (all when ``partition_keys`` is None),
         with ``partition_key`` when more than one was asked for; with ``columns``, only

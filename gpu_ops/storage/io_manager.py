@@ -24,6 +24,9 @@ COLUMNS = "columns"
 # `dg.AssetIn(metadata={GROUPED: {"groupings": {label: [columns]}, "sums": [...], "keep": [...]}})`:
 # load the upstream partitions summed by the database per grouping (TableStore.read_grouped).
 GROUPED = "gpu_ops/grouped"
+# `dg.AssetIn(metadata={BY_REFERENCE: True})`: a row-level table kept as Parquet files is loaded
+# as the files (gpu_ops.storage.files.ParquetParts), for DuckDB to read where they lie.
+BY_REFERENCE = "gpu_ops/by_reference"
 # `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
 # `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
 ROW_LEVEL = "gpu_ops/row_level"
@@ -195,7 +198,7 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     def _load(self, context: dg.InputContext) -> Any:
         df = self._read(context)
-        if len(df.columns):
+        if not hasattr(df, "columns") or len(df.columns):
             return df
         # No table yet: the upstream's declared columns, typed, without rows.
         return _empty_table(context.upstream_output.definition_metadata if context.upstream_output else None, df, context)
@@ -209,6 +212,8 @@ class TableIOManager(dg.ConfigurableIOManager):
             if columns is not None and len(keys) > 1:
                 columns.append(PARTITION_COLUMN)
             files = self._files(context.upstream_output.definition_metadata if context.upstream_output else None)
+            if files is not None and (context.definition_metadata or {}).get(BY_REFERENCE):
+                return files.parts(name, keys)
             if files is not None:
                 return files.read(name, partition_keys=keys, columns=columns)
             grouped = (context.definition_metadata or {}).get(GROUPED)
