@@ -245,7 +245,7 @@ def stored_idle(con: Any, idle_rows: str, columns: set[str]) -> Idle:
 
     n, gh, cost, od, fleet = con.execute(
         f"SELECT count(*), {total('gpu_hours')}, {total('cost_usd')}, coalesce({total('on_demand_usd')}, 0), {total('fleet_cost_usd')} FROM ({idle_rows})"
-    ).fetchone()
+    ).fetchall()[0]
     if not n:
         return Idle()
     return Idle(float(gh or 0.0), float(cost or 0.0), float(od), float(fleet or 0.0))
@@ -256,7 +256,7 @@ def fleet_checks(con: Any, alloc: str, idle_rows: str, idle: Idle) -> dict[str, 
     inventory, and the nodes with more GPU-hours allocated than they have."""
     if idle.fleet_cost_usd is None:
         return {"off_fleet_cost_usd": 0.0, "over_allocated_nodes": []}
-    off = con.execute(f"SELECT coalesce(sum(cost_usd), 0) FROM ({alloc}) WHERE CAST(node AS VARCHAR) NOT IN (SELECT CAST(node AS VARCHAR) FROM ({idle_rows}))").fetchone()[0]
+    off = con.execute(f"SELECT coalesce(sum(cost_usd), 0) FROM ({alloc}) WHERE CAST(node AS VARCHAR) NOT IN (SELECT CAST(node AS VARCHAR) FROM ({idle_rows}))").fetchall()[0][0]
     # Tolerance: a millionth of a GPU-hour of rounding is not over-allocation.
     over = con.execute(f"SELECT DISTINCT CAST(node AS VARCHAR) AS n FROM ({idle_rows}) WHERE gpu_hours < -1e-6 ORDER BY n").fetchall()
     return {"off_fleet_cost_usd": float(off), "over_allocated_nodes": [r[0] for r in over]}
@@ -275,7 +275,7 @@ def stored_attribution(con: Any, rows: str, group_by: Sequence[str], idle_mode: 
 
 def has_metrics(con: Any, rows: str) -> bool:
     """Whether some allocated row of ``rows`` carries a utilisation measurement."""
-    got = con.execute(f"SELECT count(active_gpu_hours) + count(metered_gpu_hours) + count(unused_cost_usd) FROM ({rows}) WHERE kind <> 'idle'").fetchone()[0]
+    got = con.execute(f"SELECT count(active_gpu_hours) + count(metered_gpu_hours) + count(unused_cost_usd) FROM ({rows}) WHERE kind <> 'idle'").fetchall()[0][0]
     return bool(got)
 
 
@@ -283,5 +283,5 @@ def measured_sums(con: Any, rows: str) -> tuple[float, dict[str, float]]:
     """(allocated GPU-hours, sums of the efficiency columns) of ``rows``: what
     :func:`gpu_ops.cost.utilization.coverage_of_sums` takes."""
     names = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")
-    got = con.execute(f"SELECT coalesce(sum(gpu_hours), 0), {', '.join(f'coalesce(sum({c}), 0)' for c in names)} FROM ({rows}) WHERE kind <> 'idle'").fetchone()
+    got = con.execute(f"SELECT coalesce(sum(gpu_hours), 0), {', '.join(f'coalesce(sum({c}), 0)' for c in names)} FROM ({rows}) WHERE kind <> 'idle'").fetchall()[0]
     return float(got[0]), {c: float(v) for c, v in zip(names, got[1:])}
