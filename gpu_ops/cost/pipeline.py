@@ -1,7 +1,9 @@
 """The cost flow end to end, shared by the `gpu-ops cost` CLI and the Dagster assets.
 
-sources -> raw rows -> :func:`validate_usage` -> split by UTC day -> priced pieces
-(+ idle rows from the inventory) -> attribution / budgets / ROI.
+sources -> :func:`load_raw` -> the engine (rules, identity) -> split by UTC day, priced,
+idle rows from the inventory (SQL) -> the daily partition's files
+(:func:`usage_for_days`, written from DuckDB: :mod:`gpu_ops.cost.stored`), or the pandas
+boundary of the CLI's budgets and ROI commands (:func:`price_window`).
 No Dagster imports: the CLI must start fast.
 """
 
@@ -166,27 +168,12 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**{c: df[c].astype(str) for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
 
 
-def usage_table(pieces: pd.DataFrame, shared_defaults: bool = False) -> pd.DataFrame:
-    """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column.
-
-    ``shared_defaults``: a text or number column the pieces do not have is one value seen
-    by every row (a read-only array of no size: a million rows' empty ``run_id``, NaN
-    efficiency, ... took ~130 MiB as arrays of their own); a frame to be stored, not
-    modified in place (``.loc`` into such a column raises; a copy is writable)."""
+def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
+    """Priced pieces (a pandas frame: :func:`price_window`) in the stored layout
+    (:data:`USAGE_TABLE_COLUMNS`), one dtype per column; the stored table itself is
+    written from DuckDB (:mod:`gpu_ops.cost.stored`)."""
     n = len(pieces)
-    return pd.DataFrame(
-        {c: _typed(c, pieces[c]) if c in pieces else _shared_default(c, n) if shared_defaults else _typed(c, _default(c, n)) for c in USAGE_TABLE_COLUMNS},
-        copy=False,  # no consolidating copy of a million rows
-    )
-
-
-def _shared_default(c: str, n: int) -> pd.Series:
-    """:func:`_default` (typed), a text or number column as one value every row sees."""
-    if c in _TEXT_DEFAULTS:
-        return pd.Series(np.broadcast_to(np.array("", dtype=object), (n,)), dtype=object, copy=False)
-    if c in _FLOAT_DEFAULTS:
-        return pd.Series(np.broadcast_to(np.float64(_FLOAT_DEFAULTS[c]), (n,)), dtype=float, copy=False)
-    return _typed(c, _default(c, n))
+    return pd.DataFrame({c: _typed(c, pieces[c]) if c in pieces else _typed(c, _default(c, n)) for c in USAGE_TABLE_COLUMNS}, copy=False)
 
 
 _TEXT_COLUMNS = (*_TEXT_DEFAULTS, "kind", "gpu_type", "capacity_type", "sharing")
