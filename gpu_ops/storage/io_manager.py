@@ -100,6 +100,11 @@ def table_name(key: dg.AssetKey) -> str:
 class TableIOManager(dg.ConfigurableIOManager):
     """Stores DataFrame outputs as SQL tables (SQLite by default, PostgreSQL in production).
 
+    A row-level output handed by reference (:class:`~gpu_ops.storage.files.ParquetParts`:
+    the day files the cost flow wrote from DuckDB) is moved under ``row_level_path``, or
+    loaded into the SQL store; an input marked :data:`BY_REFERENCE` gets such files back
+    (not read) when the table lives under ``row_level_path``.
+
     A partitioned asset's write replaces exactly its partitions' rows in one transaction.
     Loading one upstream partition gives its rows without ``partition_key``; loading
     several (a window of days) keeps ``partition_key`` so they can be told apart. An
