@@ -19,10 +19,10 @@ import dagster as dg
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, attribution_input_columns, budget_groupings, roi_input_columns
-from gpu_ops.cost.metadata import hours, money, per_key, table_metadata, table_value, top_teams
+from gpu_ops.cost.metadata import hours, money, per_key, schema_metadata, table_metadata, table_value, top_teams
 from gpu_ops.cost.sources import SourceSet
 from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
+from gpu_ops.storage.io_manager import BY_REFERENCE, COLUMN_SCHEMA, COLUMNS, DATAFRAME_TYPE, GROUPED, ROW_LEVEL, ROW_LEVEL_READER
 
 GROUP = "gpu_cost"
 # Steps that load the day's row-level gpu_usage whole: the executor runs them one at a time.
@@ -154,24 +154,36 @@ def _usage_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, back
 
 
 def _priced_usage(context: dg.AssetExecutionContext, cfg: GpuOpsConfig) -> tuple[Any, Any, Any, Any, Any]:
-    """(usage read, priced table, quarantine, measured utilisation, billing settlement or None) of the run's days."""
-    from gpu_ops.cost.attribution import day_window
+    """(usage read, stored table, quarantine, measured utilisation, billing settlement or None)
+    of the run's days. The stored table is the day files by reference, written from DuckDB;
+    with utilisation metrics or a bill to settle against (both pandas) it is their frame."""
     from gpu_ops.cost.pipeline import usage_for_days
     from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.storage.tables import TableStore
+
+    first, last = _days(context)
+    usage = usage_for_days(
+        SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last, scratch_in=cfg.storage.row_level_path,
+    )
+    if cfg.usage.utilization is None and cfg.usage.billing is None:
+        return usage, usage.parts, usage.quarantine, None, None
+    return _measured_and_settled(context, cfg, usage)
+
+
+def _measured_and_settled(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any) -> tuple[Any, Any, Any, Any, Any]:
+    import pandas as pd
+
+    from gpu_ops.cost.attribution import day_window
     from gpu_ops.cost.utilization import measured_rows
     from gpu_ops.storage.tables import TableStore
 
     first, last = _days(context)
-    usage = usage_for_days(SourceSet.from_config(cfg), TableStore.from_config(cfg), PriceMatrix.from_table(cfg.prices), first, last)
-    table, q = usage.table, usage.quarantine
-    measured = measured_rows(cfg.usage.utilization, table, day_window(first)[0], day_window(last)[1])
-    table = measured.rows
+    measured = measured_rows(cfg.usage.utilization, usage.table, day_window(first)[0], day_window(last)[1])
+    table, q = measured.rows, usage.quarantine
     if measured.missing:
         context.log.warning(measured.missing)
     if cfg.usage.billing is None:
         return usage, table, q, measured, None
-    import pandas as pd
-
     from gpu_ops.cost.billing import settle
 
     settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
@@ -192,26 +204,36 @@ def _run_usage(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> It
     yield from _usage_checks({k.name for k in context.selected_asset_check_keys}, q, settled)
 
 
-def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
+def _usage_figures(usage: Any, table: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(fleet totals, efficiency coverage, intervals) of the stored rows: summed as they were
+    written, or (a measured or settled frame) from the frame."""
     from gpu_ops.cost.attribution import fleet_totals
-    from gpu_ops.cost.utilization import coverage
+    from gpu_ops.cost.utilization import coverage, coverage_of_sums
 
+    if table is usage.parts:
+        t = usage.totals
+        totals = {"gpu_hours": t.gpu_hours, "allocated_cost_usd": t.allocated_cost_usd, "idle_cost_usd": t.idle_cost_usd, "fleet_cost_usd": t.fleet_cost_usd}
+        return totals, coverage_of_sums(t.gpu_hours, t.measured), t.intervals
+    return fleet_totals(table), coverage(table), int((table["kind"] != "idle").sum()) if len(table) else 0
+
+
+def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
     first, last = _days(context)
-    totals = fleet_totals(table)
+    totals, cov, intervals = _usage_figures(usage, table)
     from_bill = settled.from_bill if settled is not None else None
     return {
-        **table_metadata(table),
+        **(table_metadata(table) if table is not usage.parts else schema_metadata(usage.parts.schema, usage.parts.rows)),
         **({"days": f"{first} .. {last}"} if last > first else {}),
         "as_of": usage.as_of.isoformat(),
-        "intervals": int((table["kind"] != "idle").sum()) if len(table) else 0,
+        "intervals": intervals,
         "gpu_hours": hours(totals["gpu_hours"]),
         "allocated_cost_usd": money(totals["allocated_cost_usd"]),
         "idle_cost_usd": money(totals["idle_cost_usd"]),
         "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
         "quarantined_rows": len(q),
         **usage.stats.metadata(),
-        **_efficiency_metadata(coverage(table), measured.pod_steps if cfg.usage.utilization else None),
-        **measured.metadata(),
+        **_efficiency_metadata(cov, measured.pod_steps if cfg.usage.utilization else None),
+        **(measured.metadata() if measured is not None else {}),
         **({"priced_from_bill": f"{from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(from_bill['unbilled_nodes']) or 'none'}"} if from_bill else {}),
     }
 
@@ -258,7 +280,8 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
         name="gpu_cost_attribution",
         partitions_def=partitions,
         can_subset=True,  # each table can be materialized alone
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: attribution_input_columns(config.usage.group_by)})},
+        # The day files by reference (read by DuckDB where they lie); a SQL store: the frame of these columns.
+        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: attribution_input_columns(config.usage.group_by), BY_REFERENCE: True})},
         outs={
             "gpu_cost_attribution": dg.AssetOut(
                 io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
@@ -281,20 +304,41 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
     return gpu_cost_attribution
 
 
-def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
+def _day_attribution(con: Any, rows: str, cfg: GpuOpsConfig) -> Any:
+    """One day's attribution of its stored rows, grouped in DuckDB, with the groups' efficiency."""
     import pandas as pd
 
-    from gpu_ops.cost.attribution import attribute
-    from gpu_ops.cost.budgets import daily_costs, scope_keys, scope_label_keys
-    from gpu_ops.cost.pipeline import PARTITION_KEY, usage_by_day
+    from gpu_ops.cost.allocate import METRIC_COLUMNS
+    from gpu_ops.cost.attribution import Attribution
+    from gpu_ops.cost.stored import has_metrics, stored_attribution
     from gpu_ops.cost.utilization import group_efficiency
+
+    groups = stored_attribution(con, rows, cfg.usage.group_by, cfg.usage.idle)
+    table = pd.DataFrame(groups.rows, columns=groups.columns).astype({c: float for c in METRIC_COLUMNS})
+    measured = con.sql(rows).df() if has_metrics(con, rows) else pd.DataFrame()
+    return Attribution(group_efficiency(table, measured, cfg.usage.group_by), list(cfg.usage.group_by), groups.totals)
+
+
+def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
+    import duckdb
+    import pandas as pd
+
+    from gpu_ops.cost.budgets import daily_costs_sql, scope_keys, scope_label_keys
+    from gpu_ops.cost.pipeline import PARTITION_KEY
+    from gpu_ops.cost.stored import day_relations, measured_sums
 
     cfg = gpu_ops.load()
     keys = context.partition_keys
-    per_day = usage_by_day(gpu_usage, keys)
-    days = [(key, attribute(rows, cfg.usage.group_by, cfg.usage.idle)) for key, rows in per_day]
-    table = pd.concat([group_efficiency(r.table, rows, cfg.usage.group_by).assign(**{PARTITION_KEY: key}) for (key, r), (_, rows) in zip(days, per_day)], ignore_index=True)
-    daily = daily_costs(gpu_usage.drop(columns=PARTITION_KEY, errors="ignore"), [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
+    con = duckdb.connect()
+    try:
+        per_day = day_relations(con, gpu_usage, keys)
+        days = [(key, _day_attribution(con, rows, cfg)) for key, rows in per_day]
+        every = " UNION ALL BY NAME ".join(f"SELECT * FROM ({rows})" for _, rows in per_day)
+        daily = daily_costs_sql(con, every, [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
+        sums = measured_sums(con, every)
+    finally:
+        con.close()
+    table = pd.concat([r.table.assign(**{PARTITION_KEY: key}) for key, r in days], ignore_index=True)
     daily[PARTITION_KEY] = [d.isoformat() for d in daily["day"]]
     t = _sum_totals([r.totals for _, r in days])
     from gpu_ops.observability.hooks import partition_materialized  # issue 23: the partition's span (nothing without OTEL_EXPORTER_OTLP_ENDPOINT)
@@ -302,7 +346,7 @@ def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings,
     partition_materialized(context, "gpu_cost_attribution", {"cost.total": t["attributed_cost_usd"], "gpu_hours.allocated": t["gpu_hours"], "cost.idle": t["idle_cost_usd"]})
     selected = {k.to_user_string() for k in context.selected_asset_keys}
     if "gpu_cost_attribution" in selected:
-        yield dg.Output(table, output_name="gpu_cost_attribution", metadata=_attribution_metadata(table, t, gpu_usage))
+        yield dg.Output(table, output_name="gpu_cost_attribution", metadata=_attribution_metadata(table, t, sums))
     if "gpu_cost_daily" in selected:
         yield dg.Output(
             daily, output_name="gpu_cost_daily",
@@ -312,8 +356,8 @@ def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings,
         yield _conservation_check(days, t)
 
 
-def _attribution_metadata(table: Any, t: dict[str, Any], gpu_usage: Any) -> dict[str, Any]:
-    from gpu_ops.cost.utilization import coverage
+def _attribution_metadata(table: Any, t: dict[str, Any], sums: tuple[float, dict[str, float]]) -> dict[str, Any]:
+    from gpu_ops.cost.utilization import coverage_of_sums
 
     teams = top_teams(table)
     return {
@@ -326,7 +370,7 @@ def _attribution_metadata(table: Any, t: dict[str, Any], gpu_usage: Any) -> dict
         "groups": t["groups"],
         "top_teams": table_value(teams),
         **per_key("team", teams.to_dict("records"), "team", ["cost_usd", "gpu_hours"]),
-        **_efficiency_metadata(coverage(gpu_usage), None),
+        **_efficiency_metadata(coverage_of_sums(*sums), None),
     }
 
 

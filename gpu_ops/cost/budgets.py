@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.config import Budget, parse_duration
-from gpu_ops.cost.attribution import sum_dollars, label_values, utc
+from gpu_ops.cost.attribution import label_values, utc
 from gpu_ops.cost.columns import DAILY_GROUPING, DAILY_KEYS, DAILY_SCHEMA, grouping_name
+from gpu_ops.cost.engine import values_table
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
@@ -90,7 +91,7 @@ def _scoped_labels(labels: pd.Series, keys: Sequence[str]) -> pd.Series:
 def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequence[str] = (), keys: Sequence[str] | None = None) -> pd.DataFrame:
     """Priced pieces (allocated and idle rows with a ``day`` column) -> one row per day,
     kind and scope-key combination (:data:`DAILY_COLUMNS`): the compact table that budget
-    periods are summed from.
+    periods are summed from (:func:`daily_costs_sql` over the frame).
 
     Every day of ``days`` gets at least one row (kind :data:`NO_USAGE` when it had no
     usage). ``on_demand_usd`` is NaN for a group with any piece without an on-demand price.
@@ -98,33 +99,63 @@ def daily_costs(rows: pd.DataFrame, days: Sequence[dt.date], label_keys: Sequenc
     the others are "" and recorded as not kept, so that a budget scoping on one later
     sees those days as lacking, never as zero.
     """
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        wanted = [c for c in ("day", "kind", *DAILY_KEYS, "labels", "gpu_hours", "cost_usd", "on_demand_usd") if c in rows.columns]
+        con.register("daily_rows", rows[wanted] if len(rows.columns) else pd.DataFrame({"day": pd.Series([], dtype="datetime64[ns, UTC]")}))
+        return daily_costs_sql(con, "SELECT * FROM daily_rows", days, label_keys, keys)
+    finally:
+        con.close()
+
+
+def daily_costs_sql(con: Any, rows: str, days: Sequence[dt.date], label_keys: Sequence[str] = (), keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """:func:`daily_costs` of the rows of query ``rows`` on DuckDB connection ``con`` (the
+    stored ``gpu_usage`` files, read where they lie): grouped in DuckDB, only the groups come back."""
     label_keys = sorted(label_keys)
     kept = list(DAILY_KEYS) if keys is None else [k for k in DAILY_KEYS if k in keys]
     marker = json.dumps(label_keys) if keys is None else json.dumps({"labels": label_keys, "keys": kept})
-    n = len(rows)
-    # The columns as they are (no conversion to Python objects: tz-aware days would become
-    # a Timestamp per row), defaults where a column is absent.
-    def column(name: str, default: str) -> pd.Series:
-        return rows[name] if name in rows else pd.Series(np.full(n, default, dtype=object), index=rows.index)
+    present = {r[0] for r in con.execute(f"DESCRIBE {rows}").fetchall()}
+    con.execute("SET TimeZone = 'UTC'")
 
-    keys = pd.DataFrame(
-        {
-            "day": column("day", ""),
-            "kind": column("kind", ""),
-            **{k: column(k, "") if k in kept else pd.Series(np.full(n, "", dtype=object), index=rows.index) for k in DAILY_KEYS},
-            "labels": _scoped_labels(rows["labels"], label_keys) if "labels" in rows else column("labels", "{}"),
-        }
+    def text(c: str) -> str:
+        return f"coalesce(CAST(r.{c} AS VARCHAR), '')" if c in present and c in (*kept, "kind") else "''"
+
+    source = f"({rows}) r"
+    labels = "'{}'"
+    if label_keys and "labels" in present:
+        texts = [t for (t,) in con.execute(f"SELECT DISTINCT CAST(labels AS VARCHAR) FROM ({rows})").fetchall()]
+        scoped = _scoped_labels(pd.Series(texts, dtype=object), label_keys).tolist()
+        values_table(con, "scoped_labels", {"labels": ("VARCHAR", texts), "scoped": ("VARCHAR", scoped)})
+        source += " LEFT JOIN scoped_labels s ON s.labels IS NOT DISTINCT FROM CAST(r.labels AS VARCHAR)"
+        labels = "coalesce(s.scoped, '{}')"
+    od = "r.on_demand_usd" if "on_demand_usd" in present else "CAST(NULL AS DOUBLE)"
+    names = ["kind", *DAILY_KEYS]
+    sql = (
+        f"SELECT CAST(r.day AS DATE) AS day, {', '.join(f'{text(c)} AS {c}' for c in names)}, {labels} AS labels, count(*) AS intervals, "
+        f"sum(r.gpu_hours) AS gpu_hours, sum(r.cost_usd) AS cost_usd, CASE WHEN bool_or({od} IS NULL) THEN NULL ELSE sum({od}) END AS on_demand_usd "
+        f"FROM {source} GROUP BY ALL"
     )
-    # Integer codes and bincount (attribution's grouping): a pandas groupby on these text keys is several times slower.
-    table = sum_dollars(keys, rows, {"intervals": np.ones(n)}).rename(columns={"on_demand_equivalent_usd": "on_demand_usd"})
-    table["day"] = pd.to_datetime(table["day"], utc=True).dt.date if len(table) else pd.Series([], dtype=object)
-    table["intervals"] = table["intervals"].round().astype("int64")
-    empty_days = sorted(set(days) - set(table["day"]))
+    table = con.execute(sql).df() if present >= {"day", "gpu_hours", "cost_usd"} else pd.DataFrame()
+    return _daily_table(table, days, marker)
+
+
+def _daily_table(table: pd.DataFrame, days: Sequence[dt.date], marker: str) -> pd.DataFrame:
+    """The grouped days in :data:`DAILY_COLUMNS`' types and order, a :data:`NO_USAGE` row for
+    each day of ``days`` without one."""
+    if len(table):
+        table = table.assign(day=[d.date() if hasattr(d, "date") else d for d in table["day"]], intervals=table["intervals"].astype("int64"))
+    empty_days = sorted(set(days) - set(table["day"] if len(table) else ()))
     if empty_days:
         none = pd.DataFrame({"day": empty_days, "kind": NO_USAGE, **{k: "" for k in DAILY_KEYS}, "labels": "{}", "intervals": 0, "gpu_hours": 0.0, "cost_usd": 0.0, "on_demand_usd": 0.0})
         table = pd.concat([table, none], ignore_index=True) if len(table) else none
     table["label_keys"] = marker
     table["intervals"] = table["intervals"].astype("int64")
+    for c in ("kind", *DAILY_KEYS, "labels", "label_keys"):
+        table[c] = table[c].astype(object)
+    for c in ("gpu_hours", "cost_usd", "on_demand_usd"):
+        table[c] = table[c].astype(float)
     return table.sort_values(["day", "kind", *DAILY_KEYS, "labels"], kind="stable").reset_index(drop=True)[list(DAILY_COLUMNS)]
 
 

@@ -101,7 +101,8 @@ def attribution_input_columns(group_by: Sequence[str]) -> list[str]:
     of the conservation check, and what the daily table is built from."""
     keys = [k for k in group_by if not k.startswith("label:")]
     efficiency = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")  # gpu_ops.cost.utilization
-    return list(dict.fromkeys([*DAILY_INPUT_COLUMNS, *keys, "node", "fleet_gpu_hours", "fleet_cost_usd", *efficiency]))
+    prices = ("price_per_gpu_hour", "on_demand_price_per_gpu_hour")  # the groups sum GPU-hours per price (gpu_ops.cost.allocate.group_sums)
+    return list(dict.fromkeys([*DAILY_INPUT_COLUMNS, *keys, "node", *prices, "fleet_gpu_hours", "fleet_cost_usd", *efficiency]))
 
 
 def attribution_columns(group_by: Sequence[str], with_inventory: bool) -> list[str]:

@@ -20,7 +20,9 @@ among equal ends the last delivered; the others are quarantined as ``superseded`
 naming the winning record and the fields in which the two differ.
 
 ``duckdb`` and ``pyarrow`` are imported when the engine runs; pandas only to hand the
-result to the pandas consumers (split, attribution) until those move here too.
+result to the pandas consumers (:meth:`UsageEngine.frame`: ``pipeline.price_window`` for
+the CLI's budgets and ROI commands, the deprecated ``validate``); the daily partition's
+stored rows go from here to their files in DuckDB (:mod:`gpu_ops.cost.stored`).
 """
 
 from __future__ import annotations

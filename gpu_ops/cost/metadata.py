@@ -75,6 +75,20 @@ def table_metadata(df: pd.DataFrame | None, like: pd.DataFrame | None = None) ->
     return out
 
 
+def _arrow_type(t: Any) -> str:
+    """The column type an Arrow type is shown as (what the same column in pandas shows)."""
+    import pyarrow as pa
+
+    checks = ((pa.types.is_boolean, "bool"), (pa.types.is_integer, "int"), (pa.types.is_floating, "float"), (pa.types.is_timestamp, "datetime"), (pa.types.is_duration, "timedelta"))
+    return next((name for check, name in checks if check(t)), "string")
+
+
+def schema_metadata(schema: Any, rows: int) -> dict[str, Any]:
+    """:func:`table_metadata` of a table handed by reference: its Arrow ``schema`` and ``rows``."""
+    columns = [dg.TableColumn(f.name, _arrow_type(f.type), description=describe(f.name) or None) for f in schema if f.name not in _STORAGE_COLUMNS]
+    return {"dagster/row_count": dg.MetadataValue.int(rows), "dagster/column_schema": dg.MetadataValue.table_schema(dg.TableSchema(columns=columns))}
+
+
 def _cell(value: Any, rounder: Any) -> Any:
     if value is None:
         return None

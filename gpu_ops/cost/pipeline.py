@@ -1,14 +1,18 @@
 """The cost flow end to end, shared by the `gpu-ops cost` CLI and the Dagster assets.
 
-sources -> raw rows -> :func:`validate_usage` -> split by UTC day -> priced pieces
-(+ idle rows from the inventory) -> attribution / budgets / ROI.
+sources -> :func:`load_raw` -> the engine (rules, identity) -> split by UTC day, priced,
+idle rows from the inventory (SQL) -> the daily partition's files
+(:func:`usage_for_days`, written from DuckDB: :mod:`gpu_ops.cost.stored`), or the pandas
+boundary of the CLI's budgets and ROI commands (:func:`price_window`).
 No Dagster imports: the CLI must start fast.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,6 +22,8 @@ from gpu_ops.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, 
 from gpu_ops.cost.attribution import day_window, utc
 from gpu_ops.cost.columns import attribution_columns  # noqa: F401  (re-exported: part of the flow's API)
 from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.cost.stored import TIME_COLUMNS, USAGE_TABLE_COLUMNS, StoredUsage, UsageTotals, store_usage
+from gpu_ops.storage.files import ParquetParts
 from gpu_ops.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it
 from gpu_ops.cost.window import ReadStats, Window
 from gpu_ops.cost.engine import UsageEngine, UsageInput, add_frame
@@ -32,18 +38,7 @@ from gpu_ops.cost.usage import (
 )
 
 PARTITION_KEY = "partition_key"  # the day a stored row belongs to (TableStore's partition column)
-# The stored `gpu_usage` table: one row per interval piece of the day (and per idle node).
-USAGE_TABLE_COLUMNS = (
-    "day", "start", "end", "interval_start", "interval_end", "kind", "namespace", "pod", "node", "team", "project",
-    "cost_center", "experiment_id", "labels", "gpu_type", "gpu_count", "capacity_type", "sharing", "gpu_share", "region",
-    "instance_type", "hours", "gpu_hours", "price_per_gpu_hour", "on_demand_price_per_gpu_hour", "cost_usd", "on_demand_usd",
-    "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds", "lost_gpu_hours", "lost_cost_usd",
-    "fleet_gpu_hours", "fleet_cost_usd", "source", "location", "row",
-    # From usage.utilization (DCGM through Prometheus); NaN without metrics (gpu_ops.cost.utilization).
-    "active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
-)
 _TEXT_DEFAULTS = ("namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "labels", "region", "instance_type", "run_id", "asset_key", "outcome", "source", "location")
-_TIME_COLUMNS = ("day", "start", "end", "interval_start", "interval_end", "last_checkpoint_at")
 _FLOAT_DEFAULTS = {
     "attempt": np.nan, "lost_seconds": 0.0, "lost_gpu_hours": 0.0, "lost_cost_usd": 0.0, "fleet_gpu_hours": np.nan, "fleet_cost_usd": np.nan,
     **dict.fromkeys(("active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib"), np.nan),
@@ -135,16 +130,7 @@ def with_idle(priced: PricedUsage, inventory: Any, prices: PriceMatrix) -> Price
         return priced
     ws, we = priced.window_start, priced.window_end
     span = Span(ws.value // 1000, we.value // 1000, priced.as_of.value // 1000)
-    engine = UsageEngine(prices, INVENTORY)
-    try:
-        _add(engine, inventory)
-        fleet = None
-        if engine.parts:
-            engine.check()
-            fleet = fleet_days(engine, span.start, span.priced_end, detail=True)
-        inv_quarantine = quarantine_in_window(engine.result_quarantine(), ws, we)
-    finally:
-        engine.close()
+    fleet, inv_quarantine = _fleet(inventory, prices, span, ws, we)
     idle = _idle_rows(fleet, priced.rows, prices)
     if len(idle):  # a number the pieces carry is its default on an idle row (no lost work); one they lack stays out of both
         idle = idle.assign(**{c: v for c, v in _FLOAT_DEFAULTS.items() if c in priced.rows and c not in idle})
@@ -182,27 +168,12 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**{c: df[c].astype(str) for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
 
 
-def usage_table(pieces: pd.DataFrame, shared_defaults: bool = False) -> pd.DataFrame:
-    """Priced pieces in the stored layout (:data:`USAGE_TABLE_COLUMNS`), one dtype per column.
-
-    ``shared_defaults``: a text or number column the pieces do not have is one value seen
-    by every row (a read-only array of no size: a million rows' empty ``run_id``, NaN
-    efficiency, ... took ~130 MiB as arrays of their own); a frame to be stored, not
-    modified in place (``.loc`` into such a column raises; a copy is writable)."""
+def usage_table(pieces: pd.DataFrame) -> pd.DataFrame:
+    """Priced pieces (a pandas frame: :func:`price_window`) in the stored layout
+    (:data:`USAGE_TABLE_COLUMNS`), one dtype per column; the stored table itself is
+    written from DuckDB (:mod:`gpu_ops.cost.stored`)."""
     n = len(pieces)
-    return pd.DataFrame(
-        {c: _typed(c, pieces[c]) if c in pieces else _shared_default(c, n) if shared_defaults else _typed(c, _default(c, n)) for c in USAGE_TABLE_COLUMNS},
-        copy=False,  # no consolidating copy of a million rows
-    )
-
-
-def _shared_default(c: str, n: int) -> pd.Series:
-    """:func:`_default` (typed), a text or number column as one value every row sees."""
-    if c in _TEXT_DEFAULTS:
-        return pd.Series(np.broadcast_to(np.array("", dtype=object), (n,)), dtype=object, copy=False)
-    if c in _FLOAT_DEFAULTS:
-        return pd.Series(np.broadcast_to(np.float64(_FLOAT_DEFAULTS[c]), (n,)), dtype=float, copy=False)
-    return _typed(c, _default(c, n))
+    return pd.DataFrame({c: _typed(c, pieces[c]) if c in pieces else _typed(c, _default(c, n)) for c in USAGE_TABLE_COLUMNS}, copy=False)
 
 
 _TEXT_COLUMNS = (*_TEXT_DEFAULTS, "kind", "gpu_type", "capacity_type", "sharing")
@@ -226,7 +197,7 @@ def _default(c: str, n: int) -> pd.Series:
 
 def _typed(c: str, s: pd.Series) -> pd.Series:
     s = s.reset_index(drop=True)
-    if c in _TIME_COLUMNS:
+    if c in TIME_COLUMNS:
         return pd.to_datetime(s, utc=True).astype("datetime64[ns, UTC]")
     if c in _TEXT_COLUMNS:
         return _text(s)
@@ -338,40 +309,78 @@ def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp
 
 @dataclass
 class DaysUsage:
-    """``gpu_usage`` for a run of whole UTC days, ready to store one partition per day."""
+    """``gpu_usage`` for a run of whole UTC days: one Parquet file per day, written from
+    DuckDB (:func:`gpu_ops.cost.stored.store_usage`), handed on by reference."""
 
-    table: pd.DataFrame  # :data:`USAGE_TABLE_COLUMNS` + ``partition_key`` (the row's day)
+    stored: StoredUsage
     quarantine: pd.DataFrame  # + ``partition_key``: a bad row in every day it can touch
     as_of: pd.Timestamp
     stats: ReadStats
+    scratch: Any = None  # the temporary folder of the files, removed with this object
+
+    @property
+    def parts(self) -> ParquetParts:
+        return self.stored.parts
+
+    @property
+    def totals(self) -> UsageTotals:
+        return self.stored.totals
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The rows as one pandas frame with ``partition_key`` (read back from the files)."""
+        return self.parts.to_pandas()
 
 
 def usage_for_days(
     sources: SourceSet, store: Any, prices: PriceMatrix, first: dt.date, last: dt.date | None = None,
-    now: dt.datetime | None = None, core_api_factory: Callable[[], Any] | None = None,
+    now: dt.datetime | None = None, core_api_factory: Callable[[], Any] | None = None, scratch_in: str | None = None,
 ) -> DaysUsage:
-    """Read each source once for the days ``first..last`` (only what can touch them) and
-    price them; each day's rows equal what a run of that day alone gives."""
+    """Read each source once for the days ``first..last`` (only what can touch them), price
+    them and write each day's stored rows as Parquet (in a temporary folder under
+    ``scratch_in``, default the system's); each day's rows equal what a run of that day
+    alone gives."""
     last = last or first
     window, stats = Window.of_days(first, last), ReadStats()
     raw, inventory = load_raw(sources, store, core_api_factory=core_api_factory, now=now, window=window, stats=stats)
     as_of = default_as_of(last, now)
-    priced = price_window(raw, inventory, prices, window.start, window.end, as_of)
-    table = usage_table(priced.rows, shared_defaults=True)  # stored, never modified in place
-    table[PARTITION_KEY] = _day_keys(table["day"]) if len(table) else pd.Series([], dtype=object)
-    quarantine = pd.concat(
-        [quarantine_in_window(priced.quarantine, *day_window(d)).assign(**{PARTITION_KEY: d.isoformat()}) for d in window.days()],
+    ws, we = utc(window.start), utc(window.end)
+    span = Span(ws.value // 1000, we.value // 1000, as_of.value // 1000)
+    fleet, inv_quarantine = _fleet(inventory, prices, span, ws, we)
+    if scratch_in:
+        Path(scratch_in).mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory(prefix=".gpu_usage-", dir=scratch_in)
+    engine = UsageEngine(prices)
+    try:
+        _add(engine, raw)
+        stored = store_usage(engine, fleet, span, [d.isoformat() for d in window.days()], Path(scratch.name))
+        quarantine = quarantine_in_window(engine.result_quarantine(), ws, we)
+    finally:
+        engine.close()
+    if inv_quarantine is not None:
+        quarantine = pd.concat([quarantine, inv_quarantine], ignore_index=True)
+    by_day = pd.concat(
+        [quarantine_in_window(quarantine, *day_window(d)).assign(**{PARTITION_KEY: d.isoformat()}) for d in window.days()],
         ignore_index=True,
     )
-    return DaysUsage(table, quarantine, as_of, stats)
+    return DaysUsage(stored, by_day, as_of, stats, scratch)
 
 
-def _day_keys(day: pd.Series) -> pd.Series:
-    """Each row's UTC day as ``YYYY-MM-DD``: the run's few days formatted once, then taken
-    per row (formatting a million timestamps took over a second)."""
-    days, at = np.unique(day.dt.tz_convert("UTC").to_numpy(dtype="datetime64[ns]").astype("datetime64[D]"), return_inverse=True)
-    names = pd.Index(np.datetime_as_string(days, unit="D").astype(object), dtype="str")
-    return pd.Series(names.take(at.ravel()), index=day.index, dtype=names.dtype)
+def _fleet(inventory: Any, prices: PriceMatrix, span: Span, ws: pd.Timestamp, we: pd.Timestamp) -> tuple[Any, Any]:
+    """(each inventory node's fleet per day with its detail, the inventory's quarantine of
+    the window), or Nones without an inventory."""
+    if inventory is None:
+        return None, None
+    engine = UsageEngine(prices, INVENTORY)
+    try:
+        _add(engine, inventory)
+        fleet = None
+        if engine.parts:
+            engine.check()
+            fleet = fleet_days(engine, span.start, span.priced_end, detail=True)
+        return fleet, quarantine_in_window(engine.result_quarantine(), ws, we)
+    finally:
+        engine.close()
 
 
 def usage_by_day(usage: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:

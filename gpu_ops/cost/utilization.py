@@ -548,14 +548,19 @@ def coverage(rows: pd.DataFrame) -> dict[str, Any]:
     gh = float(alloc["gpu_hours"].sum()) if len(alloc) else 0.0
     if "metered_gpu_hours" not in alloc:
         return {"metered_gpu_hours": 0.0, "coverage": None, "efficiency": None, "active_gpu_hours": None, "unused_cost_usd": None}
-    metered = float(alloc["metered_gpu_hours"].sum())
-    active = float(alloc["active_gpu_hours"].sum())
+    return coverage_of_sums(gh, {c: float(alloc[c].sum()) for c in _MEASURED_SUMS})
+
+
+def coverage_of_sums(gpu_hours: float, sums: dict[str, float]) -> dict[str, Any]:
+    """:func:`coverage` from the allocated rows' sums: GPU-hours and :data:`_MEASURED_SUMS`
+    (missing values summed as 0)."""
+    metered, active = sums["metered_gpu_hours"], sums["active_gpu_hours"]
     return {
         "metered_gpu_hours": metered,
-        "coverage": metered / gh if gh > 0 else None,
+        "coverage": metered / gpu_hours if gpu_hours > 0 else None,
         "active_gpu_hours": active if metered > 0 else None,
         "efficiency": active / metered if metered > 0 else None,
-        "unused_cost_usd": float(alloc["unused_cost_usd"].sum()) if metered > 0 else None,
+        "unused_cost_usd": sums["unused_cost_usd"] if metered > 0 else None,
     }
 
 

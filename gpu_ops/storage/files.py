@@ -16,8 +16,10 @@ write leaves the old file, a re-run never duplicates rows. No Dagster imports he
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,35 @@ class PartitionFiles:
                 tmp.unlink(missing_ok=True)
         return len(df)
 
+    def adopt(self, name: str, parts: "ParquetParts") -> int:
+        """Put the files of ``parts`` (written elsewhere, e.g. by the cost flow from DuckDB)
+        in place of the files of their partitions: each renamed in when it is on the same
+        file system, else copied beside its target first; a failed move leaves the old file."""
+        for key, source in parts.paths.items():
+            target = self.path(name, key)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"{name}: cannot write under {self.root} (storage.row_level_path): {exc.strerror or exc}; "
+                    "point storage.row_level_path at a folder this user can write (gpu-ops validate checks it)"
+                ) from None
+            tmp = target.with_name(f".{FILE_NAME}.{uuid.uuid4().hex}.tmp")
+            try:
+                shutil.move(str(source), tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return parts.rows
+
+    def parts(self, name: str, partition_keys: Iterable[str]) -> "ParquetParts":
+        """The files of ``partition_keys`` that exist, by reference (not read)."""
+        import pyarrow.parquet as pq
+
+        paths = {k: self.path(name, k) for k in partition_keys if self.path(name, k).exists()}
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths.values())
+        return ParquetParts(paths, rows, pq.read_schema(next(iter(paths.values()))) if paths else None)
+
     def read(self, name: str, partition_keys: Iterable[str] | None = None, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """Rows of the partitions that have a file (all when ``partition_keys`` is None),
         with ``partition_key`` when more than one was asked for; with ``columns``, only
@@ -124,6 +155,67 @@ class PartitionFiles:
             return []
         prefix = f"{PARTITION_COLUMN}="
         return sorted(p.name[len(prefix) :] for p in folder.iterdir() if p.name.startswith(prefix) and (p / FILE_NAME).exists())
+
+
+@dataclass
+class ParquetParts:
+    """A row-level table handed by reference: one Parquet file per partition key, already
+    written (:class:`PartitionWriter`), and how many rows they hold together."""
+
+    paths: dict[str, Path]
+    rows: int = 0
+    schema: Any = None  # the files' Arrow schema
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The rows as one frame, with ``partition_key`` (the storage boundary of a SQL store)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = []
+        for key, path in self.paths.items():
+            t = pq.read_table(path)
+            tables.append(t.append_column(PARTITION_COLUMN, pa.array([key] * t.num_rows, pa.string())))
+        if not tables:
+            return pd.DataFrame()
+        return pa.concat_tables(tables).to_pandas(split_blocks=True, self_destruct=True)
+
+
+@dataclass
+class PartitionWriter:
+    """Arrow record batches of a row-level table into one Parquet file per partition key
+    under ``folder`` (row groups as the batches come: nothing of the table is held), with
+    the options :meth:`PartitionFiles.write` uses. ``plain``: text columns written without
+    a dictionary (a day's pods: about one value per row)."""
+
+    folder: Path
+    schema: Any
+    keys: Sequence[str]
+    plain: Sequence[str] = ()
+    writers: dict[str, Any] = field(default_factory=dict)
+    rows: int = 0
+
+    def _writer(self, key: str) -> Any:
+        import pyarrow.parquet as pq
+
+        if key not in self.writers:
+            if key not in self.keys:
+                raise StorageError(f"rows for partition {key!r} outside the ones written {list(self.keys)[:5]}")
+            dictionary: bool | list[str] = [f.name for f in self.schema if f.name not in self.plain] if self.plain else True
+            self.writers[key] = pq.ParquetWriter(self.folder / f"{key}.parquet", self.schema, compression="zstd", use_dictionary=dictionary)
+        return self.writers[key]
+
+    def write(self, key: str, batch: Any) -> None:
+        if batch.num_rows:
+            self._writer(key).write_batch(batch, row_group_size=ROW_GROUP)
+            self.rows += batch.num_rows
+
+    def close(self) -> ParquetParts:
+        """Close every file; a key without rows gets an empty file (a day without rows)."""
+        for key in self.keys:
+            self._writer(key)
+        for w in self.writers.values():
+            w.close()
+        return ParquetParts({k: self.folder / f"{k}.parquet" for k in self.keys}, self.rows, self.schema)
 
 
 def _is_text(t: Any) -> bool:

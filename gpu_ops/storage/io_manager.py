@@ -24,6 +24,9 @@ COLUMNS = "columns"
 # `dg.AssetIn(metadata={GROUPED: {"groupings": {label: [columns]}, "sums": [...], "keep": [...]}})`:
 # load the upstream partitions summed by the database per grouping (TableStore.read_grouped).
 GROUPED = "gpu_ops/grouped"
+# `dg.AssetIn(metadata={BY_REFERENCE: True})`: a row-level table kept as Parquet files is loaded
+# as the files (gpu_ops.storage.files.ParquetParts), for DuckDB to read where they lie.
+BY_REFERENCE = "gpu_ops/by_reference"
 # `dg.AssetOut(metadata={ROW_LEVEL: True})`: a row-level table, kept as Parquet files under
 # `row_level_path` when that is set (gpu_ops.storage.files), else as a SQL table.
 ROW_LEVEL = "gpu_ops/row_level"
@@ -97,6 +100,11 @@ def table_name(key: dg.AssetKey) -> str:
 class TableIOManager(dg.ConfigurableIOManager):
     """Stores DataFrame outputs as SQL tables (SQLite by default, PostgreSQL in production).
 
+    A row-level output handed by reference (:class:`~gpu_ops.storage.files.ParquetParts`:
+    the day files the cost flow wrote from DuckDB) is moved under ``row_level_path``, or
+    loaded into the SQL store; an input marked :data:`BY_REFERENCE` gets such files back
+    (not read) when the table lives under ``row_level_path``.
+
     A partitioned asset's write replaces exactly its partitions' rows in one transaction.
     Loading one upstream partition gives its rows without ``partition_key``; loading
     several (a window of days) keeps ``partition_key`` so they can be told apart. An
@@ -138,7 +146,12 @@ class TableIOManager(dg.ConfigurableIOManager):
 
         from gpu_ops.storage.tables import StorageError, display_url
 
+        from gpu_ops.storage.files import ParquetParts
+
         if obj is None:
+            return
+        if isinstance(obj, ParquetParts):
+            self._adopt(context, obj)
             return
         if not isinstance(obj, pd.DataFrame):
             raise StorageError(f"{context.asset_key.to_user_string()}: TableIOManager stores pandas DataFrames, got {type(obj).__name__}")
@@ -162,13 +175,35 @@ class TableIOManager(dg.ConfigurableIOManager):
             {"table": name, "rows": dg.MetadataValue.int(rows), "storage": display_url(store.url), "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
         )
 
+    def _adopt(self, context: dg.OutputContext, parts: Any) -> None:
+        """A row-level table handed by reference (Parquet files already written): moved in
+        place under ``row_level_path``, or loaded into the SQL store (its storage boundary)."""
+        from gpu_ops.storage.tables import display_url
+
+        name = table_name(context.asset_key)
+        keys = list(parts.paths)
+        files = self._files(context.definition_metadata) if context.has_asset_partitions else None
+        t0 = time.perf_counter()
+        if files is not None:
+            rows = files.adopt(name, parts)
+            where = str(files.path(name, keys[0]) if len(keys) == 1 else files.root / name)
+        else:
+            store = self._store()
+            with _failure_on_unreachable_database():
+                rows = store.write(name, parts.to_pandas(), partition_keys=keys if context.has_asset_partitions else None)
+            where = display_url(store.url)
+        context.add_output_metadata(
+            {"table": name, "rows": dg.MetadataValue.int(rows), "storage": dg.MetadataValue.path(where) if files is not None else where,
+             "write_seconds": dg.MetadataValue.float(round(time.perf_counter() - t0, 3))}
+        )
+
     def load_input(self, context: dg.InputContext) -> Any:
         with _failure_on_unreachable_database():
             return self._load(context)
 
     def _load(self, context: dg.InputContext) -> Any:
         df = self._read(context)
-        if len(df.columns):
+        if not hasattr(df, "columns") or len(df.columns):
             return df
         # No table yet: the upstream's declared columns, typed, without rows.
         return _empty_table(context.upstream_output.definition_metadata if context.upstream_output else None, df, context)
@@ -182,6 +217,8 @@ class TableIOManager(dg.ConfigurableIOManager):
             if columns is not None and len(keys) > 1:
                 columns.append(PARTITION_COLUMN)
             files = self._files(context.upstream_output.definition_metadata if context.upstream_output else None)
+            if files is not None and (context.definition_metadata or {}).get(BY_REFERENCE):
+                return files.parts(name, keys)
             if files is not None:
                 return files.read(name, partition_keys=keys, columns=columns)
             grouped = (context.definition_metadata or {}).get(GROUPED)

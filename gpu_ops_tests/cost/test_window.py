@@ -131,8 +131,8 @@ def test_row_groups_without_open_rows_are_skipped_and_other_days_read_footer_onl
     sources = SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path)
     got = usage_for_days(sources, None, MATRIX, DAY)
     full = unpruned(sources, None, DAY)
-    a = got.table.drop(columns="partition_key").sort_values(["location", "start", "pod"]).reset_index(drop=True)
-    b = usage_table(full.rows).sort_values(["location", "start", "pod"]).reset_index(drop=True)
+    a = got.table.drop(columns="partition_key").pipe(plain).sort_values(["location", "start", "pod"]).reset_index(drop=True)
+    b = usage_table(full.rows).pipe(plain).sort_values(["location", "start", "pod"]).reset_index(drop=True)
     assert_same_rows(a, b)
     read = sorted(Path(p).name for p in got.stats.files_read)
     footer = sorted(Path(p).name for p in got.stats.files_footer_only)
@@ -364,56 +364,33 @@ def test_a_range_backfill_in_one_run_equals_day_by_day_runs(tmp_path):
         assert_same_rows(a, b)
 
 
-def test_columns_no_piece_has_are_one_shared_value_and_are_stored_the_same(tmp_path):
-    """The day's table keeps a text or number column that no source has (run_id, the lost
-    time, the efficiency columns without metrics) as one value every row sees: no array
-    per column, read-only (a copy is writable); stored, it reads back as the table with
-    arrays of its own does."""
-    from gpu_ops._gc import freed_blocks_back_at_once
-    from gpu_ops.storage.files import PartitionFiles
-
-    write_parquet(intervals(DAY), tmp_path / f"usage-{DAY}.parquet")
-    got = usage_for_days(SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path), None, MATRIX, DAY).table
-    for c in ("run_id", "outcome", "lost_gpu_hours", "efficiency", "fleet_cost_usd"):
-        assert got[c].to_numpy().strides == (0,), c
-    own = got.assign(**{c: got[c].to_numpy().copy() for c in got.columns if got[c].dtype in (np.float64, object)})
-    files = PartitionFiles(tmp_path / "rows")
-    files.write("shared", got, [DAY.isoformat()])
-    files.write("own", own, [DAY.isoformat()])
-    pd.testing.assert_frame_equal(files.read("shared", [DAY.isoformat()]), files.read("own", [DAY.isoformat()]))
-    with pytest.raises(ValueError, match="read-only"):
-        got.loc[0, "run_id"] = "x"
-    copy = got.copy()
-    copy.loc[0, "run_id"] = "x"
-    assert copy.loc[0, "run_id"] == "x" and got.loc[0, "run_id"] == ""
-    assert freed_blocks_back_at_once() or not Path("/proc/self/maps").exists()  # set on Linux (glibc)
-
-
-def test_the_days_text_is_held_by_arrow_and_stored_as_python_strings_would_be(tmp_path):
-    """The day's text columns (a million pods at scale) come out of the engine as
-    categoricals whose categories stay in Arrow's memory: no Python string per category,
-    no hash table of them kept; the same values, and the same file, as categories of
-    Python strings give."""
+def test_the_days_files_come_from_duckdb_with_the_stored_columns_and_types(tmp_path):
+    """The day's stored rows are written from DuckDB (no pandas frame on the way): the
+    file has every stored column in the stored type (text as text, times as UTC
+    nanoseconds, ``row`` as nullable integers), and reads back as the rows the pandas
+    pricing gives (:func:`usage_table` over :func:`price_window`), written the old way."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from gpu_ops.cost.stored import USAGE_TABLE_COLUMNS
     from gpu_ops.storage.files import PartitionFiles
 
     write_parquet(intervals(DAY), tmp_path / f"usage-{DAY}.parquet")
-    got = usage_for_days(SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path), None, MATRIX, DAY).table
-    text = [c for c in got.columns if isinstance(got[c].dtype, pd.CategoricalDtype) and c != "kind"]
-    assert {"pod", "team", "namespace", "location"} <= set(text)
-    for c in text:
-        cats = got[c].cat.categories
-        assert isinstance(cats.array, pd.arrays.ArrowStringArray), c
-        assert cats.is_unique and not cats.hasnans, c
-    python = got.assign(**{c: pd.Categorical(got[c].astype(object), categories=pd.Index(list(got[c].cat.categories), dtype=object)) for c in text})
-    pd.testing.assert_frame_equal(got.astype({c: object for c in text}), python.astype({c: object for c in text}))
+    sources = SourceSet(usage_files=["usage-*.parquet"], base_dir=tmp_path)
+    got = usage_for_days(sources, None, MATRIX, DAY)
+    path = got.parts.paths[DAY.isoformat()]
     files = PartitionFiles(tmp_path / "rows")
-    files.write("arrow", got, [DAY.isoformat()])
-    files.write("python", python, [DAY.isoformat()])
-    a, b = (pq.read_table(files.path(name, DAY.isoformat())) for name in ("arrow", "python"))
-    assert a.schema.equals(b.schema, check_metadata=True) and a.equals(b)
-    pd.testing.assert_frame_equal(files.read("arrow", [DAY.isoformat()]), files.read("python", [DAY.isoformat()]))
+    files.write("pandas", usage_table(unpruned(sources, None, DAY).rows), [DAY.isoformat()])
+    new, old = pq.read_table(path), pq.read_table(files.path("pandas", DAY.isoformat()))
+    assert new.schema.names == list(USAGE_TABLE_COLUMNS) == old.schema.names
+    unwrapped = [f.type.value_type if pa.types.is_dictionary(f.type) else f.type for f in old.schema]
+    assert [f.type for f in new.schema] == unwrapped
+    assert new.schema.field("day").type == pa.timestamp("ns", "UTC") and new.schema.field("row").type == pa.int64()
+    key = ["location", "start", "end", "pod", "kind"]
+    a, b = (plain(t.to_pandas()).sort_values(key).reset_index(drop=True) for t in (new, old))
+    assert str(a["row"].dtype) == "Int64" and len(a) == got.totals.intervals > 0
+    assert_same_rows(a, b)
+    assert round(got.totals.allocated_cost_usd, 6) == round(b["cost_usd"].sum(), 6)
 
 
 _POOL_PROBE = """
