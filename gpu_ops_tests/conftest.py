@@ -8,7 +8,8 @@
 - ``cluster`` tests run only when ``KUBECONFIG`` names a reachable cluster.
 - ``gpu`` tests run only when torch sees a CUDA device.
 - ``slow`` tests run in two pytest-xdist groups (see ``KILL_GROUP``).
-- Scratch files (``tmp_path``: Dagster instances, SQLite cost stores, demo homes) live on
+- Scratch files (``tmp_path``: Dagster instances, SQLite cost stores, demo homes, and
+  ``TMPDIR`` for what tests and the processes they start put in ``tempfile`` folders) live on
   a RAM disk (``/dev/shm``) when there is one with room, unless ``--basetemp`` is given:
   Dagster's SQLite event log commits several times per event, and on this machine's disk
   a commit costs about 14× what it costs in RAM. The folder is removed when the session
@@ -41,6 +42,7 @@ KILL_MODULES = frozenset({"test_process_deaths", "test_ui_launch", "test_standby
 RAM_DISK = Path("/dev/shm")
 RAM_DISK_ROOM = 8 << 30  # bytes free that the RAM disk must have to be used
 _OWN_BASETEMP = pytest.StashKey[str]()
+_OWN_TMPDIR = pytest.StashKey[str]()
 
 
 def _ram_disk() -> Path | None:
@@ -96,11 +98,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if disk is not None:
         config.option.basetemp = tempfile.mkdtemp(prefix="gpu_ops_pytest-", dir=disk)
         config.stash[_OWN_BASETEMP] = config.option.basetemp
+        # What is not under tmp_path goes there too: `dg.instance_for_test()` and
+        # `DagsterInstance.ephemeral()` keep their SQLite storage in a `tempfile` folder, and
+        # so do the run workers, code servers and CLIs the tests start (TMPDIR is inherited).
+        # Beside the base folder, not in it: pytest empties the base folder when it first
+        # hands out a tmp_path.
+        scratch = tempfile.mkdtemp(prefix="gpu_ops_tmp-", dir=disk)
+        config.stash[_OWN_TMPDIR] = scratch
+        os.environ["TMPDIR"] = scratch
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _OWN_BASETEMP in config.stash:
-        shutil.rmtree(config.stash[_OWN_BASETEMP], ignore_errors=True)
+    for key in (_OWN_BASETEMP, _OWN_TMPDIR):
+        if key in config.stash:
+            shutil.rmtree(config.stash[key], ignore_errors=True)
 
 
 def skip_or_fail(reason: str) -> None:
