@@ -1,10 +1,10 @@
 """The test suite's wall time on this machine, beside other work, against its budget.
 
-    .venv/bin/python benchmarks/suite.py [--busy 0,1] [--write-docs]
+    .venv/bin/python benchmarks/suite.py [--busy 0,1] [--workers 3] [--write-docs]
 
 Clones the repository's HEAD into a scratch folder beside the checkout (what a fresh clone
-holds: committed files only; ../shared is found as from the checkout) and runs the README's test command there, `pytest -n 2 --dist loadgroup`
-with `CI=true` (a skip of a PostgreSQL test is a failure), once per entry of --busy:
+holds: committed files only; ../shared is found as from the checkout) and runs the README's test command there, `pytest -n 3 --dist loadgroup`
+with `CI=true` (--workers 2,3 also runs it on other numbers of pytest-xdist workers, beside the Makefile's 3) (a skip of a PostgreSQL test is a failure), once per entry of --busy:
 with that many busy CPU-bound processes beside the suite for its whole run (other work on
 a shared 2-core machine). The clone uses this checkout's virtual environment (the package
 is put first on PYTHONPATH, so the clone's code is what runs). Prints, for each run, the
@@ -69,7 +69,7 @@ class LoadSampler(threading.Thread):
         return f"{s[0]:.1f} / {statistics.median(s):.1f} / {s[-1]:.1f}"
 
 
-def run_suite(clone: Path, n_busy: int) -> dict[str, object]:
+def run_suite(clone: Path, n_busy: int, n_workers: int) -> dict[str, object]:
     # GPU_OPS_MEASURING_SUITE: the test of this table skips (the table is written after the run).
     env = {**os.environ, "CI": "true", "PYTHONPATH": str(clone), "PYTHONUNBUFFERED": "1", "GPU_OPS_MEASURING_SUITE": "1"}
     env.pop("GPU_OPS_CONFIG", None)
@@ -80,14 +80,14 @@ def run_suite(clone: Path, n_busy: int) -> dict[str, object]:
     sampler.start()
     t0 = time.monotonic()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider", "--durations=25"],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-n", str(n_workers), "--dist", "loadgroup", "-q", "-p", "no:cacheprovider", "--durations=25"],
                              cwd=clone, env=env, capture_output=True, text=True)
     finally:
         for w in workers:
             w.terminate()
         sampler.stop.set()
     wall = time.monotonic() - t0
-    log = LOGS / f"suite-busy{n_busy}.log"
+    log = LOGS / f"suite-busy{n_busy}-workers{n_workers}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(out.stdout + out.stderr)
     for line in out.stdout.splitlines():
@@ -97,26 +97,27 @@ def run_suite(clone: Path, n_busy: int) -> dict[str, object]:
     if not found:
         raise SystemExit(f"no pytest summary (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     counts, seconds = found[-1]
-    return {"busy": n_busy, "rc": out.returncode, "counts": ", ".join(f"{n} {w}" for n, w in COUNT.findall(counts)),
+    return {"busy": n_busy, "workers": n_workers, "rc": out.returncode, "counts": ", ".join(f"{n} {w}" for n, w in COUNT.findall(counts)),
             "pytest_s": float(seconds), "wall_s": wall, "load": sampler.summary()}
 
 
-def beside(n: int) -> str:
-    return "no busy process started" if n == 0 else f"{n} busy CPU-bound process{'es' if n > 1 else ''}"
+def beside(n: int, workers: int) -> str:
+    busy = "no busy process started" if n == 0 else f"{n} busy CPU-bound process{'es' if n > 1 else ''}"
+    return f"{workers} workers, {busy}"
 
 
 def table(results: list[dict[str, object]], machine: str) -> str:
     lines = [
         START,
         f"Measured {dt.date.today().isoformat()} on {machine} by `benchmarks/suite.py` (a fresh clone of HEAD, "
-        f"`CI=true pytest -n 2 --dist loadgroup`); load average min / median / max over the run:",
+        f"`CI=true pytest -n WORKERS --dist loadgroup`; `make test` runs 3 workers); load average min / median / max over the run:",
         "",
         "| beside the suite | load average | result | pytest wall | budget |",
         "|---|---|---|---|---|",
     ]
     for r in results:
         met = "met" if r["rc"] == 0 and float(r["pytest_s"]) <= BUDGET_S else "**missed**"  # type: ignore[arg-type]
-        lines.append(f"| {beside(int(r['busy']))} | {r['load']} | {r['counts']} | **{minutes(float(r['pytest_s']))}** | 8:00, {met} |")  # type: ignore[arg-type]
+        lines.append(f"| {beside(int(r['busy']), int(r['workers']))} | {r['load']} | {r['counts']} | **{minutes(float(r['pytest_s']))}** | 8:00, {met} |")  # type: ignore[arg-type]
     lines.append(END)
     return "\n".join(lines)
 
@@ -129,6 +130,7 @@ def machine() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", default="0,1", help="comma-separated numbers of busy processes beside the suite, one run each")
+    ap.add_argument("--workers", default="3", help="comma-separated numbers of pytest-xdist workers, one run each (per --busy entry)")
     ap.add_argument("--write-docs", action="store_true", help=f"replace the figures in {PAGE.relative_to(REPO)}")
     args = ap.parse_args()
     results = []
@@ -136,10 +138,10 @@ def main() -> None:
     clone = Path(tempfile.mkdtemp(prefix=".gpu_ops_suite-", dir=REPO.parent))
     try:
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-        for n in (int(x) for x in args.busy.split(",")):
-            r = run_suite(clone, n)
+        for n, w in ((int(b), int(w)) for b in args.busy.split(",") for w in args.workers.split(",")):
+            r = run_suite(clone, n, w)
             results.append(r)
-            print(f"beside: {beside(n):<28} pytest {minutes(float(r['pytest_s']))} (budget {minutes(BUDGET_S)}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
+            print(f"beside: {beside(n, w):<40} pytest {minutes(float(r['pytest_s']))} (budget {minutes(BUDGET_S)}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
                   f"  exit {r['rc']}  {r['counts']}  load {r['load']}", flush=True)
     finally:
         shutil.rmtree(clone, ignore_errors=True)
