@@ -41,9 +41,10 @@ KEYS = GROUPING_KEYS  # what a budget scope filters on and an attempt is billed 
 _FRAME = [*KEYS, "asset_key", "start", "end", "per_s", "settled"]
 
 
-def _price(config: Any, gpu_type: str, capacity: str) -> float:
-    price = config.prices.gpus.get(gpu_type, {}).get(capacity)
-    return 0.0 if price is None else float(price)
+def _prices(config: Any) -> Any:
+    from gpu_ops.cost.pricing import PriceMatrix
+
+    return PriceMatrix.from_table(config.prices)  # the cost engine's prices: NaN where none
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Accrual:
     (UTC), ``per_s`` (USD per second), ``settled`` (a ledger row, else running)."""
 
     frame: pd.DataFrame
+    unpriced: int = 0  # attempts with no price in the table: left to the daily partition, which quarantines them
 
     @property
     def empty(self) -> bool:
@@ -80,13 +82,15 @@ class Accrual:
 
 def _ledger_frame(config: Any, rows: pd.DataFrame, now: pd.Timestamp) -> pd.DataFrame:
     """Ledger rows as priced intervals (CPU rows priced as declared under
-    ``training.simulate_gpu_pricing``, as the asset's metadata prices them; otherwise 0)."""
+    ``training.simulate_gpu_pricing``, as the asset's metadata prices them; a CPU attempt
+    costs what the price table says of ``cpu``: nothing priced, it is left out)."""
     if rows.empty:
         return pd.DataFrame(columns=_FRAME)
     simulated = (rows["gpu_type"] == "cpu") & bool(config.training.simulate_gpu_pricing)
     gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
     count = rows["gpu_count"].astype(float).where(~simulated, rows["declared_gpu_count"].astype(float))
-    price = pd.Series([_price(config, g, c) for g, c in zip(gpu_type, rows["capacity_type"])], index=rows.index)
+    prices = _prices(config)
+    price = pd.Series([prices.price(str(g), str(c)) for g, c in zip(gpu_type, rows["capacity_type"])], index=rows.index)
     out = pd.DataFrame({k: rows[k].fillna("").astype(str) if k in rows else "" for k in (*KEYS, "asset_key")}, index=rows.index)
     out["start"] = pd.to_datetime(rows["start"], utc=True)
     out["end"] = pd.to_datetime(rows["end"], utc=True).clip(upper=now)
@@ -100,12 +104,12 @@ def _running_frame(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
     from gpu_ops.training.attempt_store import AttemptStore
     from gpu_ops.training.attempts import State
 
-    rows = []
+    rows, prices = [], _prices(config)
     for a, _quiet in AttemptStore(store).open_attempts():
         if a.state not in (State.LAUNCHED, State.RUNNING) or a.launched_at is None:
             continue
         bill = dict(a.bill)
-        price = _price(config, str(bill.get("gpu_type")), str(bill.get("capacity_type")))
+        price = prices.price(str(bill.get("gpu_type")), str(bill.get("capacity_type")))
         rows.append({
             **{k: str(bill.get(k) or "") for k in KEYS}, "asset_key": a.asset_key, "start": pd.Timestamp(a.launched_at, unit="s", tz="UTC"), "end": now,
             "per_s": float(bill.get("gpu_count", 0)) * float(bill.get("gpu_share", 1.0)) * price / 3600.0, "settled": False,
@@ -120,7 +124,8 @@ def read_accrual(config: Any, store: Any, since: pd.Timestamp, now: pd.Timestamp
     rows = store.read_range(LEDGER_TABLE, since.to_pydatetime(), now.to_pydatetime(), missing_ok=True) if store.has_table(LEDGER_TABLE) else pd.DataFrame()
     parts = [f for f in (_ledger_frame(config, rows, now), _running_frame(config, store, now)) if not f.empty]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=_FRAME)
-    return Accrual(frame)
+    priced = frame["per_s"].notna()
+    return Accrual(frame[priced].reset_index(drop=True), unpriced=int((~priced).sum()))
 
 
 # --------------------------------------------------------------------------- the sensor's view
@@ -251,11 +256,12 @@ def with_intraday(config: Any, store: Any, plan: ThresholdPlan, table: StatusTab
         return table, ""
     now_ts = pd.Timestamp(now).tz_convert("UTC")
     accrual = read_accrual(config, store, _earliest(plan, table, now_ts.date()), now_ts)
+    unpriced = f"; {accrual.unpriced} attempt(s) without a price left to the daily partition (it quarantines them)" if accrual.unpriced else ""
     if accrual.empty:
-        return table, ""
+        return table, unpriced.lstrip("; ")
     added, at = added_spend(accrual, plan, table, now)
     if not added:
-        return table, f"intraday: no budget's scope has spend since its status row ({len(accrual.frame)} attempt(s) read)"
+        return table, f"intraday: no budget's scope has spend since its status row ({len(accrual.frame)} attempt(s) read){unpriced}"
     rows = list(table.rows)
     stamp = now_ts.isoformat()
     for name, usd in added.items():
@@ -265,7 +271,7 @@ def with_intraday(config: Any, store: Any, plan: ThresholdPlan, table: StatusTab
             rows.append(row)
         else:
             rows[mark.row] = row  # a row of an earlier period is replaced by one of this period
-    return StatusTable(rows), f"intraday: {len(added)} budget(s) with spend since their status row ({sum(added.values()):,.2f} USD, {len(accrual.frame)} attempt(s))"
+    return StatusTable(rows), f"intraday: {len(added)} budget(s) with spend since their status row ({sum(added.values()):,.2f} USD, {len(accrual.frame)} attempt(s)){unpriced}"
 
 
 __all__ = ["Accrual", "Mark", "added_spend", "marks", "read_accrual", "with_intraday"]

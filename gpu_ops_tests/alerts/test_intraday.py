@@ -5,11 +5,13 @@ attempts count at their price; a partition whose figure differs loses no thresho
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pandas as pd
 import pytest
 
 from gpu_ops.cost.assets import build_assets
@@ -116,7 +118,9 @@ def test_running_attempts_count_and_a_partition_that_differs_loses_no_threshold(
     assert [r.json()["threshold"] for r in hook.acknowledged] == ["actual-50pct", "actual-100pct"]
 
 
-def test_intraday_off_reads_the_partitions_only(tmp_path: Path, dagster_instance: Any, receiver: Any) -> None:
+def test_what_intraday_leaves_to_the_partitions(tmp_path: Path, dagster_instance: Any, receiver: Any) -> None:
+    """Everything, under ``alerts.intraday: false``; an attempt without a price, always
+    (counted apart, for the tick's line, never priced as zero)."""
     hook = receiver()
     path = write_config(
         tmp_path, budgets=[{"name": "nlp", "scope": {"team": "nlp"}, "amount_usd": 100, "thresholds": [{"percent": 50}], "channels": ["audit"]}],
@@ -129,3 +133,16 @@ def test_intraday_off_reads_the_partitions_only(tmp_path: Path, dagster_instance
     h.now = today + 5 * H
     requests, _ = h.tick()
     assert requests == [] and hook.requests == []
+
+    from gpu_ops.alerts.intraday import read_accrual
+
+    config, store, day = h.config, h.store, today
+    priced = attempt("priced", day + 1 * H, day + 2 * H)
+    unknown = dataclasses.replace(priced, run_id="unknown", pod="unknown", gpu_type="tpu-v9", declared_gpu_type="tpu-v9")
+    ledger.append(store, [priced, unknown])
+
+    accrual = read_accrual(config, store, pd.Timestamp(day), pd.Timestamp(day + 3 * H))
+    assert accrual.unpriced == 1
+    assert len(accrual.frame) == 2 and accrual.frame["per_s"].notna().all()
+    settled, running = accrual.spend({"team": "nlp"}, pd.Timestamp(day))
+    assert settled == pytest.approx(8 * SPOT * (2 + 1)) and running == 0.0  # "today" to 03:00 and "priced"; not the tpu-v9 one
