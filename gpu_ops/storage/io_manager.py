@@ -202,8 +202,10 @@ class TableIOManager(dg.ConfigurableIOManager):
             return self._load(context)
 
     def _load(self, context: dg.InputContext) -> Any:
+        from gpu_ops.storage.files import ParquetParts
+
         df = self._read(context)
-        if not hasattr(df, "columns") or len(df.columns):
+        if isinstance(df, ParquetParts) or len(df.columns):  # files handed by reference, or a frame with its columns
             return df
         # No table yet: the upstream's declared columns, typed, without rows.
         return _empty_table(context.upstream_output.definition_metadata if context.upstream_output else None, df, context)
