@@ -59,14 +59,7 @@ class PartitionFiles:
         else:
             raise StorageError(f"{name}: writing {len(keys)} partitions needs a {PARTITION_COLUMN!r} column")
         for key, part in groups.items():
-            target = self.path(name, key)
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # a file where a folder should be, a folder this user cannot write
-                raise StorageError(
-                    f"{name}: cannot write under {self.root} (storage.row_level_path): {exc.strerror or exc}; "
-                    "point storage.row_level_path at a folder this user can write (gpu-ops validate checks it)"
-                ) from None
+            target = self._target(name, key)
             tmp = target.with_name(f".{FILE_NAME}.{uuid.uuid4().hex}.tmp")
             try:
                 _write_slices(part, tmp)
@@ -75,19 +68,25 @@ class PartitionFiles:
                 tmp.unlink(missing_ok=True)
         return len(df)
 
+    def _target(self, name: str, key: str) -> Path:
+        """The file of ``key``, its folder made (a file where a folder should be, or a folder
+        this user cannot write, is a StorageError naming the setting)."""
+        target = self.path(name, key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"{name}: cannot write under {self.root} (storage.row_level_path): {exc.strerror or exc}; "
+                "point storage.row_level_path at a folder this user can write (gpu-ops validate checks it)"
+            ) from None
+        return target
+
     def adopt(self, name: str, parts: "ParquetParts") -> int:
         """Put the files of ``parts`` (written elsewhere, e.g. by the cost flow from DuckDB)
         in place of the files of their partitions: each renamed in when it is on the same
         file system, else copied beside its target first; a failed move leaves the old file."""
         for key, source in parts.paths.items():
-            target = self.path(name, key)
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StorageError(
-                    f"{name}: cannot write under {self.root} (storage.row_level_path): {exc.strerror or exc}; "
-                    "point storage.row_level_path at a folder this user can write (gpu-ops validate checks it)"
-                ) from None
+            target = self._target(name, key)
             tmp = target.with_name(f".{FILE_NAME}.{uuid.uuid4().hex}.tmp")
             try:
                 shutil.move(str(source), tmp)
