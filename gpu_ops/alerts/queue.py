@@ -16,14 +16,11 @@ that died before storing it) takes the same alerts and Dagster skips their run k
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_ops.alerts.model import Alert
 
-if TYPE_CHECKING:
-    from gpu_ops.alerts.state import ThresholdEvent, ThresholdPlan
 
 # A context: what the alerts of one budget row share.
 _CONTEXT = ("budget", "period_start", "period_end", "amount_usd", "spend_usd", "forecast_usd", "partition_key", "as_of", "scope", "channels", "enforcement", "dagster_url")
@@ -56,32 +53,15 @@ class AlertQueue:
             self.entries[f].append(getattr(alert, f))
         self.entries["ctx"].append(ctx)
 
-    def add_events(self, events: Iterable[ThresholdEvent], plan: ThresholdPlan, dagster_url: str) -> None:
-        """The alerts of one evaluation (events of budgets without channels are left out:
-        their state advances, there is nothing to send). One context per budget row."""
-        entries: list[tuple[Any, ...]] = []
-        contexts: list[tuple[Any, ...]] = []
-        first = len(self.contexts["budget"])
-        context_of: dict[int, int] = {}
-        lines: dict[tuple[int, float], tuple[Any, float, Any]] = {}  # (threshold, amount) -> basis, USD, severity
-        for ev in events:
-            budget = plan.budgets[ev.budget]
-            if not budget.channels:
-                continue
-            row = ev.row
-            ctx = context_of.get(id(row))
-            if ctx is None:
-                ctx = context_of[id(row)] = first + len(contexts)
-                contexts.append((
-                    budget.name, row.period_start, row.period_end, budget.amount_usd, row.spend_usd, row.forecast_usd,
-                    row.partition_key, row.as_of, plan.filters(budget.name), list(budget.channels), budget.enforcement.action, dagster_url,
-                ))
-            amount = budget.amount_usd
-            th = plan.threshold(budget.name, ev.threshold)
-            line = lines.get((id(th), amount))  # thresholds are shared objects of the configuration
-            if line is None:
-                line = lines[(id(th), amount)] = (th.basis, th.amount_usd(amount), th.effective_severity(amount))
-            entries.append((ev.kind, ev.threshold, ev.episode, *line, ctx))
+    @property
+    def next_context(self) -> int:
+        """The index the next context appended gets."""
+        return len(self.contexts["budget"])
+
+    def extend(self, entries: list[tuple[Any, ...]], contexts: list[tuple[Any, ...]]) -> None:
+        """Rows in the queue's own layout: ``entries`` in the order of this module's entry fields (``ctx`` an
+        index from :attr:`next_context` on), ``contexts`` in that of its context fields
+        (:func:`gpu_ops.alerts.state.queue_alerts` builds them from an evaluation)."""
         _extend(self.entries, _ENTRY, entries)
         _extend(self.contexts, _CONTEXT, contexts)
 

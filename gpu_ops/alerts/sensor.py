@@ -46,7 +46,7 @@ import dagster as dg
 from gpu_ops._gc import collection_deferred, freeze_long_lived
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
-from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate_table
+from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate_table, queue_alerts
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     table, intraday = with_intraday(config, store, plan, table, now)
     result, in_detail = evaluate_table(plan, table, cursor.budgets, now)
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
-    cursor.queue.add_events(result.alerts, plan, config.alerts.dagster_url)
+    queue_alerts(cursor.queue, result.alerts, plan, config.alerts.dagster_url)
     anomalies = queue_anomalies(config, store, plan, table, cursor, now)
     enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
     return enforcement, [

@@ -400,6 +400,35 @@ class ThresholdPlan:
         return dict(self._filters[budget])
 
 
+def queue_alerts(queue: AlertQueue, events: Iterable[ThresholdEvent], plan: ThresholdPlan, dagster_url: str) -> None:
+    """The alerts of one evaluation onto ``queue`` (events of budgets without channels are
+    left out: their state advances, there is nothing to send). One context per budget row."""
+    entries: list[tuple[Any, ...]] = []
+    contexts: list[tuple[Any, ...]] = []
+    first = queue.next_context
+    context_of: dict[int, int] = {}
+    lines: dict[tuple[int, float], tuple[Any, float, Any]] = {}  # (threshold, amount) -> basis, USD, severity
+    for ev in events:
+        budget = plan.budgets[ev.budget]
+        if not budget.channels:
+            continue
+        row = ev.row
+        ctx = context_of.get(id(row))
+        if ctx is None:
+            ctx = context_of[id(row)] = first + len(contexts)
+            contexts.append((
+                budget.name, row.period_start, row.period_end, budget.amount_usd, row.spend_usd, row.forecast_usd,
+                row.partition_key, row.as_of, plan.filters(budget.name), list(budget.channels), budget.enforcement.action, dagster_url,
+            ))
+        amount = budget.amount_usd
+        th = plan.threshold(budget.name, ev.threshold)
+        line = lines.get((id(th), amount))  # thresholds are shared objects of the configuration
+        if line is None:
+            line = lines[(id(th), amount)] = (th.basis, th.amount_usd(amount), th.effective_severity(amount))
+        entries.append((ev.kind, ev.threshold, ev.episode, *line, ctx))
+    queue.extend(entries, contexts)
+
+
 class StatusTable:
     """The newest ``gpu_budget_status`` partition as raw rows (STATUS_COLUMNS order);
     a :class:`StatusRow` is built only for the rows that need one."""

@@ -29,9 +29,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     # engine calls usage.utc_series / usage.empty_quarantine; usage calls engine.validate
     # (issue 40: move utc_series and empty_quarantine below both).
     frozenset({"gpu_ops.cost.engine", "gpu_ops.cost.usage"}),
-    # queue's AlertQueue.add_events takes state's ThresholdEvent and ThresholdPlan (issue
-    # 40: move those types into alerts/model.py, below queue).
-    frozenset({"gpu_ops.alerts.queue", "gpu_ops.alerts.state"}),
 }
 
 
