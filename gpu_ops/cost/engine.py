@@ -864,7 +864,7 @@ class UsageEngine:
         DuckDB's buffers for it are held while the frame is built."""
         import pandas as pd
 
-        from gpu_ops.cost.usage import utc_series
+        from gpu_ops.cost.frames import utc_series
 
         parts = _Batches(times, [*text, *(c for c in prov if c != "row")], numbers, "row" in prov, order_by)
         with _freeing_at_once(self.con):
@@ -1412,7 +1412,7 @@ def _empty_batch(schema: Any) -> Any:
 def _empty_rows() -> Any:
     import pandas as pd
 
-    from gpu_ops.cost.usage import utc_series
+    from gpu_ops.cost.frames import utc_series
     import numpy as np
 
     out: dict[str, Any] = {"start": utc_series(np.empty(0, np.int64)), "end": utc_series(np.empty(0, np.int64))}
@@ -1428,7 +1428,7 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    from gpu_ops.cost.usage import utc_series
+    from gpu_ops.cost.frames import utc_series
 
     frames = []
     if problems:
@@ -1446,7 +1446,7 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
             "start": utc_series(_us_to_ns(got["start_us"])), "end": utc_series(_us_to_ns(got["end_us"])),
         }))
     if not frames:
-        from gpu_ops.cost.usage import empty_quarantine
+        from gpu_ops.cost.frames import empty_quarantine
 
         return empty_quarantine()
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

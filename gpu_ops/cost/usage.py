@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpu_ops.cost.frames import QUARANTINE_COLUMNS, empty_quarantine, utc_series  # noqa: F401  (re-exported: their home was here)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
 from gpu_ops.cost.rules import CONTROL, FILE_FIELD
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 # carry any): region prices through the region multiplier, the rest feeds ROI.
 OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
 PROVENANCE_COLUMNS = ("source", "location", "row")
-QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 LEDGER_TABLE = "gpu_usage_ledger"
 
 NS_PER_HOUR = 3_600 * 10**9
@@ -118,19 +118,6 @@ def show_value(value: Any) -> str:
     return repr(value if isinstance(value, str) else str(value))
 
 
-def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
-    """UTC nanoseconds (NaT = int64 min) -> datetime Series without a pass over the data.
-
-    ``pd.to_datetime(..., utc=True)``, ``tz_localize`` and even ``DatetimeIndex(...,
-    dtype=...)`` copy or convert every value; at ten million rows each costs as much as
-    pricing them. The values already are UTC instants, so they are wrapped as they are.
-    """
-    from pandas.arrays import DatetimeArray
-
-    values = np.asarray(ns, dtype=np.int64).view("datetime64[ns]")
-    return pd.Series(DatetimeArray._simple_new(values, dtype=pd.DatetimeTZDtype("ns", "UTC")), index=index, copy=False)
-
-
 # --------------------------------------------------------------------------- sources
 
 
@@ -206,21 +193,6 @@ def json_object(text: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def empty_quarantine() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "source": pd.Series([], dtype=object),
-            "location": pd.Series([], dtype=object),
-            "row": pd.Series([], dtype="Int64"),
-            "field": pd.Series([], dtype=object),
-            "reason": pd.Series([], dtype=object),
-            "record": pd.Series([], dtype=object),
-            "start": pd.Series([], dtype="datetime64[ns, UTC]"),
-            "end": pd.Series([], dtype="datetime64[ns, UTC]"),
-        }
-    )
 
 
 def quarantine_in_window(q: pd.DataFrame, window_start: pd.Timestamp, window_end: pd.Timestamp) -> pd.DataFrame:
