@@ -87,9 +87,31 @@ def _travel(config: pytest.Config) -> None:
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _read_migrations_once() -> None:
+    """Each SQLite Dagster instance a test opens (``dg.instance_for_test()``, ephemeral
+    instances, ``DagsterInstance.from_config``) checks and stamps its schema revision, and
+    alembic builds its revision map again each time by executing Dagster's ~150 migration
+    scripts: 0.18 of the 0.3 s of CPU an instance costs, measured. The scripts do not change
+    during a run, so each folder's map is built once per test process; the check and the
+    stamp still run against each instance's own database."""
+    from alembic.script import ScriptDirectory
+
+    built: dict[str, ScriptDirectory] = {}
+    build = ScriptDirectory.from_config.__func__  # type: ignore[attr-defined]
+
+    def from_config(cls, config):  # noqa: ANN001
+        where = config.get_main_option("script_location")
+        if where not in built:
+            built[where] = build(cls, config)
+        return built[where]
+
+    ScriptDirectory.from_config = classmethod(from_config)  # type: ignore[method-assign]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _travel(config)
+    _read_migrations_once()
     # Before pytest's own tmp_path set-up and before pytest-xdist starts its workers (which
     # get folders under this one); a worker keeps the folder its controller gave it.
     if config.option.basetemp or hasattr(config, "workerinput"):
