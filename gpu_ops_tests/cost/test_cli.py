@@ -5,9 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 
@@ -49,7 +51,29 @@ def files(tmp_path):
 
 
 def gpu_ops(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpu_ops.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120)
+    """`gpu-ops ARGS` run in this process by click's runner (a subprocess per command cost
+    1.2 s of CPU in imports; what a process start shows is tested apart below: the cost
+    commands start light and never import Dagster or torch). An exception that escaped
+    the command is written to its stderr as the console script would print it."""
+    from click.testing import CliRunner
+
+    from gpu_ops.cli import main
+
+    here = os.getcwd()
+    os.chdir(cwd or REPO)
+    try:
+        r = CliRunner().invoke(main, list(args), prog_name="gpu-ops")
+    finally:
+        os.chdir(here)
+    stderr = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(r.exception))
+    return subprocess.CompletedProcess(["gpu-ops", *args], r.exit_code, r.stdout, stderr)
+
+
+def gpu_ops_process(*args: str) -> subprocess.CompletedProcess:
+    """`gpu-ops ARGS` in a process of its own: for what a process says once, at its start."""
+    return subprocess.run([sys.executable, "-m", "gpu_ops.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
 def common(files, *extra):
@@ -202,7 +226,7 @@ def test_the_cost_commands_never_import_dagster_or_torch(files):
 def test_the_default_config_is_the_plain_defaults_and_the_demo_is_named():
     # No configuration named: the plain defaults (usage from the training ledger, empty here),
     # said on stderr with where the tables are; never the demo's October.
-    plain = gpu_ops("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--format", "json")
+    plain = gpu_ops_process("cost", "attribution", "--date", "2026-10-14", "--by", "team", "--format", "json")
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout) == [] and "no configuration named (GPU_OPS_CONFIG is unset)" in plain.stderr
     r = gpu_ops("cost", "attribution", "--config", str(REPO / "gpu_ops" / "demo" / "gpu_ops.yaml"), "--date", "2026-10-14", "--by", "team", "--format", "json")
