@@ -184,9 +184,9 @@ def _measured_and_settled(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, 
         context.log.warning(measured.missing)
     if cfg.usage.billing is None:
         return usage, table, q, measured, None
-    from gpu_ops.cost.billing import settle
+    from gpu_ops.cost.billing import settle_billing
 
-    settled = settle(cfg, table, first, last, TableStore.from_config(cfg))
+    settled = settle_billing(cfg, table, first, last, TableStore.from_config(cfg))
     return usage, settled.table, pd.concat([q, settled.quarantine], ignore_index=True), measured, settled
 
 
@@ -309,14 +309,14 @@ def _day_attribution(con: Any, rows: str, cfg: GpuOpsConfig) -> Any:
     import pandas as pd
 
     from gpu_ops.cost.allocate import METRIC_COLUMNS
-    from gpu_ops.cost.attribution import Attribution
+    from gpu_ops.cost.attribution import AttributedCosts
     from gpu_ops.cost.stored import has_metrics, stored_attribution
     from gpu_ops.cost.utilization import group_efficiency
 
     groups = stored_attribution(con, rows, cfg.usage.group_by, cfg.usage.idle)
     table = pd.DataFrame(groups.rows, columns=groups.columns).astype({c: float for c in METRIC_COLUMNS})
     measured = con.sql(rows).df() if has_metrics(con, rows) else pd.DataFrame()
-    return Attribution(group_efficiency(table, measured, cfg.usage.group_by), list(cfg.usage.group_by), groups.totals)
+    return AttributedCosts(group_efficiency(table, measured, cfg.usage.group_by), list(cfg.usage.group_by), groups.totals)
 
 
 def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:

@@ -90,13 +90,13 @@ def key_frame(rows: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
 
 
 @dataclass
-class Attribution:
+class AttributedCosts:
     table: pd.DataFrame
     group_by: list[str]
     totals: dict[str, Any] = field(default_factory=dict)
 
 
-def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") -> Attribution:
+def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") -> AttributedCosts:
     """Group priced pieces (allocated and idle rows) by ``group_by``, in DuckDB
     (:func:`gpu_ops.cost.stored.stored_attribution`: the one grouping of the package).
 
@@ -116,7 +116,7 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     finally:
         con.close()
     table = pd.DataFrame(groups.rows, columns=groups.columns).astype({c: float for c in METRIC_COLUMNS})
-    return Attribution(table, list(group_by), {**fleet_totals(rows), **groups.totals})
+    return AttributedCosts(table, list(group_by), {**fleet_totals(rows), **groups.totals})
 
 
 def fleet_totals(rows: pd.DataFrame) -> dict[str, Any]:

@@ -866,7 +866,7 @@ def index_folder(config: Any) -> Path:
     return p if p.is_absolute() or config.base_dir is None else config.base_dir / p
 
 
-def settle(config: Any, table: pd.DataFrame, first: Any, last: Any, store: Any = None) -> Settlement:
+def settle_billing(config: Any, table: pd.DataFrame, first: Any, last: Any, store: Any = None) -> Settlement:
     """Read the bill (``usage.billing``) day by day, reconcile each day of ``first..last``
     against the fleet in ``table`` and, with ``prices.from_bill``, re-price the days that
     reconcile at the bill."""
