@@ -16,7 +16,7 @@ def build_defs(config: GpuOpsConfig) -> dg.Definitions:
     # Every process that loads the code location (the run, its forkserver and step
     # processes) has pyarrow allocate from the system: set before any step imports it.
     arrow_allocates_from_the_system()
-    assets, _partitions = build_assets(config)
+    assets, partitions = build_assets(config)
     # One process for the day: the cost steps hand each other stored tables, need no
     # isolation from each other, and under the multiprocess executor most of the job's wall
     # time was step processes starting (docs/benchmarks/cost.md). Every asset, check and
@@ -28,10 +28,24 @@ def build_defs(config: GpuOpsConfig) -> dg.Definitions:
         description="Yesterday's GPU usage, attribution, budget status and ROI.",
         executor_def=dg.in_process_executor,
     )
-    # 00:15 UTC: yesterday's last partition is complete (as-of = midnight) and late
-    # ledger rows of runs that ended at midnight have had a few minutes to land.
-    schedule = dg.build_schedule_from_partitioned_job(
-        job, name=DAILY_SCHEDULE, hour_of_day=0, minute_of_hour=15, default_status=dg.DefaultScheduleStatus.RUNNING
-    )
+    schedule = _daily_schedule(job, partitions)
     collect_jobs, collect_schedules = build_collector(config)
     return dg.Definitions(assets=assets, jobs=[job, *collect_jobs], schedules=[schedule, *collect_schedules])
+
+
+def _daily_schedule(job: dg.UnresolvedAssetJobDefinition, partitions: dg.PartitionsDefinition) -> dg.ScheduleDefinition:
+    """At 00:15 UTC, a run of the partition that ended last: yesterday's partition is
+    complete (as-of = midnight) and late ledger rows of runs that ended at midnight have had
+    a few minutes to land. The tick's time is an input (``scheduled_execution_time``), never
+    the wall clock. (Dagster's ``build_schedule_from_partitioned_job`` does the same through
+    a deprecated call, which warned on every tick.)"""
+
+    @dg.schedule(name=DAILY_SCHEDULE, job=job, cron_schedule="15 0 * * *", execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING)
+    def daily_gpu_cost_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        with dg.partition_loading_context(effective_dt=context.scheduled_execution_time):
+            key = partitions.get_last_partition_key()
+        if key is None:
+            return dg.SkipReason("the cost partitions have none that has ended yet")
+        return dg.RunRequest(run_key=key, partition_key=key)
+
+    return daily_gpu_cost_schedule

@@ -274,7 +274,7 @@ def test_definitions_register_assets_checks_and_the_daily_schedule():
     assert {"quarantine_empty", "conservation", "budgets_within_limit"} <= check_names
     schedule = defs.resolve_schedule_def(DAILY_SCHEDULE)
     assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone in (None, "UTC")
-    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 10, 15, 0, 15, tzinfo=dt.timezone.utc))
+    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 10, 15, 0, 15, tzinfo=dt.timezone.utc), repository_def=defs.get_repository_def())
     requests = list(schedule.evaluate_tick(ctx).run_requests or [])
     assert [r.partition_key for r in requests] == ["2026-10-14"]
     partitions = graph.get(dg.AssetKey("gpu_usage")).partitions_def

@@ -25,7 +25,7 @@ TICKS = [  # the 00:15 UTC tick -> the day that just ended
 
 
 @pytest.fixture(scope="module")
-def schedule(tmp_path_factory: pytest.TempPathFactory) -> dg.ScheduleDefinition:
+def location(tmp_path_factory: pytest.TempPathFactory) -> dg.Definitions:
     """The schedule of the reference code location on a configuration whose partitions
     have no end (the demo's stop at its month)."""
     from gpu_ops.location import build_defs
@@ -35,13 +35,16 @@ def schedule(tmp_path_factory: pytest.TempPathFactory) -> dg.ScheduleDefinition:
         f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_PRICES}\n"
         "usage: {sources: [{type: ledger}], partitions_start: '2026-10-01'}\n"
     )
-    return build_defs(str(folder / "gpu_ops.yaml")).resolve_schedule_def(DAILY_SCHEDULE)
+    return build_defs(str(folder / "gpu_ops.yaml"))
 
 
 @pytest.mark.parametrize(("tick", "day"), TICKS, ids=[d for _, d in TICKS])
-def test_the_tick_requests_the_day_that_ended(schedule: dg.ScheduleDefinition, tick: dt.datetime, day: str) -> None:
+def test_the_tick_requests_the_day_that_ended(location: dg.Definitions, tick: dt.datetime, day: str) -> None:
     # No instance: one closed here would stay behind in Dagster's process-wide
     # definitions-load context and break the next test that builds Definitions.
-    data = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=tick))
+    # The repository is passed as the daemon passes it (the partition key is checked against it).
+    schedule = location.resolve_schedule_def(DAILY_SCHEDULE)
+    context = dg.build_schedule_context(scheduled_execution_time=tick, repository_def=location.get_repository_def())
+    data = schedule.evaluate_tick(context)
     assert [r.partition_key for r in data.run_requests or []] == [day]
     assert schedule.job_name == DAILY_JOB
