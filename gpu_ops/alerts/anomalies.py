@@ -59,34 +59,53 @@ def _alert(plan: ThresholdPlan, name: str, row: Mapping[str, Any], spend: float,
     )
 
 
-def anomaly_alerts(plan: ThresholdPlan, rows: pd.DataFrame, spend: Mapping[str, float], alert_score: float, dagster_url: str) -> list[Alert]:
+def anomaly_alerts(
+    plan: ThresholdPlan, rows: pd.DataFrame, spend: Mapping[str, float], alert_score: float, dagster_url: str
+) -> tuple[list[Alert], list[str]]:
     """One alert per anomalous row scoring ``alert_score`` or more and budget with channels
-    covering it (pure). ``spend``: each budget's period spend, as the alerts show it."""
-    out = []
+    covering it (pure). ``spend``: each budget's period spend, as the alerts show it. A
+    covering budget with no figure in ``spend`` (no gpu_budget_status row yet) is not sent
+    a spend it does not have: it is returned among the unknown (second), and alerted by a
+    later evaluation once its row lands."""
+    out, unknown = [], []
     for _, row in rows[rows["score"].astype(float) >= alert_score].iterrows():
         attrs = known(row)
-        out += [_alert(plan, name, row, spend.get(name, 0.0), dagster_url) for name, b in plan.budgets.items() if b.channels and covers(plan.filters(name), attrs)]
-    return out
+        for name, b in plan.budgets.items():
+            if not (b.channels and covers(plan.filters(name), attrs)):
+                continue
+            if name in spend:
+                out.append(_alert(plan, name, row, spend[name], dagster_url))
+            elif name not in unknown:
+                unknown.append(name)
+    return out, unknown
 
 
-def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusTable, cursor: AlertCursor, now: dt.datetime) -> int:
+def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusTable, cursor: AlertCursor, now: dt.datetime) -> str:
     """Queue the alerts of anomalies not alerted yet (their run keys join
-    ``cursor.anomalies``, kept ``window_days`` and a little); how many were queued."""
+    ``cursor.anomalies``, kept ``window_days`` and a little); returns a line for the tick's
+    summary: how many were queued, and the budgets held back because their spend is
+    unknown ("" when neither)."""
     settings = config.alerts.anomalies
     today = now.astimezone(dt.timezone.utc).date()
     horizon = (today - dt.timedelta(days=settings.window_days + RECENT_DAYS)).isoformat()
     cursor.anomalies = {k: d for k, d in cursor.anomalies.items() if d >= horizon}
     if settings.alert_score is None:
-        return 0
+        return ""
     rows = read_recent(store, today)
     if rows.empty:
-        return 0
+        return ""
     spend = {r[0]: float(r[4]) for r in table.rows}
-    fresh = [a for a in anomaly_alerts(plan, rows, spend, settings.alert_score, config.alerts.dagster_url) if a.run_key not in cursor.anomalies]
+    alerts, unknown = anomaly_alerts(plan, rows, spend, settings.alert_score, config.alerts.dagster_url)
+    fresh = [a for a in alerts if a.run_key not in cursor.anomalies]
     for alert in fresh:
         cursor.queue.add(alert)
         cursor.anomalies[alert.run_key] = str(alert.partition_key)
-    return len(fresh)
+    lines = [f"{len(fresh)} spend anomaly alert(s) queued"] if fresh else []
+    if unknown:
+        names = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        lines.append(f"spend anomaly alert(s) held back for budget(s) {names}: spend unknown (no gpu_budget_status row yet); "
+                     "they are sent once the budget's row lands")
+    return "; ".join(lines)
 
 
 __all__ = ["ANOMALY_TABLE", "anomaly_alerts", "covers", "known", "queue_anomalies", "read_recent"]

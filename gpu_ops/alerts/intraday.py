@@ -99,13 +99,13 @@ def _ledger_frame(config: Any, rows: pd.DataFrame, now: pd.Timestamp) -> pd.Data
     return out
 
 
-def _running_frame(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
+def _running_frame(config: Any, store: Any, now: pd.Timestamp, deadline: float | None) -> pd.DataFrame:
     """Launched, unsettled attempts: their bill's attribution, priced from launch to ``now``."""
     from gpu_ops.training.attempt_store import AttemptStore
     from gpu_ops.training.attempts import State
 
     rows, prices = [], _prices(config)
-    for a, _quiet in AttemptStore(store).open_attempts():
+    for a, _quiet in AttemptStore(store).open_attempts(deadline):
         if a.state not in (State.LAUNCHED, State.RUNNING) or a.launched_at is None:
             continue
         bill = dict(a.bill)
@@ -117,12 +117,15 @@ def _running_frame(config: Any, store: Any, now: pd.Timestamp) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_FRAME)
 
 
-def read_accrual(config: Any, store: Any, since: pd.Timestamp, now: pd.Timestamp) -> Accrual:
-    """The ledger rows touching ``[since, now]`` and the attempts running at ``now``."""
+def read_accrual(config: Any, store: Any, since: pd.Timestamp, now: pd.Timestamp, *, deadline: float | None = None) -> Accrual:
+    """The ledger rows touching ``[since, now]`` and the attempts running at ``now``.
+    ``deadline`` (a ``time.monotonic()`` instant, the exporter's scrape deadline): every
+    read is on a read-only connection whose statements are cancelled then, and nothing is
+    written (:meth:`TableStore.reading <gpu_ops.storage.tables.TableStore.reading>`)."""
     from gpu_ops.training.ledger import LEDGER_TABLE
 
-    rows = store.read_range(LEDGER_TABLE, since.to_pydatetime(), now.to_pydatetime(), missing_ok=True) if store.has_table(LEDGER_TABLE) else pd.DataFrame()
-    parts = [f for f in (_ledger_frame(config, rows, now), _running_frame(config, store, now)) if not f.empty]
+    rows = store.read_range(LEDGER_TABLE, since.to_pydatetime(), now.to_pydatetime(), missing_ok=True, deadline=deadline)
+    parts = [f for f in (_ledger_frame(config, rows, now), _running_frame(config, store, now, deadline)) if not f.empty]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=_FRAME)
     priced = frame["per_s"].notna()
     return Accrual(frame[priced].reset_index(drop=True), unpriced=int((~priced).sum()))

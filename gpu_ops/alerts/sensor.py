@@ -191,7 +191,7 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
         f"evaluated {len(table)} budget rows ({in_detail} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
         f"{len(result.enforcement)} enforcement changes"
-    ] + ([intraday] if intraday else []) + ([f"{anomalies} spend anomaly alert(s) queued"] if anomalies else [])
+    ] + ([intraday] if intraday else []) + ([anomalies] if anomalies else [])
 
 
 def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:

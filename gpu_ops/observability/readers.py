@@ -405,7 +405,8 @@ class Reader:
     def _intraday(self, deadline: float | None) -> dict[str, Any]:
         """Training cost after the newest gpu_budget_status partition's day, priced as
         budget_alert_sensor prices it (:func:`gpu_ops.alerts.intraday.read_accrual`), per
-        team, project, asset and state."""
+        team, project, asset and state; every read of it on the read-only connections of
+        the other sources, under the same deadline."""
         import pandas as pd
 
         from gpu_ops.alerts.intraday import read_accrual
@@ -415,7 +416,7 @@ class Reader:
         if newest is None:
             return {}
         since = pd.Timestamp(dt.date.fromisoformat(newest[:10]) + dt.timedelta(days=1)).tz_localize("UTC")
-        accrual = read_accrual(self.config, self.store, since, pd.Timestamp(self.clock()).tz_convert("UTC"))
+        accrual = read_accrual(self.config, self.store, since, pd.Timestamp(self.clock()).tz_convert("UTC"), deadline=deadline)
         if accrual.empty:
             return {"intraday": []}
         frame = accrual.frame.assign(cost_usd=accrual.cost_since(since), state=accrual.frame["settled"].map({True: "settled", False: "running"}))

@@ -555,12 +555,14 @@ class TableStore:
         columns: Sequence[str] | None = None,
         missing_ok: bool = False,
         clause: Callable[[sa.Table, Mapping[str, str]], Any] | None = None,
+        deadline: float | None = None,
     ) -> pd.DataFrame:
         """Rows of ``name``: of some partitions, equal to ``where`` values, and/or matching
         ``clause(table, column kinds)`` (a SQLAlchemy condition); with ``columns``, only
-        those of them that the table has. PostgreSQL reads go through COPY TO."""
+        those of them that the table has; ``deadline``: as :meth:`reading`'s. PostgreSQL
+        reads go through COPY TO."""
         _check_name(name)
-        with self.reading() as conn:
+        with self.reading(deadline) as conn:
             table = self._table(conn, name, missing_ok)
             if table is None:
                 return pd.DataFrame()
@@ -633,7 +635,8 @@ class TableStore:
         return df if decoded else _decode(df, {c: k for c, k in kinds.items() if c in keep or c in sums})
 
     def read_range(
-        self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False
+        self, name: str, window_start: dt.datetime, window_end: dt.datetime, *, start: str = "start", end: str = "end", missing_ok: bool = False,
+        deadline: float | None = None,
     ) -> pd.DataFrame:
         """Rows of interval table ``name`` that can touch ``[window_start, window_end)``.
 
@@ -644,8 +647,12 @@ class TableStore:
         are indexed on first use, so the query reads the window's rows, not the history.
         Text time columns (ISO 8601 UTC, as the collector writes them) compare as text
         in byte order (``COLLATE "C"`` on PostgreSQL).
+
+        With a ``deadline`` (:meth:`reading`'s: a read that must end by then, as an exporter
+        scrape's) the read only reads: no index is created (a write, under the table's
+        lock); the writers' reads have created them.
         """
-        if self.has_table(name):
+        if deadline is None and self.has_table(name):
             self.ensure_indexes(name, [start, end])
 
         def touches(table: sa.Table, kinds: Mapping[str, str]) -> Any:
@@ -659,7 +666,7 @@ class TableStore:
                 sa.and_(s >= lo, e < s),
             )
 
-        return self.read(name, clause=touches, missing_ok=missing_ok)
+        return self.read(name, clause=touches, missing_ok=missing_ok, deadline=deadline)
 
     def read_closed_twins(self, name: str, starts: Sequence[Any], before: Any, *, start: str = "start", end: str = "end") -> pd.DataFrame:
         """Rows of interval table ``name`` that start at one of ``starts`` and ended before

@@ -115,13 +115,21 @@ class AttemptStore:
             row = conn.execute(self.table.select().where(self.table.c.attempt_id == attempt_id)).mappings().first()
         return _from_row(row) if row is not None else None
 
-    def open_attempts(self) -> list[tuple[Attempt, float]]:
-        """Every attempt in a non-final state, with the seconds since its owner's last beat."""
+    def open_attempts(self, deadline: float | None = None) -> list[tuple[Attempt, float]]:
+        """Every attempt in a non-final state, with the seconds since its owner's last beat.
+        With a ``deadline`` (:meth:`TableStore.reading <gpu_ops.storage.tables.TableStore.reading>`'s:
+        an exporter scrape's) it only reads, on a read-only connection whose statements end
+        by then (no table created: none yet is no attempt)."""
         t = self.table
         states = [s.value for s in OPEN_STATES] + [State.SETTLED.value]
-        with self.store.engine.begin() as conn:
-            self._ensure(conn)
-            rows = conn.execute(self._sa.select(t, (self.db_now - t.c.beat_at).label("quiet_s")).where(t.c.state.in_(states))).mappings().all()
+        query = self._sa.select(t, (self.db_now - t.c.beat_at).label("quiet_s")).where(t.c.state.in_(states))
+        if deadline is not None:
+            with self.store.reading(deadline) as conn:
+                rows = conn.execute(query).mappings().all() if self._sa.inspect(conn).has_table(ATTEMPT_TABLE) else []
+        else:
+            with self.store.engine.begin() as conn:
+                self._ensure(conn)
+                rows = conn.execute(query).mappings().all()
         return [(_from_row(r), float(r["quiet_s"] or 0.0)) for r in rows]
 
     def of_run(self, run_id: str, asset_key: str) -> list[Attempt]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import dagster as dg
 
+from gpu_ops.alerts.anomalies import anomaly_alerts, read_recent
+from gpu_ops.alerts.sensor import threshold_plan
 from gpu_ops.cost.assets import build_assets
 from gpu_ops.storage.io_manager import TableIOManager
 from gpu_ops_tests.cost.anomaly_data import month, write_daily_tables
@@ -26,6 +28,7 @@ def test_a_spike_is_alerted_once_through_the_budgets_that_cover_it(tmp_path: Pat
         {"name": "nlp", "scope": {"team": "nlp"}, "amount_usd": 50_000, "channels": ["audit"]},
         {"name": "cv", "scope": {"team": "cv"}, "amount_usd": 50_000, "channels": ["audit"]},
         {"name": "nlp-llm", "scope": {"team": "nlp", "project": "llm"}, "amount_usd": 50_000, "channels": ["audit"]},  # covers part of team nlp only
+        {"name": "fleet", "scope": {"team": "nlp"}, "amount_usd": 200_000, "channels": ["audit"]},  # no status row yet: its spend is unknown
     ]
     path = write_config(tmp_path, budgets=budgets, channels={"audit": {"type": "webhook", "url": hook.url + "/hook"}}, alerts={"anomalies": {"alert_score": 8}})
     h = SensorHarness(dagster_instance, path)
@@ -33,7 +36,7 @@ def test_a_spike_is_alerted_once_through_the_budgets_that_cover_it(tmp_path: Pat
     spike = dates[-1]  # 2026-11-19, a Thursday
     daily.loc[(daily["day"] == spike) & (daily["key"] == "nlp"), "spend_usd"] = 6000.0
     write_daily_tables(h.store, daily, dates)
-    write_status(h.store, spike.isoformat(), [status_row(b["name"], day=spike.isoformat(), spend=9000.0, amount=50_000) for b in budgets])
+    write_status(h.store, spike.isoformat(), [status_row(b["name"], day=spike.isoformat(), spend=9000.0, amount=50_000) for b in budgets[:3]])
     assets, _ = build_assets(h.config)
     resources = {"gpu_ops": h.settings, "table_io_manager": TableIOManager(url=h.config.storage.resolved_url())}
     assert dg.materialize(assets, partition_key=spike.isoformat(), resources=resources, instance=dagster_instance, selection=["gpu_spend_anomalies"]).success
@@ -49,6 +52,18 @@ def test_a_spike_is_alerted_once_through_the_budgets_that_cover_it(tmp_path: Pat
     h.now += dt.timedelta(minutes=10)
     requests, _ = h.tick()
     assert requests == [] and len(hook.requests) == 1
+
+    # The budget without a status row was not alerted with a made-up $0 spend, and it is
+    # said why; once its row lands, its alert goes out with its figure.
+    rows = read_recent(h.store, spike)
+    alerts, unknown = anomaly_alerts(threshold_plan(h.config), rows, {"nlp": 9000.0}, 8, "http://dagster")
+    assert [a.budget for a in alerts] == ["nlp"] and unknown == ["fleet"]
+    write_status(h.store, spike.isoformat(), [status_row(b["name"], day=spike.isoformat(), spend=9000.0 if b["name"] != "fleet" else 20_000.0,
+                                                         amount=b["amount_usd"]) for b in budgets])
+    h.now += dt.timedelta(minutes=10)
+    requests, results = h.tick()
+    assert [r.run_key for r in requests] == ["fleet/2026-11-01/anomaly-2026-11-19-team-nlp"] and all(r.success for r in results)
+    assert [r.json()["spend_usd"] for r in hook.acknowledged][1:] == [20_000.0]
 
 
 def test_scores_under_alert_score_stay_in_the_check(tmp_path: Path, dagster_instance: Any, receiver: Any) -> None:

@@ -276,3 +276,18 @@ def test_estimates_intraday_spend_and_anomaly_scores(tmp_path: Path) -> None:
         ("gpu_ops_spend_anomaly_baseline_usd", ("asset", "train_llm")): 40.0,
     }
     assert "intraday" not in Reader(store).steps()  # without a configuration, no prices: no intraday source
+
+    # A writer holding the database's write lock (a partition being written) past the
+    # scrape deadline: the intraday source reads on the exporter's read-only connections
+    # (no write lock, no index created), so it answers with the same figures.
+    import sqlalchemy as sa
+
+    writer = sa.create_engine(f"sqlite:///{tmp_path / 'costs.db'}", connect_args={"isolation_level": None})
+    with writer.connect() as conn:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        locked = Reader(store, config=cfg, clock=lambda: day + dt.timedelta(hours=5), deadline_s=2).read()
+        conn.exec_driver_sql("ROLLBACK")
+    writer.dispose()
+    assert "intraday" not in locked.errors
+    assert {(f.metric.name, labels): v for f in families(locked) for labels, v in f.samples if f.metric.name == "gpu_ops_intraday_cost_usd"} == {
+        k: v for k, v in got.items() if k[0] == "gpu_ops_intraday_cost_usd"}
