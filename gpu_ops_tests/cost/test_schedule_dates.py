@@ -1,6 +1,7 @@
 """The daily cost schedule requests yesterday's partition on every date: its tick time is
 an input (``scheduled_execution_time``), never the wall clock. Month ends, the year end,
-29 February and the first of a month."""
+29 February and the first of a month. The job runs in one process; the other jobs keep
+the code location's executor."""
 
 from __future__ import annotations
 
@@ -48,3 +49,19 @@ def test_the_tick_requests_the_day_that_ended(location: dg.Definitions, tick: dt
     data = schedule.evaluate_tick(context)
     assert [r.partition_key for r in data.run_requests or []] == [day]
     assert schedule.job_name == DAILY_JOB
+
+
+def test_the_scheduled_job_runs_in_one_process_and_training_keeps_its_executor(schedule: dg.ScheduleDefinition, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The daily partition's steps hand each other stored tables and need no isolation:
+    # one process (issue 39). Every other job of the location, training's first, keeps the
+    # location's executor (step processes forked from the preloaded forkserver).
+    from gpu_ops.location import build_defs
+
+    assert schedule.job.executor_def is dg.in_process_executor
+    folder = tmp_path_factory.mktemp("executors")
+    (folder / "gpu_ops.yaml").write_text(f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_PRICES}\n")
+    defs = build_defs(str(folder / "gpu_ops.yaml"))
+    others = {j.name: j.executor_def for j in defs.resolve_all_job_defs() if j.name != DAILY_JOB}
+    assert "train_demo_model_job" in others
+    assert all(e is defs.executor for e in others.values()), others
+    assert defs.executor is not None and defs.executor.executor_creation_fn.__name__ == "multi_or_in_process_forkserver"
