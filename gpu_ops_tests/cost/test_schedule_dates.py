@@ -51,17 +51,12 @@ def test_the_tick_requests_the_day_that_ended(location: dg.Definitions, tick: dt
     assert schedule.job_name == DAILY_JOB
 
 
-def test_the_scheduled_job_runs_in_one_process_and_training_keeps_its_executor(schedule: dg.ScheduleDefinition, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_scheduled_job_runs_in_one_process_and_training_keeps_its_executor(location: dg.Definitions) -> None:
     # The daily partition's steps hand each other stored tables and need no isolation:
     # one process (issue 39). Every other job of the location, training's first, keeps the
     # location's executor (step processes forked from the preloaded forkserver).
-    from gpu_ops.location import build_defs
-
-    assert schedule.job.executor_def is dg.in_process_executor
-    folder = tmp_path_factory.mktemp("executors")
-    (folder / "gpu_ops.yaml").write_text(f"storage: {{url: 'sqlite:///{folder / 'costs.db'}'}}\nprices: {BUNDLED_PRICES}\n")
-    defs = build_defs(str(folder / "gpu_ops.yaml"))
-    others = {j.name: j.executor_def for j in defs.resolve_all_job_defs() if j.name != DAILY_JOB}
+    assert location.resolve_schedule_def(DAILY_SCHEDULE).job.executor_def is dg.in_process_executor
+    others = {j.name: j.executor_def for j in location.resolve_all_job_defs() if j.name != DAILY_JOB}
     assert "train_demo_model_job" in others
-    assert all(e is defs.executor for e in others.values()), others
-    assert defs.executor is not None and defs.executor.executor_creation_fn.__name__ == "multi_or_in_process_forkserver"
+    assert all(e is location.executor for e in others.values()), others
+    assert location.executor is not None and location.executor.executor_creation_fn.__name__ == "multi_or_in_process_forkserver"
