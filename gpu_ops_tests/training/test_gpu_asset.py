@@ -35,13 +35,16 @@ DEMO_STEPS = 400
 REQUEST = GpuRequest(gpu_type="t4", gpus=1, memory="4Gi", capacity="spot-then-on-demand", labels=Attribution(team="nlp", project="tests"))
 
 
-def write_config(folder: Path, steps: int = DEMO_STEPS, simulate_gpu_pricing: bool = False, telemetry_deadline_s: float = 1.0) -> Path:
+def write_config(folder: Path, steps: int = DEMO_STEPS, simulate_gpu_pricing: bool = False, telemetry_deadline_s: float = 1.0, standby: bool = True) -> Path:
+    """``standby=False`` for a run that is never retried: its standby worker would warm
+    torch (~3 s of CPU) for a retry that does not come."""
     path = folder / "gpu_ops.yaml"
+    compute = "" if standby else "compute: {standby: false}\n"
     path.write_text(
         f"""
 storage: {{url: "sqlite:///ledger.db"}}
 prices: {PRICES}
-training:
+{compute}training:
   checkpoint_url: ckpts
   keep_last: 3
   demo_steps: {steps}
@@ -159,7 +162,8 @@ class Killer(threading.Thread):
 
 
 @pytest.mark.slow
-def test_demo_uninterrupted(config_path: Path, reference_sha: str) -> None:
+def test_demo_uninterrupted(tmp_path: Path, config_path: Path, reference_sha: str) -> None:
+    config_path = write_config(tmp_path, standby=False)  # one attempt: no standby for a retry
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(demo_assets(config_path), instance=instance)
     assert result.success

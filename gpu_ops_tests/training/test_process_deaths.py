@@ -42,15 +42,21 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 250  # the demo's size here: long enough to be killed after its first checkpoint, short for the suite
 OUTAGE_STEPS = 900  # an outage must outlast the fence (0.8 TTL) while the demo still trains, also when a loaded
 # machine notices the first checkpoint late (at 400 steps a loaded CI run saw the worker finish before its fence)
+AGAIN_STEPS = 20  # the run after the step process's death: it only has to be admitted and complete
 
 
-def write_config(folder: Path, steps: int = STEPS) -> Path:
-    path = folder / "gpu_ops.yaml"
+def write_config(folder: Path, steps: int = STEPS, standby: bool = True, name: str = "gpu_ops.yaml") -> Path:
+    """The tests' gpu_ops file. A run whose attempt cannot be retried (the one after the
+    deaths, a re-execution, the second run of an outage) reads a copy of it with
+    ``standby: false``: the standby it would start, warming torch for a retry that never
+    comes, costs a worker's start-up (~3 s of CPU) and shows nothing."""
+    path = folder / name
     path.write_text(
         f"""
 storage: {{url: "sqlite:///ledger.db"}}
 prices: {PRICES}
 compute:
+  standby: {str(standby).lower()}
   quotas: {{team: {{ml-platform: 1}}}}
   admission: {{lease_ttl_s: 6, backoff_s: 0.1, backoff_max_s: 0.3}}
 training:
@@ -142,7 +148,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.slow
-def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, env: Path, demo_sha: str) -> None:
+def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, env: Path, demo_sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sampler = Sampler(tmp_path / "pids")
     sampler.start()
     killed: dict[str, int] = {}
@@ -159,7 +165,9 @@ def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, en
         log = messages(instance, result.run_id)
         (mat,) = instance.fetch_materializations(dg.AssetKey("train_demo_model"), limit=1).records
         md = {k: getattr(v, "value", v) for k, v in mat.asset_materialization.metadata.items()}
-        # The next GPU run starts without help: the dead step's lease and slot are gone.
+        # The next GPU run starts without help: the dead step's lease and slot are gone
+        # (a short run, with no standby: only its admission and its completion count).
+        monkeypatch.setenv("GPU_OPS_CONFIG", str(write_config(tmp_path, AGAIN_STEPS, standby=False, name="again.yaml")))
         again = dg.execute_job(dg.reconstructable(demo_job), instance=instance)
     killer.join()
     sampler.done.set()
@@ -198,7 +206,7 @@ with dg.DagsterInstance.local_temp(tempdir=sys.argv[1]) as instance:
 
 
 @pytest.mark.slow
-def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path: Path, env: Path, demo_sha: str) -> None:
+def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path: Path, env: Path, demo_sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sampler = Sampler(tmp_path / "pids")
     sampler.start()
     home = tmp_path / "dagster_home"
@@ -216,6 +224,7 @@ def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path:
         log = messages(instance, run.run_id)
         assert any("run worker (pid " in m and "died" in m for m in log), log
         instance.report_run_failed(run, "run worker SIGKILLed (what run monitoring reports)")
+        monkeypatch.setenv("GPU_OPS_CONFIG", str(write_config(tmp_path, standby=False, name="reexecution.yaml")))  # one attempt: no standby
         options = dg.ReexecutionOptions.from_failure(run.run_id, instance)
         again = dg.execute_job(dg.reconstructable(demo_job), instance=instance, reexecution_options=options)
         (mat,) = instance.fetch_materializations(dg.AssetKey("train_demo_model"), limit=1).records
@@ -231,8 +240,9 @@ def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path:
     assert LeaseBook(TableStore.from_config(_config(env))).holders() == []
 
 
-def run_worker(home: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RUN_WORKER, str(home)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+def run_worker(home: Path, config: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **({"GPU_OPS_CONFIG": str(config)} if config else {})}
+    return subprocess.Popen([sys.executable, "-c", RUN_WORKER, str(home)], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
 
 
 def materializations(home: Path) -> dict[str, dict[str, Any]]:
@@ -258,13 +268,15 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
     sampler.start()
     home = tmp_path / "dagster_home"
     first = run_worker(home)
+    # B never retries: no standby for it (A's attempt 2 is served by A's standby).
+    b_config = write_config(tmp_path, OUTAGE_STEPS, standby=False, name="run_b.yaml")
     assert wait_until(lambda: first_checkpoint(tmp_path), timeout=120)
     worker_a = worker_pid(tmp_path / "pids")
     if outage == "sigstop":
         step_a = ppid(worker_a)
         os.kill(step_a, signal.SIGSTOP)
         try:
-            second = run_worker(home)
+            second = run_worker(home, b_config)
             # B is admitted only after A's lease expired; by then A's worker is gone.
             assert wait_until(lambda: len(sampler.seen) >= 2, timeout=120)
             assert not same_process(worker_a, None)
@@ -280,7 +292,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
         finally:
             db.execute("ROLLBACK")
             db.close()
-        second = run_worker(home)
+        second = run_worker(home, b_config)
     assert first.wait(timeout=300) == 0 and second.wait(timeout=300) == 0
     sampler.done.set()
     sampler.join()

@@ -18,6 +18,7 @@ import pytest
 from gpu_ops.compute.standby import is_alive, rendezvous_files
 from gpu_ops.config import gpu_ops_home
 from gpu_ops_tests.training.test_gpu_asset import Killer, messages, reference_weights, write_config
+from gpu_ops_tests.training.test_process_deaths import STEPS  # killed 0.2 s after its first checkpoint; the same reference
 from gpu_ops_tests.waiting import wait_until
 
 
@@ -54,12 +55,12 @@ def describe(pid: int) -> str:
 
 @pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def demo_sha() -> str:
-    return reference_weights()
+    return reference_weights(STEPS)
 
 
 @pytest.mark.slow
 def test_the_retry_claims_the_standby_and_nothing_is_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_sha: str) -> None:
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, STEPS)
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
     monkeypatch.setenv("GPU_OPS_PIDFILE_DIR", str(tmp_path / "pids"))
     (tmp_path / "dagster_home").mkdir()
