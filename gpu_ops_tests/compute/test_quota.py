@@ -120,7 +120,7 @@ HOLDER = textwrap.dedent(
     time.time = lambda: _real() + _skew
     from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore
-    book = LeaseBook(TableStore(sys.argv[1]), ttl_s=1.0)
+    book = LeaseBook(TableStore(sys.argv[1]), ttl_s=float(sys.argv[5]))
     adm = book.try_acquire(Quotas(team={"nlp": 4}), team="nlp", pools=["gpu-ops-nlp-t4-spot"], gpus=int(sys.argv[3]), run_id=sys.argv[4], asset_key="a")
     print("held" if adm.granted else "refused: " + adm.reason, "reclaimed", len(adm.reclaimed), flush=True)
     if adm.granted:
@@ -130,10 +130,11 @@ HOLDER = textwrap.dedent(
 )
 
 
-def holder(db_url: str, skew_s: float, gpus: int = 4, run_id: str = "killed-run") -> tuple[subprocess.Popen, str]:
-    """A lease holder in its own process whose clock is ``skew_s`` off; returns it and its first line."""
+def holder(db_url: str, skew_s: float, gpus: int = 4, run_id: str = "killed-run", ttl_s: float = 1.0) -> tuple[subprocess.Popen, str]:
+    """A lease holder in its own process whose clock is ``skew_s`` off, heartbeating every
+    0.2 s a lease of ``ttl_s``; returns it and its first line."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, db_url, str(skew_s), str(gpus), run_id], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        [sys.executable, "-c", HOLDER, db_url, str(skew_s), str(gpus), run_id, str(ttl_s)], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
@@ -168,7 +169,7 @@ def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, d
 def test_a_host_whose_clock_runs_ahead_does_not_take_live_leases(db_url: str) -> None:
     """A live holder on a correct clock; an admission from a host an hour ahead sees its
     lease as live (the database decides), so it waits instead of reclaiming it."""
-    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run")
+    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run", ttl_s=10.0)  # live through a late heartbeat
     try:
         assert said == "held reclaimed 0"
         ahead, said = holder(db_url, 3600.0, gpus=2, run_id="ahead-run")
@@ -213,7 +214,9 @@ def test_the_gpu_leases_asset_shows_who_holds_what_in_the_ui_and_in_sql(tmp_path
     the row count, and the same rows in the gpu_ops database's table gpu_leases."""
     from gpu_ops.location import build_defs
 
-    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run")
+    # The live holder's lease outlasts a heartbeat held up by a loaded machine (with 1 s, a
+    # suite at load 8 once saw it lapse); the dead one's expires within the sleep below.
+    live, said = holder(db_url, 0.0, gpus=3, run_id="live-run", ttl_s=10.0)
     dead, said_dead = holder(db_url, 0.0, gpus=1, run_id="dead-run")
     try:
         assert said == said_dead == "held reclaimed 0"
