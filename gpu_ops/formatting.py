@@ -13,10 +13,15 @@ from __future__ import annotations
 import math
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MISSING = "n/a"
+
+
+def first_of(items: Sequence[str], n: int) -> str:
+    """The first ``n`` of ``items`` joined by commas, and how many more there are."""
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def finite(value: Any) -> float | None:

@@ -23,6 +23,7 @@ import pandas as pd
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.state import AlertCursor, StatusTable, ThresholdPlan
 from gpu_ops.cost.budgets import period_bounds
+from gpu_ops.formatting import first_of
 
 ANOMALY_TABLE = "gpu_spend_anomalies"
 RECENT_DAYS = 2  # today's partition (a run during the day) and yesterday's
@@ -102,8 +103,7 @@ def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusT
         cursor.anomalies[alert.run_key] = str(alert.partition_key)
     lines = [f"{len(fresh)} spend anomaly alert(s) queued"] if fresh else []
     if unknown:
-        names = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        lines.append(f"spend anomaly alert(s) held back for budget(s) {names}: spend unknown (no gpu_budget_status row yet); "
+        lines.append(f"spend anomaly alert(s) held back for budget(s) {first_of(unknown, 5)}: spend unknown (no gpu_budget_status row yet); "
                      "they are sent once the budget's row lands")
     return "; ".join(lines)
 

@@ -30,6 +30,7 @@ from gpu_ops.config import Budget, parse_duration
 from gpu_ops.cost.attribution import label_values, utc
 from gpu_ops.cost.columns import DAILY_GROUPING, DAILY_KEYS, DAILY_SCHEMA, grouping_name
 from gpu_ops.cost.engine import values_table
+from gpu_ops.formatting import first_of
 
 BUDGET_COLUMNS = (
     "budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd",
@@ -403,6 +404,5 @@ def missing_days_outcome(status: pd.DataFrame) -> tuple[bool, str, list[str]]:
     days = sorted({d for ds in per_budget.values() for d in ds})
     if not days:
         return True, "every day of every budget period so far has its daily costs", []
-    shown = ", ".join(days[:10]) + (f" and {len(days) - 10} more" if len(days) > 10 else "")
-    names = ", ".join(sorted(per_budget)[:10]) + (f" and {len(per_budget) - 10} more" if len(per_budget) > 10 else "")
+    shown, names = first_of(days, 10), first_of(sorted(per_budget), 10)
     return False, f"no gpu_cost_daily for {shown}: spend of {names} leaves those days out (unknown, not zero); materialize them", days
