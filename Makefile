@@ -84,9 +84,9 @@ test-tools:
 
 # pytest exits 5 when it collected nothing: that is an error, not a pass.
 # Three pytest-xdist workers on two cores (a third of a test's wall time is waiting on
-# subprocesses, servers and timers: benchmarks/suite.py --workers 2,3); the `slow` end-to-end tests are in two xdist groups (the timed
-# kills; the servers, demo and browser), each run one at a time on one worker, the fast
-# tests spread beside them (gpu_ops_tests/conftest.py). `make test PYTEST_ARGS=`
+# subprocesses, servers and timers: benchmarks/suite.py --workers 2,3); each module's tests
+# run on one worker, the longest modules handed out first (gpu_ops_tests/conftest.py,
+# LONG_GROUPS). `make test PYTEST_ARGS=`
 # runs everything in one process.
 PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=25
 test: $(STAMP) test-tools lint docs

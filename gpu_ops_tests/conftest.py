@@ -7,7 +7,7 @@
   (same rule: skip without them, fail under CI).
 - ``cluster`` tests run only when ``KUBECONFIG`` names a reachable cluster.
 - ``gpu`` tests run only when torch sees a CUDA device.
-- ``slow`` tests run in two pytest-xdist groups (see ``KILL_GROUP``).
+- Each module's tests run on one pytest-xdist worker (see ``LONG_GROUPS``).
 - Scratch files (``tmp_path``: Dagster instances, SQLite cost stores, demo homes, and
   ``TMPDIR`` for what tests and the processes they start put in ``tempfile`` folders) live on
   a RAM disk (``/dev/shm``) when there is one with room, unless ``--basetemp`` is given:
@@ -30,13 +30,22 @@ REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO.parent / "shared" / "reference" / "karpenter-crds"
 PG_ADMIN_URL = os.environ.get("GPU_OPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-# The end-to-end tests (marker `slow`) run in two groups, each one test at a time on one
-# pytest-xdist worker, beside the fast tests on the other: the tests that kill workers,
-# step processes and run workers on a timer, and the ones that start servers, the demo or
-# a browser. One group of all of them made the suite as long as their sum. The other tests
-# are grouped by module (see pytest_collection_modifyitems).
-KILL_GROUP, SERVER_GROUP = "slow-kills", "slow-servers"
-KILL_MODULES = frozenset({"test_process_deaths", "test_ui_launch", "test_standby_multiprocess", "test_gpu_asset", "test_secrets"})
+# pytest-xdist groups (`make test` runs --dist loadgroup): the tests of one module run on
+# one worker, one after another, so that what a module builds once (the hostile corpus, a
+# real Prometheus or MLflow server, reference weights) is built on one worker only; the
+# demo's two modules (gpu_ops_tests/demo/) are one group, as they read one `gpu-ops demo`
+# run. LONG_GROUPS, the longest units of work (measured: benchmarks/suite.py), are handed
+# out first, so that none of them starts last and holds the run's end.
+DEMO_GROUP = "gpu_ops_tests.demo"
+LONG_GROUPS = (
+    DEMO_GROUP,
+    "gpu_ops_tests.training.test_process_deaths",
+    "gpu_ops_tests.examples.test_examples",
+    "gpu_ops_tests.hostile.test_corpus",
+    "gpu_ops_tests.training.test_gpu_asset",
+    "gpu_ops_tests.cost.test_assets",
+    "gpu_ops_tests.examples.test_scaffold",
+)
 
 
 RAM_DISK = Path("/dev/shm")
@@ -200,25 +209,19 @@ def karpenter_crds() -> dict[str, dict]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kubeconfig = os.environ.get("KUBECONFIG")
     skip_cluster = pytest.mark.skip(reason="needs a live cluster: set KUBECONFIG (see docs/how-to/cluster.md, 'Tests against a cluster')")
-    groups = {name: pytest.mark.xdist_group(name) for name in (KILL_GROUP, SERVER_GROUP)}
     for item in items:
         if "cluster" in item.keywords and not (kubeconfig and Path(kubeconfig).exists()):
             item.add_marker(skip_cluster)
-        if "slow" in item.keywords:
-            item.add_marker(groups[KILL_GROUP if item.module.__name__.rsplit(".", 1)[-1] in KILL_MODULES else SERVER_GROUP])
-        elif item.module is not None:
-            # The fast tests of one module run on one worker, so that what the module builds
-            # once (the hostile corpus, a real Prometheus or MLflow server, reference
-            # weights) is built on one worker only. Those fixtures are session-scoped: a
-            # worker may run other modules' tests between this one's, which would tear a
-            # module-scoped fixture down and build it again (the corpus was built twice).
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    # The two serial groups are the longest units of work (minutes each, one test at a
-    # time): they go first, one to each worker, and the modules' groups fill in beside
-    # them (pyproject's --no-loadscope-reorder keeps this order; xdist's default puts the
-    # groups with the most tests first, which left a serial group for the end of the run).
-    first = {KILL_GROUP: 0, SERVER_GROUP: 1}
-    items.sort(key=lambda item: first.get(_group(item), 2))
+        if item.module is not None:
+            # Session-scoped, not module-scoped, fixtures: a worker may run other modules'
+            # tests between this one's, which would tear a module-scoped fixture down and
+            # build it again (the corpus was built twice).
+            name = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(DEMO_GROUP if name.startswith(DEMO_GROUP + ".") else name))
+    # pyproject's --no-loadscope-reorder keeps this order (xdist's default puts the groups
+    # with the most tests first, which left a long group of few tests for the end).
+    first = {name: i for i, name in enumerate(LONG_GROUPS)}
+    items.sort(key=lambda item: first.get(_group(item) or "", len(LONG_GROUPS)))
 
 
 def _group(item: pytest.Item) -> str | None:

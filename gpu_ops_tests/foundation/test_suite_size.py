@@ -40,9 +40,8 @@ def test_the_documented_suite_size_is_the_collected_one(request: pytest.FixtureR
         f"{PAGE.relative_to(REPO)} names another suite size than the {len(request.session.items)} tests collected: update it"
     )
 def test_the_xdist_groups_hold(tmp_path):
-    # make test runs `-n 3 --dist loadgroup`: a module's fast tests share a group (its
-    # session fixtures are built on one worker), and the slow tests run in two groups, one
-    # test at a time. With a pytest that pytest-xdist cannot mark, every group is silently
+    # make test runs `-n 3 --dist loadgroup`: a module's tests share a group (its session
+    # fixtures are built on one worker). With a pytest that pytest-xdist cannot mark, every group is silently
     # ignored (see pyproject.toml), so this asks a real two-worker run where tests went.
     import subprocess
     import sys

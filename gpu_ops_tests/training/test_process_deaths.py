@@ -258,18 +258,20 @@ def materializations(home: Path) -> dict[str, dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("env", [OUTAGE_STEPS], indirect=True)
 @pytest.mark.parametrize("outage", ["sigstop", "database"])
-def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without_overlap(tmp_path: Path, env: Path, long_demo_sha: str, outage: str) -> None:
+def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without_overlap(
+    tmp_path: Path, env: Path, demo_sha: str, long_demo_sha: str, outage: str
+) -> None:
     """Run A's step process (the lease holder) cannot renew past the lease TTL: it is
     SIGSTOPped while run B waits for the 1-GPU quota, or the gpu_ops database is locked
     (unreachable for writes) past the TTL before B starts. A's worker is stopped by its
     fence before B is admitted; A then finds its lease gone, waits its turn and resumes
-    from its checkpoint."""
+    from its checkpoint. B trains the short demo: only A has to outlast its fence."""
     sampler = Sampler(tmp_path / "pids")
     sampler.start()
     home = tmp_path / "dagster_home"
     first = run_worker(home)
     # B never retries: no standby for it (A's attempt 2 is served by A's standby).
-    b_config = write_config(tmp_path, OUTAGE_STEPS, standby=False, name="run_b.yaml")
+    b_config = write_config(tmp_path, STEPS, standby=False, name="run_b.yaml")
     assert wait_until(lambda: first_checkpoint(tmp_path), timeout=120)
     worker_a = worker_pid(tmp_path / "pids")
     if outage == "sigstop":
@@ -297,7 +299,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
     sampler.done.set()
     sampler.join()
     mats = materializations(home)
-    assert len(mats) == 2 and all(md["weights_sha256"] == long_demo_sha for md in mats.values())
+    assert sorted((md["steps"], md["weights_sha256"]) for md in mats.values()) == [(STEPS, demo_sha), (OUTAGE_STEPS, long_demo_sha)]
     assert sampler.most_at_once == 1  # sampled every 20 ms: never two workers under the 1-GPU quota
     rows = check_ledger(env, set(mats), sampler)
     assert sorted(rows["outcome"]) == ["completed", "completed", "preempted"]
