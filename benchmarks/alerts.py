@@ -97,7 +97,7 @@ def run(n: int, repeat: int) -> None:
     logging.getLogger("dagster").setLevel(logging.WARNING)  # the sensor's per-tick summary line
 
     from gpu_ops.alerts.definitions import build_defs
-    from gpu_ops.alerts.records import STATUS_TABLE
+    from gpu_ops.alerts.state import STATUS_TABLE
     from gpu_ops.alerts.redelivery import Pending
     from gpu_ops.alerts.state import AlertCursor
     from gpu_ops.resources import GpuOpsSettings

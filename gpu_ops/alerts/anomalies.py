@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from gpu_ops.alerts.model import Alert
-from gpu_ops.alerts.state import AlertCursor, StatusTable, ThresholdPlan
+from gpu_ops.alerts.state import STATUS_TABLE, AlertCursor, StatusTable, ThresholdPlan
 from gpu_ops.cost.budgets import period_bounds
 from gpu_ops.formatting import first_of
 
@@ -48,10 +48,10 @@ def covers(filters: Mapping[str, str], attrs: Mapping[str, str]) -> bool:
     return all(attrs.get(k) == v for k, v in filters.items())
 
 
-def _alert(plan: ThresholdPlan, name: str, row: Mapping[str, Any], spend: float, dagster_url: str) -> Alert:
+def _alert(plan: ThresholdPlan, name: str, row: Mapping[str, Any], period: tuple[dt.date, dt.date], spend: float, dagster_url: str) -> Alert:
     budget = plan.budgets[name]
     day = dt.date.fromisoformat(str(row["day"])[:10])
-    start, end = period_bounds(budget, day)
+    start, end = period
     return Alert(
         kind="trigger", budget=name, period_start=start.isoformat(), period_end=end.isoformat(),
         threshold=f"anomaly-{day.isoformat()}-{row['dimension']}-{row['key']}", basis="anomaly", threshold_usd=float(row["spend_usd"]),
@@ -60,25 +60,42 @@ def _alert(plan: ThresholdPlan, name: str, row: Mapping[str, Any], spend: float,
     )
 
 
-def anomaly_alerts(
-    plan: ThresholdPlan, rows: pd.DataFrame, spend: Mapping[str, float], alert_score: float, dagster_url: str
-) -> tuple[list[Alert], list[str]]:
+Spend = Mapping[tuple[str, str], float]  # (budget, period_start ISO date) -> that period's spend
+
+
+def anomaly_alerts(plan: ThresholdPlan, rows: pd.DataFrame, spend: Spend, alert_score: float, dagster_url: str) -> tuple[list[Alert], list[str]]:
     """One alert per anomalous row scoring ``alert_score`` or more and budget with channels
-    covering it (pure). ``spend``: each budget's period spend, as the alerts show it. A
-    covering budget with no figure in ``spend`` (no gpu_budget_status row yet) is not sent
-    a spend it does not have: it is returned among the unknown (second), and alerted by a
-    later evaluation once its row lands."""
+    covering it (pure). ``spend``: each budget's spend in the period holding the anomaly's
+    day, as the alerts show it. A covering budget with no figure for that period (no
+    gpu_budget_status row of it yet) is not sent a spend it does not have, nor another
+    period's: it is returned among the unknown (second), and alerted by a later evaluation
+    once its row lands."""
     out, unknown = [], []
     for _, row in rows[rows["score"].astype(float) >= alert_score].iterrows():
-        attrs = known(row)
+        attrs, day = known(row), dt.date.fromisoformat(str(row["day"])[:10])
         for name, b in plan.budgets.items():
             if not (b.channels and covers(plan.filters(name), attrs)):
                 continue
-            if name in spend:
-                out.append(_alert(plan, name, row, spend[name], dagster_url))
+            period = period_bounds(b, day)
+            if (name, period[0].isoformat()) in spend:
+                out.append(_alert(plan, name, row, period, spend[name, period[0].isoformat()], dagster_url))
             elif name not in unknown:
                 unknown.append(name)
     return out, unknown
+
+
+def period_spend(store: Any, table: StatusTable, rows: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Each budget's spend by period: the newest status partition's rows, then, for the
+    anomalies' days, their own partitions' rows (an anomaly on a period's last day is
+    about that period, after the newest partition has moved to the next)."""
+    spend: dict[tuple[str, str], float] = {}
+    days = sorted({str(d)[:10] for d in rows["day"]})
+    columns = ["budget", "period_start", "spend_usd"]
+    earlier = store.read(STATUS_TABLE, partition_keys=days, columns=columns, missing_ok=True)
+    rest = earlier[columns].itertuples(index=False) if len(earlier) else ()
+    for budget, start, value in [*((r[0], r[1], r[4]) for r in table.rows), *rest]:
+        spend.setdefault((str(budget), str(start)[:10]), float(value))  # the newest partition's figure first
+    return spend
 
 
 def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusTable, cursor: AlertCursor, now: dt.datetime) -> str:
@@ -95,17 +112,16 @@ def queue_anomalies(config: Any, store: Any, plan: ThresholdPlan, table: StatusT
     rows = read_recent(store, today)
     if rows.empty:
         return ""
-    spend = {r[0]: float(r[4]) for r in table.rows}
-    alerts, unknown = anomaly_alerts(plan, rows, spend, settings.alert_score, config.alerts.dagster_url)
+    alerts, unknown = anomaly_alerts(plan, rows, period_spend(store, table, rows), settings.alert_score, config.alerts.dagster_url)
     fresh = [a for a in alerts if a.run_key not in cursor.anomalies]
     for alert in fresh:
         cursor.queue.add(alert)
         cursor.anomalies[alert.run_key] = str(alert.partition_key)
     lines = [f"{len(fresh)} spend anomaly alert(s) queued"] if fresh else []
     if unknown:
-        lines.append(f"spend anomaly alert(s) held back for budget(s) {first_of(unknown, 5)}: spend unknown (no gpu_budget_status row yet); "
+        lines.append(f"spend anomaly alert(s) held back for budget(s) {first_of(unknown, 5)}: spend unknown (no gpu_budget_status row of the anomaly's period yet); "
                      "they are sent once the budget's row lands")
     return "; ".join(lines)
 
 
-__all__ = ["ANOMALY_TABLE", "anomaly_alerts", "covers", "known", "queue_anomalies", "read_recent"]
+__all__ = ["ANOMALY_TABLE", "anomaly_alerts", "covers", "known", "period_spend", "queue_anomalies", "read_recent"]

@@ -34,9 +34,9 @@ import pandas as pd
 
 from gpu_ops.alerts.enforcement import scope_matches
 from gpu_ops.alerts.model import money, scope_label
+from gpu_ops.alerts.state import STATUS_TABLE
 from gpu_ops.cost.budgets import period_bounds
 
-STATUS_TABLE = "gpu_budget_status"
 ENFORCING = ("block", "throttle")
 
 

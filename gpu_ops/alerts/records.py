@@ -19,11 +19,10 @@ import sqlalchemy as sa
 from gpu_ops.alerts.channels import DeliveryResult
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter
-from gpu_ops.alerts.state import STATUS_COLUMNS, StatusTable
+from gpu_ops.alerts.state import STATUS_COLUMNS, STATUS_TABLE, StatusTable
 from gpu_ops.cost.attribution import key_column
 from gpu_ops.storage.tables import PARTITION_COLUMN, TableStore
 
-STATUS_TABLE = "gpu_budget_status"
 ATTRIBUTION_TABLE = "gpu_cost_attribution"
 DELIVERIES_TABLE = "gpu_alert_deliveries"
 DEAD_LETTERS_TABLE = "gpu_alert_dead_letters"

@@ -99,6 +99,7 @@ class StatusRow:
         )
 
 
+STATUS_TABLE = "gpu_budget_status"  # the budget status asset's table, as the sensor and the gates read it
 STATUS_COLUMNS = ("budget", "period_start", "period_end", "amount_usd", "spend_usd", "percent_used", "forecast_usd", "partition_key", "as_of")
 
 
