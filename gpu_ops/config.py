@@ -23,11 +23,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from typing import Annotated, Any, Literal, Union
 
 
 from gpu_ops._gc import collection_deferred
+from gpu_ops.compute.catalog import PRICE_CHECK_CURRENCIES, UnknownGpuType, canonical_gpu_type, price_problem
 from gpu_ops.fastyaml import YamlFileError, read_yaml_file
 from pydantic import (
     AfterValidator,
@@ -39,6 +40,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
 from gpu_ops.compute.request import LabelKey, NamespaceName, ObjectName
 from gpu_ops.cost.rules import FIRST_DAY
@@ -199,8 +201,6 @@ def resolve_storage_url(url: str) -> str:
     The template is what configuration, Dagster run config and logs carry; the resolved
     URL (with the password) exists only in memory, where a connection is opened.
     """
-    from urllib.parse import quote
-
     def value(m: re.Match[str]) -> str:
         return quote(SecretRef(env=m.group(1)).get(), safe="")
 
@@ -286,8 +286,6 @@ class RegionAdjustment(_Model):
 
 
 def _canonical_gpu_key(name: str) -> str:
-    from gpu_ops.compute.catalog import canonical_gpu_type
-
     return canonical_gpu_type(name)  # UnknownGpuType is a ValueError: reported per key
 
 
@@ -320,8 +318,6 @@ class PriceTable(_Model):
     @classmethod
     def _entries(cls, data: Any) -> Any:
         """One name per GPU; ``deliberate: true`` moves from the GPU's entry to :attr:`deliberate`."""
-        from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
-
         if not isinstance(data, Mapping) or not isinstance(data.get("gpus"), Mapping):
             return data
         seen: dict[str, str] = {}
@@ -347,10 +343,6 @@ class PriceTable(_Model):
     @model_validator(mode="after")
     def _plausible(self) -> "PriceTable":
         """Each price against the catalog's usual per-GPU range (whole-instance prices named)."""
-        from pydantic_core import InitErrorDetails, PydanticCustomError
-
-        from gpu_ops.compute.catalog import PRICE_CHECK_CURRENCIES, price_problem
-
         if self.currency.upper() not in PRICE_CHECK_CURRENCIES:
             return self
         errors = [

@@ -43,6 +43,8 @@ from gpu_ops.compute.karpenter import (
     is_managed,
 )
 from gpu_ops.compute.naming import MANAGED_BY, MANAGED_BY_VALUE, managed_selector
+from gpu_ops.config import GpuOpsConfig, load_config
+from gpu_ops.storage.tables import StorageUnavailable, TableStore, display_url
 
 ENFORCEMENT_TABLE = "gpu_budget_enforcement"
 ENFORCED_BY = "gpu-ops.io/budget-enforced-by"
@@ -387,9 +389,6 @@ def launch_refusal(active: list[dict[str, Any]], request: Any) -> str | None:
 
 
 def _store_for(source: Any) -> Any:
-    from gpu_ops.config import GpuOpsConfig, load_config
-    from gpu_ops.storage.tables import TableStore
-
     if isinstance(source, TableStore):
         return source
     if isinstance(source, str):
@@ -410,8 +409,6 @@ def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None 
     try:
         records = store.read(ENFORCEMENT_TABLE, missing_ok=True)
     except Exception as exc:  # the database is down: do not stop training over it
-        from gpu_ops.storage.tables import StorageUnavailable, display_url
-
         # Bounded by storage.connect_timeout_s / statement_timeout_s, never a hang.
         why = str(exc) if isinstance(exc, StorageUnavailable) else f"{type(exc).__name__} reading {ENFORCEMENT_TABLE} in {display_url(store.url)}"
         logging.getLogger("gpu_ops.alerts").warning(f"budget enforcement could not be checked ({why}); the launch goes ahead")

@@ -33,9 +33,11 @@ from typing import Any
 import pandas as pd
 
 from gpu_ops.alerts.enforcement import scope_matches
+from gpu_ops.alerts.intraday import read_accrual
 from gpu_ops.alerts.model import money, scope_label
 from gpu_ops.alerts.state import STATUS_TABLE
 from gpu_ops.cost.budgets import period_bounds
+from gpu_ops.storage.tables import TableStore
 
 ENFORCING = ("block", "throttle")
 
@@ -128,8 +130,6 @@ def _period_status(status: pd.DataFrame, budget: Any, start: dt.date, end: dt.da
 
 def spend_to_date(config: Any, store: Any, budgets: Sequence[Any], now: dt.datetime) -> dict[str, Spend]:
     """Each budget's :class:`Spend` at ``now`` from the stored tables."""
-    from gpu_ops.alerts.intraday import read_accrual
-
     now_ts = pd.Timestamp(now).tz_convert("UTC")
     status = store.read(STATUS_TABLE, missing_ok=True)
     marks = {}
@@ -160,7 +160,6 @@ def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt
     figure = estimate.figure(basis)
     if figure is None:
         return
-    from gpu_ops.storage.tables import TableStore
 
     store = store or TableStore.from_config(config)
     try:

@@ -36,14 +36,16 @@ import pandas as pd
 from gpu_ops.alerts.state import StatusTable, ThresholdPlan
 from gpu_ops.cost.budgets import period_bounds
 from gpu_ops.cost.columns import GROUPING_KEYS
+from gpu_ops.cost.pricing import PriceMatrix
+from gpu_ops.training.attempt_store import AttemptStore
+from gpu_ops.training.attempts import State
+from gpu_ops.training.ledger import LEDGER_TABLE
 
 KEYS = GROUPING_KEYS  # what a budget scope filters on and an attempt is billed to
 _FRAME = [*KEYS, "asset_key", "start", "end", "per_s", "settled"]
 
 
 def _prices(config: Any) -> Any:
-    from gpu_ops.cost.pricing import PriceMatrix
-
     return PriceMatrix.from_table(config.prices)  # the cost engine's prices: NaN where none
 
 
@@ -101,9 +103,6 @@ def _ledger_frame(config: Any, rows: pd.DataFrame, now: pd.Timestamp) -> pd.Data
 
 def _running_frame(config: Any, store: Any, now: pd.Timestamp, deadline: float | None) -> pd.DataFrame:
     """Launched, unsettled attempts: their bill's attribution, priced from launch to ``now``."""
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.attempts import State
-
     rows, prices = [], _prices(config)
     for a, _quiet in AttemptStore(store).open_attempts(deadline):
         if a.state not in (State.LAUNCHED, State.RUNNING) or a.launched_at is None:
@@ -122,8 +121,6 @@ def read_accrual(config: Any, store: Any, since: pd.Timestamp, now: pd.Timestamp
     ``deadline`` (a ``time.monotonic()`` instant, the exporter's scrape deadline): every
     read is on a read-only connection whose statements are cancelled then, and nothing is
     written (:meth:`TableStore.reading <gpu_ops.storage.tables.TableStore.reading>`)."""
-    from gpu_ops.training.ledger import LEDGER_TABLE
-
     rows = store.read_range(LEDGER_TABLE, since.to_pydatetime(), now.to_pydatetime(), missing_ok=True, deadline=deadline)
     parts = [f for f in (_ledger_frame(config, rows, now), _running_frame(config, store, now, deadline)) if not f.empty]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=_FRAME)

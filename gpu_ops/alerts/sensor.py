@@ -42,12 +42,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+from dagster._core.storage.dagster_run import RunsFilter
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from gpu_ops._gc import collection_deferred, freeze_long_lived
 from gpu_ops.alerts.model import Alert
 from gpu_ops.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
 from gpu_ops.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate_table, queue_alerts
 from gpu_ops.config import AlertsConfig, Budget, GpuOpsConfig
+from gpu_ops.resources import bound_jobs
 
 if TYPE_CHECKING:
     from gpu_ops.alerts.enforcement import EnforcementOrder, EnforcementOutcome, NodePools
@@ -233,8 +236,6 @@ class FollowUp:
 def _alert_run_outcomes(instance: dg.DagsterInstance, cursor: AlertCursor) -> dict[str, RunOutcome]:
     """Outcome of the alert runs updated since the last pass (by run key; a key with a
     successful run counts as delivered). Without a previous pass: the pending keys' runs."""
-    from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
-
     base = {SENSOR_NAME_TAG: SENSOR_NAME}
     if cursor.runs_seen_at is None:
         keys = [p.run_key(k) for k, p in cursor.pending.items()]
@@ -606,9 +607,6 @@ def launch_requests(
 
     Returns the launched (request, result) pairs and the skipped run keys.
     """
-    from dagster._core.storage.dagster_run import RunsFilter
-    from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
-
     launched, skipped = [], []
     for rr in requests:
         assert rr.run_key is not None and rr.job_name is not None  # every request of this sensor names both
@@ -645,8 +643,6 @@ def build_alert_definitions(
     """``bind_to``: the definitions whose resources, executor and loggers the jobs run with
     (the shared ones); the jobs are bound to them before the sensor targets them
     (:func:`gpu_ops.resources.bound_jobs`: no `owners` BetaWarning)."""
-    from gpu_ops.resources import bound_jobs
-
     resources = {"gpu_ops_karpenter": karpenter or KarpenterAccess()}
     jobs = [build_alert_job(config), build_enforcement_job(config)]
     if bind_to is not None:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
+from dagster.components.component_scaffolding import scaffold_component
+
+from gpu_ops.config import load_config
 
 
 class GpuCostScaffolder(Scaffolder):
@@ -31,8 +34,6 @@ class GpuCostScaffolder(Scaffolder):
         from gpu_ops.components.scaffolding import config_ref, ensure_project_config
 
         if request.scaffold_format != "yaml":
-            from dagster.components.component_scaffolding import scaffold_component
-
             scaffold_component(request, {"config_file": config_ref(request)})
             ensure_project_config(request)
             return
@@ -63,7 +64,6 @@ class GpuCostComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from gpu_ops.alerts.definitions import build_defs as alerts_defs
-        from gpu_ops.config import load_config
         from gpu_ops.cost.definitions import build_defs as cost_defs
         from gpu_ops.resources import shared_defs
 

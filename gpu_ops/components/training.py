@@ -25,8 +25,10 @@ from typing import Any, Literal
 
 import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
+from dagster.components.component_scaffolding import scaffold_component
 from pydantic import ValidationError
 
+from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import ConfigError
 
 
@@ -81,8 +83,6 @@ class GpuTrainingScaffolder(Scaffolder):
 
     def scaffold(self, request: ScaffoldRequest) -> None:
         if request.scaffold_format != "yaml":
-            from dagster.components.component_scaffolding import scaffold_component
-
             scaffold_component(request, {})
             return
         from gpu_ops.components.scaffolding import config_ref, ensure_gpu_compute_resource, ensure_project_config
@@ -145,7 +145,6 @@ class GpuTrainingComponent(dg.Component, dg.Resolvable, dg.Model):
     job: bool = True
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from gpu_ops.compute.request import GpuRequest
         from gpu_ops.training.asset import gpu_asset, gpu_run_tags
         from gpu_ops.training.policy import PreemptionPolicy
 

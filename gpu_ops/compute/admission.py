@@ -28,6 +28,7 @@ import dagster as dg
 from pydantic import Field
 
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.config import load_config
 
 Say = Callable[[str], None]
 
@@ -47,7 +48,6 @@ class BudgetGate(dg.ConfigurableResource):
             return
         from gpu_ops.alerts.enforcement import assert_launch_allowed
         from gpu_ops.alerts.forecast import assert_forecast_allowed
-        from gpu_ops.config import load_config
 
         config = load_config(self.config_path or config_path)
         assert_launch_allowed(config, request)
@@ -80,8 +80,6 @@ class GpuAdmission(dg.ConfigurableResource):
         expired leases before they are handed on; without one only leases that recorded no
         worker are reclaimed. An admission that names no configuration reads
         ``config_path`` (the launching resource's)."""
-        from gpu_ops.config import load_config
-
         config = load_config(self.config_path or config_path)
         from gpu_ops.compute.quota import LeaseBook, Quotas
         from gpu_ops.storage.tables import TableStore

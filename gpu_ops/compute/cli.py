@@ -15,9 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import yaml
+from pydantic import ValidationError
 
 from gpu_ops.cli_types import Finite
-from gpu_ops.config import ComputeConfig
+from gpu_ops.compute.request import Attribution, GpuRequest
+from gpu_ops.config import ComputeConfig, ConfigError, load_config, parse_duration
 
 
 def plan_objects(request: Any, compute: ComputeConfig, *, asset: str = "train", run_id: str | None = None) -> list[tuple[str, dict[str, Any]]]:
@@ -62,8 +65,6 @@ def plan_estimate(request: Any, config: Any, asset: str, declared_s: float | Non
 
 
 def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
-    import yaml
-
     docs = []
     for comment, obj in objects:
         head = f"# {obj['kind']} {obj['metadata']['name']}: {comment}\n"
@@ -92,11 +93,6 @@ def render(objects: list[tuple[str, dict[str, Any]]]) -> str:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpu_ops YAML file (default: $GPU_OPS_CONFIG, then the plain defaults)")
 def plan(config_path: str | None, **opts: Any) -> None:
     """Print, as YAML, every Kubernetes object a launch would create or patch."""
-    from pydantic import ValidationError
-
-    from gpu_ops.compute.request import Attribution, GpuRequest
-    from gpu_ops.config import ConfigError, load_config
-
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -128,8 +124,6 @@ def plan(config_path: str | None, **opts: Any) -> None:
 
 
 def _declared_seconds(value: str | None) -> float | None:
-    from gpu_ops.config import parse_duration
-
     if value is None:
         return None
     try:

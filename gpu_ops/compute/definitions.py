@@ -22,6 +22,7 @@ import dagster as dg
 
 from gpu_ops.compute.resource import GpuCompute
 from gpu_ops.config import ComputeConfig, GpuOpsConfig, parse_duration
+from gpu_ops.cost.metadata import table_metadata, table_value
 
 ORPHAN_SENSOR = "gpu_orphan_cleanup_sensor"
 
@@ -85,7 +86,6 @@ def gpu_leases(context) -> Any:  # type: ignore[no-untyped-def]  # (an annotatio
     import pandas as pd
 
     from gpu_ops.compute.quota import LEASE_COLUMNS, LeaseBook, Quotas, lease_rows, scope_usage
-    from gpu_ops.cost.metadata import table_metadata, table_value
     from gpu_ops.storage.tables import TableStore
 
     config: GpuOpsConfig = context.resources.gpu_ops.load()

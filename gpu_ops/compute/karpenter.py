@@ -28,7 +28,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from gpu_ops.compute.catalog import gpu_spec
+from gpu_ops.compute.catalog import CATALOG, gpu_spec
 from gpu_ops.compute.kube import TOLERATED, api_call
 from gpu_ops.compute.naming import (
     CAPACITY,
@@ -102,8 +102,6 @@ def instance_types(request: GpuRequest) -> list[str]:
 
 def gpu_name_is_ambiguous(gpu_type: str) -> bool:
     """True when another catalog GPU shares this one's ``instance-gpu-name`` (a100)."""
-    from gpu_ops.compute.catalog import CATALOG
-
     name = gpu_spec(gpu_type).karpenter_gpu_name
     return sum(1 for s in CATALOG.values() if s.karpenter_gpu_name == name) > 1
 

@@ -45,14 +45,18 @@ not import them.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import httpx
+
 from gpu_ops.compute import fence
 from gpu_ops.compute.backend import Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
+from gpu_ops.compute.catalog import gpu_spec
 from gpu_ops.compute.karpenter import (
     DO_NOT_DISRUPT,
     NodePoolClient,
@@ -63,7 +67,10 @@ from gpu_ops.compute.karpenter import (
     pod_affinity,
     pod_node_selector,
 )
+from gpu_ops.compute.kube import TOLERATED, api_call, load_cluster_config
+from gpu_ops.compute.naming import ATTEMPT, MANAGED_BY, MANAGED_BY_VALUE, RUN_ID
 from gpu_ops.compute.request import GpuRequest
+from gpu_ops.compute.worker import is_oom
 from gpu_ops.errors import ComputeSetupError
 
 if TYPE_CHECKING:
@@ -140,8 +147,6 @@ def build_compute(
         service_template={"spec": {"template": {"spec": {"affinity": affinity}}}} if affinity else None,
     )
     if mig:
-        from gpu_ops.compute.catalog import gpu_spec
-
         resource = gpu_spec(request.gpu_type).mig_profile(mig).resource_name
         # kt.Compute has no MIG argument; this is the same container it builds.
         compute._set_container_resource(resource, str(max(request.gpus, 1)), limits=True)
@@ -152,8 +157,6 @@ def build_compute(
 
 def workload_manifest(compute: "kt.Compute", service_name: str, module_name: str = "gpu-ops") -> dict[str, Any]:
     """The workload as the controller will apply it: named, selector set, no null labels."""
-    import copy
-
     sm = compute.service_manager  # offline: builds manifests, contacts nothing
     manifest = sm._preprocess_manifest_for_launch(copy.deepcopy(compute.manifest))
     manifest = sm._update_launchtime_manifest(manifest, service_name, module_name, "")
@@ -173,7 +176,6 @@ def workload_manifest(compute: "kt.Compute", service_name: str, module_name: str
 
 def explain_setup_error(exc: BaseException, *, request: GpuRequest, launch: LaunchSettings) -> ComputeSetupError | None:
     """Turn Kubetorch's setup failures into what to fix; None for anything else."""
-    import httpx
     import kubetorch as kt
 
     name = type(exc).__name__
@@ -260,8 +262,6 @@ def collect_evidence(core: Any, namespace: str, service_name: str, pod_name: str
     ``core`` is a ``kubernetes.client.CoreV1Api``. A node that no longer exists (spot
     reclaimed it) is not an error: ``node`` is None and the events still tell.
     """
-    from gpu_ops.compute.kube import TOLERATED, api_call
-
     evidence = PodEvidence()
     pod = None
     if pod_name:
@@ -286,8 +286,6 @@ def collect_evidence(core: Any, namespace: str, service_name: str, pod_name: str
 
 def first_guess_exit(exc: BaseException, evidence: PodEvidence) -> WorkerExit:
     """A first reading of how the call ended; the training classifier has the last word."""
-    from gpu_ops.compute.worker import is_oom
-
     if getattr(exc, "remote_traceback", None) is not None and type(exc).__name__ != "PodTerminatedError":
         return WorkerExit.OOM if is_oom(exc) or "OutOfMemoryError" in type(exc).__mro__[1].__name__ else WorkerExit.ERROR
     pod = evidence.pod
@@ -323,16 +321,12 @@ class _LogBridge(logging.Handler):
 def _kube_clients(kubeconfig_path: str | None) -> tuple[Any, Any]:
     from kubernetes import client
 
-    from gpu_ops.compute.kube import load_cluster_config
-
     load_cluster_config(kubeconfig_path)
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
 def _apps_client(kubeconfig_path: str | None) -> Any:
     from kubernetes import client
-
-    from gpu_ops.compute.kube import load_cluster_config
 
     load_cluster_config(kubeconfig_path)
     return client.AppsV1Api()
@@ -412,8 +406,6 @@ class KubetorchBackend:
 
     @classmethod
     def from_resource(cls, resource: KubetorchTarget, request: GpuRequest, *, name: str, labels: dict[str, str]) -> "KubetorchBackend":
-        from gpu_ops.compute.naming import RUN_ID
-
         return cls(request, name=name, labels=labels, target=resource, run_id=labels.get(RUN_ID))
 
     @property
@@ -501,8 +493,6 @@ class KubetorchBackend:
     def selector(self) -> dict[str, str]:
         """The labels every pod of this launch carries (and only its pods): the Kubetorch
         service's name with the gpu_ops managed-by label, run id and attempt."""
-        from gpu_ops.compute.naming import ATTEMPT, MANAGED_BY, MANAGED_BY_VALUE, RUN_ID
-
         wanted = {MANAGED_BY: MANAGED_BY_VALUE, SERVICE_LABEL: self.name}
         return wanted | {k: self.labels[k] for k in (RUN_ID, ATTEMPT) if k in self.labels}
 
@@ -527,8 +517,6 @@ class KubetorchBackend:
 
     def _delete_pods(self, namespace: str, labels: str) -> Gone:
         from kubernetes import client
-
-        from gpu_ops.compute.kube import api_call
 
         core, _custom = self._clients()
         apps = self._apps()

@@ -18,6 +18,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpu_ops.compute.karpenter import NodePoolClient
 from gpu_ops.compute.naming import RUN_ID, managed_selector
 
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
@@ -100,8 +101,6 @@ class OrphanReaper:
         self.delete_service = delete_service
 
     def owned(self) -> list[Owned]:
-        from gpu_ops.compute.karpenter import NodePoolClient
-
         selector = managed_selector()
         found: list[Owned] = []
         for ns in self.namespaces:
@@ -116,8 +115,6 @@ class OrphanReaper:
         return found
 
     def sweep(self, runs: Callable[[str], RunState | None], now: dt.datetime, grace: dt.timedelta, log: Callable[[str], None]) -> list[Verdict]:
-        from gpu_ops.compute.karpenter import NodePoolClient
-
         verdicts = select_orphans(self.owned(), runs, now, grace)
         pools = NodePoolClient(self.custom)
         for v in verdicts:

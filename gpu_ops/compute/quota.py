@@ -58,6 +58,7 @@ A request that can never fit (more GPUs than the quota itself) raises
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import socket
@@ -67,6 +68,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import sqlalchemy as sa
 
 from gpu_ops.compute import fence
 from gpu_ops.compute.backend import Gone, LeaseLost
@@ -170,8 +173,6 @@ DB_NOW_SQL = {
 def db_clock(dialect: str) -> Any:
     """The database's clock as a SQL expression (seconds since the epoch), per dialect:
     every time the leases and the attempt records keep is on it."""
-    import sqlalchemy as sa
-
     return sa.literal_column(DB_NOW_SQL[dialect], sa.Float)
 
 
@@ -179,8 +180,6 @@ class LeaseBook:
     """The leases table of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
     def __init__(self, store: Any, ttl_s: float = 60.0, reclaimer: Any = None):
-        import sqlalchemy as sa
-
         # reclaimer: the backend that makes an expired lease's workers gone (``make_gone``);
         # without one, only leases that recorded no worker are reclaimed.
         self.store, self.ttl_s, self.reclaimer = store, ttl_s, reclaimer
@@ -432,8 +431,6 @@ def lease_rows(leases: Iterable[Lease], now: float) -> list[dict[str, Any]]:
     """Who holds what, one row per lease (:data:`LEASE_COLUMNS`), oldest first. Times are
     UTC datetimes on the database's clock; ``state`` is ``live``, or ``expired`` for a
     lease whose holder stopped renewing it and that the next admission reclaims."""
-    import datetime as dt
-
     def at(t: float | None) -> dt.datetime | None:
         return None if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc)
 

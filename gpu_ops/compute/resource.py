@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, dataclass_tr
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from gpu_ops.compute import fence
 from gpu_ops.compute.admission import BudgetGate, GpuAdmission
 from gpu_ops.compute.backend import Backend, HoldSink, LogSink, StartSink, WorkerReport
 from gpu_ops.compute.naming import launch_labels, launch_name
 from gpu_ops.compute.request import GpuRequest
-from gpu_ops.config import KARPENTER_DURATION, ComputeConfig
+from gpu_ops.config import KARPENTER_DURATION, ComputeConfig, gpu_ops_home
 
 CleanupPolicy = Literal["always", "on_exception", "never"]
 
@@ -378,7 +379,6 @@ class LocalGpuCompute(GpuCompute):
         if not self.standby.enabled:
             return None
         from gpu_ops.compute.standby import StandbyScope
-        from gpu_ops.config import gpu_ops_home
 
         launch = launch_name(run_id, asset_key, 0)  # the same for every attempt of this launch
         return StandbyScope(run_id=run_id or launch, launch="/".join(asset_key or []) or launch, folder=gpu_ops_home() / "standby", idle_s=self.standby.idle_s)
@@ -466,8 +466,6 @@ def _fence_folder(parent: str | None) -> Iterator[str | None]:
 def _fenced_env(env: dict[str, str] | None, heartbeat: Any, fence_path: str | None) -> dict[str, str]:
     out = dict(env or {})
     if heartbeat is not None and fence_path is not None:
-        from gpu_ops.compute import fence
-
         out[fence.FENCE_ENV] = fence_path
         out[fence.GRACE_ENV] = str(heartbeat.book.ttl_s * fence.GRACE_FRACTION)
     return out

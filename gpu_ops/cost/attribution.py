@@ -21,6 +21,7 @@ import pandas as pd
 from gpu_ops.config import group_column
 from gpu_ops.cost.allocate import IDLE, METRIC_COLUMNS  # noqa: F401  (IDLE re-exported: the idle row's key, as it was here)
 from gpu_ops.cost.rules import label_value
+from gpu_ops.cost.stored import stored_attribution
 from gpu_ops.cost.usage import const_column
 
 DAY_NS = 86_400 * 10**9
@@ -106,8 +107,6 @@ def attribute(rows: pd.DataFrame, group_by: Sequence[str], idle: str = "row") ->
     NaN for a group with any GPU type that has no on-demand price (never silently 0).
     """
     import duckdb
-
-    from gpu_ops.cost.stored import stored_attribution
 
     con = duckdb.connect()
     try:

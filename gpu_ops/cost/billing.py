@@ -49,9 +49,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from gpu_ops.compute.catalog import CATALOG
+from gpu_ops.config import gpu_ops_home
+from gpu_ops.cost.inventory import load_inventory
 from gpu_ops.cost.read import first_line, handler_failures, header_names, ragged_line, write_without_ragged_lines
+from gpu_ops.cost.sources import SourceSet
 from gpu_ops.cost.usage import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import BillingSourceError
 from gpu_ops.formatting import not_utf8
@@ -138,9 +145,6 @@ def _csv_batches(path: Path, source: Path, cols: list[str], batch_rows: int, ski
     """``cols`` of the CSV ``source`` in batches, cells as bytes (a cell that is not UTF-8
     costs its line: :func:`_as_text`); each line of the wrong number of fields appended to
     ``skipped`` (data row, reason) as the reader meets it, and left out."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     def bad_line(row: Any) -> str:
         skipped.append(ragged_line(row.number - 1, row.expected_columns, row.actual_columns))
         return "skip"
@@ -157,9 +161,6 @@ def _csv_batches(path: Path, source: Path, cols: list[str], batch_rows: int, ski
 
 
 def _parquet_batches(path: Path, batch_rows: int) -> Iterator[Any]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
         names = list(pf.schema_arrow.names)
@@ -179,9 +180,6 @@ def _as_text(col: Any) -> tuple[Any, dict[int, str]]:
     """A column as text, and position -> reason of each cell of a binary column that is not
     UTF-8 (blanked in the text): one cast when every cell is UTF-8, Python only for a
     batch where one is not."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     try:
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col.validate(full=True)  # Parquet text is not checked as it is read
@@ -201,9 +199,6 @@ def _as_text(col: Any) -> tuple[Any, dict[int, str]]:
 def _relevant(batch: Any) -> Any:
     """Instance-hour lines of an ``i-…`` resource (the rest of the bill is never kept), and
     lines whose resource or usage type is not UTF-8 (which cannot be told apart: quarantined)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     (resource, bad_resource), (usage, bad_usage) = _as_text(batch.column(RESOURCE)), _as_text(batch.column(USAGE_TYPE))
     keep = pc.and_(pc.match_substring_regex(resource, _INSTANCE_ID.pattern), pc.match_substring_regex(usage, _INSTANCE_HOURS))
     keep = np.asarray(pc.fill_null(keep, False), dtype=bool)
@@ -216,9 +211,6 @@ def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
     the parsed start (``start_ns``) and, for a line that cannot be read, the field and
     reason (a cell that is not UTF-8 is blanked and named): Arrow all the way, no Python
     object per cell."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = batch.num_rows
     arrays, start_ns = [], None
     problems: dict[int, tuple[str, str]] = {}
@@ -245,8 +237,6 @@ def _uniform(batch: Any, location: str, rows: np.ndarray, version: int) -> Any:
 
 def _unread_lines(skipped: list[tuple[int, str]], location: str, version: int) -> Any:
     """Index rows for lines the reader left out (wrong number of fields): blank, named ``<line>``."""
-    import pyarrow as pa
-
     n = len(skipped)
     arrays = [pa.array([""] * n, pa.string()) for _ in CUR_COLUMNS]
     arrays += [pa.array([location] * n, pa.string()), pa.array([r for r, _ in skipped], pa.int64()), pa.array(np.full(n, version, np.int64)),
@@ -265,9 +255,6 @@ def _frame(table: Any) -> pd.DataFrame:
 def _parse_start(text: Any) -> np.ndarray:
     """ISO 8601 texts (an Arrow string array, or objects) -> UTC ns, the NaT sentinel where
     unparseable or outside what a time can hold; each distinct text parsed once."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     encoded = pc.dictionary_encode(pa.array(text, pa.string()) if not isinstance(text, pa.Array) else text)
     uniques = pd.Series(encoded.dictionary.to_pylist(), dtype=object).str.strip()
     parsed = pd.to_datetime(uniques, utc=True, errors="coerce", format="ISO8601")
@@ -296,8 +283,6 @@ def _file_lines(path: Path, batch_rows: int, clean: Path | None = None, skipped:
     """The relevant lines of one file (Arrow batches from :func:`_uniform`), with their row
     numbers (1-based), then the lines that could not be read. ``clean``: read this copy of
     a CSV instead (``skipped``: the lines it leaves out)."""
-    import pyarrow as pa
-
     version = path.stat().st_mtime_ns
     skipped = [] if skipped is None else skipped
     if path.name.endswith(".parquet"):
@@ -344,8 +329,6 @@ def _read_lines(path: Path, batch_rows: int, consume: Any, restart: Any = None) 
 def read_cur(patterns: Iterable[str], base_dir: Path | None = None, batch_rows: int = 16_384) -> pd.DataFrame:
     """Every instance-hour line of the CUR files (CSV or Parquet) as text, with file and row.
     (:class:`CurIndex` reads one day of them; this reads them all, for small bills and tests.)"""
-    import pyarrow as pa
-
     batches = [b for path in cur_files(patterns, base_dir) for b in _read_lines(path, batch_rows, list)]
     return _frame(pa.Table.from_batches(batches)) if batches else _empty_lines()
 
@@ -362,9 +345,6 @@ def _empty_lines() -> pd.DataFrame:
 def _write_days(folder: Path, lines: Iterator[Any]) -> list[str]:
     """Index batches into ``folder``: one Parquet file per UTC day of their start
     (``unknown``: no readable start). Returns the days written."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     writers: dict[str, Any] = {}
     try:
         for batch in lines:
@@ -440,8 +420,6 @@ class CurIndex:
 
     def day_lines(self, files: Iterable[Path], day: Any) -> pd.DataFrame:
         """The lines of every file that start on ``day`` (UTC), and those whose start is unreadable."""
-        import pyarrow.parquet as pq
-
         name = f"{pd.Timestamp(day):%Y-%m-%d}"
         frames = []
         for path in files:
@@ -857,8 +835,6 @@ class Settlement:
 def index_folder(config: Any) -> Path:
     """Where the per-day CUR index lives: ``usage.billing.index_path`` (relative to the
     configuration file), else ``<GPU_OPS_HOME>/cur_index``."""
-    from gpu_ops.config import gpu_ops_home
-
     path = config.usage.billing.index_path
     if path is None:
         return gpu_ops_home() / "cur_index"
@@ -870,9 +846,6 @@ def settle_billing(config: Any, table: pd.DataFrame, first: Any, last: Any, stor
     """Read the bill (``usage.billing``) day by day, reconcile each day of ``first..last``
     against the fleet in ``table`` and, with ``prices.from_bill``, re-price the days that
     reconcile at the bill."""
-    from gpu_ops.cost.inventory import load_inventory
-    from gpu_ops.cost.sources import SourceSet
-
     billing = config.usage.billing
     node_ids = node_instance_ids(load_inventory(SourceSet.from_config(config), store))
     files = cur_files([billing.path], config.base_dir)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.check_result import CheckResult, folder_setting
+from gpu_ops.cost.billing import index_folder
+from gpu_ops.cost.read import INVENTORY, probe_files
+from gpu_ops.cost.sources import SourceSet
 
 
 def check_cur_index(config: GpuOpsConfig) -> CheckResult:
     """``usage.billing.index_path`` (default ``<GPU_OPS_HOME>/cur_index``): the folder the
     per-day index of each CUR file is written to."""
-    from gpu_ops.cost.billing import index_folder
-
     if config.usage.billing is None:
         return CheckResult("cur_index", "skipped", "no usage.billing: no CUR file is indexed")
     path = index_folder(config)
@@ -24,9 +25,6 @@ def check_usage_sources(config: GpuOpsConfig) -> CheckResult:
     file, and the files open with the format's columns, judged as the read judges them
     (headers and Parquet footers only).
     A ``{date}`` placeholder is checked as any day (``*``)."""
-    from gpu_ops.cost.read import INVENTORY, probe_files
-    from gpu_ops.cost.sources import SourceSet
-
     sources = SourceSet.from_config(config)
     if not sources.usage_files and not sources.inventory_files:
         return CheckResult("usage_sources", "skipped", "no file sources configured (usage comes from the ledger or the collector)")

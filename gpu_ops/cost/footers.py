@@ -26,6 +26,7 @@ where an operator looks. A summary is a few hundred bytes; one query reads them 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import time
@@ -133,7 +134,6 @@ class FooterCache:
         """Store the summaries remembered (replacing older rows of the same files); how many."""
         if not self._new:
             return 0
-        import datetime as dt
 
         at = dt.datetime.now(dt.timezone.utc)
         rows = [

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas.arrays import DatetimeArray
 
 QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 
@@ -18,8 +19,6 @@ def utc_series(ns: np.ndarray, index: Any = None) -> pd.Series:
     dtype=...)`` copy or convert every value; at ten million rows each costs as much as
     pricing them. The values already are UTC instants, so they are wrapped as they are.
     """
-    from pandas.arrays import DatetimeArray
-
     values = np.asarray(ns, dtype=np.int64).view("datetime64[ns]")
     return pd.Series(DatetimeArray._simple_new(values, dtype=pd.DatetimeTZDtype("ns", "UTC")), index=index, copy=False)
 

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type, gpu_spec
+from gpu_ops.compute.kube import load_cluster_config
 from gpu_ops.cost.columns import DEFAULT_LABEL_KEYS
 
 COLLECTED_PODS_TABLE = "gpu_usage_collected"
@@ -281,8 +282,6 @@ def drop_expired(recorded: pd.DataFrame, observed_at: dt.datetime, retention_day
 def core_v1_api() -> Any:
     """A CoreV1Api from in-cluster config, else the kubeconfig (``KUBECONFIG``)."""
     from kubernetes import client
-
-    from gpu_ops.compute.kube import load_cluster_config
 
     def explain(exc: Exception) -> Exception:
         return RuntimeError(

@@ -17,7 +17,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from gpu_ops.cost import kubernetes as k8s
 from gpu_ops.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, priced_sql
 from gpu_ops.cost.attribution import day_window, utc
 from gpu_ops.cost.columns import attribution_columns  # noqa: F401  (re-exported: part of the flow's API)
@@ -247,8 +249,6 @@ def load_raw(
         usage.frames.append(read_ledger(store, window, stats))
     collect(sources, store, core_api_factory, now)
     if sources.kubernetes:
-        from gpu_ops.cost import kubernetes as k8s
-
         usage.frames.append(read_intervals(store, k8s.COLLECTED_PODS_TABLE, window, stats))
     usage.frames = [f for f in usage.frames if len(f.columns)]
     if window is not None and (sources.ledger or sources.kubernetes):
@@ -275,8 +275,6 @@ def _with_closed_twins(usage: UsageInput, sources: SourceSet, store: Any, window
     """The table frames plus the table rows that ended before ``window`` but share
     (namespace, pod, start) with a running row read for it (from a file or a table): the
     closed record supersedes the open one, so a bounded read must see it too."""
-    from gpu_ops.cost import kubernetes as k8s
-
     flat = sorted({t for f in usage.frames for t in running_starts(f, window.start)} | set(_file_running_starts(usage, window)))
     if not flat:
         return usage.frames
@@ -291,8 +289,6 @@ def _with_closed_twins(usage: UsageInput, sources: SourceSet, store: Any, window
 def _file_running_starts(usage: UsageInput, window: Window) -> list[pd.Timestamp]:
     """Start times of the named, still-running rows of the files (their closed twin may be
     in a table, outside the window's range query)."""
-    import pyarrow as pa
-
     out = []
     for f in usage.files:
         if not {"start", "end", "pod"} <= set(f.table.column_names if f.scan is None else f.scan.schema.names):
@@ -402,7 +398,6 @@ def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] 
     recorded in ``store``; returns how many pods and nodes were seen. No-op without such sources."""
     if not (sources.kubernetes or sources.inventory_karpenter):
         return {"pods": 0, "nodes": 0}
-    from gpu_ops.cost import kubernetes as k8s
 
     if store is None:
         raise ValueError("the Kubernetes collector records what it sees in the storage database: give a store")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_ops.compute.catalog import PRICE_CHECK_CURRENCIES, UnknownGpuType, canonical_gpu_type, price_problem
 from gpu_ops.cost.columns import CAPACITY_TYPES
 
 if TYPE_CHECKING:
@@ -100,8 +101,6 @@ def _positive(value: Any) -> bool:
 
 def _gpu_entry(name: Any, entry: Any, check: bool) -> tuple[str, dict[str, float]] | None:
     """(canonical name, prices) of one plain, plausible entry, or None."""
-    from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type, price_problem
-
     if not isinstance(name, str) or not isinstance(entry, Mapping) or not entry:
         return None
     deliberate = entry.get("deliberate", False)
@@ -134,8 +133,6 @@ def _regions(data: Any) -> dict[str, float] | None:
 def plain_price_matrix(data: Any) -> PriceMatrix | None:
     """A :class:`PriceMatrix` from a prices file's plain, valid mapping; None when the
     :class:`~gpu_ops.config.PriceTable` model must judge it (errors, unusual forms)."""
-    from gpu_ops.compute.catalog import PRICE_CHECK_CURRENCIES
-
     if not isinstance(data, Mapping) or set(data) - _PRICE_KEYS or not isinstance(data.get("gpus"), Mapping):
         return None
     currency, source = data.get("currency", "USD"), data.get("source")

@@ -13,9 +13,15 @@ them into ``storage.row_level_path``, or loads them into the SQL store.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpu_ops.cost.allocate import IDLE, Groups, Idle, Span, attribute, idle_sql, pieces_sql, priced_sql
 from gpu_ops.cost.engine import UsageEngine
@@ -45,10 +51,6 @@ _US_PER_DAY = 86_400 * 10**6
 def usage_schema() -> Any:
     """The Arrow schema of the stored table (with the pandas metadata of the frame it
     was written from before: ``row`` reads back as nullable integers, times as UTC)."""
-    import numpy as np
-    import pandas as pd
-    import pyarrow as pa
-
     template = {}
     for c in USAGE_TABLE_COLUMNS:
         if c in TIME_COLUMNS:
@@ -134,8 +136,6 @@ class UsageTotals:
         return self.fleet_cost if self.idle_rows else None
 
     def add(self, batch: Any, idle: bool) -> None:
-        import pyarrow.compute as pc
-
         def total(c: str) -> float:
             return float(pc.sum(batch.column(c)).as_py() or 0.0)
 
@@ -161,8 +161,6 @@ class StoredUsage:
 
 def _typed(batch: Any, schema: Any) -> Any:
     """A batch of the stored columns (times as integer nanoseconds) in ``schema``'s types."""
-    import pyarrow as pa
-
     def typed(f: Any) -> Any:
         values = batch.column(f.name)
         if pa.types.is_timestamp(f.type):
@@ -173,15 +171,11 @@ def _typed(batch: Any, schema: Any) -> Any:
 
 
 def _day_key(day_ns: int) -> str:
-    import datetime as dt
-
     return (dt.date(1970, 1, 1) + dt.timedelta(days=day_ns // (_US_PER_DAY * 1000))).isoformat()
 
 
 def _write(con: Any, sql: str, writer: PartitionWriter, totals: UsageTotals, idle: bool) -> None:
     """Stream ``sql``'s rows into the day files, one row group per batch and day."""
-    import pyarrow.compute as pc
-
     reader = con.sql(sql).to_arrow_reader(_BATCH)
     for raw in reader:
         batch = _typed(raw, writer.schema)

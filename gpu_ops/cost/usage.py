@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpu_ops.cost.engine import validate
 from gpu_ops.cost.frames import QUARANTINE_COLUMNS, empty_quarantine, utc_series  # noqa: F401  (re-exported: their home was here)
 from gpu_ops.cost.pricing import PriceMatrix
 from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
+from gpu_ops.cost.read import INVENTORY, USAGE
 from gpu_ops.cost.rules import CONTROL, FILE_FIELD
 
 if TYPE_CHECKING:
@@ -221,9 +223,6 @@ def validate_usage(raw: pd.DataFrame, prices: PriceMatrix, required: Sequence[st
     shape (good rows typed, canonical and priced; the quarantine), computed by the engine
     and its rule book (``required=("node",)``: the node inventory's rules). The pandas
     reader it was lives on as the tests' oracle."""
-    from gpu_ops.cost.engine import validate
-    from gpu_ops.cost.read import INVENTORY, USAGE
-
     warnings.warn(
         "gpu_ops.validate_usage is deprecated; usage is checked by the cost engine (gpu_ops.cost.engine.validate)",
         DeprecationWarning, stacklevel=2,

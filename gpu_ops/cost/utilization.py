@@ -1,6 +1,6 @@
 """GPU efficiency from DCGM metrics (dcgm-exporter) read through the Prometheus HTTP API.
 
-Pure logic, no Dagster; the bounded HTTP client and ijson are imported when a query runs.
+Pure logic, no Dagster.
 
 - Every answer is bounded (:mod:`gpu_ops.bounded_http`): ``timeout_s`` is a total deadline
   per query, at most ``max_response_bytes`` are read, and the JSON is parsed as it streams
@@ -43,10 +43,15 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import ijson
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from gpu_ops.bounded_http import Bounds, RemoteError, exchange
 from gpu_ops.config import UtilizationConfig, parse_duration
+from gpu_ops.cost.attribution import is_idle, key_column, key_frame
 from gpu_ops.formatting import redact_url
 from gpu_ops.errors import UtilizationError
 
@@ -243,10 +248,6 @@ class PrometheusClient:
     def query_range(self, query: str, start: float, end: float) -> list[Series]:
         """``/api/v1/query_range`` (a matrix), times in Unix seconds, parsed as it streams in
         within ``timeout_s`` (total), ``max_response_bytes`` and ``max_samples``."""
-        import ijson
-
-        from gpu_ops.bounded_http import Bounds, RemoteError, exchange
-
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.step_s:g}s"}
         url = self.config.url.rstrip("/") + "/api/v1/query_range?" + urllib.parse.urlencode(params)
         bounds = Bounds(self.config.timeout_s, self.config.max_response_bytes)
@@ -404,8 +405,6 @@ def _codes_in(values: pd.Series, index: pd.Index) -> np.ndarray:
         lut = np.append(index.get_indexer(values.cat.categories.astype(str)), -1)
         return lut[values.cat.codes.to_numpy()]  # code -1 (missing) lands on the trailing -1
     if hasattr(values.array, "__arrow_array__"):  # Arrow-backed text (Parquet): looked up in Arrow
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
         found = pc.index_in(pa.array(values.array), value_set=pa.array(index.to_numpy(dtype=object), pa.string()))
         return np.asarray(found.fill_null(-1), dtype=np.int64)
@@ -495,8 +494,6 @@ def join_efficiency(rows: pd.DataFrame, samples: pd.DataFrame | None, step_s: fl
     ``samples``: per-pod steps from :func:`fetch_samples` (None: no utilisation source;
     every column NaN). Idle rows and pieces without any metrics stay NaN.
     """
-    from gpu_ops.cost.attribution import is_idle
-
     n = len(rows)
     if samples is None or not len(samples) or not n:  # no metrics: columns already empty stay as they are (no second copy)
         return rows.assign(**{c: np.full(n, np.nan) for c in EFFICIENCY_COLUMNS if not _all_nan(rows, c)})
@@ -536,8 +533,6 @@ def join_efficiency(rows: pd.DataFrame, samples: pd.DataFrame | None, step_s: fl
 
 def _allocated(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows that are not idle (``rows`` itself when none is: no copy, no text column built)."""
-    from gpu_ops.cost.attribution import is_idle
-
     idle = is_idle(rows)
     return rows[~idle] if idle.any() else rows
 
@@ -570,8 +565,6 @@ _MEASURED_SUMS = ("active_gpu_hours", "metered_gpu_hours", "unused_cost_usd")  #
 def group_efficiency(table: pd.DataFrame, rows: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
     """Attribution ``table`` with ``active_gpu_hours``, ``efficiency`` and ``unused_cost_usd``
     per group (summed from the usage rows; NaN for a group without metrics and for idle)."""
-    from gpu_ops.cost.attribution import key_column, key_frame
-
     table = table.drop(columns=[c for c in GROUP_COLUMNS if c in table])
     key_cols = [key_column(k) for k in group_by]
     if not len(table) or "metered_gpu_hours" not in rows or not key_cols:

@@ -40,6 +40,7 @@ results without it:
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import glob as globmod
 import re
 from dataclasses import dataclass, field
@@ -233,8 +234,6 @@ def _older_reaching(pattern: str, base_dir: Path | None, window: Window, lo: dt.
     some interval reaches ``window``: an interval longer than ``lookback_days`` is read
     (and reported) rather than silently priced at $0. Footers only; CSV files of those
     days cannot be judged without reading them and follow ``lookback_days``."""
-    import fnmatch
-
     out = []
     for path in expand_pattern(pattern.replace(DATE_PLACEHOLDER, "*"), base_dir, missing_ok=True):
         if path.suffix.lower() not in (".parquet", ".pq"):

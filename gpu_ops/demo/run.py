@@ -21,9 +21,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+import dagster as dg
+import pandas as pd
 
+from gpu_ops.alerts.sensor import launch_requests, tick
+from gpu_ops.alerts.state import AlertCursor
 from gpu_ops.config import DEMO_CONFIG, GpuOpsConfig, demo_home, load_config
+from gpu_ops.cost.definitions import DAILY_JOB
 from gpu_ops.formatting import gpu_hours, money, percent
+from gpu_ops.location import build_defs
+from gpu_ops.storage.tables import TableStore
+from gpu_ops.training.checkpoint import checkpoint_root
+from gpu_ops.training.demo_run import materialize_with_preemption
+from gpu_ops.validate import run_checks
 
 Echo = Callable[[str], None]
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -31,9 +41,6 @@ QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 def _reset_demo_state(config: GpuOpsConfig, home: Path, echo: Echo) -> None:
     """The bundled demo starts from nothing each time: its database, instance, checkpoints."""
-    from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.checkpoint import checkpoint_root
-
     TableStore.dispose_all()
     url = config.storage.resolved_url()
     db = Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
@@ -52,16 +59,6 @@ def _demo_days(config: GpuOpsConfig) -> list[str]:
 
 
 def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo = click.echo) -> int:
-    import dagster as dg
-
-    from gpu_ops.alerts.sensor import launch_requests, tick
-    from gpu_ops.alerts.state import AlertCursor
-    from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.location import build_defs
-    from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.demo_run import materialize_with_preemption
-    from gpu_ops.validate import run_checks
-
     config_path = str(config_path or DEMO_CONFIG)  # the demo's configuration unless another is named
     config = load_config(config_path)
     home = demo_home()
@@ -168,8 +165,6 @@ def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
 
 
 def _summarize(config: GpuOpsConfig, store: Any, training: dict[str, Any], days: list[str], alert_runs: list, echo: Echo) -> None:
-    import pandas as pd
-
     simulated = " simulated" if str(training.get("pricing", "")).startswith("simulated") else ""
     echo(
         f"  training: {training['attempts']} attempts, {training['preemptions']} preemption(s), final_loss "

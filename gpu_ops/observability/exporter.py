@@ -34,8 +34,11 @@ from typing import Any
 import click
 
 from gpu_ops.cli_types import seconds
+from gpu_ops.config import load_config
 from gpu_ops.observability.metrics import Family, families
 from gpu_ops.observability.readers import DEFAULT_DEADLINE_S, Reader
+from gpu_ops.storage.files import PartitionFiles
+from gpu_ops.storage.tables import TableStore
 
 log = logging.getLogger("gpu_ops.exporter")
 DEFAULT_PORT = 9464
@@ -122,10 +125,6 @@ class Scrapes:
 
 
 def reader_from_config(config_path: str | None, per_pod: bool, history_s: float = 0.0, deadline_s: float = DEFAULT_DEADLINE_S) -> Reader:
-    from gpu_ops.config import load_config
-    from gpu_ops.storage.files import PartitionFiles
-    from gpu_ops.storage.tables import TableStore
-
     cfg = load_config(config_path)
     quotas = {"team": dict(cfg.compute.quotas.team), "pool": dict(cfg.compute.quotas.pool)}
     files = PartitionFiles(cfg.storage.row_level_path) if cfg.storage.row_level_path else None

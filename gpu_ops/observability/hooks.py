@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_ops.formatting import redact_urls
 from gpu_ops.observability import mlflow_runs, tracing
 from gpu_ops.observability.outbox import Record
 
@@ -110,6 +111,4 @@ def partition_materialized(context: Any, asset: str, figures: Mapping[str, Any])
         if not tracing.partition_span(asset, list(context.partition_keys), started, now, figures, run_id=context.run.run_id):
             context.log.warning(f"no trace span for {asset}: not sent within {tracing.PARTITION_DEADLINE_S:g} s (see the gpu_ops.tracing log)")
     except Exception as exc:  # noqa: BLE001
-        from gpu_ops.formatting import redact_urls
-
         context.log.warning(f"no trace span for {asset}: {type(exc).__name__}: {redact_urls(str(exc))}")

@@ -21,6 +21,7 @@ rows, :mod:`gpu_ops.observability.exporter` turns the families into exposition t
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -376,8 +377,6 @@ def health_families(s: Snapshot) -> list[Family]:
 
 def partition_timestamp(partition_key: str) -> float:
     """A daily partition key's UTC midnight as Unix seconds."""
-    import datetime as dt
-
     day = dt.date.fromisoformat(str(partition_key)[:10])
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp()
 

@@ -21,6 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
 from gpu_ops.compute.quota import db_clock
 from gpu_ops.training.attempts import Owner
 
@@ -69,8 +72,6 @@ class Outbox:
     """The outbox of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
     def __init__(self, store: Any):
-        import sqlalchemy as sa
-
         self.store, self._sa = store, sa
         self.db_now = db_clock(store.dialect)
         F, T, I = sa.Float, sa.Text, sa.Integer  # noqa: E741, N806
@@ -96,8 +97,6 @@ class Outbox:
     def enqueue(self, conn: Any, records: Sequence[Record]) -> tuple[str, ...]:
         """Queue ``records`` in the caller's transaction (after :meth:`ensure`); their ids.
         A record queued already is left as it is."""
-        from sqlalchemy.dialects import postgresql, sqlite
-
         if not records:
             return ()
         insert = (postgresql.insert if self.store.dialect == "postgresql" else sqlite.insert)(self.table)

@@ -32,8 +32,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import duckdb
+import pandas as pd
 import sqlalchemy as sa
 
+from gpu_ops.alerts.intraday import read_accrual
 from gpu_ops.compute.quota import DB_NOW_SQL
 from gpu_ops.observability.metrics import Snapshot, month_start
 from gpu_ops.storage.files import PartitionFiles
@@ -295,7 +298,6 @@ class Reader:
         out: dict[str, Any] = {"newest": {USAGE: newest}}
         if newest is None:
             return out
-        import duckdb
 
         path = str(self.files.path(USAGE, newest))
         con = duckdb.connect()
@@ -407,10 +409,6 @@ class Reader:
         budget_alert_sensor prices it (:func:`gpu_ops.alerts.intraday.read_accrual`), per
         team, project, asset and state; every read of it on the read-only connections of
         the other sources, under the same deadline."""
-        import pandas as pd
-
-        from gpu_ops.alerts.intraday import read_accrual
-
         with self.store.reading(deadline) as conn:
             newest = self._newest(conn, "gpu_budget_status")
         if newest is None:

@@ -28,6 +28,7 @@ from typing import Any
 from gpu_ops.bounded_http import describe_failure
 from gpu_ops.observability import mlflow_runs, tracing
 from gpu_ops.observability.outbox import CLAIM_MARGIN_S, Entry, Outbox
+from gpu_ops.training import ledger
 
 JOIN_MARGIN_S = 0.1  # the owner's wait beyond the export deadline (the claim's and the mark's writes)
 DRAIN_BUDGET_S = 10.0
@@ -62,8 +63,6 @@ class Delivery:
 def deliver(store: Any, entry: Entry, deadline_s: float, box: Outbox | None = None) -> Delivery | None:
     """Claim ``entry``, export it within ``deadline_s``, mark it; None when it was not ours
     to send (sent already, or claimed by a live sender)."""
-    from gpu_ops.training import ledger
-
     box = box or Outbox(store)
     token = box.claim(entry, deadline_s + CLAIM_MARGIN_S)
     if token is None:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gpu_ops._gc import freed_blocks_back_at_once
 from gpu_ops.storage.errors import StorageError
@@ -97,8 +99,6 @@ class PartitionFiles:
 
     def parts(self, name: str, partition_keys: Iterable[str]) -> "ParquetParts":
         """The files of ``partition_keys`` that exist, by reference (not read)."""
-        import pyarrow.parquet as pq
-
         paths = {k: self.path(name, k) for k in partition_keys if self.path(name, k).exists()}
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths.values())
         return ParquetParts(paths, rows, pq.read_schema(next(iter(paths.values()))) if paths else None)
@@ -107,9 +107,6 @@ class PartitionFiles:
         """Rows of the partitions that have a file (all when ``partition_keys`` is None),
         with ``partition_key`` when more than one was asked for; with ``columns``, only
         those of them the files have."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         freed_blocks_back_at_once()  # a day's columns, read and converted one after another
         keys = list(partition_keys) if partition_keys is not None else self.partitions(name)
         tables = []
@@ -167,9 +164,6 @@ class ParquetParts:
 
     def to_pandas(self) -> pd.DataFrame:
         """The rows as one frame, with ``partition_key`` (the storage boundary of a SQL store)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         tables = []
         for key, path in self.paths.items():
             t = pq.read_table(path)
@@ -194,8 +188,6 @@ class PartitionWriter:
     rows: int = 0
 
     def _writer(self, key: str) -> Any:
-        import pyarrow.parquet as pq
-
         if key not in self.writers:
             if key not in self.keys:
                 raise StorageError(f"rows for partition {key!r} outside the ones written {list(self.keys)[:5]}")
@@ -219,8 +211,6 @@ class PartitionWriter:
 
 def _is_text(t: Any) -> bool:
     """Text, or a column of no type (a day written without rows)."""
-    import pyarrow as pa
-
     if pa.types.is_dictionary(t):
         t = t.value_type
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
@@ -233,8 +223,6 @@ def _text_unified(tables: list[Any]) -> list[Any]:
     frame written, or a day without rows): a dictionary of int32 indices over strings in
     all of them. Other differences (plain text beside no type, integers beside floats, a
     column a partition lacks) are Arrow's permissive promotion's."""
-    import pyarrow as pa
-
     types: dict[str, set[Any]] = {}
     for t in tables:
         for f in t.schema:
@@ -256,9 +244,6 @@ def _write_slices(df: pd.DataFrame, path: Path) -> None:
     of the whole frame. A categorical column's categories are converted to Arrow once,
     each slice a dictionary array of its codes over them (converting the slice would
     convert every category again: a day's million pods, four times over)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     schema = _plain_text(pa.Schema.from_pandas(df, preserve_index=False))  # types from all rows, not the first slice
     categorical = [c for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)]
     words = {c: _words(df[c].cat.categories, schema.field(c).type.value_type) for c in categorical}
@@ -279,8 +264,6 @@ def _write_slices(df: pd.DataFrame, path: Path) -> None:
 def _plain_text(schema: Any) -> Any:
     """``schema`` with a dictionary of Arrow-backed text categories (``large_string``
     values) as ``string`` values: the file Python-string categories give."""
-    import pyarrow as pa
-
     for i, f in enumerate(schema):
         if pa.types.is_dictionary(f.type) and pa.types.is_large_string(f.type.value_type):
             schema = schema.set(i, f.with_type(pa.dictionary(f.type.index_type, pa.string(), f.type.ordered)))
@@ -290,8 +273,6 @@ def _plain_text(schema: Any) -> Any:
 def _words(categories: pd.Index, kind: Any) -> Any:
     """A categorical's categories as an Arrow array of ``kind``: Arrow-backed text taken
     as it is (no Python string per category), other categories converted."""
-    import pyarrow as pa
-
     if isinstance(categories.array, pd.arrays.ArrowStringArray):
         return pa.array(categories.array).cast(kind)
     return pa.array(categories.to_numpy(dtype=object), type=kind)
@@ -299,7 +280,5 @@ def _words(categories: pd.Index, kind: Any) -> Any:
 
 def _dictionary(s: pd.Series, words: Any, kind: Any) -> Any:
     """A categorical slice as an Arrow dictionary array over ``words`` (its categories, converted once)."""
-    import pyarrow as pa
-
     codes = s.cat.codes.to_numpy()
     return pa.DictionaryArray.from_arrays(pa.array(codes, type=kind.index_type, mask=codes < 0), words, ordered=kind.ordered)

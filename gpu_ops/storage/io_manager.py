@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field
 
+from gpu_ops.config import resolve_storage_url
+
 if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
 
@@ -134,7 +136,6 @@ class TableIOManager(dg.ConfigurableIOManager):
         return PartitionFiles(self.row_level_path)
 
     def _store(self) -> "TableStore":
-        from gpu_ops.config import resolve_storage_url
         from gpu_ops.storage.tables import TableStore
 
         return TableStore(

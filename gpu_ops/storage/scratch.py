@@ -6,15 +6,15 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 
+import sqlalchemy as sa
+
+from gpu_ops.storage.tables import TableStore
+
 
 @contextlib.contextmanager
 def scratch_database(admin_url: str, prefix: str = "gpu_ops_scratch") -> Iterator[str]:
     """Create a fresh database next to ``admin_url``'s, yield its URL, then drop it
     (terminating what is still connected)."""
-    import sqlalchemy as sa
-
-    from gpu_ops.storage.tables import TableStore
-
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(admin_url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

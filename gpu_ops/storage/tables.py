@@ -32,6 +32,7 @@ import datetime as dt
 import io
 import json
 import math
+import pathlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,6 +41,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
@@ -216,8 +219,6 @@ def _arrow_column(series: pd.Series, kind: str, text_categories: bool = False) -
     """One column as an Arrow array for CSV (nulls for None/NaN/NaT, as _encode gives).
     ``text_categories``: :func:`_text_categories` of the whole column (judged once, not
     per slice: a million-category column costs a second per check)."""
-    import pyarrow as pa
-
     if kind == "datetime":
         # UTC wall time without a zone (the COPY runs with TimeZone UTC): Arrow writes
         # zone-less timestamps as CSV fifteen times faster than zoned ones.
@@ -255,9 +256,6 @@ class _CsvStream(io.RawIOBase):
         return True
 
     def _next(self) -> bytes:
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-
         part = self._df.iloc[self._at : self._at + self.ROWS]
         self._at += self.ROWS
         table = pa.table({c: _arrow_column(part[c], self._kinds[c], self._text[c]) for c in part.columns})
@@ -279,9 +277,6 @@ class _CsvStream(io.RawIOBase):
 def _copy_out(conn: sa.Connection, query: sa.Select, kinds: Mapping[str, str]) -> pd.DataFrame:
     """Run ``query`` as COPY ... TO STDOUT and parse the CSV with Arrow (columns typed by
     their recorded kinds): a twentieth of the time of fetching rows as Python tuples."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     names = [c.name for c in query.selected_columns]
     # Timestamps leave as UTC wall time, which Arrow parses without a zone suffix.
     utc_cols = [sa.func.timezone("UTC", c).label(c.name) if kinds.get(c.name) == "datetime" else c for c in query.selected_columns]
@@ -838,8 +833,6 @@ def _create_engine(url: str, connect_timeout_s: float, statement_timeout_s: floa
 
 def _sqlite_engine(url: str, parsed: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
     if parsed.database and parsed.database != ":memory:":
-        import pathlib
-
         pathlib.Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
 

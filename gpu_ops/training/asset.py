@@ -46,7 +46,7 @@ from gpu_ops.compute.catalog import gpu_share
 from gpu_ops.compute.naming import launch_name
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.compute.resource import GpuCompute
-from gpu_ops.config import GpuOpsConfig, load_config
+from gpu_ops.config import GpuOpsConfig, load_config, parse_duration
 from gpu_ops.cost.columns import CAPACITY_TYPES
 from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
 from gpu_ops.training.classify import Classification, Outcome, classify_exception, classify_report
@@ -885,7 +885,6 @@ def _declared_seconds(value: str | float | None) -> float | None:
     """``expected_duration`` in seconds (a duration such as ``2h``, or a number of seconds)."""
     if value is None:
         return None
-    from gpu_ops.config import parse_duration
 
     seconds = parse_duration(value).total_seconds()
     if not seconds > 0:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
 from gpu_ops.compute.quota import db_clock
 from gpu_ops.training.attempts import OPEN_STATES, Attempt, Decision, Owner, State
 
@@ -49,8 +52,6 @@ class AttemptStore:
     """The attempt records of one gpu_ops database (a :class:`~gpu_ops.storage.tables.TableStore`)."""
 
     def __init__(self, store: Any):
-        import sqlalchemy as sa
-
         self.store, self._sa = store, sa
         self.db_now = db_clock(store.dialect)
         self._created = False
@@ -94,8 +95,6 @@ class AttemptStore:
         t = self.table
         stmt: Any
         if previous is None:
-            from sqlalchemy.dialects import postgresql, sqlite
-
             insert = (postgresql.insert if self.store.dialect == "postgresql" else sqlite.insert)(t)
             stmt = insert.values(**_to_row(new), beat_at=self.db_now).on_conflict_do_nothing(index_elements=["attempt_id"])
         else:

@@ -8,12 +8,16 @@ from pathlib import Path
 from gpu_ops.config import GpuOpsConfig
 from gpu_ops.formatting import redact_url, redact_urls
 from gpu_ops.check_result import CheckResult, folder_setting
+from gpu_ops.observability.hooks import Pricing
+from gpu_ops.observability.sender import drain
+from gpu_ops.storage.tables import TableStore
+from gpu_ops.training.attempt_store import ATTEMPT_TABLE, AttemptStore
+from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
+from gpu_ops.training.settle import owner_gone, settle_orphans
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     """Write, read back and delete a probe object under ``training.checkpoint_url``."""
-    from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_root
-
     url = checkpoint_root(config)
     shown = redact_url(url, keep_path=True)  # never a userinfo (sftp://user:pw@host/...) in a message
     local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
@@ -41,10 +45,6 @@ def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
 def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]:
     """Messages for attempts left in a non-final state by an owner that is gone (settled
     when ``settle``), or why none could be looked for. Reads only, unless ``settle``."""
-    from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.attempt_store import ATTEMPT_TABLE, AttemptStore
-    from gpu_ops.training.settle import owner_gone, settle_orphans
-
     url = config.storage.resolved_url() if isinstance(config.storage.url, str) else ""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:" and not Path(url[len("sqlite:///"):]).exists():
         return [], "no training attempt recorded yet (the database does not exist)"
@@ -52,9 +52,6 @@ def _orphans(config: GpuOpsConfig, settle: bool) -> tuple[list[str], str | None]
     if not store.has_table(ATTEMPT_TABLE):
         return [], "no training attempt recorded yet"
     if settle:
-        from gpu_ops.observability.hooks import Pricing
-        from gpu_ops.observability.sender import drain
-
         found = [s.message for s in settle_orphans(store, found_by="gpu-ops validate", pricing=Pricing.of(config))]
         sent = drain(store, deadline_s=config.training.telemetry_deadline_s, due_only=False)  # telemetry their owners could not send
         return found + ([sent.describe()] if sent.tried else []), None

@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 
 from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.config import GpuOpsConfig
+from gpu_ops.config import GpuOpsConfig, load_config
 from gpu_ops.storage.io_manager import ROW_LEVEL_READER
 from gpu_ops.training.asset import gpu_asset, gpu_run_tags
 from gpu_ops.training.demo import train_demo
@@ -183,7 +183,6 @@ def build_attempt_sensor(config: GpuOpsConfig) -> dg.SensorDefinition:
         ),
     )
     def gpu_orphaned_attempts_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        from gpu_ops.config import load_config
         from gpu_ops.observability.hooks import Pricing
         from gpu_ops.observability.sender import drain
         from gpu_ops.storage.tables import TableStore

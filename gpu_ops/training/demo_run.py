@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import dagster as dg
+
 from gpu_ops import formatting as fmt
+from gpu_ops.config import load_config
+from gpu_ops.location import build_defs
+from gpu_ops.training.checkpoint import checkpoint_root
 
 PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"  # where the local backend writes worker pid files
 
@@ -57,12 +62,6 @@ def materialize_with_preemption(
 ) -> dict[str, Any]:
     """Run the demo asset, kill its worker ``after_s`` after the first checkpoint, and
     return the materialization metadata (``attempts``, ``preemptions``, ...)."""
-    import dagster as dg
-
-    from gpu_ops.config import load_config
-    from gpu_ops.location import build_defs
-    from gpu_ops.training.checkpoint import checkpoint_root
-
     config = load_config(config_path)
     asset = build_defs(config_path).resolve_assets_def("train_demo_model")
     pid_dir = Path(tempfile.mkdtemp(prefix="gpu-ops-pids-"))

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpu_ops.observability.sender import Flush
 from gpu_ops.training import attempts as tr
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import Attempt, Decision, Owner, State
@@ -123,8 +124,6 @@ class AttemptRecorder:
             return None
         self.stored = new
         if done.record_ids:
-            from gpu_ops.observability.sender import Flush
-
             self.flush = Flush(self.table_store, done.record_ids, self.deadline_s)
         return done.row
 

@@ -32,6 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_ops.compute.local import recorded_end
+from gpu_ops.compute.quota import LeaseBook
+from gpu_ops.formatting import redact_urls
+from gpu_ops.observability import hooks
+from gpu_ops.observability.outbox import Outbox
+from gpu_ops.training import ledger
 from gpu_ops.training.attempt_store import AttemptStore
 from gpu_ops.training.attempts import Attempt, Decision, State, decide, same_process, settle
 from gpu_ops.training.classify import Outcome
@@ -98,8 +103,6 @@ def ledger_row(a: Attempt, last_checkpoint_at: dt.datetime | None = None) -> Any
     """The usage-ledger row of a settled attempt: from its workers' start to their end. An
     attempt that never launched a worker is a row without GPUs (``bill`` says so), kept
     because the ledger is also the retry policy's memory."""
-    from gpu_ops.training import ledger
-
     assert a.ended_at is not None and a.outcome is not None
     utc = dt.timezone.utc
     began = a.launched_at if a.launched_at is not None else min(a.planned_at or a.ended_at, a.ended_at)
@@ -125,12 +128,8 @@ class Committed:
 def _telemetry(table_store: Any, row: Any, pricing: Any, warn: Callable[[str], None]) -> tuple[Any, list[Any]]:
     """The row (with its MLflow experiment id when known without asking) and its outbox
     records; none when telemetry is not set up, or could not be built (said, never raised)."""
-    from gpu_ops.observability import hooks
-
     if not hooks.wanted():
         return row, []
-    from gpu_ops.formatting import redact_urls
-    from gpu_ops.training import ledger
 
     try:
         return hooks.attempt_records(row, ledger=ledger.read(table_store, run_id=row.run_id, asset_key=row.asset_key), pricing=pricing)
@@ -152,9 +151,6 @@ def settle_attempt(
     by someone else first: nothing is written. Nothing between reading and writing the
     record blocks: the telemetry is sent after the commit (:mod:`gpu_ops.observability.sender`).
     ``pricing``: a :class:`gpu_ops.observability.hooks.Pricing` for the spans' cost."""
-    from gpu_ops.observability.outbox import Outbox
-    from gpu_ops.training import ledger
-
     table_store = attempts.store
     row: Any = None
     records: list[Any] = []
@@ -175,8 +171,6 @@ def settle_attempt(
 
 def _release(table_store: Any, lease_id: str | None) -> None:
     if lease_id:
-        from gpu_ops.compute.quota import LeaseBook
-
         LeaseBook(table_store).release_id(lease_id)
 
 
