@@ -27,7 +27,7 @@ stored rows go from here to their files in DuckDB (:mod:`gpu_ops.cost.stored`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -576,38 +576,46 @@ class UsageEngine:
         return out
 
     def _tally(self, tally: Tally) -> None:
-        """The screening pass split in two (see :meth:`check`): the rule book with the
-        tally's sums into table ``tally`` and the bad rows' places into ``bad_pos``, then
-        every row's identity-key hash (table ``repeats``)."""
+        """The screening pass split in two (see :meth:`check`): every row's identity-key hash
+        (table ``repeats``), then the rule book with the tally's sums into table ``tally``
+        and the bad rows' places into ``bad_pos``, run while the hashes are sorted (numpy,
+        on a thread of its own: the sort uses one core, DuckDB the others)."""
         import numpy as np
 
         keys = _tally_keys(tally)
         rows = " UNION ALL ".join(self._flagged_parts(f"{keys}, ord, pos, start_us, end_us, {tally.value} AS __value"))
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, count(__value) FILTER (WHERE NOT bad) AS n, "
-            f"list({{'place': ord * {_POS_SPAN} + pos, 'start_us': start_us, 'end_us': end_us}}) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
-        )
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
-        # The bad rows' times (the typed layer's): which of them a window's quarantine holds,
-        # known without computing their records again (see quarantine_arrow's ``first``).
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE bad_times AS SELECT b.place // {_POS_SPAN} AS ord, b.place % {_POS_SPAN} AS pos, b.start_us, b.end_us, b.place "
-            "FROM (SELECT unnest(bad_at) AS b FROM tally_raw WHERE bad_at IS NOT NULL)"
-        )
-        self._bad_times = True
-        bad_at = self.con.sql("SELECT place FROM bad_times").to_arrow_table().column("place")
-        self.con.execute("DROP TABLE tally_raw")
+        bad_at: list[Any] = []
+
+        def rule_book() -> None:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE tally_raw AS SELECT {keys}, sum(__value) FILTER (WHERE NOT bad) AS value, count(__value) FILTER (WHERE NOT bad) AS n, "
+                f"list({{'place': ord * {_POS_SPAN} + pos, 'start_us': start_us, 'end_us': end_us}}) FILTER (WHERE bad) AS bad_at FROM ({rows}) GROUP BY ALL"
+            )
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE tally AS SELECT {keys}, value, n FROM tally_raw WHERE n > 0")
+            # The bad rows' times (the typed layer's): which of them a window's quarantine holds,
+            # known without computing their records again (see quarantine_arrow's ``first``).
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE bad_times AS SELECT b.place // {_POS_SPAN} AS ord, b.place % {_POS_SPAN} AS pos, b.start_us, b.end_us, b.place "
+                "FROM (SELECT unnest(bad_at) AS b FROM tally_raw WHERE bad_at IS NOT NULL)"
+            )
+            self._bad_times = True
+            places = self.con.sql("SELECT place FROM bad_times").to_arrow_table().column("place")
+            bad_at.extend(_values(c, np.int64) for c in places.chunks if len(c))  # (combine_chunks of none would import pandas)
+            self.con.execute("DROP TABLE tally_raw")
+
         reader = self.con.sql(f"SELECT {_KEY_HASH} AS key_hash FROM typed").to_arrow_reader(_HASH_BATCH)
         self._hashed_every_row = True
-        self._keep_screened([_values(c, np.int64) for c in bad_at.chunks if len(c)], self._repeated_hashes(reader))  # (combine_chunks of none would import pandas)
+        repeats = self._repeated_hashes(reader, meanwhile=rule_book)
+        self._keep_screened(bad_at, repeats)
 
-    def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None) -> Any:
+    def _repeated_hashes(self, reader: Any, bad_at: list[Any] | None = None, meanwhile: Callable[[], None] | None = None) -> Any:
         """The hashes of column ``key_hash`` of ``reader``'s batches (a NULL: none) that occur
         more than once; with ``bad_at``, the non-NULL values of column ``bad_at`` appended.
         ``reader`` streams the rows of table ``typed`` in their order: where the hashes are
         held in memory, each row's fingerprint is kept by its place, and the rows that may
         hold a repeated hash are found from them (:attr:`_candidates`, for the identity
-        rules: no second pass computing every row's hash)."""
+        rules: no second pass computing every row's hash). ``meanwhile``: run on this
+        thread once the stream is read, while the hashes are sorted on another."""
         import numpy as np
 
         rows = sum(p.rows for p in self.parts)
@@ -624,14 +632,26 @@ class UsageEngine:
                 if key.null_count:
                     key = key.drop_null()
                 keys.add(_values(key, np.uint64))
-            repeats = keys.repeats()
-            if prints is not None and len(repeats) and prints.n == rows:
-                self._candidates = (self._at_places(prints.places(repeats)), keys.repeated_rows)
-            return repeats
+            if meanwhile is None:
+                return self._sorted_repeats(keys, prints, rows)
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1, thread_name_prefix="gpu_ops-key-sort") as pool:
+                sorting = pool.submit(self._sorted_repeats, keys, prints, rows)
+                meanwhile()
+                return sorting.result()
         finally:
             keys.close()
             if prints is not None:
                 prints.close()
+
+    def _sorted_repeats(self, keys: RepeatedHashes, prints: Fingerprints | None, rows: int) -> Any:
+        """The repeated hashes of ``keys``, and :attr:`_candidates` from ``prints`` (every row's
+        fingerprint, when held)."""
+        repeats = keys.repeats()
+        if prints is not None and len(repeats) and prints.n == rows:
+            self._candidates = (self._at_places(prints.places(repeats)), keys.repeated_rows)
+        return repeats
 
     def _at_places(self, places: Any) -> Any:
         """``ord * span + pos`` of the rows at ``places`` (ascending) of table ``typed``'s
