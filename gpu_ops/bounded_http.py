@@ -1,25 +1,7 @@
-"""One HTTP exchange with a remote party, bounded in time and in size. No Dagster.
+"""One HTTP exchange with a remote party, bounded in time (a total deadline) and in size (a
+body cap). No Dagster; no proxy.
 
-Every answer ``gpu_ops`` reads from outside (alert receivers, Prometheus) goes through
-:func:`exchange`:
-
-- **A total deadline per request**, not per read: connecting, sending, waiting for the
-  status line, the headers and the body all share ``Bounds.deadline_s``. Each socket
-  operation waits at most what is left, and a watchdog shuts the connection down when the
-  deadline passes, so a server that trickles its answer byte by byte (each read returning
-  in time) still ends at the deadline. The TLS handshake is bounded per operation.
-- **A cap on the body**: at most ``Bounds.max_body_bytes`` are read; a longer body (an
-  endless chunked answer) is an error (``kind="too_large"``) or, where the caller only
-  needs the status (``cut_at_cap=True``), cut there. Reading streams: memory is the cap,
-  never the answer.
-- Status line and headers are bounded by :mod:`http.client` (lines of 64 KiB, 100 headers).
-- **What failed, and whether the request may have arrived**: :class:`RemoteError` says
-  ``kind`` (``connect``, ``deadline``, ``dropped``, ``protocol``, ``too_large``) and
-  ``sent`` (the whole request was written before it failed: the server may have acted on
-  it; a retry must carry the same idempotency key).
-- Messages name the server as scheme and host only (``redact_url``): a URL's path can be
-  a secret (a Slack webhook), and no library exception text is passed on.
-- No proxy is used (``HTTP(S)_PROXY`` are not read).
+Design: docs/concepts/observability.md#bounded-http-answers
 """
 
 from __future__ import annotations

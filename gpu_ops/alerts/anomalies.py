@@ -1,15 +1,6 @@
 """Spend anomalies through the budgets' channels.
 
-The ``gpu_spend_anomalies`` asset scores each day's spend of every team, project and
-training asset (:mod:`gpu_ops.cost.anomaly`); its check warns from
-``alerts.anomalies.check_score``. On each full evaluation, budget_alert_sensor reads the
-last two days' scores and, for every anomalous key scoring ``alerts.anomalies.alert_score``
-or more, queues one alert per budget with channels whose scope covers that key (a budget
-of team ``nlp`` covers team ``nlp`` and the training assets billed to it; an unscoped
-budget covers everything). The alert is a ``trigger`` of basis ``anomaly`` under the run
-key ``<budget>/<period>/anomaly-<day>-<dimension>-<key>``, delivered, retried,
-redelivered and deduplicated as every budget alert is; the keys sent are kept in the
-sensor's cursor, so a key is alerted once whatever re-materializes the day.
+Design: docs/concepts/budgets-and-alerts.md#spend-anomalies
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""Sending one alert through one configured channel, with retries. No Dagster.
+"""Sending one alert through one configured channel, with retries. No Dagster. Nothing here
+raises with a secret in it (:class:`Redactor`).
 
-- Every HTTP answer is bounded (:mod:`gpu_ops.bounded_http`): one request, from connect
-  to its last byte, takes at most ``alerts.delivery_timeout_s`` (a total deadline, not per
-  read), and at most ``alerts.delivery_max_response_bytes`` of the answer's body are read
-  (only a non-2xx answer's first 200 characters are ever shown). An SMTP session is held
-  to the same deadline.
-- Retried with exponential backoff: HTTP 5xx, 408 and 429, timeouts, refused or reset
-  connections, SMTP 4xx replies and dropped SMTP sessions. Not retried: other 4xx (a
-  wrong routing key stays wrong), SMTP 5xx, TLS certificate errors. ``Retry-After`` is
-  honoured when it is delta-seconds (ASCII digits) or an HTTP-date, capped at
-  ``backoff_s × 16``; any other value is ignored.
-- A delivery counts as sent only on a 2xx reply (SMTP: the server accepted the message).
-- **At least once.** A request that timed out or lost its connection *after it was sent*
-  may have reached the receiver; it is retried with the same body, ``Idempotency-Key``
-  header (every HTTP channel) and PagerDuty ``dedup_key``, so a receiver that honours the
-  key processes it once. When every attempt ended that way the result says so
-  (``maybe_delivered``): the alert is redelivered later with the same keys, never dropped.
-- Nothing here raises with a secret in it: every message that leaves this module (result
-  details, log lines, exceptions) goes through :class:`Redactor`, which masks every
-  channel secret known to the configuration and shortens every URL to scheme and host
-  (:func:`gpu_ops.formatting.redact_urls`: no userinfo, path or query).
+Design: docs/concepts/budgets-and-alerts.md#channels
 """
 
 from __future__ import annotations

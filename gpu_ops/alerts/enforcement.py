@@ -1,22 +1,6 @@
 """Budget enforcement: NodePool patches, the enforcement record, and the launch gate.
 
-- ``throttle`` lowers the ``nvidia.com/gpu`` limit of the scope's Karpenter NodePools to
-  ``max_gpus`` (never raises it) and/or restricts them to spot capacity.
-- ``block`` makes :func:`assert_launch_allowed` refuse launches in the scope (called at
-  the start of ``GpuCompute.launch``); with ``zero_pool_limit`` the pools' GPU limit goes
-  to 0 as well, which stops launches that bypass ``GpuCompute``.
-- Only NodePools labelled ``gpu-ops.io/managed-by: gpu-ops`` are ever read or patched:
-  the label selector asks for them and every returned object is checked again.
-- What a pool looked like before is saved in an annotation on the pool itself, so a
-  revert restores exactly that, even from another process or after a restart. Two
-  budgets can enforce on one pool; the original is restored when the last one reverts.
-- Every apply and revert is appended to the ``gpu_budget_enforcement`` table; the newest
-  row per budget is the current state, and a row whose period has ended is inactive
-  whether or not its revert ran (the gate never blocks past a period).
-
-Plans (what to change on which pool) and the table logic are pure; the cluster is
-reached through the compute flow's ``NodePoolClient`` (``patch_limits``,
-``patch_capacity_types``) on a ``kubernetes.client.CustomObjectsApi``.
+Design: docs/concepts/budgets-and-alerts.md#enforcement
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""The forecast gate: a launch whose estimate would carry an enforced budget past its line is refused.
+"""The forecast gate: a launch whose estimate would carry an enforced budget past its line is
+refused. The decision (:func:`forecast_refusal`) is pure; ``now`` is an input.
 
-Budget enforcement (:mod:`gpu_ops.alerts.enforcement`) acts on a threshold already
-crossed, as of the newest ``gpu_budget_status`` partition. Before a launch of a
-``gpu_asset`` this gate adds what that partition has not seen yet, and the launch:
-
-    projected = the period's spend (the newest gpu_budget_status row of the period, to its as_of)
-              + attempts settled since then (the usage ledger, priced)
-              + attempts running now (their records' GPUs at their price, since they launched)
-              + this launch's estimate (``alerts.launch_forecast``: ``estimate`` or ``p90``)
-
-For every budget whose scope covers the launch and whose ``enforcement.action`` is
-``block`` or ``throttle``: when ``projected`` passes the enforcement line (``amount_usd ×
-enforcement.threshold_percent / 100``), a ``block`` refuses the launch and a ``throttle``
-refuses it when the throttle would (more GPUs than ``max_gpus``, or on-demand under
-``spot_only``), with every figure in the message (:class:`gpu_ops.failures.LaunchRefused`).
-A launch with no estimate ("no history") is not refused by a forecast it cannot make.
-
-The settled and running attempts are read as the budget sensor reads them
-(:mod:`gpu_ops.alerts.intraday`). An unreachable database fails open (logged), as
-enforcement does. ``now`` is an input. The reading and the arithmetic are separate: the
-decision (:func:`forecast_refusal`) is pure.
+Design: docs/concepts/budgets-and-alerts.md#the-forecast-gate
 """
 
 from __future__ import annotations

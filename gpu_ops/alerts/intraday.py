@@ -1,25 +1,6 @@
 """Budgets within the hour: what the daily partitions have not seen yet, priced.
 
-``gpu_budget_status`` is a daily table: a threshold crossed by training today shows in it
-when the day's partition is materialized. This module adds what it has not counted yet,
-for the budget sensor (:func:`with_intraday`) and the forecast gate
-(:func:`gpu_ops.alerts.forecast.spend_to_date`):
-
-    spend now = the period's spend in the newest status row (to its as_of)
-              + attempts settled since then (the usage ledger, at their price)
-              + attempts running now (their records' GPUs at their price, since they launched)
-
-An :class:`Accrual` holds both kinds of attempts as intervals with a price per second, so
-the cost of any of them after a given instant is one subtraction. Only the time after the
-status row's ``as_of`` is counted: the part of an attempt the partition already holds is
-not counted twice, and when the day's partition lands its figure replaces the intraday
-one (the sensor's state machine keys alerts by budget, period and threshold, so the same
-threshold is never alerted twice, whichever data crossed it).
-
-The running attempts are the attempt records (``gpu_ops_training_attempts``, launched and
-not settled): the holders of the live GPU leases, and launches under no quota too. The
-ledger is the ``gpu_asset`` usage source; usage of other sources counts once its daily
-partition lands. Budgets scoped by labels see no intraday spend (the ledger has none).
+Design: docs/concepts/budgets-and-alerts.md#budgets-within-the-hour
 """
 
 from __future__ import annotations

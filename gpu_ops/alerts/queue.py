@@ -1,17 +1,6 @@
 """Alerts evaluated but not yet requested: the sensor's queue, kept in its cursor. Pure.
 
-A tick requests at most ``alerts.max_runs_per_tick`` alert runs (a fleet's first
-evaluation can cross tens of thousands of thresholds at once, and each run request costs
-Dagster time in the tick and a run to launch). The rest wait here, oldest first, and go
-out on the next ticks. Each waiting alert is kept as it was evaluated (spend, forecast,
-severity, scope, channels), so the run requested later carries exactly the payload an
-uncapped tick would have sent, under the same run key.
-
-Stored compactly: the fields of the budget's row and configuration (shared by every
-alert of one budget and evaluation) once per *context*, the threshold's own fields per
-entry; plain JSON arrays, so a queue of 60,000 alerts encodes in a few tens of ms.
-Taking from the queue is deterministic, so a tick replayed from the same cursor (a daemon
-that died before storing it) takes the same alerts and Dagster skips their run keys.
+Design: docs/concepts/budgets-and-alerts.md#the-queue
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Redelivery of alerts whose run failed: at least once, through any outage. Pure.
 
-Every alert the sensor requests is *pending* until a run of it succeeds (its op succeeds
-only when every channel delivered). A run that fails (a receiver down for longer than the
-op's retries) leaves it pending, and the sensor requests it again, at most every
-``alerts.redelivery_interval_s``, under a fresh run key (``<key>/redelivery-<n>``: Dagster
-launches a run key once) with the same payload, hence the same idempotency keys; the op
-skips the channels already delivered (``gpu_alert_deliveries``).
-
-After ``alerts.max_pending_s`` from the first request the alert is *dead-lettered*: no
-further run, and it is reported (sensor log, the ``alerts_delivered`` check, the
-``gpu_alert_dead_letters`` table, a tag on its runs). The run requested last before that
-deadline knows it is the final one (``final``), so its own failure already says so.
-
-Bound: an alert is requested at most ``1 + max_pending_s / redelivery_interval_s`` times,
-so a channel that never answers receives at most
-``delivery_attempts × (run_retries + 1) × (1 + max_pending_s / redelivery_interval_s)``
-sends, each waiting at most ``delivery_timeout_s``.
+Design: docs/concepts/budgets-and-alerts.md#redelivery-at-least-once-through-any-outage
 """
 
 from __future__ import annotations

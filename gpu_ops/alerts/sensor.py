@@ -1,35 +1,6 @@
 """Dagster wiring of the alerts flow: `budget_alert_sensor`, the alert and enforcement jobs.
 
-Delivery design (why run requests, not sends from the sensor):
-
-- The sensor never sends anything. Each state transition becomes a ``RunRequest`` whose
-  ``run_key`` is ``budget/period/threshold`` (``.../resolve`` for a resolve,
-  ``budget/period/enforce-<action>/apply|revert`` for enforcement). Dagster launches a
-  run key once per sensor, and saves the cursor (our state) only after the tick's runs
-  are submitted: a daemon that dies mid-tick re-evaluates with the old cursor, yields the
-  same keys, and Dagster skips the ones already launched. Nothing is lost (the state is
-  never saved ahead of the request) and nothing is requested twice.
-- ``budget_alert_job`` delivers one alert. Its op tries each channel a few times with
-  backoff, writes a ``delivered`` row right after each success, and fails (retryably)
-  when a channel is still down; the op's ``RetryPolicy`` then re-runs it later and the
-  delivered channels are skipped. Permanent failures (HTTP 4xx, SMTP 5xx, a missing
-  secret) fail without retries. One failing channel never blocks the others.
-- The only window left is a crash between a channel's 2xx and the ``delivered`` row; the
-  retry resends, with the same PagerDuty ``dedup_key``, webhook ``Idempotency-Key`` and
-  e-mail ``Message-ID``, so receivers that honour them see one notification.
-- Every alert and enforcement change is a run: the history is the run list in the UI
-  (filter by tag ``gpu-ops/budget``), with the outcome per channel in its metadata.
-- A tick requests at most ``alerts.max_runs_per_tick`` alert runs; the rest wait in the
-  cursor's queue (queue.py), oldest first, as evaluated, and go out on the next ticks.
-  Taking from the queue is deterministic, so a replayed tick yields the same run keys.
-
-The sensor ticks every 30 s but evaluates fully only when ``gpu_budget_status`` has a new
-materialization, a training attempt has settled in the usage ledger (``alerts.intraday``: each
-period's spend then includes what the partition has not counted, :mod:`gpu_ops.alerts.intraday`),
-or ``alerts.evaluation_interval_s`` has passed (the safety net: wall-clock period ends, config
-changes such as a raised budget, and running attempts, which accrue cost by the second).
-Spend anomalies past ``alerts.anomalies.alert_score`` join the queue on full evaluations
-(:mod:`gpu_ops.alerts.anomalies`).
+Design: docs/concepts/budgets-and-alerts.md#delivery-run-requests-not-sends-from-the-sensor
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """The alert state machine: budget status rows in, notifications and enforcement out. Pure.
 
-Per budget × threshold × period a state, as in AWS Budgets' per-notification OK/ALARM:
-
-    ok ──crossed──► alarm ──back under──► resolved ──crossed again──► alarm (episode 2)
-
-- Entering ``alarm`` emits one ``trigger``; leaving it emits one ``resolve`` (when the
-  budget asks for resolve notifications). Staying in a state emits nothing, so a second
-  evaluation of the same data, in this process or a new one, is silent.
-- A new period (the status row's ``period_start`` moves on) drops every state of the old
-  one: each threshold re-arms. The seed design never re-armed after the first month.
-- Resolving needs the value to fall below ``RESOLVE_MARGIN`` × the threshold, so a
-  forecast that wobbles around a line does not page on every evaluation.
-- A forecast threshold compares the forecast; a null forecast (too little history, the
-  cost asset's minimum-history guard) never fires and never resolves an alarm.
-
-Enforcement (throttle/block) is one more state per budget: ``pending`` from the first
-evaluation that sees spend over ``enforcement.threshold_percent``, ``active`` once the
-grace period has passed (emits ``apply``), ``reverted`` when spend falls back under (a
-raised budget), when the period ends (by the wall clock, even before a new row arrives)
-or when the budget no longer asks for it (each emits ``revert``).
-
-The state is small JSON kept in the sensor cursor; only budgets with a non-ok state are
-stored. Dagster saves the cursor after it has submitted the tick's run requests, and
-run keys make re-submission a no-op, so a daemon that dies mid-tick neither loses nor
-repeats a notification.
+Design: docs/concepts/budgets-and-alerts.md#the-alert-state-machine
 """
 
 from __future__ import annotations

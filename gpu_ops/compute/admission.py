@@ -1,20 +1,7 @@
-"""The two gates a GPU launch passes, as Dagster resources that ``GpuCompute`` depends on.
+"""The two gates a GPU launch passes, as Dagster resources that ``GpuCompute`` depends on:
+:class:`BudgetGate` and :class:`GpuAdmission`.
 
-- :class:`BudgetGate`: an enforced budget that blocks or throttles the launch's scope
-  refuses it (``dg.Failure(allow_retries=False)`` saying how to lift it), and so does one
-  the launch's estimate would carry past its ``block`` or ``throttle`` threshold
-  (:mod:`gpu_ops.alerts.forecast`);
-- :class:`GpuAdmission`: the GPU quotas of ``compute.quotas``, held as fenced leases
-  (:mod:`gpu_ops.compute.quota`): waits while the quotas are full (the reason in the run
-  log), then returns the running :class:`~gpu_ops.compute.quota.Heartbeat` whose lease the
-  launch holds, or None when no quota applies. The launch's backend comes along as the
-  ``reclaimer``: an expired lease is handed on only once that backend has made its
-  holder's workers gone. While the gpu_ops database cannot be read or written it admits
-  nobody and keeps waiting.
-
-Both read the gpu_ops configuration from ``config_path`` (default ``$GPU_OPS_CONFIG``, then
-the plain defaults). They are ``dg.ResourceDependency``s of ``GpuCompute``: a deployment can
-share one instance between compute resources, or give a test its own.
+Design: docs/concepts/compute.md#admission
 """
 
 from __future__ import annotations

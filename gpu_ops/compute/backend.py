@@ -1,14 +1,6 @@
 """The contract between `GpuCompute`, its backends and the training layer.
 
-A backend runs a picklable callable on GPU workers and returns a :class:`WorkerReport`
-saying how the workers ended. It never decides whether to retry: the training layer's
-classifier reads the report (and, on Kubernetes, the pod evidence attached to it).
-
-Under a GPU lease a backend names its workers on the lease before they may use a GPU
-(``hold``: a mapping of its own, e.g. pids with their start times and host, or a label
-selector of pods), and it can make the workers another lease named gone
-(:meth:`Backend.make_gone`): a lease whose holder stopped renewing it is handed on only
-once that is confirmed (:mod:`gpu_ops.compute.quota`).
+Design: docs/concepts/compute.md#the-backend-contract
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """`gpu-ops validate` checks of the compute flow: kubeconfig, Kubetorch controller,
 Karpenter CRDs, local GPU. Each says what is wrong and how to fix it.
-
-With ``compute.backend: local`` the cluster checks report *skipped* with the reason.
-The cluster is reached through the ``kubernetes`` client only (the controller's health
-endpoint through the API server's service proxy), so a check never starts a
-port-forward; ``api_client`` can be passed in for tests.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Dagster objects of the compute flow, merged into `gpu_ops.definitions:defs`.
-
-- resource ``gpu_compute``: :class:`GpuCompute` configured from the ``compute`` section;
-- sensor ``gpu_orphan_cleanup_sensor``: deletes Kubetorch services and run-scoped
-  NodePools whose run ended more than ``compute.orphan_grace`` ago. It runs by default
-  with the kubetorch backend and is stopped (and skips) with the local one;
-- asset ``gpu_leases`` and schedule ``gpu_leases_schedule`` (every 5 minutes, running by
-  default when ``compute.quotas`` is set): who holds which GPUs under the quotas, from
-  the leases table (:mod:`gpu_ops.compute.quota`), as a UI table and as the SQL table
-  ``gpu_leases`` of the gpu_ops database.
-
-Nothing here imports torch or kubetorch; the sensor imports the Kubernetes client when
-it ticks.
+"""Dagster objects of the compute flow, merged into `gpu_ops.definitions:defs`: resource
+``gpu_compute``, sensor ``gpu_orphan_cleanup_sensor``, asset ``gpu_leases`` and its schedule
+(every 5 minutes). No torch or kubetorch import.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Helpers for a launched function that trains data-parallel, on either backend.
-
-Both backends set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
-``MASTER_PORT`` (Kubetorch's ``distribute("pytorch")`` does on the cluster; the local
-backend does for its worker processes), so one call joins the group everywhere::
-
-    from gpu_ops.compute.distributed import init_process_group, rank, world_size
-
-    def train(cfg):
-        init_process_group()          # nccl with GPUs, gloo on CPU; no-op when WORLD_SIZE=1
-        ...
-
-Imported only inside workers; torch is imported lazily.
+"""Helpers for a launched function that trains data-parallel, on either backend
+(``init_process_group``, ``rank``, ``world_size``). Imported only inside workers; torch
+is imported lazily.
 """
 
 from __future__ import annotations

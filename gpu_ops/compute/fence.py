@@ -1,44 +1,7 @@
-"""The fence between a GPU lease and the workers that use it.
+"""The fence between a GPU lease and the workers that use it: the fence file, its watchdog,
+the go-ahead, and the relay to remote (Kubetorch) workers. Standard library only.
 
-A lease (:mod:`gpu_ops.compute.quota`) lives in the database; the workers run elsewhere
-and cannot renew it. The launcher that holds the lease writes a small *fence file* next
-to its workers after every successful renewal::
-
-    {"lease_id": "...", "token": 17, "valid_until": 1764012345.6, "revoked": false}
-
-``valid_until`` is the launcher's clock *before* the renewal it confirms, plus half the
-TTL, so it always ends before the database can expire the lease (its TTL counts from the
-renewal, on the database's clock, and the next admission only reclaims it after that).
-``token`` is the lease's fencing token (a counter the database raises for every lease it
-grants); a lease found gone is written ``revoked``.
-
-The worker reads the file before each checkpoint and step batch
-(:class:`gpu_ops.training.context.TrainingContext`) and in a watchdog thread
-(:func:`start_watchdog`): once ``valid_until`` has passed it stops as if preempted
-(checkpoint, then exit); ``grace_s`` later, or at once when the lease is revoked, it is
-killed. So a holder that cannot renew (SIGSTOP past the TTL, a database outage) has
-stopped its GPUs before the lease can be handed on. Standard library only: workers
-import it while they start.
-
-**The go-ahead.** A local worker under a lease does not run its function (nor initialise
-CUDA) before its launcher has written its pid on the lease: it waits for the file
-``$GPU_OPS_GO_FILE`` (:func:`wait_for_go`), which the launcher creates only after that
-write. So a lease never holds a running worker that a reclaimer could not find.
-
-**Remote workers** (a Kubetorch pod) cannot see the launcher's file. There the launcher
-keeps writing its own fence file as above, and a :class:`FenceRelay` forwards every change
-of it to the pod through the Kubetorch call path: the backend deploys :func:`pod_call`,
-whose first call is the launch (the initial fence, the target ``module:qualname`` and its
-arguments) and whose further calls are renewals (Kubetorch runs concurrent calls of a
-service in threads of the same worker process). In the pod, :func:`pod_call` writes the
-pod's *own* fence file (``$GPU_OPS_FENCE_FILE``, set on the pod at deployment) and runs
-the same watchdog: the training loop sees the lapse as ``ctx.preempted`` (checkpoint, then
-exit), the process is killed ``grace_s`` later, or at once when the launcher found its
-lease gone (``revoked``). Clocks differ between hosts, so a fence travels as *seconds of
-validity left* (:func:`to_remote`) and the pod dates it on its own clock; the delivery
-delay is absorbed by the margin between the fence's end (0.8 TTL with the grace) and the
-lease's expiry (1.0 TTL). A launcher that dies, pauses or is cut off from the cluster
-sends nothing more, and its pod stops by itself.
+Design: docs/concepts/compute.md#the-fence-file
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """What a worker really ran on: GPU model (catalog name), count, MIG profile — or CPU.
+Pure apart from :func:`detect`; no torch import.
 
-The ledger prices this, not what the asset declared. :func:`detect` runs inside the
-worker and asks, cheapest first:
-
-1. ``CUDA_VISIBLE_DEVICES=""`` (the launch asked for no GPU) or no NVIDIA driver on
-   the machine (no ``/dev/nvidiactl``, no ``/proc/driver/nvidia``): CPU, certainly;
-2. NVML (``nvidia-ml-py``), honouring ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-`` and
-   ``MIG-`` UUIDs);
-3. torch, only when it is already imported (a worker does not pay ``import torch``
-   for a question NVML answers).
-
-Model names become catalog names with :func:`canonical_gpu_type`, then by model token
-(``NVIDIA H100 PCIe`` -> ``h100``; ``a10`` never becomes ``a100``). A model the catalog
-does not know keeps a normalised name, which the cost flow quarantines as unknown
-instead of pricing it as something else. Pure apart from :func:`detect`; no torch import.
+Design: docs/concepts/compute.md#what-a-worker-really-ran-on
 """
 
 from __future__ import annotations

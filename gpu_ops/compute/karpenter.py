@@ -1,25 +1,7 @@
-"""Karpenter v1 NodePools (and optionally the EC2NodeClass) for GPU launches.
+"""Karpenter v1 NodePools (and optionally the EC2NodeClass) for GPU launches: pure manifest
+builders and `NodePoolClient`.
 
-Manifest builders are pure functions; :class:`NodePoolClient` applies them through
-``kubernetes.client.CustomObjectsApi``. What GPU training needs from Karpenter, and the
-defaults it gets wrong for it:
-
-- ``expireAfter: Never``: the 720h default drains a node in the middle of a long run.
-- ``consolidationPolicy: WhenEmpty`` + ``consolidateAfter``: never consolidate a node a
-  training pod is on; release an empty one after a while.
-- a ``nvidia.com/gpu=true:NoSchedule`` taint, so only GPU pods land on GPU nodes.
-- ``limits`` on ``nvidia.com/gpu``: the ceiling the budget enforcement lowers to throttle
-  (``patch_limits``) or sets to 0 to block.
-- requirements on ``karpenter.k8s.aws/instance-gpu-name`` and the instance types of the
-  catalog entry (``a100`` is the GPU name of both p4d (40 GB) and p4de (80 GB); only the
-  instance type tells them apart) and on ``karpenter.sh/capacity-type``.
-- one pool per capacity type, spot weighted above on-demand, so a
-  ``spot-then-on-demand`` pod tries spot first.
-
-Pools are shared by a team (``gpu-ops-<team>-<gpu>-<capacity>``) unless a run asks for
-run-scoped pools, which carry the run id and are deleted by that run's cleanup or by the
-orphan sensor. Every pool carries ``gpu-ops.io/managed-by: gpu-ops``; the client never
-modifies or deletes a pool without it.
+Design: docs/concepts/compute.md#karpenter-nodepools
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The ``kubernetes`` client boundary, shared by the flows that reach the cluster.
+"""The ``kubernetes`` client boundary, shared by the flows that reach the cluster. The client
+is imported when called.
 
-- :func:`load_cluster_config` points the client at the cluster, by one rule for every
-  flow: a kubeconfig named explicitly wins; otherwise the pod's service account (the
-  deployed code server and run workers), then ``$KUBECONFIG`` / ``~/.kube/config`` (a
-  laptop).
-- :func:`api_call` makes one API call where one answer (404: not there, 409: already
-  exists or changed underneath) is an outcome rather than an error.
-
-The client is imported when called: loading the code location must not import it.
+Design: docs/concepts/compute.md#the-cluster-client
 """
 
 from __future__ import annotations

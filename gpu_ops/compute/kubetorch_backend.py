@@ -1,46 +1,7 @@
 """`KubetorchBackend`: run a launch on Kubernetes GPUs through Kubetorch 0.5.1.
 
-``kt.fn(fn, name=...).to(kt.Compute(...))`` deploys, calling the returned function runs
-it remotely, ``.teardown()`` removes it. What we ask of Kubetorch is built offline by
-:func:`build_compute` (a real ``kt.Compute``; its ``.manifest`` is what the controller
-applies), so it is exactly testable and printable by ``gpu-ops plan``:
-
-- nodes are selected with ``karpenter.k8s.aws/instance-gpu-name`` and
-  ``karpenter.sh/capacity-type``; never ``gpu_type=``, which makes a
-  ``nvidia.com/gpu.product`` selector Karpenter cannot provision for;
-- ``a100`` vs ``a100-80gb`` (same GPU name) are told apart by instance type;
-- the ``karpenter.sh/do-not-disrupt: "true"`` pod annotation keeps Karpenter from
-  consolidating a node under a running job;
-- labels carry the run id, asset key and attribution for cost and orphan cleanup.
-
-Settings have one home: the backend reads the :class:`~gpu_ops.compute.resource.KubetorchGpuCompute`
-resource it was made by (``namespace``, ``kubeconfig_path``, its nested ``kubetorch`` and
-``karpenter`` settings) as it is (:class:`KubetorchTarget`), never a copy.
-
-A launch under a GPU lease is fenced in the pod (:class:`FencedCall`): the service runs
-:func:`gpu_ops.compute.fence.pod_call`, and the launcher's fence renewals are relayed to it
-by further calls of the service while the launch call runs; a pod whose renewals stop
-checkpoints and stops by itself before the lease can be handed on.
-
-A frozen launcher's pods are the reclaimer's to remove: before it creates anything the
-launch writes on its lease the namespace and label selector of its pods (the service's
-``kubetorch.com/service`` with the gpu_ops run id and attempt, :meth:`KubetorchBackend.holding`),
-and again once the service is deployed, so a launcher that lost its lease meanwhile tears
-its service down instead of calling it. :meth:`KubetorchBackend.make_gone` deletes the
-Deployment that would bring the pods back, deletes the pods with grace period 0 and
-confirms gone only once a list of the selector is empty. A pod created after a reclaim by
-a launcher frozen *inside* the deployment call never runs the function: the launcher finds
-its lease gone on the next write and tears the service down.
-
-Setup failures become :class:`ComputeSetupError` saying what to fix. Failures during the
-call are *reported*: the exception and the pod evidence (``V1Pod``, ``V1Node``, events,
-read through the ``kubernetes`` client) go into the :class:`WorkerReport` for the
-training layer's classifier. Kubetorch's ``PodTerminatedError`` is raised from the pod's
-SIGTERM handler (its ``evicted``/``oom_killed`` are effectively always False), and a
-SIGKILL or node loss surfaces as a raw HTTP error: the pod itself is the evidence.
-
-kubetorch and kubernetes are imported inside functions: loading the code location must
-not import them.
+kubetorch and kubernetes are imported inside functions.
+Design: docs/concepts/compute.md#the-kubetorch-backend
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """`LocalBackend`: run a launch as real subprocess workers on this machine.
 
-The calling convention is the Kubetorch backend's: a module-level callable, pickled by
-reference, called as ``fn(*args, **kwargs)`` in a fresh interpreter (spawn semantics, no
-inherited state). With ``workers > 1`` there are N processes with ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, the same
-variables Kubetorch's ``distribute("pytorch")`` sets; the function joins them with
-``torch.distributed`` (see :func:`gpu_ops.compute.distributed.init_process_group`).
-
-Each worker is ``python -m gpu_ops.compute.worker --payload <dir>/payload.pkl ...`` (its
-command line identifies it), runs in its own session so its whole process tree can be
-killed, and its stdout/stderr are streamed line by line to the ``log`` sink, always from
-the calling thread (Dagster's log is not called from reader threads).
-
-Under a GPU lease (``hold``) the workers start, then wait for a go-ahead
-(:func:`gpu_ops.compute.fence.wait_for_go`) that the launcher gives only once their pids,
-start times and host are written on the lease; a lease lost before that stops them
-unstarted (a ``LOST`` report). :meth:`LocalBackend.make_gone` is the other end: it stops
-the workers an expired lease recorded (SIGKILL of each pid whose start time still
-matches, on this host only) and confirms their exit, so the lease can be handed on.
-
-How a launch ends is reported, never raised: a :class:`WorkerReport` per launch with a
-:class:`RankReport` per worker. When one rank fails, the survivors are sent SIGTERM and,
-after ``grace_period_s``, SIGKILL, so no survivor hangs in a collective. An exception in
-the caller (a Dagster interrupt, ``KeyboardInterrupt``) stops every worker the same way
-before it propagates.
+Design: docs/concepts/compute.md#the-local-backend
 """
 
 from __future__ import annotations

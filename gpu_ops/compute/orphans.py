@@ -1,15 +1,7 @@
-"""Finding and deleting what finished runs left behind (dagster-ray's most requested fix).
+"""Finding and deleting what finished runs left behind: :func:`select_orphans` (pure) and
+:class:`OrphanReaper`.
 
-A Kubetorch service or run-scoped NodePool is an orphan when its ``gpu-ops.io/run-id``
-names a Dagster run that has finished (succeeded, failed or was canceled) more than
-``compute.orphan_grace`` ago: a killed step process, a ``cleanup: never`` policy or a
-crashed run worker never got to clean up. Objects of runs this instance does not know
-are left alone (another deployment may own them) and reported. Shared team NodePools
-carry no run id and are never touched.
-
-:func:`select_orphans` is pure; :class:`OrphanReaper` lists and deletes through the
-``kubernetes`` client (``AppsV1Api`` for the services' Deployments, ``CustomObjectsApi``
-for NodePools) and Kubetorch's own teardown for services.
+Design: docs/concepts/compute.md#orphans
 """
 
 from __future__ import annotations

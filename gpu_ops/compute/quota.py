@@ -1,58 +1,7 @@
-"""GPU-weighted admission: quotas counted in GPUs per team and per NodePool, held as leases.
+"""GPU-weighted admission: quotas counted in GPUs per team and per NodePool, held as fenced
+leases in the gpu_ops database, on the database's clock. No Dagster here.
 
-A Dagster pool gives a step one slot whether it asks for 1 GPU or 64. Here a launch
-takes a *lease* on its GPUs in the gpu_ops database (table ``gpu_ops_gpu_leases``, SQLite
-or PostgreSQL) before anything starts, and only if every quota it falls under
-(``compute.quotas: {team: {nlp: 32}, pool: {gpu-ops-nlp-h100-spot: 64}}``) still has
-room. The holder renews the lease (a heartbeat) while its workers run and deletes it
-when they end; a holder that dies (SIGKILL, node loss) or freezes stops renewing, and
-once the lease's TTL has passed the next admission reclaims it, **only once the holder's
-workers are confirmed gone**: a stopped process keeps its GPU memory and cannot read its
-fence, so expiry alone proves nothing.
-
-**Workers on the lease.** A launch writes its workers on its lease (``workers``, the
-backend's own JSON: local pids with their start times and host, or the namespace and
-label selector of Kubernetes pods, :meth:`Heartbeat.hold`) before they may use a GPU: the
-local backend's workers wait for a go-ahead the launcher gives only after the write, the
-Kubetorch backend writes its selector before it creates a pod. A write to a lease that
-has expired is refused (:class:`LeaseLost`): the workers are stopped unstarted.
-
-**Reclaiming.** The admission takes its backend as a collaborator (``reclaimer``: any
-object with ``make_gone(workers) -> Gone``, :class:`gpu_ops.compute.backend.Backend`).
-For every expired lease, outside the admission lock, it asks the reclaimer to make the
-recorded workers gone (local: SIGKILL of each recorded pid whose start time still matches,
-then wait for its exit; Kubetorch: delete the pods with grace 0, then list them), then,
-under the lock, deletes only those leases whose workers were confirmed gone *and* whose
-record is unchanged since. An expired lease whose workers cannot be confirmed gone
-(another host, a kill that did not take, a cluster that cannot be reached) keeps counting
-against its quotas, and the refusal says why. A lease that recorded no worker is
-reclaimed as before: nothing can run under it. A database that cannot be read or written
-admits nobody.
-
-Every time here is the **database's clock** (PostgreSQL ``clock_timestamp()``, SQLite
-``julianday('now')``, as seconds since the epoch), never a holder's: acquisition,
-heartbeats and expiry are computed in SQL, so hosts whose clocks disagree still agree on
-which leases are live. (SQLite is a file on one host: its clock is that host's.)
-
-On SQLite, ``julianday('now')`` is the clock of whichever host runs the query: the file
-must be used by one launching host only. An admission that finds a lease of another host
-is refused with :class:`SharedSqliteLeases` (use PostgreSQL for several hosts).
-
-**Fencing.** Every lease granted gets a *token* from a counter the database raises under
-the admission lock (table ``gpu_ops_lease_tokens``), so a later holder always has a larger
-token than an earlier one. The holder's :class:`Heartbeat` writes a fence file for its
-workers after every renewal (:mod:`gpu_ops.compute.fence`): valid for half the TTL on the
-holder's clock, so workers whose holder cannot renew (paused, database down) stop
-(checkpoint, exit) and are killed at 0.8 TTL, before the lease expires at 1.0 TTL and the
-next admission may reclaim it. A holder that finds its lease gone revokes the fence. The
-fence stops a holder that still runs; the reclaimer stops one that does not.
-
-Admission is one transaction under a lock (PostgreSQL advisory lock, SQLite ``BEGIN
-IMMEDIATE``): expired leases whose workers are gone are removed, the held GPUs are summed
-per scope, the new lease is inserted or refused with the reason (``nlp holds 30 of 32 GPUs; waiting for
-4``). Waiting, backoff and the run log are the caller's (:mod:`gpu_ops.compute.resource`).
-A request that can never fit (more GPUs than the quota itself) raises
-:class:`QuotaExceeded` at once. No Dagster here.
+Design: docs/concepts/training-attempts.md#fenced-leases and docs/concepts/compute.md#admission
 """
 
 from __future__ import annotations

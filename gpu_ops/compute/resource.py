@@ -1,41 +1,8 @@
-"""`GpuCompute`: the Dagster resource that runs a function on GPUs and reports how it ended.
+"""`GpuCompute`: the Dagster resource that runs a function on GPUs and reports how it ended,
+one subclass per backend (`LocalGpuCompute`, `KubetorchGpuCompute`). Imports neither torch
+nor kubetorch.
 
-    @dg.asset
-    def train(context, gpu_compute: GpuCompute):
-        request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
-        report = gpu_compute.launch(context, request, my_module.train, args=(cfg,))
-
-``GpuCompute`` is abstract, with one subclass per backend (after dagster-ray's resources):
-
-- :class:`LocalGpuCompute`: subprocess workers on this machine (CPU, or its GPUs), with
-  ``standby: StandbySettings``;
-- :class:`KubetorchGpuCompute`: Kubetorch on Karpenter nodes, with
-  ``kubetorch: KubetorchLaunch`` and ``karpenter: KarpenterPools``.
-
-Both have ``lifecycle: Lifecycle`` (cleanup policy, SIGTERM grace) and two injected
-resources (``dg.ResourceDependency``): ``admission`` (:class:`~gpu_ops.compute.admission.GpuAdmission`,
-the GPU quotas) and ``budget_gate`` (:class:`~gpu_ops.compute.admission.BudgetGate`).
-``GpuCompute.from_config(config.compute)`` builds the one the configuration names;
-``GpuCompute(...)`` itself builds the default backend, ``LocalGpuCompute(...)``, with the
-same keywords. Gates that name no configuration read the resource's ``config_path``.
-
-Lifecycle, after dagster-ray: objects are created per launch (a Kubetorch service, run
-scoped NodePools, or local worker processes and their folder), named from the asset key,
-run id and retry number, labelled with the run id, asset key and attribution. After a
-launch they are removed according to ``cleanup``:
-
-- ``always``: after every launch, whatever happened;
-- ``on_exception``: only when the launch failed or was interrupted (a successful one is
-  left for inspection; Kubetorch's ``inactivity_ttl`` and the orphan sensor reclaim it);
-- ``never``: left in place (the orphan sensor reclaims them once the run is over).
-
-Interrupts (``BaseException``: Dagster run termination, Ctrl-C) count as failures, and
-``yield_for_execution`` removes anything a launch left behind when the step ends, so an
-interrupted run does not orphan GPUs. Local worker *processes* never outlive a launch,
-whatever the policy: only their folder is kept.
-
-This module imports neither torch nor kubetorch (the Kubetorch backend is imported when
-a launch uses it).
+Design: docs/concepts/compute.md#the-resource-and-its-lifecycle
 """
 
 

@@ -1,38 +1,7 @@
-"""Standby workers that outlive the attempt that started them.
+"""Standby workers that outlive the attempt that started them: a keeper process, its warm
+worker and their rendezvous record. No Dagster, no third-party import.
 
-Under Dagster's multiprocess executor (UI launches, ``dagster asset materialize``) every
-retry is a new step process, so a standby kept in the step's memory dies with the
-attempt. Here a standby is two processes started ahead of need, in their own session:
-
-- the **keeper** (``python -m gpu_ops.compute.standby``, standard library only) owns a
-  warm worker (``python -m gpu_ops.compute.worker --standby``: interpreter, warm imports
-  and CUDA done) and waits for a claim on a Unix socket;
-- its **rendezvous record**, ``<folder>/<digest>.<token>.json`` (the folder is
-  ``$GPU_OPS_HOME/standby``, mode 0600), names the run id, the launch (asset key), the
-  rank, a digest of the worker's environment, the socket, a secret token, and the
-  keeper's, worker's and run owner's pids with their start times.
-
-The next attempt's step process (:func:`claim`) reads the records of *its* run, launch
-and rank only, skips a record whose keeper is gone (a stale record is removed), stops a
-standby started with another environment, and connects with the token; the keeper
-checks run, launch, rank, environment and token again, removes its record (nobody else
-can claim it), hands the payload to the worker and relays the worker's output and exit
-status to the claimant (the worker is not the claimant's child, so this is how a
-SIGKILL of an adopted worker is still seen as a SIGKILL).
-
-Nothing leaks. A keeper exits, killing its worker, when:
-
-- it has been *parked* (its holder, the attempt that started it, closed its stdin or
-  died) and nobody claimed it for ``idle_s`` seconds;
-- the run's owner process ends (Dagster's run worker under the multiprocess executor,
-  the step's own process under the in-process one);
-- its worker dies, it receives SIGTERM (:meth:`Standby.stop`, :func:`discard`), or,
-  once claimed, its claimant disconnects (the claimant died: the worker is stopped,
-  SIGTERM then SIGKILL after the grace period, as for a launched worker).
-
-The worker watches the keeper as its parent, so a SIGKILLed keeper takes its worker
-with it (SIGTERM, so it can write its outcome; SIGKILL after the grace period); a
-claimant whose keeper vanished reports the attempt only once that worker is gone. No Dagster, no third-party import here: the keeper must start fast.
+Design: docs/concepts/compute.md#standby-workers
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The local backend's worker process: ``python -m gpu_ops.compute.worker --payload P --result R``.
+"""The local backend's worker process: ``python -m gpu_ops.compute.worker --payload P --result R``
+(``--standby``: started ahead of need). Free of Dagster imports.
 
-Runs one rank of a launch. The callable arrives pickled *by reference* (module + name),
-exactly as Kubetorch ships it, so the worker imports the author's module itself. The
-outcome is written to the result file (pickle) before exiting:
-
-- ``{"status": "ok", "value": ...}``, exit 0
-- ``{"status": "error" | "oom", "error_type", "error_message", "traceback"}``, exit 1
-- ``{"status": "sigterm", ...}``, exit 143: SIGTERM arrived; :class:`WorkerTerminated`
-  was raised inside the function so it could checkpoint on the way out.
-
-The command line names the payload, so a worker is identifiable with ``ps``. Kept free
-of Dagster imports: a worker must start fast.
-
-``--standby``: a worker started ahead of need, while an attempt runs. It gets through
-interpreter start, ``--warm`` imports (torch, the training module) and, with
-``--cuda``, CUDA initialisation, then waits on stdin for one JSON line
-``{"payload", "result", "env"}`` that makes it the next attempt's worker (EOF: it exits).
-Every worker reports its start-up phases, as wall-clock times, in one line
-``gpu_ops:phase {"phases": {...}, "standby": bool}`` just before the function runs.
+Design: docs/concepts/compute.md#the-local-backend
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Spend anomalies: each day's spend of a team, project or training asset against its own
 trailing days, with a robust baseline. Pure: daily aggregates in, scores out.
 
-For one key (``team`` ``nlp``) on day D, the history is the window's days before D
-(``alerts.anomalies.window_days``, 28) that have data; a day with data where the key spent
-nothing counts as 0, a day without data is left out (unknown, not zero). Then:
-
-- **by weekday**, when the history holds ``min_weekday_points`` days of D's weekday: the
-  baseline is their median, the spread 1.4826 × their median absolute deviation (MAD),
-  so the weekly rhythm (quiet weekends) is the baseline itself, never an anomaly;
-- **all days**, with fewer (the first weeks): the median and MAD of every day of the
-  history, and the band ``fallback_widen`` times wider; a weekly rhythm seen this way
-  reads as low weekends (negative scores), never as spikes;
-- with fewer than ``min_points`` days of history: no score (``basis`` ``"none"``).
-
-The spread has a floor of ``relative_floor`` × the baseline (and $1): a flat series has
-no spread, and a day 1% over it is no anomaly. The score is ``(spend - baseline) /
-(spread × widen)``: a robust z-score, positive for a spike. A day is anomalous when its
-score reaches ``check_score`` and it is ``min_excess_usd`` or more over the baseline.
+Design: docs/concepts/budgets-and-alerts.md#spend-anomalies
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Dagster wiring of the cost flow. Thin: every figure is computed in the pure modules.
 
-gpu_usage[day] (+ gpu_usage_quarantine[day]) ─► gpu_cost_attribution[day] + gpu_cost_daily[day]
-                                            │     gpu_cost_daily[period] ─► gpu_budget_status[day]
-                                            └─► gpu_roi_report[day]
-usage ledger + gpu_launch_estimates ─► gpu_estimate_accuracy[day]
-
-Steps read only the columns they use (``AssetIn(metadata={"columns": [...]})``, honoured
-by the table IO manager); budgets read the compact daily table, never row-level usage.
+Design: docs/concepts/cost-sources.md#the-cost-flow-end-to-end
 """
 
 # pandas and the cost core (attribution, budgets, pipeline, roi, TableStore) are imported when an asset runs, not when the code location loads.

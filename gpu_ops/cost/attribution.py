@@ -1,13 +1,6 @@
 """Attribution of priced pieces held as pandas frames: the pandas entry points of the cost
-flow (``gpu_ops.attribute``, fleet totals, conservation, day windows).
-
-The pieces themselves (intervals split at UTC midnights, clipped at the as-of time,
-GPU-hours = ``gpu_count × gpu_share × hours``, cost = GPU-hours × the price per GPU-hour,
-idle = fleet − allocated per node and day) are made in DuckDB SQL
-(:mod:`gpu_ops.cost.allocate`), and grouped there too: :func:`attribute` hands its frame
-to the one grouping (:func:`gpu_ops.cost.allocate.attribute` over stored rows,
-:func:`gpu_ops.cost.stored.stored_attribution`), which the assets run on the day's files
-and `gpu-ops cost attribution` on the engine's rows.
+flow (``gpu_ops.attribute``, fleet totals, conservation, day windows); the grouping itself
+runs in DuckDB SQL (:mod:`gpu_ops.cost.allocate`).
 """
 
 from __future__ import annotations

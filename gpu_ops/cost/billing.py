@@ -1,34 +1,7 @@
 """The cloud bill: AWS Cost and Usage Report (CUR 2.0) lines of GPU instances, per day.
-
 Pure logic, no Dagster.
 
-- Which lines: EC2 instance-hours (usage type ``BoxUsage``/``SpotUsage``/``DedicatedUsage``/
-  ``HeavyUsage``/``HostUsage``) of a resource ``i-…``, kept when the instance is in the node
-  inventory or its ``product_instance_type`` is a GPU type of the catalog. The rest of
-  the bill is not GPU compute and is ignored.
-- Effective cost by ``line_item_line_item_type``: ``SavingsPlanCoveredUsage`` ->
-  ``savings_plan_savings_plan_effective_cost``; ``DiscountedUsage`` ->
-  ``reservation_effective_cost``; ``Usage``, ``Refund``, ``Credit`` -> the net unblended
-  cost where the export has it, else the unblended cost. Discount lines (``EdpDiscount``,
-  ``PrivateRateDiscount``, ``BundledDiscount``, ``DistributorDiscount``) count only
-  without a net column (the net cost already has them). ``SavingsPlanNegation`` and fees
-  are not instance cost (the effective cost replaces them).
-- **Currency.** Every line's ``line_item_currency_code`` must be the prices' currency, or
-  one that ``usage.billing.currency_rates`` converts by an explicit, dated rate. A line in
-  any other currency, or without one, is quarantined (with its amount): never summed as
-  if it were dollars.
-- **Identity.** A line is ``identity_line_item_id`` + ``identity_time_interval`` (CUR 2.0);
-  where an export lacks them, its resource, hour, usage type, line type and cost. The same
-  line seen twice (in two files, or a redelivered file) counts once; when the copies
-  differ (a restated bill) the copy from the newest file counts, and both are reported.
-- **Negative lines** (refunds, credits) are not a price: they are left out of the per-node
-  rate and reported per node and day with the amount they would change.
-- A line that cannot be read (bad date, a cost that is not a number, the effective cost
-  its type needs missing) is quarantined with file, row, field and reason: never a zero.
-- **Read by day.** Each CUR file is read once, in batches of ``usage.billing.batch_rows``
-  rows (memory follows the batch, not the file), into a per-day index of its instance-hour
-  lines (Parquet, one file per UTC day, under ``usage.billing.index_path``), keyed by the
-  file's path, size and modification time; a day then reads only its own index files.
+Design: docs/concepts/cost-sources.md#the-cloud-bill-cur-20
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Budgets: recurring periods with a reset day, spend to date, forecast, thresholds.
 
-- Periods recur (Kubecost): monthly from ``reset_day`` of the month, weekly from ISO
-  weekday ``reset_day``, daily. Each period is evaluated on its own, so thresholds
-  re-arm every period (the gpuautoscaler seed never re-armed after the first month).
-- Thresholds are percent of the amount (above 100 allowed) or absolute dollars, on
-  actual or forecast spend (AWS Budgets).
-- The forecast is a linear run-rate over the history observed in the period and is
-  withheld (``None``) until ``forecast_min_history`` of it exists: one hour says nothing.
-- Status: ``exceeded`` once actual spend reaches the amount; ``warning`` when a crossed
-  threshold is of warning or critical severity; otherwise ``ok``. ``severity``: the
-  highest severity of the thresholds crossed (``none``, ``info``, ``warning``,
-  ``critical``), ``critical`` once actual spend reaches the amount (what the alerting
-  rules page on).
-- Spend is summed from the compact daily table (``gpu_cost_daily``: one row per day,
-  kind and scope-key combination), never from row-level usage. Days of the period that
-  the table lacks are reported (``days_missing``) and never read as zero.
+Design: docs/concepts/budgets-and-alerts.md#budgets
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
-"""Parquet footer summaries cached in the gpu_ops database, so a flat folder of daily files
-costs a ``stat`` per file, not a footer read.
+"""Parquet footer summaries cached in the gpu_ops database (table ``gpu_usage_file_footers``),
+so a flat folder of daily files costs a ``stat`` per file, not a footer read.
 
-A bounded read (:mod:`gpu_ops.cost.window`) opens every Parquet file a pattern matches to
-learn from its footer whether any row can touch the day. With a year of daily files in
-one folder that is hundreds of opens for the two files that matter. The footer's
-:class:`~gpu_ops.cost.window.FooterSummary` (times, columns, row groups) is kept in table
-``gpu_usage_file_footers``, one row per file (its real path), with the file's size,
-``mtime_ns`` and ``ctime_ns`` when it was read:
-
-- A row is used only while the file's ``os.stat`` still gives the same size, ``mtime_ns``
-  and ``ctime_ns``: a file rewritten in place (same name, new content) is read again, even
-  when the writer restores its size and mtime (``cp -p``, ``rsync -t``), because the kernel
-  sets ``ctime`` on every write and nothing can set it back.
-- A file is remembered only when it was last changed at least :data:`SETTLE_NS` before
-  the read and did not change during it: a file rewritten within one timestamp tick of
-  being summarised would otherwise keep its old stat key (Git's "racily clean" problem).
-- A row of a deleted file is never looked at (only listed files are looked up). A
-  summary written by another version of this logic (:data:`VERSION`) is ignored.
-
-Why the database and not a file under ``GPU_OPS_HOME``: steps run in separate processes
-and, with the Kubernetes executor, on separate pods with their own disks; the database is
-the one store they all share, it already serialises writers (``TableStore._lock``) and is
-where an operator looks. A summary is a few hundred bytes; one query reads them all.
+Design: docs/concepts/cost-sources.md#footer-summaries-in-the-database
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Where the node inventory comes from, read once for every consumer.
+"""Where the node inventory comes from, read once for every consumer (:func:`load_inventory`).
 
-The CLI, ``gpu_usage`` (idle rows) and the CUR reconciliation (instance ids) take the
-inventory from :func:`load_inventory`: files through the one reader
-(:func:`gpu_ops.cost.read.read_files`, ``kind`` inventory), the Karpenter nodes the
-collector recorded as a table. The engine then checks it with the rule book (``kind``
-inventory: ``node`` required, a node in the fleet once at any time). No pandas unless
-the Karpenter table is read: `gpu-ops cost attribution --inventory` starts light.
+Design: docs/concepts/cost-sources.md#the-cost-flow-end-to-end
 """
 
 from __future__ import annotations

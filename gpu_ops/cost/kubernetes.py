@@ -1,15 +1,7 @@
-"""Kubernetes collector: GPU pods and GPU nodes as usage intervals and node inventory.
+"""Kubernetes collector: GPU pods and GPU nodes as usage intervals and node inventory,
+recorded collection by collection.
 
-Pods are listed through ``kubernetes.client.CoreV1Api`` (any object with the same
-methods works, which is how the tests drive it without an API server). A pod's GPUs are
-its containers' ``nvidia.com/gpu`` and ``nvidia.com/mig-<profile>`` limits; its
-attribution comes from pod labels; capacity type, instance type, region and GPU model
-come from its node's labels (Karpenter and NVIDIA GPU feature discovery).
-
-Pods disappear from the API once deleted, so each collection is *recorded*: merged into a
-table keyed by (namespace, pod, start), where a running pod that a later collection no
-longer sees is closed at the last time it was seen. Summing snapshots instead is the
-massive overcount the gpuautoscaler seed made.
+Design: docs/concepts/cost-sources.md#the-kubernetes-collector
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Materialization metadata the Dagster UI can use, for the cost tables.
+"""Materialization metadata the Dagster UI can use, for the cost tables. pandas is only
+touched through the frames passed in.
 
-- every table asset: ``dagster/column_schema`` (a ``TableSchema`` of its columns) and
-  ``dagster/row_count``;
-- small tables (top teams, budget status, quarantined rows, recommendations) as
-  ``MetadataValue.table``: sortable and typed, not Markdown;
-- numbers as numbers, money rounded to cents and hours to 3 decimals, with one numeric
-  entry per budget (``budget/<name>/spend_usd``, ``…/amount_usd``, ``…/percent_used``) and
-  per top team (``team/<name>/cost_usd``, ``…/gpu_hours``) so the Plots tab draws each
-  budget's burn over its period and each team's daily spend.
-
-pandas is only touched through the frames passed in: importing this module stays cheap.
+Design: docs/concepts/cost-sources.md#metadata-the-dagster-ui-can-use
 """
 
 from __future__ import annotations

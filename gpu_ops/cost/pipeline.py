@@ -1,9 +1,4 @@
 """The cost flow end to end, shared by the `gpu-ops cost` CLI and the Dagster assets.
-
-sources -> :func:`load_raw` -> the engine (rules, identity) -> split by UTC day, priced,
-idle rows from the inventory (SQL) -> the daily partition's files
-(:func:`usage_for_days`, written from DuckDB: :mod:`gpu_ops.cost.stored`), or the pandas
-boundary of the CLI's budgets and ROI commands (:func:`price_window`).
 No Dagster imports: the CLI must start fast.
 """
 

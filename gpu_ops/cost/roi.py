@@ -1,13 +1,6 @@
 """ROI from measurements only: every figure is a sum over priced usage rows.
 
-- spot (and reserved) savings: on-demand price minus the price paid, per GPU-hour used;
-- sharing savings: the ``1 - gpu_share`` of each shared GPU that was not paid for;
-- preemption waste: GPU-hours of preempted attempts after their last checkpoint (the
-  ledger's ``lost_seconds``), priced at what was paid; net spot savings subtract it;
-- idle waste: the fleet's idle rows.
-
-No fixed discount percentages (the gpuautoscaler seed's "60-90% spot savings"); the
-recommendations carry the dollar figure they are computed from.
+Design: docs/concepts/cost-sources.md#roi-from-measurements-only
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The stored ``gpu_usage`` table written from DuckDB: one path from the engine's good rows
 to the day's Parquet files, no pandas on the way.
 
-The priced pieces (:func:`gpu_ops.cost.allocate.pieces_sql`, :func:`~gpu_ops.cost.allocate.priced_sql`)
-and the idle rows (:func:`~gpu_ops.cost.allocate.idle_sql`) are selected in the stored
-layout (:data:`USAGE_TABLE_COLUMNS`, one type per column: :data:`USAGE_SCHEMA`) and
-streamed out of the engine's DuckDB connection a batch at a time into one Parquet file
-per UTC day (:class:`~gpu_ops.storage.files.PartitionWriter`); the figures the step
-reports (:class:`UsageTotals`) are summed from the same batches. The files are handed on
-by reference (:class:`~gpu_ops.storage.files.ParquetParts`): the table IO manager moves
-them into ``storage.row_level_path``, or loads them into the SQL store.
+Design: docs/concepts/cost-sources.md#the-cost-flow-end-to-end
 """
 
 from __future__ import annotations

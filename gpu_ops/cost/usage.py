@@ -1,12 +1,8 @@
-"""Usage tables and the pandas boundary around the engine.
+"""Usage tables and the pandas boundary around the engine: the tables read as raw frames
+with provenance columns, file header probes, the quarantine's shape and the deprecated
+:func:`validate_usage`.
 
-Files are read by :mod:`gpu_ops.cost.read` (one reader, as Arrow) and checked by
-:mod:`gpu_ops.cost.engine`; this module reads the *tables* (the training ledger, the
-pods and nodes the Kubernetes collector recorded) as raw frames in the usage format
-plus three provenance columns (``source``, ``location``, ``row``), probes file headers
-for the ``usage_sources`` check, and holds the quarantine's shape and the deprecated
-:func:`validate_usage` (now the engine's answer). The pandas file reader the package had
-lives on in the tests, as the oracle's (``gpu_ops_tests/cost/oracle_read.py``).
+Design: docs/concepts/cost-sources.md#the-cost-flow-end-to-end
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
 """GPU efficiency from DCGM metrics (dcgm-exporter) read through the Prometheus HTTP API.
-
 Pure logic, no Dagster.
 
-- Every answer is bounded (:mod:`gpu_ops.bounded_http`): ``timeout_s`` is a total deadline
-  per query, at most ``max_response_bytes`` are read, and the JSON is parsed as it streams
-  in (ijson) with at most ``max_samples`` samples per query.
-- A malformed answer (not JSON, a scalar or vector result, no ``data``, a value that is no
-  number, too many samples) is a :class:`UtilizationError` naming the server (scheme and
-  host), the query and what was wrong; :func:`measured_rows` turns it into a window with
-  no metrics whose :attr:`Measurement.missing` says why. Never a traceback, never 1.0.
-- A sample that is not finite (``NaN``, ``+Inf``) or outside its metric's range (activity
-  0..1, ``GPU_UTIL`` 0..100 %, memory ≥ 0) is no measurement: left out and counted,
-  never clipped. ``step`` must be at least ``scrape_interval`` (refused in the config).
-
-- Activity: ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (0..1) where the exporter has it, else
-  ``DCGM_FI_DEV_GPU_UTIL`` / 100 (whole GPUs only: NVML has no utilisation per MIG
-  instance). For a MIG instance the profiling metric is relative to the instance.
-- Memory: ``DCGM_FI_DEV_FB_USED`` and ``DCGM_FI_DEV_FB_FREE`` (MiB).
-- Each range-query point at ``t`` is ``avg_over_time(metric[step])``: the mean of the
-  samples Prometheus stored in the step ending at ``t``. A step without samples has no
-  point: a gap, never a zero.
-- Join: by (namespace, pod) and time. A usage piece ``[a, b)`` gets the integral of its
-  pod's activity over the steps that overlap it (partial steps pro rata):
-
-      active_gpu_hours  = gpu_count × gpu_share × ∫ activity dt   (activity averaged over the pod's GPUs / MIG instances)
-      metered_gpu_hours = gpu_count × gpu_share × (time with metrics)
-      efficiency        = active_gpu_hours / metered_gpu_hours
-      unused_cost_usd   = (metered_gpu_hours − active_gpu_hours) × price per GPU-hour
-
-  Time without metrics is neither idle nor busy: it is left out of all three and shows
-  as coverage (metered ÷ allocated GPU-hours) below 1. A piece with no metrics at all
-  has NaN in every efficiency column.
+Design: docs/concepts/cost-sources.md#gpu-efficiency-from-dcgm
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
-"""Reads bounded by a time window: a daily partition reads what can touch its day.
+"""Reads bounded by a time window: a daily partition reads what can touch its day (Parquet
+footers and row groups, ``{date}`` layouts, CSV, tables); :class:`ReadStats` records what
+was read.
 
-A usage row *can touch* ``[start, end)`` when the window's pieces or quarantine could
-contain it, which is exactly what :func:`gpu_ops.cost.usage.quarantine_in_window` keeps:
-
-- its start is missing or unreadable (it could belong to any day), or
-- its end is missing (still running) and it starts before the window's end, or
-- ``min(start, end) < window end`` and ``max(start, end) >= window start`` (an inverted
-  interval is quarantined in every day between its two times).
-
-Everything else is dropped as early as the source allows, so results with pruning equal
-results without it:
-
-- **Parquet**: the footer (not the data) of every file is read; a row group whose
-  ``start``/``end`` statistics show no row can touch the window is skipped, and a file
-  with no such row group is never read beyond its footer. With the gpu_ops database at
-  hand, each footer's summary is cached there (:mod:`gpu_ops.cost.footers`, keyed by the
-  file's real path, size, mtime and ctime), so a later day only stats a file the cached
-  summary rules out and never opens it. Statistics prune typed
-  timestamp columns only: a group that starts after the window is skipped, one that
-  ended before it only when none of its rows is still running (a missing ``end`` runs
-  into every later day), and none with a missing ``start``.
-- **Date-partitioned layouts**: a ``{date}`` placeholder in a source ``path``
-  (``exports/day={date}/*.parquet``) or hive-style folders (``day=YYYY-MM-DD``,
-  ``date=...``, ``dt=...``) name the UTC day an interval *starts*. A window of days
-  ``[first, last]`` lists only the folders of ``first - lookback_days`` .. ``last``
-  (``lookback_days`` per file source, default 1: an interval crossing midnight lives in
-  the previous day's file). Files of other days are never listed or opened. An interval
-  longer than ``lookback_days`` days must be exported in the file of each day it runs
-  (or raise ``lookback_days``).
-- **CSV**: the ``{date}`` placeholder as above; otherwise one pass over the file (read
-  as text, times parsed once per distinct value) drops rows that cannot touch the window
-  before validation and pricing. Cost: reading and parsing the times of the whole file.
-- **Tables** (``gpu_usage_ledger``, ``gpu_usage_collected``): a range query on indexed
-  ``start``/``end`` columns (:meth:`gpu_ops.storage.tables.TableStore.read_range`).
-
-:class:`ReadStats` records what was listed, opened and read (``files_read`` metadata).
+Design: docs/concepts/cost-sources.md#reads-bounded-by-a-window
 """
 
 from __future__ import annotations

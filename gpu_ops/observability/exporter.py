@@ -1,21 +1,6 @@
 """``gpu-ops exporter``: the HTTP endpoint Prometheus scrapes (``/metrics``, port 9464).
 
-Each scrape reads the gpu_ops database (the tables the Dagster UI shows, see
-:mod:`gpu_ops.observability.readers`) and answers the families of
-:mod:`gpu_ops.observability.metrics` in Prometheus' text format (0.0.4, gzip when asked):
-the exporter keeps no state of its own, so a restart changes no value and several
-replicas serve the same figures. ``--cache-seconds`` lets scrapes within that many
-seconds share one read (an HA pair of Prometheus servers costs one set of queries), and
-scrapes that arrive while a read is under way wait for that read rather than start their
-own. Every read ends within ``--deadline-seconds`` (8 s by default: below Prometheus'
-default ``scrape_timeout`` of 10 s, which the chart's ServiceMonitor keeps): a database
-that is down, silent or slow answers ``gpu_ops_exporter_read_ok{source=...} 0`` for each
-source that missed it, and a log line naming the database (password hidden), never a
-traceback, an empty 200 or a scrape that times out.
-
-The text is written here, a line per sample (``prometheus_client`` checked and escaped
-every label of every sample: 2.5 s for the 130,000 series of 10,000 budgets, past the
-2 s goal of a scrape; benchmarks/exporter.py).
+Design: docs/concepts/observability.md#the-exporter
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""The Prometheus metric catalog and pure functions from table rows to metric families.
+"""The Prometheus metric catalog (:data:`CATALOG`) and pure functions from table rows to
+metric families. No I/O, no third-party imports.
 
-One home for every metric: :data:`CATALOG` names each one with its type, unit, labels and
-the table it comes from; the exporter serves exactly these, the dashboards may query
-only these (a test holds them to it), and docs/reference/metrics.md lists them.
-
-Conventions (Prometheus naming): the ``gpu_ops_`` prefix, base units (seconds, USD,
-ratios 0-1), ``_total`` on counters, low-cardinality labels (team, project, namespace,
-cost_center, gpu_type, capacity_type, budget, channel, asset_key). Pod names are
-unbounded: their series exist only with the exporter's ``--per-pod`` opt-in.
-
-Windows: ``window="day"`` is the newest materialized daily partition (normally
-yesterday, UTC), ``window="month"`` the calendar month up to and including it. Cost
-tables are gauges (a window's figure); the ledger, alert deliveries and dead letters are
-append-only, so their figures are counters.
-
-No I/O here and no third-party imports: :mod:`gpu_ops.observability.readers` produces the
-rows, :mod:`gpu_ops.observability.exporter` turns the families into exposition text.
+Design: docs/concepts/observability.md#the-metric-catalog
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """A training attempt's GPU-hours, cost, preemptions and hardware on its MLflow run.
 
-Which run (nothing happens, and nothing is imported, when none applies):
-
-1. the active MLflow run of the process that records the attempt (the Dagster step:
-   ``with mlflow.start_run(): dg.materialize(...)``, or a training function run
-   in-process), when ``mlflow`` is already imported;
-2. ``MLFLOW_RUN_ID`` (MLflow's own variable, with ``MLFLOW_TRACKING_URI``);
-3. with ``GPU_OPS_MLFLOW_TRACKING_URI`` set, one run per Dagster run and training asset,
-   found again by its tags ``dagster.run_id`` and ``dagster.asset_key`` on the next
-   attempt, in the experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``gpu_ops/<asset>``).
-
-:func:`target` says which, without a network call, when the attempt settles; the record
-(:func:`record`: metrics and tags) is queued with the bill in the telemetry outbox and
-sent afterwards (:func:`export`). The run's experiment id becomes the ledger row's
-``experiment_id``: at once when it is known without asking (the active run), else once
-the export found it (an experiment id the asset's labels name is kept on the MLflow run as
-the tag ``gpu_ops.label.experiment_id``), so ``gpu-ops cost attribution --by
-experiment_id`` answers what an experiment cost. Metrics are logged with the attempt as
-the step: per attempt (``gpu_ops.attempt.*``) and for the run so far (``gpu_ops.gpu_hours``,
-``gpu_ops.cost_usd``, ``gpu_ops.preemptions``, ``gpu_ops.attempts``); the hardware is in
-tags (``gpu_ops.gpu_type`` ...), which, unlike params, may change between attempts.
-
-An http(s) tracking server is spoken to over its REST API through
-:mod:`gpu_ops.bounded_http`: the whole export (finding or creating the experiment and run,
-logging the batch) shares **one deadline**, connect, send and read together, whatever the
-server trickles. Credentials come from the sender's environment, never from the outbox:
-the userinfo of ``GPU_OPS_MLFLOW_TRACKING_URI`` or ``MLFLOW_TRACKING_URI`` when it names
-the same server, else ``MLFLOW_TRACKING_TOKEN`` or ``MLFLOW_TRACKING_USERNAME`` and
-``_PASSWORD``; ``MLFLOW_TRACKING_SERVER_CERT_PATH`` is the CA bundle. Any other tracking
-URI (a local ``file:`` or ``sqlite:`` store, ``databricks``) goes through the ``mlflow``
-client (``gpu_ops[mlflow]``) with its HTTP calls bounded by ``MLFLOW_HTTP_REQUEST_TIMEOUT``
-(10 s) and 2 retries unless set.
+Design: docs/concepts/observability.md#mlflow-runs
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The telemetry outbox, table ``gpu_ops_telemetry_outbox``: an attempt's span and MLflow
-record, queued in the transaction that settles it and sent afterwards.
+record, queued in the transaction that settles it and sent afterwards. No Dagster.
 
-One row per (kind, run, asset, attempt): ``record_id`` is derived from them, so a second
-settler's insert is a no-op. ``payload`` is everything the export needs, as JSON, and no
-secret (a URL is stored without its userinfo; credentials come from the sender's
-environment). A sender **claims** a row before it exports it (compare-and-set on
-``claim_token``; the claim lasts the export's deadline and a margin, and a claim whose
-holder is a dead process on this host is taken over at once), then marks it ``sent_at``
-or, when the export failed, records ``last_error`` (URLs redacted) and ``last_export_s``
-and makes it due again later (backoff doubling from 30 s to an hour). Every time is the
-database's clock. No Dagster here; the sending is :mod:`gpu_ops.observability.sender`.
+Design: docs/concepts/observability.md#the-telemetry-outbox
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""The bounded reads behind each metric family, from the gpu_ops database (SQLite or
-PostgreSQL, through :class:`~gpu_ops.storage.tables.TableStore`) and, when
-``storage.row_level_path`` is set, the row-level Parquet files of ``gpu_usage``.
+"""The bounded reads behind each metric family, from the gpu_ops database and the row-level
+Parquet files of ``gpu_usage``.
 
-Every read is an aggregate the database computes, over the newest partition or the
-newest month of partitions of a cost table, or over an append-only table (ledger, alert
-deliveries, dead letters) grouped into a few rows: a scrape never loads history into
-Python. A table that does not exist yet gives no rows.
-
-One deadline per read (``deadline_s``, ``gpu-ops exporter --deadline-seconds``): the
-sources are read side by side, each on its own read-only connection
-(:meth:`TableStore.reading <gpu_ops.storage.tables.TableStore.reading>`: no write lock,
-so a partition write never holds a scrape up), and whatever has not answered by the
-deadline is recorded in ``Snapshot.errors`` (the exporter logs it and serves
-``gpu_ops_exporter_read_ok 0``) while the sources that answered are served. A source
-still waiting on a silent database from an earlier read is not started again until that
-read ends (its connect and statement timeouts bound it), so a silent database costs each
-scrape the deadline, never more, and never piles up connections.
-
-Labels are the grain of the table read: the efficiency families carry exactly the text
-(grouping) columns of ``gpu_cost_attribution``, the ``usage.group_by`` keys it was
-written with, so no two samples of a family share a label set.
+Design: docs/concepts/observability.md#the-reads-behind-each-family
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Sending the telemetry outbox (:mod:`gpu_ops.observability.outbox`), after the commit and
-off the training path.
+off the training path: :class:`Flush` (the owner's) and :func:`drain`. No Dagster.
 
-- :class:`Flush`, the owner's: right after its attempt settled, each of its records is
-  sent in a daemon thread, one export each within the deadline
-  (``training.telemetry_deadline_s``: connect, send and read together, see
-  :mod:`~gpu_ops.observability.tracing` and :mod:`~gpu_ops.observability.mlflow_runs`);
-  the owner waits at most that long (:meth:`Flush.wait`) and never for a retry.
-- :func:`drain`, the orphan sensor's and ``gpu-ops validate --settle-orphans``': the
-  records still unsent (due now, or all), one export at a time within an overall budget;
-  after one failure of a kind the rest of that kind wait for the next drain.
-
-A record is claimed before its export and marked sent after it (the MLflow record's
-experiment id filling its ledger row in the same transaction), or left for later with the
-error (URLs redacted). A sender that dies mid-export leaves the record unsent; a claim of
-a process that died on this host is taken over at once, another expires. Delivery is at
-least once: an export that succeeded just before its sender died is sent again. No Dagster.
+Design: docs/concepts/observability.md#the-telemetry-outbox
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """OpenTelemetry spans: one per training attempt, one per cost partition, over OTLP/HTTP.
+Nothing is imported unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 
-Exported only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set;
-otherwise every function returns at once, importing nothing. A span is built as the OTLP
-protobuf (``opentelemetry-proto``, the ``gpu_ops[otel]`` extra) and POSTed through
-:mod:`gpu_ops.bounded_http`: **one deadline per export** covering connect, send and read
-(a collector that trickles its answer ends at the deadline, not per read), no SDK
-exporter and its retries in between. The standard variables apply: the endpoint,
-``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS``, ``..._CERTIFICATE``, ``..._COMPRESSION``
-(``gzip``), ``OTEL_SERVICE_NAME`` (default ``gpu_ops``) and ``OTEL_RESOURCE_ATTRIBUTES``;
-the deadline is gpu_ops' own (``training.telemetry_deadline_s``).
-
-An attempt's span is queued with its bill (:func:`attempt_payload`, a JSON payload in the
-telemetry outbox) and sent afterwards (:func:`export`); a partition's is sent when the
-partition is computed (:func:`partition_span`). Ids are derived from the Dagster run, so a
-span sent twice (at least once delivery) keeps its span id, and every attempt of one run
-and asset lands in one trace.
-
-Attributes follow OpenTelemetry's semantic conventions where one exists
-(``k8s.namespace.name``, ``k8s.pod.name``, ``k8s.node.name``, ``error.type``,
-``cloud.provider``); the rest are in the ``gpu_ops.`` namespace, with the names of the
-GenOps design (``gpu_ops.compute.gpu_type``, ``gpu_ops.cost.total``, ...).
+Design: docs/concepts/observability.md#opentelemetry-spans
 """
 
 from __future__ import annotations
