@@ -68,8 +68,9 @@ def anomaly_alerts(plan: ThresholdPlan, rows: pd.DataFrame, spend: Spend, alert_
             if not (b.channels and covers(plan.filters(name), attrs)):
                 continue
             period = period_bounds(b, day)
-            if (name, period[0].isoformat()) in spend:
-                out.append(_alert(plan, name, row, period, spend[name, period[0].isoformat()], dagster_url))
+            figure = spend.get((name, period[0].isoformat()))
+            if figure is not None:
+                out.append(_alert(plan, name, row, period, figure, dagster_url))
             elif name not in unknown:
                 unknown.append(name)
     return out, unknown
@@ -77,12 +78,14 @@ def anomaly_alerts(plan: ThresholdPlan, rows: pd.DataFrame, spend: Spend, alert_
 
 def period_spend(store: Any, table: StatusTable, rows: pd.DataFrame) -> dict[tuple[str, str], float]:
     """Each budget's spend by period: the newest status partition's rows, then, for the
-    anomalies' days, their own partitions' rows (an anomaly on a period's last day is
-    about that period, after the newest partition has moved to the next)."""
+    anomalies' days older than it, their own partitions' rows (an anomaly on a period's
+    last day is about that period, after the newest partition has moved to the next); an
+    anomaly of the newest partition's day reads nothing more."""
     spend: dict[tuple[str, str], float] = {}
-    days = sorted({str(d)[:10] for d in rows["day"]})
+    newest = {str(r[7])[:10] for r in table.rows}  # STATUS_COLUMNS' partition_key
+    days = sorted({str(d)[:10] for d in rows["day"]} - newest)
     columns = ["budget", "period_start", "spend_usd"]
-    earlier = store.read(STATUS_TABLE, partition_keys=days, columns=columns, missing_ok=True)
+    earlier = store.read(STATUS_TABLE, partition_keys=days, columns=columns, missing_ok=True) if days else pd.DataFrame()
     rest = earlier[columns].itertuples(index=False) if len(earlier) else ()
     for budget, start, value in [*((r[0], r[1], r[4]) for r in table.rows), *rest]:
         spend.setdefault((str(budget), str(start)[:10]), float(value))  # the newest partition's figure first
