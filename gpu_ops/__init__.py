@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from gpu_ops.failures import GpuOpsFailure as GpuOpsFailure
     from gpu_ops.failures import LaunchRefused as LaunchRefused
     from gpu_ops.failures import TrainingFailed as TrainingFailed
-    from gpu_ops.alerts.enforcement import assert_launch_allowed as assert_launch_allowed
+    from gpu_ops.compute.admission import assert_launch_allowed as assert_launch_allowed
     from gpu_ops.alerts.messages import verify_webhook_signature as verify_webhook_signature
     from gpu_ops.compute.backend import WorkerExit as WorkerExit
     from gpu_ops.compute.backend import WorkerReport as WorkerReport
@@ -123,7 +123,7 @@ _EXPORTS: dict[str, str] = {
     "evaluate_budgets": "gpu_ops.cost.budgets",
     "roi_report": "gpu_ops.cost.roi",
     # alerts
-    "assert_launch_allowed": "gpu_ops.alerts.enforcement",
+    "assert_launch_allowed": "gpu_ops.compute.admission",
     "verify_webhook_signature": "gpu_ops.alerts.messages",
     # errors
     "GpuOpsError": "gpu_ops.errors",

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from gpu_ops.alerts.model import money, period_label, scope_label
+from gpu_ops.alerts.model import Refusal, money, period_label, scope_label
 from gpu_ops.alerts.state import period_end_passed
 from gpu_ops.compute.karpenter import (
     CAPACITY_TYPE_LABEL,
@@ -381,8 +381,9 @@ def _store_for(source: Any) -> Any:
     return TableStore.from_config(config)
 
 
-def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None = None) -> None:
-    """Raise :class:`gpu_ops.failures.LaunchRefused` (a ``dg.Failure``, never retried) when a budget blocks or throttles this launch.
+def check_launch(source: Any, request: Any, *, now: dt.datetime | None = None) -> Refusal | None:
+    """The :class:`Refusal` of this launch when a budget blocks or throttles it, else None
+    (:func:`gpu_ops.assert_launch_allowed` raises it as a step failure).
 
     ``source``: a GpuOpsConfig, a TableStore, a storage URL, or None (the loaded config).
     No enforcement table yet means nothing was ever enforced: the launch goes ahead. An
@@ -396,10 +397,6 @@ def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None 
         # Bounded by storage.connect_timeout_s / statement_timeout_s, never a hang.
         why = str(exc) if isinstance(exc, StorageUnavailable) else f"{type(exc).__name__} reading {ENFORCEMENT_TABLE} in {display_url(store.url)}"
         logging.getLogger("gpu_ops.alerts").warning(f"budget enforcement could not be checked ({why}); the launch goes ahead")
-        return
+        return None
     reason = launch_refusal(active_enforcements(records, now or dt.datetime.now(dt.timezone.utc)), request)
-    if reason is None:
-        return
-    from gpu_ops.failures import LaunchRefused
-
-    raise LaunchRefused(reason, metadata={"refused_by": "gpu_budget_enforcement"})
+    return None if reason is None else Refusal(reason, {"refused_by": "gpu_budget_enforcement"})

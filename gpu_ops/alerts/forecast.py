@@ -16,7 +16,7 @@ import pandas as pd
 
 from gpu_ops.alerts.enforcement import scope_matches
 from gpu_ops.alerts.intraday import read_accrual
-from gpu_ops.alerts.model import money, scope_label
+from gpu_ops.alerts.model import Refusal, money, scope_label
 from gpu_ops.alerts.state import STATUS_TABLE
 from gpu_ops.cost.budgets import period_bounds
 from gpu_ops.storage.tables import TableStore
@@ -131,30 +131,28 @@ def spend_to_date(config: Any, store: Any, budgets: Sequence[Any], now: dt.datet
     return out
 
 
-def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt.datetime | None = None, store: Any = None) -> None:
-    """Raise :class:`gpu_ops.failures.LaunchRefused` when ``estimate`` (an
+def check_forecast(config: Any, request: Any, estimate: Any, *, now: dt.datetime | None = None, store: Any = None) -> Refusal | None:
+    """The :class:`Refusal` of this launch when ``estimate`` (an
     :class:`~gpu_ops.training.estimate.Estimate`) would carry an enforced budget past its
-    line; nothing when ``alerts.launch_forecast`` is ``off`` or no budget enforces."""
+    line; None when ``alerts.launch_forecast`` is ``off`` or no budget enforces."""
     basis = config.alerts.launch_forecast
     budgets = [b for b in config.budgets if b.enforcement.action in ENFORCING]
     if basis == "off" or not budgets:
-        return
+        return None
     figure = estimate.figure(basis)
     if figure is None:
-        return
+        return None
 
     store = store or TableStore.from_config(config)
     try:
         spend = spend_to_date(config, store, budgets, now or dt.datetime.now(dt.timezone.utc))
     except Exception as exc:  # the database is down: do not stop training over it (as enforcement)
         logging.getLogger("gpu_ops.alerts").warning(f"the launch forecast could not be checked ({type(exc).__name__}: {exc}); the launch goes ahead")
-        return
+        return None
     reason = forecast_refusal(budgets, request, figure, basis, spend)
     if reason is None:
-        return
-    from gpu_ops.failures import LaunchRefused
-
-    raise LaunchRefused(reason, metadata={"refused_by": "forecast gate", "estimate_usd": float(figure), "estimate_basis": basis})
+        return None
+    return Refusal(reason, {"refused_by": "forecast gate", "estimate_usd": float(figure), "estimate_basis": basis})
 
 
-__all__ = ["Spend", "assert_forecast_allowed", "forecast_refusal", "request_attrs", "spend_to_date"]
+__all__ = ["Spend", "check_forecast", "forecast_refusal", "request_attrs", "spend_to_date"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal
 
 AlertKind = Literal["trigger", "resolve", "test"]
@@ -202,3 +203,13 @@ def test_alert(channel: str, dagster_url: str, today: dt.date | None = None) -> 
 
 # pytest would otherwise try to collect the helper above when a test imports it.
 test_alert.__test__ = False  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A launch a gate refuses: the reason the user reads and the metadata of the step
+    failure (``refused_by`` and what the gate weighed). The flows return it; the Dagster
+    wiring (:mod:`gpu_ops.compute.admission`) raises it as ``LaunchRefused``."""
+
+    reason: str
+    metadata: Mapping[str, Any]

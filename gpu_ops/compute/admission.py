@@ -6,6 +6,7 @@ Design: docs/concepts/compute.md#admission
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,10 +15,37 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from gpu_ops.alerts.model import Refusal
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.config import load_config
 
 Say = Callable[[str], None]
+
+
+def assert_launch_allowed(source: Any, request: Any, *, now: dt.datetime | None = None) -> None:
+    """Raise :class:`gpu_ops.failures.LaunchRefused` (a ``dg.Failure``, never retried) when
+    a budget blocks or throttles this launch; ``source`` is a GpuOpsConfig, a TableStore, a
+    storage URL or None (the loaded configuration). An unreadable enforcement table lets the
+    launch go ahead (logged): see :func:`gpu_ops.alerts.enforcement.check_launch`."""
+    from gpu_ops.alerts.enforcement import check_launch
+
+    _refuse(check_launch(source, request, now=now))
+
+
+def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt.datetime | None = None, store: Any = None) -> None:
+    """Raise :class:`gpu_ops.failures.LaunchRefused` when ``estimate`` would carry an
+    enforced budget past its line (``alerts.launch_forecast``): see
+    :func:`gpu_ops.alerts.forecast.check_forecast`."""
+    from gpu_ops.alerts.forecast import check_forecast
+
+    _refuse(check_forecast(config, request, estimate, now=now, store=store))
+
+
+def _refuse(refusal: Refusal | None) -> None:
+    if refusal is not None:
+        from gpu_ops.failures import LaunchRefused
+
+        raise LaunchRefused(refusal.reason, metadata=dict(refusal.metadata))
 
 
 class BudgetGate(dg.ConfigurableResource):
@@ -33,9 +61,6 @@ class BudgetGate(dg.ConfigurableResource):
         ``config_path`` (the launching resource's)."""
         if not self.enabled:
             return
-        from gpu_ops.alerts.enforcement import assert_launch_allowed
-        from gpu_ops.alerts.forecast import assert_forecast_allowed
-
         config = load_config(self.config_path or config_path)
         assert_launch_allowed(config, request)
         if estimate is not None:

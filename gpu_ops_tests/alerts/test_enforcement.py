@@ -17,13 +17,13 @@ from gpu_ops.alerts.enforcement import (
     PRE_ENFORCEMENT,
     EnforcementOrder,
     NodePools,
-    assert_launch_allowed,
     block_plan,
     carry_out,
     record_frame,
     revert_plan,
     throttle_plan,
 )
+from gpu_ops.compute.admission import assert_launch_allowed
 from gpu_ops.compute.karpenter import nodepool_manifest
 from gpu_ops.compute.request import GpuRequest
 from gpu_ops.storage.tables import TableStore

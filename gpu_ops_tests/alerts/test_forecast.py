@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpu_ops.alerts.forecast import Spend, assert_forecast_allowed, forecast_refusal, spend_to_date
+from gpu_ops.alerts.forecast import Spend, forecast_refusal, spend_to_date
+from gpu_ops.compute.admission import assert_forecast_allowed
 from gpu_ops.compute.request import Attribution, GpuRequest
 from gpu_ops.config import parse_config
 from gpu_ops.failures import LaunchRefused

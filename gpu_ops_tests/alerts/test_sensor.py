@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 import gpu_ops.alerts.records as records_mod
-from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, NodePools, assert_launch_allowed
+from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, NodePools
+from gpu_ops.compute.admission import assert_launch_allowed
 from gpu_ops.alerts.records import DELIVERIES_TABLE
 from gpu_ops.alerts.sensor import KarpenterAccess
 from gpu_ops.compute.karpenter import nodepool_manifest

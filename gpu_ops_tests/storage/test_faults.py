@@ -235,7 +235,7 @@ def test_the_budget_sensor_tick_names_the_database(tmp_path, closed_port, monkey
 
 
 def test_the_launch_gate_goes_ahead_within_the_bound_and_says_why(silent_port, caplog):
-    from gpu_ops.alerts.enforcement import assert_launch_allowed
+    from gpu_ops.compute.admission import assert_launch_allowed
 
     store = TableStore(pg_url_at(silent_port), connect_timeout_s=2)
     started = time.monotonic()
