@@ -45,7 +45,7 @@ from fleet import budget_name, fleet_data  # noqa: E402
 
 
 def build(n: int, folder: Path):
-    from gpu_ops.config import parse_config
+    from gpu_ops.domain.config import parse_config
 
     return parse_config(fleet_data(n, folder), folder / "gpu_ops.yaml")
 
@@ -71,8 +71,8 @@ def status(n: int, day: str, spend: np.ndarray) -> pd.DataFrame:
 
 def old_steady(store, config, cursor_text: str, now: dt.datetime) -> float:
     """The pre-fleet path on the same state: version-1 cursor, every row in detail."""
-    from gpu_ops.alerts.records import read_latest_status
-    from gpu_ops.alerts.state import AlertCursor, evaluate
+    from gpu_ops.flows.alerts.records import read_latest_status
+    from gpu_ops.domain.alerts.state import AlertCursor, evaluate
 
     c = AlertCursor.decode(cursor_text)
     v1 = json.dumps({"v": 1, "m": c.last_storage_id, "at": None, "b": {k: s.to_json() for k, s in c.budgets.items() if not s.empty},
@@ -96,11 +96,11 @@ def run(n: int, repeat: int) -> None:
 
     logging.getLogger("dagster").setLevel(logging.WARNING)  # the sensor's per-tick summary line
 
-    from gpu_ops.alerts.definitions import build_defs
-    from gpu_ops.alerts.state import STATUS_TABLE
-    from gpu_ops.alerts.redelivery import Pending
-    from gpu_ops.alerts.state import AlertCursor
-    from gpu_ops.resources import GpuOpsSettings
+    from gpu_ops.dagster.alerts.definitions import build_defs
+    from gpu_ops.domain.alerts.state import STATUS_TABLE
+    from gpu_ops.domain.alerts.redelivery import Pending
+    from gpu_ops.domain.alerts.state import AlertCursor
+    from gpu_ops.dagster.resources import GpuOpsSettings
     from gpu_ops.storage.tables import TableStore
 
     rng = np.random.default_rng(7)

@@ -11,7 +11,7 @@ interleaved ``--repeat`` times; the best wall time and the highest peak RSS (max
 process) are reported, and every answer (per-team GPU-hours and cost) must agree with the
 floor's to 1e-6:
   1. `gpu-ops cost attribution --by team` (the real CLI: the rule book compiled to SQL,
-     quarantine, identical rows and superseded records — gpu_ops/cost/rules.py,
+     quarantine, identical rows and superseded records — gpu_ops/domain/cost/rules.py,
      engine.py —, then day split, pricing and grouping in SQL — allocate.py —, the table
      printed from plain Python: no pandas or pydantic of its own),
   2. DuckDB: one SQL query over the file (join with a price table, GROUP BY team),
@@ -165,7 +165,7 @@ FLOOR = textwrap.dedent(
     """
     import json, sys
     import numpy as np, pyarrow.parquet as pq, yaml
-    from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import UnknownGpuType, canonical_gpu_type
     path, prices_path, day_us, asof_us = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     prices = yaml.safe_load(open(prices_path))["gpus"]
     def price(g, x):  # a GPU type the catalog does not know: no price, as a join would drop it
@@ -198,7 +198,7 @@ FLOOR = textwrap.dedent(
 PEER_PRICES = textwrap.dedent(
     """
     import json, sys, yaml
-    from gpu_ops.compute.catalog import canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import canonical_gpu_type
     path, prices_path, day, asof, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(",")
     gpus = yaml.safe_load(open(prices_path))["gpus"]
     price_rows = [(n, c, v) for n in names for c, v in gpus[canonical_gpu_type(n)].items()]
@@ -241,8 +241,8 @@ DUCKDB_SAME_WORK = textwrap.dedent(
     """
     import json, sys, yaml
     import duckdb
-    from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
-    from gpu_ops.cost.rules import CAPACITY_TYPES, CONTROL, MAX_GPUS_PER_ROW, SHARING_MODES, SPACES
+    from gpu_ops.domain.compute.catalog import UnknownGpuType, canonical_gpu_type
+    from gpu_ops.domain.cost.rules import CAPACITY_TYPES, CONTROL, MAX_GPUS_PER_ROW, SHARING_MODES, SPACES
     path, prices_path, day, asof = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     gpus = yaml.safe_load(open(prices_path))["gpus"]
     con = duckdb.connect()
@@ -319,7 +319,7 @@ PANDAS = textwrap.dedent(
     """
     import json, sys
     import pandas as pd, yaml
-    from gpu_ops.compute.catalog import canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import canonical_gpu_type
     path, prices_path, day, asof, GPU_NAMES = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(",")
     prices = yaml.safe_load(open(prices_path))["gpus"]
     p = pd.DataFrame([(g, c, v) for g, caps in prices.items() for c, v in caps.items()], columns=["gpu_type", "capacity_type", "price"])

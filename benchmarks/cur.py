@@ -48,7 +48,7 @@ INDEX = textwrap.dedent(
     """
     import sys, time, json
     from pathlib import Path
-    from gpu_ops.cost.billing import CurIndex
+    from gpu_ops.flows.cost.billing import CurIndex
     t0 = time.perf_counter()
     where = CurIndex(Path(sys.argv[2]), int(sys.argv[3])).build(Path(sys.argv[1]))
     print(json.dumps({"seconds": time.perf_counter() - t0, "index_mib": sum(p.stat().st_size for p in where.glob("*.parquet")) / 2**20}))
@@ -58,7 +58,7 @@ DAY_READ = textwrap.dedent(
     """
     import sys, time, json
     from pathlib import Path
-    from gpu_ops.cost.billing import CurIndex, gpu_bill
+    from gpu_ops.flows.cost.billing import CurIndex, gpu_bill
     index = CurIndex(Path(sys.argv[2]), int(sys.argv[3]))
     out = []
     for day in sys.argv[4].split(","):

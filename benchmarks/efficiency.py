@@ -42,13 +42,13 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np, pandas as pd
-    from gpu_ops.config import PriceTable
+    from gpu_ops.domain.config import PriceTable
     import yaml
-    from gpu_ops.cost.attribution import attribute
-    from gpu_ops.cost.pipeline import load_raw, price_window
-    from gpu_ops.cost.pricing import PriceMatrix
-    from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.utilization import SAMPLE_COLUMNS, group_efficiency, join_efficiency
+    from gpu_ops.flows.cost.attribution import attribute
+    from gpu_ops.flows.cost.pipeline import load_raw, price_window
+    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.domain.cost.sources import SourceSet
+    from gpu_ops.flows.cost.utilization import SAMPLE_COLUMNS, group_efficiency, join_efficiency
 
     path, mode, covered, step, day, as_of = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
     prices = PriceMatrix.from_table(PriceTable.model_validate(yaml.safe_load(open(sys.argv[7]))))
@@ -96,8 +96,8 @@ PROM = textwrap.dedent(
     import httpx
     import numpy as np
     import pandas as pd
-    from gpu_ops.config import UtilizationConfig
-    from gpu_ops.cost.utilization import ACTIVE, PrometheusClient
+    from gpu_ops.domain.config import UtilizationConfig
+    from gpu_ops.flows.cost.utilization import ACTIVE, PrometheusClient
     n, mode = int(sys.argv[1]), sys.argv[2]
     series, per = max(1, n // 1440), 1440
     t0 = 1791936000

@@ -20,7 +20,7 @@ each run, in launch order, is estimated from the runs of its asset that had ende
 launch (what a launch sees) and the estimate recorded in ``gpu_launch_estimates``; the
 runs go into ``gpu_usage_ledger``; then estimate against actual is what the
 ``gpu_estimate_accuracy`` asset computes from those two tables
-(:func:`gpu_ops.training.estimate.accuracy`). Prints the median absolute error per asset
+(:func:`gpu_ops.domain.training.estimate.accuracy`). Prints the median absolute error per asset
 and over all, for the runs estimated from 5 or more earlier runs.
 """
 
@@ -33,9 +33,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gpu_ops.compute.request import GpuRequest
-from gpu_ops.training import ledger
-from gpu_ops.training.estimate import estimate_launch, run_cost
+from gpu_ops.domain.compute.request import GpuRequest
+from gpu_ops.storage import ledger
+from gpu_ops.domain.training.estimate import estimate_launch, run_cost
 
 PRICES = {"a100-80gb": {"spot": 1.79, "on-demand": 5.12}}
 REQ = GpuRequest(gpu_type="a100-80gb", gpus=8, capacity="spot-then-on-demand")
@@ -75,7 +75,7 @@ def demo_runs() -> list[ledger.LedgerRow]:
     """The demo's training pods as ledger rows: one run (run_id = pod) of asset = project."""
     import csv
 
-    from gpu_ops.compute.catalog import canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import canonical_gpu_type
 
     rows = []
     with DEMO_USAGE.open() as f:
@@ -99,9 +99,9 @@ def demo_accuracy() -> Any:
 
     import pandas as pd
 
-    from gpu_ops.config import DEMO_CONFIG, load_config
+    from gpu_ops.domain.config import DEMO_CONFIG, load_config
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import estimate_store
+    from gpu_ops.storage import estimate_store
 
     prices = load_config(DEMO_CONFIG).prices.gpus
     runs = demo_runs()
@@ -127,10 +127,10 @@ def _materialized_accuracy(tmp: Path, store: Any) -> Any:
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import DEMO_CONFIG, load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import DEMO_CONFIG, load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     url = store.url
     cfg = {"storage": {"url": url}, "prices": str(DEMO_CONFIG.parent / "prices.yaml"),

@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from gpu_ops.observability.exporter import Scrapes
-from gpu_ops.observability.readers import DEFAULT_DEADLINE_S, Reader
+from gpu_ops.cli.exporter import Scrapes
+from gpu_ops.flows.observability.readers import DEFAULT_DEADLINE_S, Reader
 from gpu_ops.storage.files import PartitionFiles
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.observability.servers import silent_listener

@@ -55,7 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from gpu_ops.cost.footers import SETTLE_NS
+from gpu_ops.flows.cost.footers import SETTLE_NS
 
 REPO = Path(__file__).resolve().parents[1]
 PRICES = REPO / "gpu_ops" / "demo" / "prices.yaml"
@@ -156,10 +156,10 @@ def fleet_budgets() -> list[dict]:
 def materialize(config: Path, url: str, day: dt.date, instance: Any, selection: list[str] | None = None) -> Any:
     import dagster as dg
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     assets, _ = build_assets(load_config(config))
     resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url)}
@@ -178,11 +178,11 @@ def section_budget_status(args: argparse.Namespace) -> None:
     import dagster as dg
     import pandas as pd
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.budgets import daily_costs, evaluate_budgets
-    from gpu_ops.cost.pipeline import default_as_of, load_raw, price_window, usage_table
-    from gpu_ops.cost.pricing import PriceMatrix
-    from gpu_ops.cost.sources import SourceSet
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.flows.cost.budgets import daily_costs, evaluate_budgets
+    from gpu_ops.flows.cost.pipeline import default_as_of, load_raw, price_window, usage_table
+    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.storage.tables import TableStore
 
     n = args.budget_intervals
@@ -232,10 +232,10 @@ def run_step(config: Path, url: str, day: dt.date, selection: list[str], row_lev
 
     import dagster as dg
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     assets, _ = build_assets(load_config(config))
     resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=url, row_level_path=row_level)}
@@ -437,8 +437,8 @@ COST_ASSETS = "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_dail
 
 def budget_read(config: Path, store: Any, day: dt.date) -> Any:
     """What gpu_budget_status reads of ``day``'s gpu_cost_daily: its sums per budget grain."""
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.domain.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
 
     groupings = budget_groupings(b.scope.as_filters() for b in load_config(config).budgets)
     return store.read_grouped("gpu_cost_daily", groupings, list(BUDGET_READ_SUMS), keep=list(BUDGET_READ_KEEP), partition_keys=[day.isoformat()])
@@ -587,7 +587,7 @@ def one_process_day(config: Path, url: str, day: dt.date, row_level: Path) -> No
     import psycopg2
     import pyarrow.csv as pcsv
 
-    from gpu_ops.compute.catalog import UnknownGpuType, canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import UnknownGpuType, canonical_gpu_type
 
     cfg = yaml.safe_load(config.read_text())
     gpus = yaml.safe_load(Path(cfg["prices"]).read_text())["gpus"]
@@ -734,10 +734,10 @@ def history_config(root: Path, name: str, url: str, sources: list[dict]) -> Path
 
 def read_and_price(config: Path, day: dt.date = DAY) -> tuple[float, dict]:
     """``usage_for_days`` for ``day`` (read, validate, split, price): (wall s, what it read)."""
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.pipeline import usage_for_days
-    from gpu_ops.cost.pricing import PriceMatrix
-    from gpu_ops.cost.sources import SourceSet
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.flows.cost.pipeline import usage_for_days
+    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.storage.tables import TableStore
 
     cfg = load_config(config)
@@ -755,7 +755,7 @@ def usage_step(config: Path) -> tuple[float, dict]:
     """A real Dagster materialization of gpu_usage for DAY (writes the day to SQLite)."""
     import dagster as dg
 
-    from gpu_ops.config import load_config
+    from gpu_ops.domain.config import load_config
 
     with dg.DagsterInstance.ephemeral() as instance:
         t0 = time.perf_counter()
@@ -818,7 +818,7 @@ def _usage_files(work: Path, args: argparse.Namespace) -> None:
             link_history(pool, root, n)
         for i, (layout, pattern) in enumerate(layouts.items()):
             cases[layout][f"{n} days of files"] = history_config(root, f"layout{i}", f"sqlite:///{root / 'costs.db'}", [{"type": "file", "path": pattern}])
-    time.sleep(SETTLE_NS / 1e9)  # files changed within this are never cached (gpu_ops.cost.footers)
+    time.sleep(SETTLE_NS / 1e9)  # files changed within this are never cached (gpu_ops.flows.cost.footers)
     for layout, by_n in cases.items():
         # The day before's run (footer cache empty) fills the cache, as daily runs do.
         report(f"\nthe day before, footer cache empty: read+price, {layout}", {k: read_and_price(p, DAY - dt.timedelta(days=1)) for k, p in by_n.items()}, _read_detail)

@@ -64,7 +64,7 @@ def entries(tmp: Path) -> dict[str, str]:
         **{f"gpu-ops {c} --help": cli.format([c, "--help"]) for c in ("cost", "alerts", "plan", "validate", "demo")},
         "gpu-ops cost attribution (files)": cli.format(["cost", "attribution", "--usage", str(tmp / "usage.csv"), "--prices", str(tmp / "prices.yaml"), "--date", "2026-10-02"]),
         "gpu-ops alerts test log": cli.format(["alerts", "test", "log", "--config", str(tmp / "cfg.yaml")]),
-        "the workers": "import gpu_ops.compute.worker, gpu_ops.training.worker",
+        "the workers": "import gpu_ops.flows.compute.worker, gpu_ops.flows.training.worker",
     }
 
 

@@ -55,7 +55,7 @@ def old_path(path: Path) -> tuple[float, float, float | None]:
     """What loading cost before: pure-Python YAML, validation, quadratic name check."""
     import yaml
 
-    from gpu_ops.config import GpuOpsConfig
+    from gpu_ops.domain.config import GpuOpsConfig
 
     t = time.perf_counter()
     data = yaml.safe_load(path.read_text())
@@ -77,9 +77,9 @@ def new_path(path: Path, runs: int = 3) -> tuple[float, float, float]:
     """Median of ``runs`` `load_config` calls in this process (its cache cleared): (YAML s,
     the rest s, CPU s of the whole); the YAML part timed alone as load_config runs it (the
     collector deferred). On a shared machine the CPU time says more."""
-    from gpu_ops._gc import collection_deferred
-    from gpu_ops.config import _load_cached, load_config
-    from gpu_ops.fastyaml import load_yaml
+    from gpu_ops.domain.memory import collection_deferred
+    from gpu_ops.domain.config import _load_cached, load_config
+    from gpu_ops.domain.fastyaml import load_yaml
 
     samples = []
     for _ in range(runs):

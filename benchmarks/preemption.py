@@ -57,7 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_ops.training.interval import (  # noqa: E402
+from gpu_ops.domain.training.interval import (  # noqa: E402
     estimate_mtbp,
     expected_wall_time,
     expected_wall_time_from_scratch,
@@ -75,8 +75,8 @@ PRIOR_S = 2 * HOUR
 
 def measure_checkpoint_cost(saves: int = 20) -> tuple[float, int, list[float]]:
     """Median seconds of real saves of the demo model's training state; bytes; step times."""
-    from gpu_ops.training.context import TrainingContext, WorkerSpec
-    from gpu_ops.training.demo import train_demo
+    from gpu_ops.flows.training.context import TrainingContext, WorkerSpec
+    from gpu_ops.flows.training.demo import train_demo
 
     with tempfile.TemporaryDirectory() as d:
         # Checkpoint every step for `saves` steps: each save is a real one of the real state.
@@ -134,7 +134,7 @@ def demo_job():
     """The demo's job with the code location's executor (gpu_ops.definitions: Dagster's
     multiprocess executor, step processes forked from a preloaded forkserver), rebuilt
     from $GPU_OPS_CONFIG in each step process."""
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 
@@ -160,7 +160,7 @@ def _materialize(asset, root: Path, executor: str):
     config = EXECUTORS[executor]
     run_config = {"execution": {"config": config}} if config else None
     # Each run here has its own GPU_OPS_CONFIG: the code location's executor starts a
-    # forkserver per run and stops it when the run ends (gpu_ops.training.definitions).
+    # forkserver per run and stops it when the run ends (gpu_ops.dagster.training.definitions).
     with dg.DagsterInstance.local_temp(tempdir=str(root / "dagster_home")) as instance:
         result = _quiet(lambda: dg.execute_job(dg.reconstructable(demo_job), instance=instance, run_config=run_config))
         return result.success, instance.all_logs(result.run_id)
@@ -170,9 +170,9 @@ def _demo_with_preemption(compute: str, training: str, preempt, executor: str = 
     """Materialize the demo asset on the local backend; once its first checkpoint exists,
     ``preempt(pid)`` (returns the kill's wall time). Returns (run log, kill time, ledger rows)."""
 
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
@@ -210,7 +210,7 @@ def measure_recovery(sig: int, standby: bool, steps: int = 500, executor: str = 
     Returns seconds after the kill: ``retry_requested``, ``step_process`` (multiprocess
     executor: the retry's new step process logs its first event; the orchestrating
     process's events do not count) and ``worker_started``
-    (parent side), then the new worker's own phases (see gpu_ops.compute.worker): a
+    (parent side), then the new worker's own phases (see gpu_ops.flows.compute.worker): a
     standby's process/interpreter/imports/CUDA times are negative (done before the kill)."""
 
     def preempt(pid: int) -> float:
@@ -300,7 +300,7 @@ def measure_lost_work(notice_s: float | None, run_s: float = 3.0, interval_s: fl
     """The demo checkpoints every ``interval_s``; ``run_s`` after its first checkpoint its
     worker gets a notice ``notice_s`` before a SIGKILL (None: no notice). Returns the
     ledger's lost seconds of the killed attempt and the steps attempt 2 redid."""
-    from gpu_ops.compute.local import simulate_preemption
+    from gpu_ops.flows.compute.local import simulate_preemption
 
     def preempt(pid: int) -> float:
         time.sleep(max(0.0, run_s - (notice_s or 0.0)))
@@ -502,7 +502,7 @@ def measure_telemetry_run(case: str, steps: int = 60) -> tuple[float, float]:
     import dagster as dg
 
     from gpu_ops.definitions import build_defs
-    from gpu_ops.observability.sender import Flush
+    from gpu_ops.flows.observability.sender import Flush
 
     var, kind = TELEMETRY_CASES[case]
     waited: list[float] = []

@@ -36,101 +36,101 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_ops.failures import AlertDeliveryFailed as AlertDeliveryFailed
-    from gpu_ops.failures import GpuOpsFailure as GpuOpsFailure
-    from gpu_ops.failures import LaunchRefused as LaunchRefused
-    from gpu_ops.failures import TrainingFailed as TrainingFailed
-    from gpu_ops.compute.admission import assert_launch_allowed as assert_launch_allowed
-    from gpu_ops.alerts.messages import verify_webhook_signature as verify_webhook_signature
-    from gpu_ops.compute.backend import WorkerExit as WorkerExit
-    from gpu_ops.compute.backend import WorkerReport as WorkerReport
-    from gpu_ops.compute.backend import WorkerTerminated as WorkerTerminated
+    from gpu_ops.dagster.failures import AlertDeliveryFailed as AlertDeliveryFailed
+    from gpu_ops.dagster.failures import GpuOpsFailure as GpuOpsFailure
+    from gpu_ops.dagster.failures import LaunchRefused as LaunchRefused
+    from gpu_ops.dagster.failures import TrainingFailed as TrainingFailed
+    from gpu_ops.dagster.compute.admission import assert_launch_allowed as assert_launch_allowed
+    from gpu_ops.domain.alerts.messages import verify_webhook_signature as verify_webhook_signature
+    from gpu_ops.domain.compute.backend import WorkerExit as WorkerExit
+    from gpu_ops.domain.compute.backend import WorkerReport as WorkerReport
+    from gpu_ops.domain.compute.backend import WorkerTerminated as WorkerTerminated
     from gpu_ops.errors import UnknownGpuType as UnknownGpuType
-    from gpu_ops.compute.catalog import canonical_gpu_type as canonical_gpu_type
+    from gpu_ops.domain.compute.catalog import canonical_gpu_type as canonical_gpu_type
     from gpu_ops.errors import ComputeSetupError as ComputeSetupError
-    from gpu_ops.compute.request import Attribution as Attribution
-    from gpu_ops.compute.request import GpuRequest as GpuRequest
-    from gpu_ops.compute.resource import GpuCompute as GpuCompute
-    from gpu_ops.compute.resource import LocalGpuCompute as LocalGpuCompute
-    from gpu_ops.compute.resource import KubetorchGpuCompute as KubetorchGpuCompute
-    from gpu_ops.compute.resource import Lifecycle as Lifecycle
-    from gpu_ops.compute.resource import StandbySettings as StandbySettings
-    from gpu_ops.compute.resource import KubetorchLaunch as KubetorchLaunch
-    from gpu_ops.compute.resource import KarpenterPools as KarpenterPools
-    from gpu_ops.compute.admission import GpuAdmission as GpuAdmission
-    from gpu_ops.compute.admission import BudgetGate as BudgetGate
+    from gpu_ops.domain.compute.request import Attribution as Attribution
+    from gpu_ops.domain.compute.request import GpuRequest as GpuRequest
+    from gpu_ops.dagster.compute.resource import GpuCompute as GpuCompute
+    from gpu_ops.dagster.compute.resource import LocalGpuCompute as LocalGpuCompute
+    from gpu_ops.dagster.compute.resource import KubetorchGpuCompute as KubetorchGpuCompute
+    from gpu_ops.dagster.compute.resource import Lifecycle as Lifecycle
+    from gpu_ops.dagster.compute.resource import StandbySettings as StandbySettings
+    from gpu_ops.dagster.compute.resource import KubetorchLaunch as KubetorchLaunch
+    from gpu_ops.dagster.compute.resource import KarpenterPools as KarpenterPools
+    from gpu_ops.dagster.compute.admission import GpuAdmission as GpuAdmission
+    from gpu_ops.dagster.compute.admission import BudgetGate as BudgetGate
     from gpu_ops.errors import ConfigError as ConfigError
-    from gpu_ops.config import GpuOpsConfig as GpuOpsConfig
-    from gpu_ops.config import load_config as load_config
-    from gpu_ops.cost.attribution import attribute as attribute
-    from gpu_ops.cost.budgets import evaluate_budgets as evaluate_budgets
-    from gpu_ops.cost.pricing import PriceMatrix as PriceMatrix
-    from gpu_ops.cost.roi import roi_report as roi_report
-    from gpu_ops.cost.usage import validate_usage as validate_usage
+    from gpu_ops.domain.config import GpuOpsConfig as GpuOpsConfig
+    from gpu_ops.domain.config import load_config as load_config
+    from gpu_ops.flows.cost.attribution import attribute as attribute
+    from gpu_ops.flows.cost.budgets import evaluate_budgets as evaluate_budgets
+    from gpu_ops.domain.cost.pricing import PriceMatrix as PriceMatrix
+    from gpu_ops.flows.cost.roi import roi_report as roi_report
+    from gpu_ops.flows.cost.usage import validate_usage as validate_usage
     from gpu_ops.errors import GpuOpsError as GpuOpsError
-    from gpu_ops.resources import GpuOpsSettings as GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager as TableIOManager
+    from gpu_ops.dagster.resources import GpuOpsSettings as GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager as TableIOManager
     from gpu_ops.storage.tables import TableStore as TableStore
-    from gpu_ops.training.asset import GPU_POOL as GPU_POOL
-    from gpu_ops.training.asset import gpu_asset as gpu_asset
-    from gpu_ops.training.asset import gpu_op as gpu_op
-    from gpu_ops.training.asset import gpu_run_tags as gpu_run_tags
-    from gpu_ops.training.checkpoint import CheckpointStore as CheckpointStore
-    from gpu_ops.training.classify import Outcome as Outcome
-    from gpu_ops.training.context import TrainingContext as TrainingContext
+    from gpu_ops.dagster.training.asset import GPU_POOL as GPU_POOL
+    from gpu_ops.dagster.training.asset import gpu_asset as gpu_asset
+    from gpu_ops.dagster.training.asset import gpu_op as gpu_op
+    from gpu_ops.dagster.training.asset import gpu_run_tags as gpu_run_tags
+    from gpu_ops.flows.training.checkpoint import CheckpointStore as CheckpointStore
+    from gpu_ops.domain.training.classify import Outcome as Outcome
+    from gpu_ops.flows.training.context import TrainingContext as TrainingContext
     from gpu_ops.errors import TrainingPreempted as TrainingPreempted
-    from gpu_ops.training.interval import young_daly_interval as young_daly_interval
-    from gpu_ops.training.policy import PreemptionPolicy as PreemptionPolicy
+    from gpu_ops.domain.training.interval import young_daly_interval as young_daly_interval
+    from gpu_ops.domain.training.policy import PreemptionPolicy as PreemptionPolicy
 
 # name -> the module that owns it (a test checks this agrees with the imports above).
 _EXPORTS: dict[str, str] = {
     # training
-    "gpu_asset": "gpu_ops.training.asset",
-    "gpu_op": "gpu_ops.training.asset",
-    "gpu_run_tags": "gpu_ops.training.asset",
-    "GPU_POOL": "gpu_ops.training.asset",
-    "TrainingContext": "gpu_ops.training.context",
-    "PreemptionPolicy": "gpu_ops.training.policy",
-    "CheckpointStore": "gpu_ops.training.checkpoint",
-    "Outcome": "gpu_ops.training.classify",
-    "young_daly_interval": "gpu_ops.training.interval",
+    "gpu_asset": "gpu_ops.dagster.training.asset",
+    "gpu_op": "gpu_ops.dagster.training.asset",
+    "gpu_run_tags": "gpu_ops.dagster.training.asset",
+    "GPU_POOL": "gpu_ops.dagster.training.asset",
+    "TrainingContext": "gpu_ops.flows.training.context",
+    "PreemptionPolicy": "gpu_ops.domain.training.policy",
+    "CheckpointStore": "gpu_ops.flows.training.checkpoint",
+    "Outcome": "gpu_ops.domain.training.classify",
+    "young_daly_interval": "gpu_ops.domain.training.interval",
     # compute
-    "GpuCompute": "gpu_ops.compute.resource",
-    "LocalGpuCompute": "gpu_ops.compute.resource",
-    "KubetorchGpuCompute": "gpu_ops.compute.resource",
-    "Lifecycle": "gpu_ops.compute.resource",
-    "StandbySettings": "gpu_ops.compute.resource",
-    "KubetorchLaunch": "gpu_ops.compute.resource",
-    "KarpenterPools": "gpu_ops.compute.resource",
-    "GpuAdmission": "gpu_ops.compute.admission",
-    "BudgetGate": "gpu_ops.compute.admission",
-    "GpuRequest": "gpu_ops.compute.request",
-    "Attribution": "gpu_ops.compute.request",
-    "WorkerReport": "gpu_ops.compute.backend",
-    "WorkerExit": "gpu_ops.compute.backend",
-    "WorkerTerminated": "gpu_ops.compute.backend",
-    "canonical_gpu_type": "gpu_ops.compute.catalog",
+    "GpuCompute": "gpu_ops.dagster.compute.resource",
+    "LocalGpuCompute": "gpu_ops.dagster.compute.resource",
+    "KubetorchGpuCompute": "gpu_ops.dagster.compute.resource",
+    "Lifecycle": "gpu_ops.dagster.compute.resource",
+    "StandbySettings": "gpu_ops.dagster.compute.resource",
+    "KubetorchLaunch": "gpu_ops.dagster.compute.resource",
+    "KarpenterPools": "gpu_ops.dagster.compute.resource",
+    "GpuAdmission": "gpu_ops.dagster.compute.admission",
+    "BudgetGate": "gpu_ops.dagster.compute.admission",
+    "GpuRequest": "gpu_ops.domain.compute.request",
+    "Attribution": "gpu_ops.domain.compute.request",
+    "WorkerReport": "gpu_ops.domain.compute.backend",
+    "WorkerExit": "gpu_ops.domain.compute.backend",
+    "WorkerTerminated": "gpu_ops.domain.compute.backend",
+    "canonical_gpu_type": "gpu_ops.domain.compute.catalog",
     # configuration and storage
-    "GpuOpsConfig": "gpu_ops.config",
-    "load_config": "gpu_ops.config",
-    "GpuOpsSettings": "gpu_ops.resources",
-    "TableIOManager": "gpu_ops.storage.io_manager",
+    "GpuOpsConfig": "gpu_ops.domain.config",
+    "load_config": "gpu_ops.domain.config",
+    "GpuOpsSettings": "gpu_ops.dagster.resources",
+    "TableIOManager": "gpu_ops.dagster.io_manager",
     "TableStore": "gpu_ops.storage.tables",
     # cost
-    "PriceMatrix": "gpu_ops.cost.pricing",
-    "validate_usage": "gpu_ops.cost.usage",
-    "attribute": "gpu_ops.cost.attribution",
-    "evaluate_budgets": "gpu_ops.cost.budgets",
-    "roi_report": "gpu_ops.cost.roi",
+    "PriceMatrix": "gpu_ops.domain.cost.pricing",
+    "validate_usage": "gpu_ops.flows.cost.usage",
+    "attribute": "gpu_ops.flows.cost.attribution",
+    "evaluate_budgets": "gpu_ops.flows.cost.budgets",
+    "roi_report": "gpu_ops.flows.cost.roi",
     # alerts
-    "assert_launch_allowed": "gpu_ops.compute.admission",
-    "verify_webhook_signature": "gpu_ops.alerts.messages",
+    "assert_launch_allowed": "gpu_ops.dagster.compute.admission",
+    "verify_webhook_signature": "gpu_ops.domain.alerts.messages",
     # errors
     "GpuOpsError": "gpu_ops.errors",
-    "GpuOpsFailure": "gpu_ops.failures",
-    "TrainingFailed": "gpu_ops.failures",
-    "LaunchRefused": "gpu_ops.failures",
-    "AlertDeliveryFailed": "gpu_ops.failures",
+    "GpuOpsFailure": "gpu_ops.dagster.failures",
+    "TrainingFailed": "gpu_ops.dagster.failures",
+    "LaunchRefused": "gpu_ops.dagster.failures",
+    "AlertDeliveryFailed": "gpu_ops.dagster.failures",
     "ConfigError": "gpu_ops.errors",
     "UnknownGpuType": "gpu_ops.errors",
     "ComputeSetupError": "gpu_ops.errors",

@@ -9,11 +9,11 @@
   remote answers): ``GpuOpsError`` plus the builtin they refine (``ConfigError`` is also a
   ``ValueError``). This module imports nothing but the standard library, so training
   workers and the CLI raise them cheaply; each is also importable from the module that
-  raises it (``gpu_ops.config.ConfigError``). :data:`PLAIN_ERRORS` is every one of them.
-- **Step failures** (:mod:`gpu_ops.failures`): ``GpuOpsFailure`` and its subclasses are
+  raises it (``gpu_ops.domain.config.ConfigError``). :data:`PLAIN_ERRORS` is every one of them.
+- **Step failures** (:mod:`gpu_ops.dagster.failures`): ``GpuOpsFailure`` and its subclasses are
   Dagster ``Failure``\\ s under the same base, kept apart because they import Dagster.
 
-:class:`gpu_ops.compute.backend.WorkerTerminated` is deliberately no ``GpuOpsError``: it
+:class:`gpu_ops.domain.compute.backend.WorkerTerminated` is deliberately no ``GpuOpsError``: it
 is the ``BaseException`` a worker's SIGTERM handler raises so that ``except Exception`` in
 user code cannot swallow a preemption.
 """

@@ -26,7 +26,7 @@ import jsonschema
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_ops.compute.karpenter import (
+from gpu_ops.flows.compute.karpenter import (
     AWS_GROUP,
     AWS_VERSION,
     EC2NODECLASSES,

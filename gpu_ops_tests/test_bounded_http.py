@@ -1,4 +1,4 @@
-"""gpu_ops.bounded_http against real servers on 127.0.0.1: what each failure is called,
+"""gpu_ops.flows.bounded_http against real servers on 127.0.0.1: what each failure is called,
 and whether the request may have arrived (``sent``)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpu_ops.bounded_http import Bounds, RemoteError, exchange, fetch
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.bounded_http import Bounds, RemoteError, exchange, fetch
+from gpu_ops.flows.compute.local import free_port
 from gpu_ops_tests.hostile_http import endless, fixed, hostile, slow, trickle_headers
 
 B = Bounds(deadline_s=1.0, max_body_bytes=1000)

@@ -20,7 +20,7 @@ import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
 from dagster.components.component_scaffolding import scaffold_component
 
-from gpu_ops.config import load_config
+from gpu_ops.domain.config import load_config
 
 
 class GpuCostScaffolder(Scaffolder):
@@ -63,9 +63,9 @@ class GpuCostComponent(dg.Component, dg.Resolvable, dg.Model):
         return p if p.is_absolute() else Path(context.path) / p
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from gpu_ops.alerts.definitions import build_defs as alerts_defs
-        from gpu_ops.cost.definitions import build_defs as cost_defs
-        from gpu_ops.resources import shared_defs
+        from gpu_ops.dagster.alerts.definitions import build_defs as alerts_defs
+        from gpu_ops.dagster.cost.definitions import build_defs as cost_defs
+        from gpu_ops.dagster.resources import shared_defs
 
         path = self.config_path(context)
         config = load_config(path)  # errors name the file and the field

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dagster.components import ScaffoldRequest
 
-from gpu_ops.config import BUNDLED_PRICES
+from gpu_ops.domain.config import BUNDLED_PRICES
 
 CONFIG_NAME = "gpu_ops.yaml"
 # The project's Dagster instance (beside the cost tables and checkpoints of its gpu_ops.yaml).

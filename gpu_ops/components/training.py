@@ -28,8 +28,8 @@ from dagster.components import Scaffolder, ScaffoldRequest
 from dagster.components.component_scaffolding import scaffold_component
 from pydantic import ValidationError
 
-from gpu_ops.compute.request import GpuRequest
-from gpu_ops.config import ConfigError
+from gpu_ops.domain.compute.request import GpuRequest
+from gpu_ops.domain.config import ConfigError
 
 
 class PartitionsSpec(dg.Model):
@@ -99,7 +99,7 @@ type: {type}
 attributes:
   # A module-level function `fn(ctx: gpu_ops.TrainingContext, **params)`; workers import it
   # by name. This one is gpu_ops's small deterministic demo model: replace it with yours.
-  function: gpu_ops.training.demo.train_demo
+  function: gpu_ops.flows.training.demo.train_demo
   name: {name}
   request:                      # gpu_ops.GpuRequest
     gpu_type: t4
@@ -145,8 +145,8 @@ class GpuTrainingComponent(dg.Component, dg.Resolvable, dg.Model):
     job: bool = True
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from gpu_ops.training.asset import gpu_asset, gpu_run_tags
-        from gpu_ops.training.policy import PreemptionPolicy
+        from gpu_ops.dagster.training.asset import gpu_asset, gpu_run_tags
+        from gpu_ops.domain.training.policy import PreemptionPolicy
 
         problems: list[str] = []
         fn = _checked(problems, context, "", lambda: resolve_function(self.function))

@@ -24,16 +24,16 @@ import click
 import dagster as dg
 import pandas as pd
 
-from gpu_ops.alerts.sensor import launch_requests, tick
-from gpu_ops.alerts.state import AlertCursor
-from gpu_ops.config import DEMO_CONFIG, GpuOpsConfig, demo_home, load_config
-from gpu_ops.cost.definitions import DAILY_JOB
-from gpu_ops.formatting import gpu_hours, money, percent
-from gpu_ops.location import build_defs
+from gpu_ops.dagster.alerts.sensor import launch_requests, tick
+from gpu_ops.domain.alerts.state import AlertCursor
+from gpu_ops.domain.config import DEMO_CONFIG, GpuOpsConfig, demo_home, load_config
+from gpu_ops.dagster.cost.definitions import DAILY_JOB
+from gpu_ops.domain.formatting import gpu_hours, money, percent
+from gpu_ops.dagster.location import build_defs
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training.checkpoint import checkpoint_root
-from gpu_ops.training.demo_run import materialize_with_preemption
-from gpu_ops.validate import run_checks
+from gpu_ops.flows.training.checkpoint import checkpoint_root
+from gpu_ops.demo.training import materialize_with_preemption
+from gpu_ops.cli.validate import run_checks
 
 Echo = Callable[[str], None]
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}

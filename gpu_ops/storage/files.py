@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpu_ops._gc import freed_blocks_back_at_once
+from gpu_ops.domain.memory import freed_blocks_back_at_once
 from gpu_ops.storage.errors import StorageError
 
 PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN

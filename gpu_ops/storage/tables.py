@@ -46,8 +46,8 @@ import pyarrow.csv as pacsv
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
-from gpu_ops.config import storage_backend
-from gpu_ops.formatting import redact_url
+from gpu_ops.domain.config import storage_backend
+from gpu_ops.domain.formatting import redact_url
 from gpu_ops.storage.errors import StorageError, StorageUnavailable
 
 PARTITION_COLUMN = "partition_key"
@@ -61,7 +61,7 @@ DEFAULT_STATEMENT_TIMEOUT_S = 300.0
 
 def display_url(url: str | URL) -> str:
     """The database URL for logs and metadata: scheme, host, port and database, without
-    user, password or query (:func:`gpu_ops.formatting.redact_url`)."""
+    user, password or query (:func:`gpu_ops.domain.formatting.redact_url`)."""
     text = url.render_as_string(hide_password=True) if isinstance(url, URL) else url
     return redact_url(text, keep_path=True)
 

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.compute.local import free_port
 from gpu_ops_tests.http_receiver import QuietHandler, reply
 
 PRICES = {"currency": "USD", "source": "test", "as_of": "2026-11-01", "gpus": {"a100-80gb": {"on-demand": 5.12, "spot": 1.79}}}
@@ -216,9 +216,9 @@ class SensorHarness:
     def reload(self) -> None:
         import dagster as dg
 
-        from gpu_ops.alerts.definitions import build_defs
-        from gpu_ops.config import load_config
-        from gpu_ops.resources import GpuOpsSettings
+        from gpu_ops.dagster.alerts.definitions import build_defs
+        from gpu_ops.domain.config import load_config
+        from gpu_ops.dagster.resources import GpuOpsSettings
 
         self.config = load_config(self.config_path)
         self.settings = GpuOpsSettings(config_path=str(self.config_path))
@@ -254,8 +254,8 @@ class SensorHarness:
     def tick(self, *, force: bool = True) -> tuple[list[Any], list[Any]]:
         """One daemon tick (`run_sensor_once`). ``force`` makes the interval safety net due
         (as if evaluation_interval_s had passed)."""
-        from gpu_ops.alerts.sensor import run_sensor_once
-        from gpu_ops.alerts.state import AlertCursor
+        from gpu_ops.dagster.alerts.sensor import run_sensor_once
+        from gpu_ops.domain.alerts.state import AlertCursor
 
         if force and self.cursor:
             c = AlertCursor.decode(self.cursor)
@@ -272,7 +272,7 @@ def evaluate_in_new_process(h: SensorHarness, tmp_path: Path) -> list[str]:
     stored cursor, with a full evaluation due."""
     from dagster._serdes import serialize_value
 
-    from gpu_ops.alerts.state import AlertCursor
+    from gpu_ops.domain.alerts.state import AlertCursor
 
     cursor = AlertCursor.decode(h.cursor)
     cursor.evaluated_at = None  # make the full evaluation due
@@ -282,9 +282,9 @@ def evaluate_in_new_process(h: SensorHarness, tmp_path: Path) -> list[str]:
 import datetime, json, sys
 import dagster as dg
 from dagster._serdes import deserialize_value
-from gpu_ops.alerts.definitions import build_defs
-from gpu_ops.config import load_config
-from gpu_ops.resources import GpuOpsSettings
+from gpu_ops.dagster.alerts.definitions import build_defs
+from gpu_ops.domain.config import load_config
+from gpu_ops.dagster.resources import GpuOpsSettings
 ref, cursor, config, now = sys.argv[1:5]
 instance = dg.DagsterInstance.from_ref(deserialize_value(open(ref).read()))
 settings = {"gpu_ops": GpuOpsSettings(config_path=config)}

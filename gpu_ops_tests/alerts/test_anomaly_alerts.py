@@ -11,10 +11,10 @@ from typing import Any
 
 import dagster as dg
 
-from gpu_ops.alerts.anomalies import anomaly_alerts, read_recent
-from gpu_ops.alerts.sensor import threshold_plan
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.flows.alerts.anomalies import anomaly_alerts, read_recent
+from gpu_ops.dagster.alerts.sensor import threshold_plan
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops_tests.cost.anomaly_data import month, write_daily_tables
 
 from .conftest import SensorHarness, status_row, write_config, write_status

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.alerts.channels import DeliverySettings, Redactor, parse_retry_after, send
-from gpu_ops.alerts.messages import IDEMPOTENCY_HEADER
-from gpu_ops.config import PagerDutyChannel, SlackChannel, WebhookChannel
+from gpu_ops.flows.alerts.channels import DeliverySettings, Redactor, parse_retry_after, send
+from gpu_ops.domain.alerts.messages import IDEMPOTENCY_HEADER
+from gpu_ops.domain.config import PagerDutyChannel, SlackChannel, WebhookChannel
 from gpu_ops_tests.alerts.test_channels import SLACK_TOKEN, alert
 from gpu_ops_tests.hostile_http import endless, fixed, hostile, slow, trickle_body, trickle_headers
 
@@ -31,9 +31,9 @@ MAX_GROWTH_MIB = 40  # what one bounded delivery may add to the child's peak RSS
 
 CHILD = r"""
 import json, resource, sys, time
-from gpu_ops.alerts.channels import DeliverySettings, Redactor, send
-from gpu_ops.alerts.model import Alert
-from gpu_ops.config import SlackChannel
+from gpu_ops.flows.alerts.channels import DeliverySettings, Redactor, send
+from gpu_ops.domain.alerts.model import Alert
+from gpu_ops.domain.config import SlackChannel
 
 url, timeout, attempts = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 a = Alert(kind="trigger", budget="nlp-monthly", period_start="2026-11-01", period_end="2026-12-01", threshold="actual-80pct",
@@ -135,7 +135,7 @@ def test_retry_after_is_parsed_strictly():
 
 
 def test_a_refused_connection_is_not_maybe_delivered():
-    from gpu_ops.compute.local import free_port
+    from gpu_ops.flows.compute.local import free_port
 
     ch = {"slack": SlackChannel(type="slack", webhook_url=f"http://127.0.0.1:{free_port()}/hook")}
     result = send("slack", ch["slack"], alert(("slack",)), settings=DeliverySettings(attempts=2, backoff_s=0.01, timeout_s=1.0), redact=Redactor(ch))
@@ -146,7 +146,7 @@ def test_an_smtp_server_that_trickles_its_greeting_ends_at_the_deadline():
     import socket
     import threading
 
-    from gpu_ops.config import EmailChannel
+    from gpu_ops.domain.config import EmailChannel
 
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()

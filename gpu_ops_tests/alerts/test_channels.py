@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.alerts import messages
-from gpu_ops.alerts.channels import DeliverySettings, Redactor, deliver, send
-from gpu_ops.alerts.model import Alert
-from gpu_ops.compute.local import free_port
-from gpu_ops.config import EmailChannel, PagerDutyChannel, SlackChannel, WebhookChannel
+from gpu_ops.domain.alerts import messages
+from gpu_ops.flows.alerts.channels import DeliverySettings, Redactor, deliver, send
+from gpu_ops.domain.alerts.model import Alert
+from gpu_ops.flows.compute.local import free_port
+from gpu_ops.domain.config import EmailChannel, PagerDutyChannel, SlackChannel, WebhookChannel
 
 FAST = DeliverySettings(attempts=3, backoff_s=0.02, timeout_s=0.4)
 SLACK_TOKEN = "T0000/B0000/XoXbSeCrEtToKeN"
@@ -119,7 +119,7 @@ def test_no_secret_in_any_body_header_log_line_or_result(receiver, secrets, capl
         "slack-down": SlackChannel(type="slack", webhook_url=f"http://127.0.0.1:{port}/services/{SLACK_TOKEN}"),
         "log": {"type": "log"},
     }
-    from gpu_ops.config import LogChannel
+    from gpu_ops.domain.config import LogChannel
 
     monkey_channels["log"] = LogChannel(type="log")
     lines: list[str] = []

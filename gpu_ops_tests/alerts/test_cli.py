@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gpu_ops.cli import main
 
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.compute.local import free_port
 
 from .conftest import write_config
 
@@ -58,8 +58,8 @@ def test_the_console_script_does_not_import_dagster(tmp_path):
 
 
 def test_validate_check_names_missing_channel_secrets(tmp_path, monkeypatch):
-    from gpu_ops.alerts.checks import check_channels
-    from gpu_ops.config import load_config
+    from gpu_ops.cli.checks.alerts import check_channels
+    from gpu_ops.domain.config import load_config
 
     monkeypatch.delenv("PD_ROUTING_KEY", raising=False)
     path = write_config(
@@ -78,8 +78,8 @@ def test_validate_check_names_a_channel_url_secret_that_is_no_http_url(tmp_path,
     """A webhook or Slack URL held in the environment was only read when a budget fired
     (then: 'not an http(s) URL', the alert lost). `gpu-ops validate` reads it now, naming
     the variable and never its value (a Slack URL's path is its token)."""
-    from gpu_ops.alerts.checks import check_channels
-    from gpu_ops.config import load_config
+    from gpu_ops.cli.checks.alerts import check_channels
+    from gpu_ops.domain.config import load_config
 
     monkeypatch.setenv("SLACK_WEBHOOK_URL", "hooks.slack.com/services/T1/B1/topsecret")  # no scheme: a common paste
     monkeypatch.setenv("HOOK_URL", "ftp://hooks.example.com/topsecret")
@@ -104,7 +104,7 @@ def test_validate_check_names_a_channel_url_secret_that_is_no_http_url(tmp_path,
 def test_a_channel_url_written_in_the_file_must_be_an_http_url(tmp_path):
     import pytest
 
-    from gpu_ops.config import ConfigError, load_config
+    from gpu_ops.domain.config import ConfigError, load_config
 
     for channel, field in (
         ({"type": "slack", "webhook_url": "hooks.slack.com/services/T1/B1/topsecret"}, "channels.c.webhook_url"),

@@ -11,7 +11,7 @@ import dagster as dg
 import jsonschema
 import pytest
 
-from gpu_ops.alerts.enforcement import (
+from gpu_ops.flows.alerts.enforcement import (
     ENFORCED_BY,
     ENFORCEMENT_TABLE,
     PRE_ENFORCEMENT,
@@ -23,9 +23,9 @@ from gpu_ops.alerts.enforcement import (
     revert_plan,
     throttle_plan,
 )
-from gpu_ops.compute.admission import assert_launch_allowed
-from gpu_ops.compute.karpenter import nodepool_manifest
-from gpu_ops.compute.request import GpuRequest
+from gpu_ops.dagster.compute.admission import assert_launch_allowed
+from gpu_ops.flows.compute.karpenter import nodepool_manifest
+from gpu_ops.domain.compute.request import GpuRequest
 from gpu_ops.storage.tables import TableStore
 
 from gpu_ops_tests.fake_k8s import FakeCustomObjects
@@ -175,7 +175,7 @@ def test_no_cluster_means_only_the_gate():
 
 
 def _record(store: TableStore, o: EnforcementOrder, at: dt.datetime) -> None:
-    from gpu_ops.alerts.enforcement import EnforcementOutcome
+    from gpu_ops.flows.alerts.enforcement import EnforcementOutcome
 
     store.append(ENFORCEMENT_TABLE, record_frame(EnforcementOutcome(o), at=at, run_id="r1"))
 

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from gpu_ops.alerts.model import Alert
-from gpu_ops.alerts.queue import AlertQueue
-from gpu_ops.alerts.redelivery import Pending, Policy, advance
+from gpu_ops.domain.alerts.model import Alert
+from gpu_ops.domain.alerts.queue import AlertQueue
+from gpu_ops.domain.alerts.redelivery import Pending, Policy, advance
 
 from .conftest import SensorHarness, evaluate_in_new_process, status_row, write_config, write_status
 
@@ -130,7 +130,7 @@ def test_redeliveries_beyond_the_limit_wait_for_a_later_step():
 
 
 def test_the_cap_is_a_setting(tmp_path):
-    from gpu_ops.config import AlertsConfig, ConfigError, load_config
+    from gpu_ops.domain.config import AlertsConfig, ConfigError, load_config
 
     assert AlertsConfig().max_runs_per_tick == 500
     path = write_config(tmp_path, budgets=[], channels={}, alerts={"max_runs_per_tick": 0})

@@ -1,4 +1,4 @@
-"""The forecast gate's figures (gpu_ops.alerts.forecast): the period's spend, attempts settled
+"""The forecast gate's figures (gpu_ops.flows.alerts.forecast): the period's spend, attempts settled
 since, running attempts, from a real SQLite store at a given `now`; the pure decision."""
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpu_ops.alerts.forecast import Spend, forecast_refusal, spend_to_date
-from gpu_ops.compute.admission import assert_forecast_allowed
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.config import parse_config
-from gpu_ops.failures import LaunchRefused
+from gpu_ops.flows.alerts.forecast import Spend, forecast_refusal, spend_to_date
+from gpu_ops.dagster.compute.admission import assert_forecast_allowed
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.domain.config import parse_config
+from gpu_ops.dagster.failures import LaunchRefused
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import attempts, ledger
-from gpu_ops.training.attempt_store import AttemptStore
-from gpu_ops.training.estimate import Estimate, Leg
+from gpu_ops.domain.training import attempts
+from gpu_ops.storage import ledger
+from gpu_ops.storage.attempt_store import AttemptStore
+from gpu_ops.domain.training.estimate import Estimate, Leg
 
 NOW = dt.datetime(2026, 3, 10, 12, tzinfo=dt.timezone.utc)
 H = dt.timedelta(hours=1)

@@ -1,4 +1,4 @@
-"""Budgets within the hour (gpu_ops.alerts.intraday): the real `budget_alert_sensor` on a real
+"""Budgets within the hour (gpu_ops.flows.alerts.intraday): the real `budget_alert_sensor` on a real
 Dagster instance alerts a real webhook receiver on 127.0.0.1 on the tick after an attempt
 settles past a threshold, once, and stays silent when the day's partition lands; running
 attempts count at their price; a partition whose figure differs loses no threshold."""
@@ -14,10 +14,11 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.storage.io_manager import TableIOManager
-from gpu_ops.training import attempts, ledger
-from gpu_ops.training.attempt_store import AttemptStore
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.dagster.io_manager import TableIOManager
+from gpu_ops.domain.training import attempts
+from gpu_ops.storage import ledger
+from gpu_ops.storage.attempt_store import AttemptStore
 
 from .conftest import SensorHarness, status_row, write_config, write_status
 
@@ -134,7 +135,7 @@ def test_what_intraday_leaves_to_the_partitions(tmp_path: Path, dagster_instance
     requests, _ = h.tick()
     assert requests == [] and hook.requests == []
 
-    from gpu_ops.alerts.intraday import read_accrual
+    from gpu_ops.flows.alerts.intraday import read_accrual
 
     config, store, day = h.config, h.store, today
     priced = attempt("priced", day + 1 * H, day + 2 * H)

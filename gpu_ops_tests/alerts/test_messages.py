@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpu_ops.alerts import messages
-from gpu_ops.alerts.model import Alert, test_alert
+from gpu_ops.domain.alerts import messages
+from gpu_ops.domain.alerts.model import Alert, test_alert
 
 
 def alert(**kw) -> Alert:

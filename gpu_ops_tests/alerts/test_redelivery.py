@@ -16,10 +16,10 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from gpu_ops.alerts.records import DEAD_LETTERS_TABLE, DELIVERIES_TABLE
-from gpu_ops.alerts.redelivery import Pending, Policy, advance
-from gpu_ops.alerts.sensor import DEAD_LETTER_CHECK, DEAD_LETTER_TAG, build_dead_letter_check
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.alerts.records import DEAD_LETTERS_TABLE, DELIVERIES_TABLE
+from gpu_ops.domain.alerts.redelivery import Pending, Policy, advance
+from gpu_ops.dagster.alerts.sensor import DEAD_LETTER_CHECK, DEAD_LETTER_TAG, build_dead_letter_check
+from gpu_ops.flows.compute.local import free_port
 
 from .conftest import SensorHarness, status_row, write_config, write_status
 
@@ -194,7 +194,7 @@ def test_redelivery_schedule_is_bounded():
 
 @pytest.mark.parametrize("text", ['{"v":1,"m":null,"at":null,"b":{}}'])
 def test_an_old_cursor_without_pending_still_decodes(text):
-    from gpu_ops.alerts.state import AlertCursor
+    from gpu_ops.domain.alerts.state import AlertCursor
 
     c = AlertCursor.decode(text)
     assert c.pending == {} and c.runs_seen_at is None

@@ -11,15 +11,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import gpu_ops.alerts.records as records_mod
-from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, NodePools
-from gpu_ops.compute.admission import assert_launch_allowed
-from gpu_ops.alerts.records import DELIVERIES_TABLE
-from gpu_ops.alerts.sensor import KarpenterAccess
-from gpu_ops.compute.karpenter import nodepool_manifest
-from gpu_ops.compute.local import free_port
-from gpu_ops.compute.request import GpuRequest
-from gpu_ops.config import GpuOpsConfig
+import gpu_ops.flows.alerts.records as records_mod
+from gpu_ops.flows.alerts.enforcement import ENFORCEMENT_TABLE, NodePools
+from gpu_ops.dagster.compute.admission import assert_launch_allowed
+from gpu_ops.flows.alerts.records import DELIVERIES_TABLE
+from gpu_ops.dagster.alerts.sensor import KarpenterAccess
+from gpu_ops.flows.compute.karpenter import nodepool_manifest
+from gpu_ops.flows.compute.local import free_port
+from gpu_ops.domain.compute.request import GpuRequest
+from gpu_ops.domain.config import GpuOpsConfig
 
 from .conftest import SensorHarness, evaluate_in_new_process, status_row, write_config, write_status
 from gpu_ops_tests.fake_k8s import FakeCustomObjects

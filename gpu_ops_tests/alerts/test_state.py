@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from gpu_ops.alerts.state import AlertCursor, StatusRow, evaluate
-from gpu_ops.config import Budget
+from gpu_ops.domain.alerts.state import AlertCursor, StatusRow, evaluate
+from gpu_ops.domain.config import Budget
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -206,7 +206,7 @@ def test_the_vectorised_pass_changes_nothing_that_the_per_row_evaluation_would()
     events and the same state."""
     import random
 
-    from gpu_ops.alerts.state import StatusTable, ThresholdPlan
+    from gpu_ops.domain.alerts.state import StatusTable, ThresholdPlan
 
     rng = random.Random(11)
     n = 300
@@ -247,8 +247,8 @@ def test_the_fleet_evaluation_gives_the_per_row_events_in_order_and_states():
     changed thresholds, unknown and removed budgets, shared threshold objects."""
     import random
 
-    from gpu_ops.alerts.state import StatusTable, ThresholdPlan, evaluate_table
-    from gpu_ops.config import Threshold
+    from gpu_ops.domain.alerts.state import StatusTable, ThresholdPlan, evaluate_table
+    from gpu_ops.domain.config import Threshold
 
     rng = random.Random(5)
     n = 300

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dagster as dg
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.domain.config import DEMO_CONFIG
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.dagster.io_manager import TableIOManager
 
 from .conftest import SensorHarness
 

@@ -3,8 +3,8 @@
 
 import dagster as dg
 
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import GpuCompute
 from gpu_ops_tests.compute import worker_fns
 
 REQUEST = GpuRequest(gpu_type="t4", gpus=0, labels=Attribution(team="nlp", project="demo"))

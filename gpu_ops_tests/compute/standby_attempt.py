@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpu_ops.compute.local import LocalBackend
-from gpu_ops.compute.standby import StandbyScope
+from gpu_ops.flows.compute.local import LocalBackend
+from gpu_ops.flows.compute.standby import StandbyScope
 from gpu_ops_tests.compute import worker_fns
 
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from gpu_ops.compute.checks import check_gpu, check_karpenter, check_kubeconfig, check_kubetorch
-from gpu_ops.config import parse_config
+from gpu_ops.cli.checks.compute import check_gpu, check_karpenter, check_kubeconfig, check_kubetorch
+from gpu_ops.domain.config import parse_config
 from gpu_ops_tests.conftest import CRD_DIR
 
 PRICES = {"source": "test", "as_of": "2026-11-01", "gpus": {"h100": {"spot": 4.3}}}

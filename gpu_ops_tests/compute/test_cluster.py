@@ -18,11 +18,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gpu_ops.compute.kubetorch_backend import SERVICE_LABEL, KubetorchBackend
-from gpu_ops.compute.naming import launch_labels, launch_name
-from gpu_ops.compute.quota import LeaseBook, Quotas
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch, Lifecycle
+from gpu_ops.flows.compute.kubetorch_backend import SERVICE_LABEL, KubetorchBackend
+from gpu_ops.domain.compute.naming import launch_labels, launch_name
+from gpu_ops.storage.quota import LeaseBook, Quotas
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch, Lifecycle
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import launch_assets
 from gpu_ops_tests.waiting import wait_until
@@ -54,7 +54,7 @@ def test_a_stale_leases_pods_are_deleted_with_grace_0_before_it_is_handed_on(tmp
     granted once the API server lists none."""
     from kubernetes import client, config
 
-    from gpu_ops.compute.kube import api_call
+    from gpu_ops.flows.compute.kube import api_call
 
     namespace = os.environ.get("GPU_OPS_TEST_NAMESPACE", "default")
     api = config.new_client_from_config()

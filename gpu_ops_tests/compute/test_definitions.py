@@ -8,10 +8,10 @@ import sys
 
 import dagster as dg
 
-from gpu_ops.compute.definitions import ORPHAN_SENSOR, build_defs
-from gpu_ops.compute.admission import BudgetGate, GpuAdmission
-from gpu_ops.compute.resource import GpuCompute, KubetorchGpuCompute
-from gpu_ops.config import parse_config
+from gpu_ops.dagster.compute.definitions import ORPHAN_SENSOR, build_defs
+from gpu_ops.dagster.compute.admission import BudgetGate, GpuAdmission
+from gpu_ops.dagster.compute.resource import GpuCompute, KubetorchGpuCompute
+from gpu_ops.domain.config import parse_config
 
 
 def test_build_defs_configures_the_resource_and_sensor(tmp_path) -> None:
@@ -44,9 +44,9 @@ def test_build_defs_configures_the_resource_and_sensor(tmp_path) -> None:
 
 def test_loading_the_code_location_and_compute_modules_imports_no_torch_or_kubetorch() -> None:
     code = (
-        "import sys, json; import gpu_ops.definitions, gpu_ops.compute.resource, gpu_ops.compute.karpenter, "
-        "gpu_ops.compute.kubetorch_backend, gpu_ops.compute.orphans, gpu_ops.compute.checks, gpu_ops.compute.cli, "
-        "gpu_ops.compute.local; print(json.dumps(sorted(m for m in ('torch', 'kubetorch') if m in sys.modules)))"
+        "import sys, json; import gpu_ops.definitions, gpu_ops.dagster.compute.resource, gpu_ops.flows.compute.karpenter, "
+        "gpu_ops.flows.compute.kubetorch_backend, gpu_ops.flows.compute.orphans, gpu_ops.cli.checks.compute, gpu_ops.cli.compute, "
+        "gpu_ops.flows.compute.local; print(json.dumps(sorted(m for m in ('torch', 'kubetorch') if m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

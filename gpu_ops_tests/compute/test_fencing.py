@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gpu_ops.compute.fence import Fence, FenceCheck, read, write
-from gpu_ops.compute.quota import Lease, LeaseBook, Quotas, SharedSqliteLeases
+from gpu_ops.storage.fence import Fence, FenceCheck, read, write
+from gpu_ops.storage.quota import Lease, LeaseBook, Quotas, SharedSqliteLeases
 from gpu_ops.storage.tables import TableStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,9 +39,9 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gpu_ops.compute import fence
-    from gpu_ops.compute.local import LocalBackend
-    from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
+    from gpu_ops.storage import fence
+    from gpu_ops.flows.compute.local import LocalBackend
+    from gpu_ops.storage.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore
     from gpu_ops_tests.compute import worker_fns
     url, folder, ttl = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])

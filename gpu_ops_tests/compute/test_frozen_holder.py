@@ -35,13 +35,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_ops.compute.backend import LeaseLost, WorkerExit
-from gpu_ops.compute.local import PIDFILE_DIR_ENV, LocalBackend
-from gpu_ops.compute.quota import LeaseBook, Quotas
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.admission import BudgetGate, GpuAdmission
-from gpu_ops.compute.resource import GpuCompute, LocalGpuCompute, StandbySettings
-from gpu_ops.compute.standby import is_alive, process_start
+from gpu_ops.domain.compute.backend import LeaseLost, WorkerExit
+from gpu_ops.flows.compute.local import PIDFILE_DIR_ENV, LocalBackend
+from gpu_ops.storage.quota import LeaseBook, Quotas
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.admission import BudgetGate, GpuAdmission
+from gpu_ops.dagster.compute.resource import GpuCompute, LocalGpuCompute, StandbySettings
+from gpu_ops.flows.compute.standby import is_alive, process_start
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.compute.test_fencing import database_unavailable
@@ -56,7 +56,7 @@ REQUEST = GpuRequest(gpu_type="t4", gpus=1, capacity="spot", labels=Attribution(
 HOLDER = textwrap.dedent(
     """
     import sys
-    from gpu_ops.compute.request import Attribution, GpuRequest
+    from gpu_ops.domain.compute.request import Attribution, GpuRequest
     from gpu_ops_tests.compute import worker_fns
     from gpu_ops_tests.compute.test_frozen_holder import local_compute
     cfg, folder = sys.argv[1], sys.argv[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from gpu_ops.compute.karpenter import (
+from gpu_ops.flows.compute.karpenter import (
     CAPACITY_TYPE_LABEL,
     GPU_NAME_LABEL,
     INSTANCE_TYPE_LABEL,
@@ -16,8 +16,8 @@ from gpu_ops.compute.karpenter import (
     pod_affinity,
     pod_node_selector,
 )
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import KarpenterPools
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import KarpenterPools
 from gpu_ops_tests.fake_k8s import FakeCustomObjects
 
 NLP = Attribution(team="nlp", project="llm", cost_center="cc-42")

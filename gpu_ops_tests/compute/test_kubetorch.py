@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_ops.compute.backend import LeaseLost, WorkerExit
-from gpu_ops.compute.kubetorch_backend import (
+from gpu_ops.domain.compute.backend import LeaseLost, WorkerExit
+from gpu_ops.flows.compute.kubetorch_backend import (
     ComputeSetupError,
     KubetorchBackend,
     PodEvidence,
@@ -24,10 +24,10 @@ from gpu_ops.compute.kubetorch_backend import (
     first_guess_exit,
     workload_manifest,
 )
-from gpu_ops.compute.naming import launch_labels
-from gpu_ops.compute.quota import Lease, LeaseBook, Quotas
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch
+from gpu_ops.domain.compute.naming import launch_labels
+from gpu_ops.storage.quota import Lease, LeaseBook, Quotas
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import KarpenterPools, KubetorchGpuCompute, KubetorchLaunch
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.fake_k8s import FakeAppsV1, FakeCoreV1, FakeCustomObjects
@@ -274,8 +274,8 @@ def test_no_gpu_means_no_gpu_placement() -> None:
 def test_training_pods_run_as_the_configured_service_account() -> None:
     """The preemption-notice watcher needs `get` on its node and pod: the chart's
     gpu-ops-training-worker ServiceAccount, named in compute.kubetorch.service_account."""
-    from gpu_ops.compute.resource import GpuCompute
-    from gpu_ops.config import ComputeConfig
+    from gpu_ops.dagster.compute.resource import GpuCompute
+    from gpu_ops.domain.config import ComputeConfig
 
     request = GpuRequest(gpu_type="a100-80gb", gpus=8, labels=Attribution(team="nlp"))
     settings = SETTINGS.model_copy(update={"kubetorch": SETTINGS.kubetorch.model_copy(update={"service_account": "gpu-ops-training-worker"})})

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.compute.backend import WorkerExit
-from gpu_ops.compute.local import LaunchError, LocalBackend
+from gpu_ops.domain.compute.backend import WorkerExit
+from gpu_ops.flows.compute.local import LaunchError, LocalBackend
 from gpu_ops_tests.compute import worker_fns
 
 
@@ -195,9 +195,9 @@ def test_a_notice_during_start_up_is_not_lost(tmp_path: Path) -> None:
     checkpoint instead of dying of SIGUSR1's default action."""
     from dataclasses import asdict
 
-    from gpu_ops.compute.backend import NOTICE_SIGNAL
-    from gpu_ops.training.context import WorkerSpec
-    from gpu_ops.training.worker import run_training
+    from gpu_ops.domain.compute.backend import NOTICE_SIGNAL
+    from gpu_ops.flows.training.context import WorkerSpec
+    from gpu_ops.flows.training.worker import run_training
 
     spec = WorkerSpec("gpu_ops_tests.training.workloads", "counting", "run", "asset", 1, str(tmp_path / "ckpts"), params={"wait_for_notice": True})
     log = Recorder("worker started pid=", lambda r: os.kill(r.pids()[0], NOTICE_SIGNAL))

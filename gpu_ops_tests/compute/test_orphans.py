@@ -7,13 +7,13 @@ import datetime as dt
 import dagster as dg
 from kubernetes import client
 
-from gpu_ops.compute.definitions import ORPHAN_SENSOR, build_orphan_sensor
-from gpu_ops.compute.karpenter import NodePoolClient, nodepool_manifests
-from gpu_ops.compute.resource import KarpenterPools
-from gpu_ops.compute.naming import launch_labels
-from gpu_ops.compute.orphans import Owned, RunState, select_orphans
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.config import ComputeConfig
+from gpu_ops.dagster.compute.definitions import ORPHAN_SENSOR, build_orphan_sensor
+from gpu_ops.flows.compute.karpenter import NodePoolClient, nodepool_manifests
+from gpu_ops.dagster.compute.resource import KarpenterPools
+from gpu_ops.domain.compute.naming import launch_labels
+from gpu_ops.flows.compute.orphans import Owned, RunState, select_orphans
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.domain.config import ComputeConfig
 from gpu_ops_tests.fake_k8s import FakeAppsV1, FakeCustomObjects
 
 REQUEST = GpuRequest(gpu_type="l4", capacity="spot", labels=Attribution(team="nlp"))

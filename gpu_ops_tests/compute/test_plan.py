@@ -41,9 +41,9 @@ def test_plan_prints_valid_objects(karpenter_crds: dict) -> None:
 def test_plan_prints_the_estimate_beside_the_objects(tmp_path: Path) -> None:
     import datetime as dt
 
-    from gpu_ops.config import load_config
+    from gpu_ops.domain.config import load_config
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     cfg = tmp_path / "gpu_ops.yaml"
     cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///costs.db"}, "prices": {"source": "test", "as_of": "2026-11-01", "gpus": {"h100": {"spot": 4.0, "on-demand": 12.0}}}}))
@@ -129,7 +129,7 @@ def test_a_request_kubernetes_would_refuse_is_an_error_naming_the_option(option:
 
 
 def test_the_configured_namespace_is_checked_where_the_configuration_is(tmp_path: Path) -> None:
-    from gpu_ops.config import ConfigError, load_config
+    from gpu_ops.domain.config import ConfigError, load_config
 
     cfg = tmp_path / "gpu_ops.yaml"
     cfg.write_text("prices: {source: s, as_of: 2026-11-01, gpus: {t4: {spot: 1}}}\ncompute: {namespace: ML_Team, priority_class: High Priority}\n")

@@ -19,9 +19,9 @@ import dagster as dg
 import pytest
 import yaml
 
-from gpu_ops.compute.quota import Lease, LeaseBook, QuotaExceeded, Quotas, decide
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, LocalGpuCompute, StandbySettings
+from gpu_ops.storage.quota import Lease, LeaseBook, QuotaExceeded, Quotas, decide
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import GpuCompute, LocalGpuCompute, StandbySettings
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute import worker_fns
 
@@ -118,7 +118,7 @@ HOLDER = textwrap.dedent(
     # This host's clock is off by argv[2] seconds (a skewed node): leases must not care.
     _real, _skew = time.time, float(sys.argv[2])
     time.time = lambda: _real() + _skew
-    from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
+    from gpu_ops.storage.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore
     book = LeaseBook(TableStore(sys.argv[1]), ttl_s=float(sys.argv[5]))
     adm = book.try_acquire(Quotas(team={"nlp": 4}), team="nlp", pools=["gpu-ops-nlp-t4-spot"], gpus=int(sys.argv[3]), run_id=sys.argv[4], asset_key="a")
@@ -192,7 +192,7 @@ def test_a_launch_larger_than_the_quota_fails_at_once(tmp_path: Path) -> None:
 
 
 def test_a_training_asset_shows_who_holds_what(tmp_path: Path) -> None:
-    from gpu_ops.training.asset import gpu_asset
+    from gpu_ops.dagster.training.asset import gpu_asset
     from gpu_ops_tests.training import workloads
 
     cfg = write_config(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
@@ -212,7 +212,7 @@ def test_the_gpu_leases_asset_shows_who_holds_what_in_the_ui_and_in_sql(tmp_path
     expired but is not reclaimed yet; `gpu_leases` materialized from the code location's
     definitions on a real instance: a typed table with one row per lease, the quota usage,
     the row count, and the same rows in the gpu_ops database's table gpu_leases."""
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     # The live holder's lease outlasts a heartbeat held up by a loaded machine (with 1 s, a
     # suite at load 8 once saw it lapse); the dead one's expires within the sleep below.

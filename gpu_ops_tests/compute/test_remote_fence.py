@@ -2,9 +2,9 @@
 has its pod's workers stopped before the lease can be handed on.
 
 No Kubernetes API server exists here, so the pod is a real subprocess running the pod
-side for real (:func:`gpu_ops.compute.fence.pod_call`: its own fence file, the watchdog,
+side for real (:func:`gpu_ops.storage.fence.pod_call`: its own fence file, the watchdog,
 the target), and the launcher is a real process holding a real lease (``LeaseBook`` +
-``Heartbeat`` writing its fence file) whose :class:`~gpu_ops.compute.kubetorch_backend.FencedCall`
+``Heartbeat`` writing its fence file) whose :class:`~gpu_ops.flows.compute.kubetorch_backend.FencedCall`
 makes the launch call and relays every renewal to the pod, as the Kubetorch backend does.
 Only the transport is the test's: Kubetorch's HTTP call of the service becomes a line on
 the pod's stdin, handled in a new thread of the pod (Kubetorch runs concurrent calls of a
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.compute import fence
-from gpu_ops.compute.kubetorch_backend import POD_FENCE_DIR, FencedCall, KubetorchBackend, build_compute
-from gpu_ops.compute.quota import LeaseBook
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import KubetorchGpuCompute
+from gpu_ops.storage import fence
+from gpu_ops.flows.compute.kubetorch_backend import POD_FENCE_DIR, FencedCall, KubetorchBackend, build_compute
+from gpu_ops.storage.quota import LeaseBook
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import KubetorchGpuCompute
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.compute.test_fencing import alive, contend, last_tick
 from gpu_ops_tests.waiting import wait_until
@@ -44,7 +44,7 @@ TTL = 4.0
 POD = textwrap.dedent(
     """
     import json, sys, threading
-    from gpu_ops.compute import fence
+    from gpu_ops.storage import fence
 
     def renewals():
         for line in sys.stdin:
@@ -61,11 +61,11 @@ LAUNCHER = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from pathlib import Path
-    from gpu_ops.compute import fence
-    from gpu_ops.compute.kubetorch_backend import FencedCall, KubetorchBackend
-    from gpu_ops.compute.quota import Heartbeat, LeaseBook, Quotas
-    from gpu_ops.compute.request import GpuRequest
-    from gpu_ops.compute.resource import KubetorchGpuCompute
+    from gpu_ops.storage import fence
+    from gpu_ops.flows.compute.kubetorch_backend import FencedCall, KubetorchBackend
+    from gpu_ops.storage.quota import Heartbeat, LeaseBook, Quotas
+    from gpu_ops.domain.compute.request import GpuRequest
+    from gpu_ops.dagster.compute.resource import KubetorchGpuCompute
     from gpu_ops.storage.tables import TableStore
     from gpu_ops_tests.compute import worker_fns
 
@@ -175,10 +175,10 @@ def test_a_fenced_kubetorch_launch_gives_the_pod_its_own_fence_file() -> None:
     target = KubetorchGpuCompute(namespace="ml")
     backend = KubetorchBackend(request, name="train-0f3a9c2e-0", labels={}, target=target)
     env = {fence.FENCE_ENV: "/var/folders/launcher/fence.json", fence.GRACE_ENV: "18.0", "WANDB_MODE": "offline"}
-    from gpu_ops.training.worker import run_training
+    from gpu_ops.flows.training.worker import run_training
 
     call = FencedCall.of(backend, run_training, env, print)
-    assert call is not None and call.deployed is fence.pod_call and call.target == "gpu_ops.training.worker:run_training"
+    assert call is not None and call.deployed is fence.pod_call and call.target == "gpu_ops.flows.training.worker:run_training"
     container = build_compute(request, labels={}, target=target, env=call.pod_env).manifest["spec"]["template"]["spec"]["containers"][0]
     pod_env = {e["name"]: e.get("value") for e in container["env"]}
     assert pod_env[fence.FENCE_ENV] == f"{POD_FENCE_DIR}/gpu-ops-fence-train-0f3a9c2e-0.json"

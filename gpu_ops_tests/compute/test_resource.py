@@ -7,10 +7,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gpu_ops.compute.backend import WorkerExit
-from gpu_ops.compute.naming import MAX_SERVICE_NAME, launch_labels, launch_name
-from gpu_ops.compute.admission import BudgetGate
-from gpu_ops.compute.resource import GpuCompute, KarpenterPools, KubetorchGpuCompute, Lifecycle, LocalGpuCompute, StandbySettings, should_clean_up
+from gpu_ops.domain.compute.backend import WorkerExit
+from gpu_ops.domain.compute.naming import MAX_SERVICE_NAME, launch_labels, launch_name
+from gpu_ops.dagster.compute.admission import BudgetGate
+from gpu_ops.dagster.compute.resource import GpuCompute, KarpenterPools, KubetorchGpuCompute, Lifecycle, LocalGpuCompute, StandbySettings, should_clean_up
 from gpu_ops_tests.compute import launch_assets, worker_fns
 
 
@@ -117,7 +117,7 @@ def test_names_and_labels_fit_kubernetes() -> None:
 @pytest.fixture
 def cluster_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, karpenter_crds: dict):
     """No credentials (so Kubetorch refuses to deploy) and a stand-in API server for NodePools."""
-    from gpu_ops.compute import kubetorch_backend
+    from gpu_ops.flows.compute import kubetorch_backend
     from gpu_ops_tests.fake_k8s import FakeCoreV1, FakeCustomObjects
 
     if Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists():
@@ -130,7 +130,7 @@ def cluster_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, karpenter_
 
 @pytest.mark.parametrize(("policy", "kept"), [("always", False), ("on_exception", False), ("never", True)])
 def test_kubetorch_setup_failure_cleans_up_run_pools_per_policy(cluster_boundary, policy: str, kept: bool) -> None:
-    from gpu_ops.compute.kubetorch_backend import ComputeSetupError
+    from gpu_ops.flows.compute.kubetorch_backend import ComputeSetupError
 
     compute = KubetorchGpuCompute(namespace="ml", lifecycle=Lifecycle(cleanup=policy), karpenter=KarpenterPools(pool_scope="run"))
     request = launch_assets.REQUEST.model_copy(update={"gpus": 1})
@@ -143,7 +143,7 @@ def test_kubetorch_setup_failure_cleans_up_run_pools_per_policy(cluster_boundary
 
 
 def test_kubetorch_team_pools_are_shared_and_kept(cluster_boundary) -> None:
-    from gpu_ops.compute.kubetorch_backend import ComputeSetupError
+    from gpu_ops.flows.compute.kubetorch_backend import ComputeSetupError
 
     compute = KubetorchGpuCompute(namespace="ml", lifecycle=Lifecycle(cleanup="always"))
     with dg.build_asset_context() as context:
@@ -157,8 +157,8 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
 
     import yaml
 
-    from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
-    from gpu_ops.failures import LaunchRefused
+    from gpu_ops.flows.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
+    from gpu_ops.dagster.failures import LaunchRefused
     from gpu_ops.storage.tables import TableStore
 
     cfg = tmp_path / "gpu_ops.yaml"
@@ -187,8 +187,8 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
 
 
 def test_one_class_per_backend_with_nested_settings(tmp_path: Path) -> None:
-    from gpu_ops.compute.admission import GpuAdmission
-    from gpu_ops.compute.resource import KubetorchLaunch
+    from gpu_ops.dagster.compute.admission import GpuAdmission
+    from gpu_ops.dagster.compute.resource import KubetorchLaunch
 
     # The abstract class called builds the default backend with the same (nested) keywords.
     assert type(GpuCompute()) is LocalGpuCompute

@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_ops.compute.backend import WorkerExit
-from gpu_ops.compute.local import LocalBackend
-from gpu_ops.compute.standby import StandbyScope, discard, rendezvous_files
-from gpu_ops.compute.standby import start as standby_start
+from gpu_ops.domain.compute.backend import WorkerExit
+from gpu_ops.flows.compute.local import LocalBackend
+from gpu_ops.flows.compute.standby import StandbyScope, discard, rendezvous_files
+from gpu_ops.flows.compute.standby import start as standby_start
 from gpu_ops_tests.compute import worker_fns
 from gpu_ops_tests.compute.test_local import Recorder, _alive, _phase_line
 from gpu_ops_tests.waiting import wait_until
@@ -173,7 +173,7 @@ def test_a_keeper_started_by_a_process_that_ignores_sigterm_still_ends_when_stop
 
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        spare = standby_start(s, 0, dict(os.environ), "digest", [sys.executable, "-m", "gpu_ops.compute.worker", "--standby"], popen)
+        spare = standby_start(s, 0, dict(os.environ), "digest", [sys.executable, "-m", "gpu_ops.flows.compute.worker", "--standby"], popen)
         spare.stop(grace_s=30)  # at once: before the keeper can have installed its handler
     finally:
         signal.signal(signal.SIGTERM, previous)

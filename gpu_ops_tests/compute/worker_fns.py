@@ -52,7 +52,7 @@ def ddp_train(steps: int, out_dir: str, slow_s: float = 0.0) -> dict:
     import torch
     import torch.distributed as dist
 
-    from gpu_ops.compute.distributed import destroy_process_group, init_process_group, rank, world_size
+    from gpu_ops.flows.compute.distributed import destroy_process_group, init_process_group, rank, world_size
 
     init_process_group()
     torch.manual_seed(0)  # identical initial weights on every rank
@@ -108,7 +108,7 @@ def tick(path: str) -> None:
 def fenced_loop(path: str, marker: str) -> str:
     """A training loop that looks at its fence as ``TrainingContext.preempted`` does: ticks
     every 20 ms; once the fence has lapsed, writes ``marker`` (its "checkpoint") and returns."""
-    from gpu_ops.compute.fence import FenceCheck
+    from gpu_ops.storage.fence import FenceCheck
 
     check = FenceCheck(every_s=0.05)
     print("ticking", flush=True)

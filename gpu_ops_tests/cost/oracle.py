@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
-from gpu_ops.cost.columns import CAPACITY_TYPES, SHARING_MODES
-from gpu_ops.cost.pricing import PriceMatrix
-from gpu_ops.cost.attribution import utc
-from gpu_ops.cost.window import Window
-from gpu_ops.cost.usage import (
+from gpu_ops.domain.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
+from gpu_ops.domain.cost.columns import CAPACITY_TYPES, SHARING_MODES
+from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.attribution import utc
+from gpu_ops.flows.cost.window import Window
+from gpu_ops.flows.cost.usage import (
     blank_mask,
     factorized,
     json_object,
@@ -39,7 +39,7 @@ from gpu_ops.cost.usage import (
     utc_series,
 )
 
-from gpu_ops.cost.rules import FILE_FIELD, LINE_FIELD
+from gpu_ops.domain.cost.rules import FILE_FIELD, LINE_FIELD
 
 from .oracle_read import CELL_ERRORS, FILE_ERROR
 
@@ -700,7 +700,7 @@ def as_floats(s: pd.Series) -> np.ndarray:
 
 
 def touch_mask(start: pd.Series, end: pd.Series, window: Window) -> np.ndarray:
-    """Rows that can touch ``window`` (the rule of gpu_ops.cost.window), in pandas; any time column type."""
+    """Rows that can touch ``window`` (the rule of gpu_ops.flows.cost.window), in pandas; any time column type."""
     s = parse_times(start)[0].array.asi8
     e = parse_times(end)[0].array.asi8 if end is not None else np.full(len(s), np.iinfo(np.int64).min)
     nat = np.iinfo(np.int64).min

@@ -1,7 +1,7 @@
 """The pandas file reader the package had before the one engine, kept as the oracle's
 reader: CSV and Parquet usage files (globs) as raw pandas frames with provenance, each
 file once, a pattern or file that gives nothing as one ``file_error`` row, CSV lines that
-cannot be split as rows of their own. Independent of :mod:`gpu_ops.cost.read` (the
+cannot be split as rows of their own. Independent of :mod:`gpu_ops.flows.cost.read` (the
 package's one reader), so that the differential tests compare two readers as well as two
 rule books. Nothing in ``gpu_ops`` imports this module."""
 
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpu_ops.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError, distinct_files, raise_missing, require_usage_columns
-from gpu_ops.cost.usage import PROVENANCE_COLUMNS, const_column, json_object, utc_series
+from gpu_ops.flows.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError, distinct_files, raise_missing, require_usage_columns
+from gpu_ops.flows.cost.usage import PROVENANCE_COLUMNS, const_column, json_object, utc_series
 
 # A file or pattern that yields no rows, or a CSV line that cannot be split: a raw row with
 # the reason in this column.
@@ -47,7 +47,7 @@ def read_table_file(path: Path, columns: Sequence[str] | None = None) -> pd.Data
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from gpu_ops.cost.columns import parquet_columns
+        from gpu_ops.domain.cost.columns import parquet_columns
 
         try:
             schema = pq.read_schema(path)
@@ -183,7 +183,7 @@ def read_usage_files(patterns: Iterable[str], base_dir: Path | None = None, colu
     nothing, or a file that cannot be read, becomes one file-level row (``FILE_ERROR``)
     that the engine quarantines; the other files are still read. With
     ``row_numbers=False`` no ``row`` column is built (the quarantine works rows out from
-    positions). Bounded reads of a window go through :func:`gpu_ops.cost.read.read_files`.
+    positions). Bounded reads of a window go through :func:`gpu_ops.flows.cost.read.read_files`.
     """
     return _read_files(patterns, base_dir, columns, "file", USAGE_REQUIRED, USAGE_COLUMNS, row_numbers)
 

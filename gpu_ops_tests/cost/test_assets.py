@@ -11,11 +11,11 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from gpu_ops.config import DEMO_CONFIG, load_config
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.cost.definitions import DAILY_SCHEDULE
-from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.domain.config import DEMO_CONFIG, load_config
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.dagster.cost.definitions import DAILY_SCHEDULE
+from gpu_ops.dagster.resources import GpuOpsSettings
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 
 DEMO = DEMO_CONFIG.parent
@@ -262,7 +262,7 @@ def test_row_level_usage_as_parquet_files_gives_the_same_tables(tmp_path):
 
 
 def test_definitions_register_assets_checks_and_the_daily_schedule():
-    from gpu_ops.cost.definitions import build_defs
+    from gpu_ops.dagster.cost.definitions import build_defs
 
     config = load_config()
     shared = dg.Definitions(resources={"gpu_ops": GpuOpsSettings(), "table_io_manager": TableIOManager(url="sqlite:///:memory:")})
@@ -286,8 +286,8 @@ def test_the_steps_that_read_row_level_usage_whole_are_tagged_to_run_one_at_a_ti
     """Attribution and ROI each load the day's pieces; the executor runs steps tagged
     ROW_LEVEL_READER one at a time, so their peaks never add up (the run-config test is
     in gpu_ops_tests/training/test_executor.py)."""
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.storage.io_manager import ROW_LEVEL_READER
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.io_manager import ROW_LEVEL_READER
 
     assets, _ = build_assets(load_config())
     tagged = {k.to_user_string() for a in assets for k in a.keys if ROW_LEVEL_READER in a.op.tags}

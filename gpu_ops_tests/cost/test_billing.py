@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.cost.billing import apply_bill, gpu_bill, node_instance_ids, read_cur, reconcile
+from gpu_ops.flows.cost.billing import apply_bill, gpu_bill, node_instance_ids, read_cur, reconcile
 
 DAYS = pd.date_range("2026-10-01", "2026-10-31", freq="D", tz="UTC")
 PRICES = {
@@ -122,10 +122,10 @@ def write(tmp_path: Path, cur: pd.DataFrame, fmt: str = "parquet", from_bill: bo
 def materialize(config_path: Path, day: str) -> tuple[dg.ExecuteInProcessResult, pd.DataFrame, pd.DataFrame | None]:
     """The day's cost assets through Dagster; attribution is None when it was not materialized
     (a blocking check held it back)."""
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     config = load_config(config_path)
@@ -225,10 +225,10 @@ def test_from_bill_attributes_the_billed_cost_and_conserves_it_to_the_cent(tmp_p
 
 
 def test_apply_bill_keeps_list_prices_for_a_node_without_bill_lines():
-    from gpu_ops.config import PriceTable
-    from gpu_ops.cost.engine import UsageInput
-    from gpu_ops.cost.pipeline import price_window
-    from gpu_ops.cost.pricing import PriceMatrix
+    from gpu_ops.domain.config import PriceTable
+    from gpu_ops.flows.cost.engine import UsageInput
+    from gpu_ops.flows.cost.pipeline import price_window
+    from gpu_ops.domain.cost.pricing import PriceMatrix
     from gpu_ops_tests.cost.helpers import inventory as inv_frame, raw, row
 
     matrix = PriceMatrix.from_table(PriceTable.model_validate(PRICES))
@@ -251,7 +251,7 @@ def test_reconcile_names_an_inventory_node_the_bill_does_not_have():
 
 
 def test_from_bill_without_a_bill_is_a_config_error_naming_the_field(tmp_path):
-    from gpu_ops.config import ConfigError, load_config
+    from gpu_ops.domain.config import ConfigError, load_config
 
     (tmp_path / "gpu_ops.yaml").write_text(yaml.safe_dump({"prices": {**PRICES, "from_bill": True}}))
     with pytest.raises(ConfigError, match=r"gpu_ops\.yaml: prices\.from_bill: needs usage\.billing"):
@@ -265,10 +265,10 @@ def test_a_cur_index_under_a_regular_file_fails_the_usage_asset_naming_the_setti
     cfg = yaml.safe_load(config.read_text())
     cfg["usage"]["billing"]["index_path"] = "file/index"
     config.write_text(yaml.safe_dump(cfg))
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     loaded = load_config(config)
     resources = {"gpu_ops": GpuOpsSettings(config_path=str(config)), "table_io_manager": TableIOManager(url=loaded.storage.resolved_url())}

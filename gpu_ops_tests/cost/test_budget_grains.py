@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_ops.config import Budget
-from gpu_ops.cost.budgets import daily_costs, evaluate_budget_days, scope_keys, scope_label_keys
-from gpu_ops.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
+from gpu_ops.domain.config import Budget
+from gpu_ops.flows.cost.budgets import daily_costs, evaluate_budget_days, scope_keys, scope_label_keys
+from gpu_ops.domain.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, budget_groupings
 from gpu_ops.storage.tables import TableStore
 
 DAYS = [dt.date(2026, 10, 1) + dt.timedelta(days=i) for i in range(4)]

@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from gpu_ops.config import DEMO_CONFIG, Budget
-from gpu_ops.cost.budgets import DAILY_COLUMNS, SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
-from gpu_ops.cost.pipeline import price_window
+from gpu_ops.domain.config import DEMO_CONFIG, Budget
+from gpu_ops.flows.cost.budgets import DAILY_COLUMNS, SpendBook, check_outcome, daily_costs, evaluate_budget, evaluate_budgets, period_bounds
+from gpu_ops.flows.cost.pipeline import price_window
 
 from .helpers import MATRIX, raw, row
 
@@ -214,7 +214,7 @@ def test_a_budget_period_with_a_missing_day_reports_it_and_never_reads_it_as_zer
     # The whole table: the column, and the days named for the check.
     table = evaluate_budgets([b, Budget(name="all", amount_usd=1e6)], daily, dt.date(2026, 10, 5), pd.Timestamp("2026-10-06", tz="UTC"))
     assert table["days_missing"].tolist() == [1, 1]
-    from gpu_ops.cost.budgets import missing_days_outcome
+    from gpu_ops.flows.cost.budgets import missing_days_outcome
 
     passed, description, missing = missing_days_outcome(table)
     assert not passed and missing == ["2026-10-03"] and "2026-10-03" in description and "nlp-monthly" in description
@@ -252,11 +252,11 @@ def _row_level_spend(budget, rows, day, idle):
 
 @pytest.mark.parametrize("idle", ["row", "share"])
 def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(idle):
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.pricing import PriceMatrix
-    from gpu_ops.cost.inventory import load_inventory
-    from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.pipeline import load_raw
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.inventory import load_inventory
+    from gpu_ops.domain.cost.sources import SourceSet
+    from gpu_ops.flows.cost.pipeline import load_raw
 
     cfg = load_config(DEMO_CONFIG)  # the demo's budgets, over the demo's October
     demo = DEMO_CONFIG.parent
@@ -290,7 +290,7 @@ def test_a_frame_that_is_neither_the_daily_table_nor_priced_usage_is_refused():
 def test_the_daily_table_keeps_only_the_keys_budgets_scope_on_whatever_the_days_keys():
     """Issue 19: with independent team, project, namespace and cost center, the product of
     every key is as big as the day; kept at the budgets' grain it is one row per team."""
-    from gpu_ops.cost.budgets import scope_keys
+    from gpu_ops.flows.cost.budgets import scope_keys
 
     rows = priced([
         spend_on("2026-10-01", 10 + i, project=f"p{i}", namespace=f"ns{i % 7}", cost_center=f"cc{i % 5}", team=("nlp" if i % 2 else "vision"), pod=f"pod{i}")

@@ -44,10 +44,10 @@ def _cli(paths: list[Path], inventory: Path, folder: Path) -> tuple[dict[str, fl
 
 
 def _asset(paths: list[Path], inventory: Path, folder: Path, instance: dg.DagsterInstance) -> tuple[dict[str, float], set[tuple[str, int, str, str]]]:
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     config = folder / "gpu_ops.yaml"

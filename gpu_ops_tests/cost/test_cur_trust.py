@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.cost.billing import CurIndex, cur_files, gpu_bill
+from gpu_ops.flows.cost.billing import CurIndex, cur_files, gpu_bill
 from gpu_ops_tests.cost.test_billing import NODES, REFUND_DAY, check, cur_month, materialize, write
 
 DAY = REFUND_DAY
@@ -185,10 +185,10 @@ def test_in_a_two_day_run_only_the_day_that_does_not_reconcile_is_blocked(tmp_pa
     day21 = cur["line_item_usage_start_date"].str.startswith("2026-10-21")
     cur = pd.concat([cur[~day21], in_currency(cur[day21], "JPY", JPY_PER_USD)], ignore_index=True)
     config = write(tmp_path, cur, "parquet", from_bill=True)
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     cfg = load_config(config)
@@ -256,7 +256,7 @@ def test_a_csv_line_that_cannot_be_read_costs_its_line_not_the_bill(tmp_path, ba
 def test_a_cur_path_no_file_system_takes_or_a_fifo_is_a_billing_source_error(tmp_path):
     """A FIFO matched by the bill's glob blocked the read for ever; a name past the file
     system's limit was a raw OSError."""
-    from gpu_ops.cost.billing import BillingSourceError
+    from gpu_ops.flows.cost.billing import BillingSourceError
 
     os.mkfifo(tmp_path / "cur-00001.csv")
     with pytest.raises(BillingSourceError, match=r"cur-00001.csv: not a regular file"):
@@ -273,7 +273,7 @@ def test_text_that_is_not_utf8_in_a_cur_file_costs_its_line_or_names_the_file(tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_ops.cost.billing import BillingSourceError
+    from gpu_ops.flows.cost.billing import BillingSourceError
 
     (tmp_path / "cur.csv").write_bytes(b"line_item_usage_start_date,line_item_resource_id,caf\xe9\n")
     with pytest.raises(BillingSourceError, match=r"cur.csv: not UTF-8 text \(byte b'\\xe9' at offset 52\)"):

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_ops.cost.pipeline import load_raw, price_window
-from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.usage import quarantine_in_window
-from gpu_ops.cost.window import Window
+from gpu_ops.flows.cost.pipeline import load_raw, price_window
+from gpu_ops.domain.cost.sources import SourceSet
+from gpu_ops.flows.cost.usage import quarantine_in_window
+from gpu_ops.flows.cost.window import Window
 
 from .helpers import MATRIX
 from .random_files import DAY, WE, WS, random_files
@@ -101,7 +101,7 @@ def _both_screens(paths: list[Path]) -> list[tuple[Any, Any, bool]]:
     """(good rows, quarantine, whether the lookup failed somewhere) of ``paths`` through
     the engine as it chooses, then with the lookup joined in the screening pass (the
     general path)."""
-    from gpu_ops.cost.engine import UsageEngine
+    from gpu_ops.flows.cost.engine import UsageEngine
 
     out = []
     for screen_lookup in (None, True):
@@ -159,7 +159,7 @@ def test_rows_of_other_days_are_not_quarantined_in_this_one(tmp_path: Path) -> N
 
 
 def test_the_ledger_and_the_collector_seeing_one_pod_count_it_once() -> None:
-    from gpu_ops.cost.engine import UsageInput
+    from gpu_ops.flows.cost.engine import UsageInput
 
     t0 = pd.Timestamp("2026-10-01T00:00:00Z")
     base = {"start": [t0], "namespace": ["ml"], "pod": ["p1"], "team": ["nlp"], "gpu_type": ["h100"], "gpu_count": [1], "capacity_type": ["on-demand"]}
@@ -176,8 +176,8 @@ def test_text_columns_are_clean_exactly_when_no_value_needs_a_trim_or_holds_a_co
     pattern itself, value by value: plain and large strings, dictionaries, slices, nulls."""
     import re
 
-    from gpu_ops.cost import rules
-    from gpu_ops.cost.engine import clean_text_columns
+    from gpu_ops.domain.cost import rules
+    from gpu_ops.flows.cost.engine import clean_text_columns
 
     spaces = re.escape(rules.SPACES)
     pattern = re.compile(f"^[{spaces}]|[{spaces}]$|{rules.CONTROL}")
@@ -204,8 +204,8 @@ def test_printable_ascii_text_is_clean_at_one_look_and_a_space_or_control_byte_s
     NUL, no-break space or DEL somewhere, or none."""
     import re
 
-    from gpu_ops.cost import rules
-    from gpu_ops.cost.engine import clean_text_columns
+    from gpu_ops.domain.cost import rules
+    from gpu_ops.flows.cost.engine import clean_text_columns
 
     spaces = re.escape(rules.SPACES)
     pattern = re.compile(f"^[{spaces}]|[{spaces}]$|{rules.CONTROL}")
@@ -227,8 +227,8 @@ def test_printable_ascii_text_is_clean_at_one_look_and_a_space_or_control_byte_s
 
 def _priced_both_ways(path: Path) -> tuple[Any, Any]:
     """The engine's good rows and quarantine of ``path`` read as a DuckDB scan and as Arrow."""
-    from gpu_ops.cost.engine import UsageInput, validate
-    from gpu_ops.cost.read import FileRows, read_files
+    from gpu_ops.flows.cost.engine import UsageInput, validate
+    from gpu_ops.flows.cost.read import FileRows, read_files
 
     got = read_files([str(path)], None)
     scanned = got.files[0]
@@ -263,7 +263,7 @@ def test_a_parquet_file_duckdb_scans_gives_what_its_arrow_read_gives(tmp_path: P
 
 @pytest.mark.parametrize("case", ["sentinel", "ms", "binary"])
 def test_a_parquet_file_duckdb_would_read_otherwise_is_read_as_arrow(tmp_path: Path, case: str) -> None:
-    from gpu_ops.cost.read import read_files
+    from gpu_ops.flows.cost.read import read_files
 
     end = pa.array([1_790_000_000_000_000, 2**63 - 1 if case == "sentinel" else 1_790_000_100_000_000], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     start = pa.array([1_789_990_000_000_000] * 2, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
@@ -279,7 +279,7 @@ def test_a_parquet_file_duckdb_would_read_otherwise_is_read_as_arrow(tmp_path: P
 def _lookup_and_result(paths: list[Path], gathered: bool) -> tuple[set[tuple[Any, ...]], Any, bool]:
     """(the engine's lookup rows, its result, whether every part came with its lookup
     keys' values) of ``paths``; ``gathered`` False: the values found by the scan instead."""
-    from gpu_ops.cost.engine import UsageEngine
+    from gpu_ops.flows.cost.engine import UsageEngine
 
     usage, _ = load_raw(SourceSet(usage_files=[str(p) for p in paths]), window=Window(WS, WE))
     eng = UsageEngine(MATRIX)
@@ -341,8 +341,8 @@ def _attribution(paths: list[Path], by: list[str], tally: bool, monkeypatch: pyt
     """(groups, quarantine, whether the sums came from the screening pass) of one day of
     ``paths`` by ``by``, as `gpu-ops cost attribution` computes them; ``tally`` False:
     through the pieces of the good rows instead."""
-    from gpu_ops.cost import allocate
-    from gpu_ops.cost.engine import UsageEngine
+    from gpu_ops.flows.cost import allocate
+    from gpu_ops.flows.cost.engine import UsageEngine
 
     used: list[bool] = []
     real = UsageEngine.tallied_sql
@@ -384,7 +384,7 @@ def test_the_rules_that_read_only_the_lookups_keys_are_told_by_what_they_read() 
     SQL's comparison words aside) is one of them: an empty GPU type or capacity type, an
     unknown capacity type; a rule that also reads another column, or a function, does not;
     and every rule the engine leaves out of its screen when the lookup passes is one of them."""
-    from gpu_ops.cost import rules as R
+    from gpu_ops.domain.cost import rules as R
 
     assert R.reads_only_lookup_keys("capacity_type <> '' AND capacity_type NOT IN ('spot', 'on-demand', 'reserved')")
     assert R.reads_only_lookup_keys('"gpu_type_raw" = \'\'')

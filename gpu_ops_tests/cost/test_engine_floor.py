@@ -20,12 +20,12 @@ from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.cost.helpers import MATRIX
 from gpu_ops_tests.cost.random_files import WE, WS, random_files, random_rows
 
-from gpu_ops.cost import rules
-from gpu_ops.cost.engine import QUARANTINE_ROWS, UsageEngine, clean_text_columns
-from gpu_ops.cost.pipeline import load_raw
-from gpu_ops.cost.repeats import Fingerprints
-from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.window import Window
+from gpu_ops.domain.cost import rules
+from gpu_ops.flows.cost.engine import QUARANTINE_ROWS, UsageEngine, clean_text_columns
+from gpu_ops.flows.cost.pipeline import load_raw
+from gpu_ops.domain.cost.repeats import Fingerprints
+from gpu_ops.domain.cost.sources import SourceSet
+from gpu_ops.flows.cost.window import Window
 
 PATTERN = re.compile(f"^[{re.escape(rules.SPACES)}]|[{re.escape(rules.SPACES)}]$|{rules.CONTROL}")
 
@@ -134,8 +134,8 @@ def test_the_cli_says_the_same_of_its_quarantine_whether_or_not_it_is_written(tm
 
 
 def test_the_first_rows_of_a_quarantine_are_the_whole_ones_first_rows(tmp_path: Path) -> None:
-    from gpu_ops.cost import allocate
-    from gpu_ops.cost.allocate import Span
+    from gpu_ops.flows.cost import allocate
+    from gpu_ops.flows.cost.allocate import Span
 
     paths = random_files(tmp_path, 2)
     span = Span(int(WS.value // 1000), int(WE.value // 1000), int(WE.value // 1000))

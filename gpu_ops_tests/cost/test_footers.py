@@ -1,4 +1,4 @@
-"""Parquet footer summaries cached in the gpu_ops database (gpu_ops.cost.footers).
+"""Parquet footer summaries cached in the gpu_ops database (gpu_ops.flows.cost.footers).
 
 A later day's read stats the files of other days instead of opening them, and gives what
 a read without the cache gives, to the cent: files of other days, open intervals,
@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.footers import FOOTERS_TABLE, SETTLE_NS, FooterCache
-from gpu_ops.cost.pipeline import SourceSet, usage_for_days
-from gpu_ops.cost.window import FooterSummary, Window
+from gpu_ops.flows.cost.footers import FOOTERS_TABLE, SETTLE_NS, FooterCache
+from gpu_ops.flows.cost.pipeline import SourceSet, usage_for_days
+from gpu_ops.flows.cost.window import FooterSummary, Window
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.cost.helpers import MATRIX
 from gpu_ops_tests.cost.test_window import DAY, DAYS, intervals, plain, same_day, unpruned, write_parquet

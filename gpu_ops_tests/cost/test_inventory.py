@@ -8,9 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.allocate import fleet_days
-from gpu_ops.cost.engine import UsageEngine, add_frame
-from gpu_ops.cost.read import INVENTORY
+from gpu_ops.flows.cost.allocate import fleet_days
+from gpu_ops.flows.cost.engine import UsageEngine, add_frame
+from gpu_ops.flows.cost.read import INVENTORY
 
 from .helpers import MATRIX
 from .oracle import one_node_at_a_time, split_by_day, validate_inventory

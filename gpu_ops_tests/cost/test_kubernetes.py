@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from kubernetes import client as k
 
-from gpu_ops.cost import kubernetes as k8s
-from gpu_ops.cost.attribution import attribute
-from gpu_ops.cost.pipeline import SourceSet, load_raw, price_window
+from gpu_ops.flows.cost import kubernetes as k8s
+from gpu_ops.flows.cost.attribution import attribute
+from gpu_ops.flows.cost.pipeline import SourceSet, load_raw, price_window
 from gpu_ops.storage.tables import TableStore
 
 from .helpers import MATRIX
@@ -141,7 +141,7 @@ def test_collect_nodes_gives_physical_gpus_of_karpenter_nodes():
 
 def test_load_raw_collects_through_the_factory_and_records(tmp_path):
     store = TableStore(f"sqlite:///{tmp_path / 'c.db'}")
-    from gpu_ops.config import KubernetesSource
+    from gpu_ops.domain.config import KubernetesSource
 
     sources = SourceSet(kubernetes=[KubernetesSource(type="kubernetes", namespaces=["ml"])], inventory_karpenter=True)
     usage, inv = load_raw(sources, store, core_api_factory=lambda: StandInCoreV1(NODES, PODS), now=T0 + dt.timedelta(hours=1))
@@ -170,11 +170,11 @@ def test_collector_job_records_every_run_through_dagster(tmp_path, monkeypatch):
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import BUNDLED_PRICES, load_config
-    from gpu_ops.cost.assets import COLLECT_JOB, COLLECT_SCHEDULE
-    from gpu_ops.cost.definitions import build_defs
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import BUNDLED_PRICES, load_config
+    from gpu_ops.dagster.cost.assets import COLLECT_JOB, COLLECT_SCHEDULE
+    from gpu_ops.dagster.cost.definitions import build_defs
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     url = f"sqlite:///{tmp_path / 'c.db'}"
     cfg = {
@@ -198,7 +198,7 @@ def test_collector_job_records_every_run_through_dagster(tmp_path, monkeypatch):
 
 
 def test_no_collector_without_kubernetes_sources():
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_collector
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_collector
 
     assert build_collector(load_config()) == ([], [])

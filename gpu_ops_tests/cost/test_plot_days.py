@@ -24,8 +24,8 @@ import pytest
 import yaml
 from dagster.components import ScaffoldRequest
 
-from gpu_ops.config import DEMO_CONFIG, ConfigError, load_config, parse_config
-from gpu_ops.location import build_defs
+from gpu_ops.domain.config import DEMO_CONFIG, ConfigError, load_config, parse_config
+from gpu_ops.dagster.location import build_defs
 
 UI_PLOT_PARTITIONS = 120  # what the asset page's plots ask for (see the module docstring)
 COST_ASSETS = ("gpu_usage", "gpu_cost_attribution", "gpu_budget_status", "gpu_roi_report")

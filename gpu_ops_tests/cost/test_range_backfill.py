@@ -12,7 +12,7 @@ import dagster as dg
 import pandas as pd
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from gpu_ops.cost.definitions import DAILY_JOB, build_defs
+from gpu_ops.dagster.cost.definitions import DAILY_JOB, build_defs
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.cost.test_assets import Env
 
@@ -100,10 +100,10 @@ def test_a_range_run_of_usage_and_attribution_on_random_hostile_files_equals_day
     import numpy as np
     import yaml
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops_tests.cost.random_files import random_files
 
     days = ["2026-10-01", "2026-10-02"]

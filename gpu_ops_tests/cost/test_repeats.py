@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.repeats import RepeatedHashes, bucket_bits
+from gpu_ops.domain.cost.repeats import RepeatedHashes, bucket_bits
 
 
 def _hashes(seed: int, n: int) -> np.ndarray:
@@ -60,10 +60,10 @@ def test_the_engine_prices_and_quarantines_the_same_when_the_hashes_go_to_bucket
     from gpu_ops_tests.cost.helpers import MATRIX
     from gpu_ops_tests.cost.random_files import WE, WS, random_files
 
-    from gpu_ops.cost.engine import UsageEngine
-    from gpu_ops.cost.pipeline import load_raw
-    from gpu_ops.cost.sources import SourceSet
-    from gpu_ops.cost.window import Window
+    from gpu_ops.flows.cost.engine import UsageEngine
+    from gpu_ops.flows.cost.pipeline import load_raw
+    from gpu_ops.domain.cost.sources import SourceSet
+    from gpu_ops.flows.cost.window import Window
 
     paths = random_files(tmp_path, 3)
     out = []

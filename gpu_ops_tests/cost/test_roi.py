@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.attribution import attribute
-from gpu_ops.cost.pipeline import price_window
-from gpu_ops.cost.roi import ROI_COLUMNS, TOTAL, roi_report
+from gpu_ops.flows.cost.attribution import attribute
+from gpu_ops.flows.cost.pipeline import price_window
+from gpu_ops.flows.cost.roi import ROI_COLUMNS, TOTAL, roi_report
 
 from .helpers import MATRIX, inventory, raw, row
 

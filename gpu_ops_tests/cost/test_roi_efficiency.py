@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.pipeline import price_window
-from gpu_ops.cost.roi import TOTAL, roi_report
-from gpu_ops.cost.utilization import SAMPLE_COLUMNS, join_efficiency
+from gpu_ops.flows.cost.pipeline import price_window
+from gpu_ops.flows.cost.roi import TOTAL, roi_report
+from gpu_ops.flows.cost.utilization import SAMPLE_COLUMNS, join_efficiency
 from gpu_ops_tests.cost.helpers import MATRIX, raw, row
 
 DAY = "2026-10-14"

@@ -10,8 +10,8 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from gpu_ops.config import BUNDLED_PRICES
-from gpu_ops.cost.definitions import DAILY_JOB, DAILY_SCHEDULE
+from gpu_ops.domain.config import BUNDLED_PRICES
+from gpu_ops.dagster.cost.definitions import DAILY_JOB, DAILY_SCHEDULE
 
 UTC = dt.timezone.utc
 
@@ -29,7 +29,7 @@ TICKS = [  # the 00:15 UTC tick -> the day that just ended
 def location(tmp_path_factory: pytest.TempPathFactory) -> dg.Definitions:
     """The schedule of the reference code location on a configuration whose partitions
     have no end (the demo's stop at its month)."""
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     folder = tmp_path_factory.mktemp("schedule")
     (folder / "gpu_ops.yaml").write_text(

@@ -9,13 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpu_ops.cost.attribution import attribute
-from gpu_ops.cost.pipeline import price_window
-from gpu_ops.cost.engine import validate
-from gpu_ops.cost.pipeline import load_raw
-from gpu_ops.cost.read import read_files
-from gpu_ops.cost.sources import SourceSet
-from gpu_ops.cost.read import USAGE_COLUMNS
+from gpu_ops.flows.cost.attribution import attribute
+from gpu_ops.flows.cost.pipeline import price_window
+from gpu_ops.flows.cost.engine import validate
+from gpu_ops.flows.cost.pipeline import load_raw
+from gpu_ops.flows.cost.read import read_files
+from gpu_ops.domain.cost.sources import SourceSet
+from gpu_ops.flows.cost.read import USAGE_COLUMNS
 
 from .oracle import validate_usage
 from .helpers import MATRIX, raw, row
@@ -176,7 +176,7 @@ def test_the_inventory_through_the_engine_matches_the_oracle():
     """The node inventory is checked by the engine's rule book (kind inventory): the node
     is required instead of the team, a blank GPU type and count come from a known instance
     type; the same good nodes and the same quarantine as the pandas oracle."""
-    from gpu_ops.cost.read import INVENTORY
+    from gpu_ops.flows.cost.read import INVENTORY
 
     from .helpers import inventory
     from .oracle import validate_inventory

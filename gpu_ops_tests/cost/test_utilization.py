@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_ops.config import UtilizationConfig
-from gpu_ops.cost.utilization import EFFICIENCY_COLUMNS, PrometheusClient, UtilizationError, coverage, fetch_samples, join_efficiency, measured_rows
+from gpu_ops.domain.config import UtilizationConfig
+from gpu_ops.flows.cost.utilization import EFFICIENCY_COLUMNS, PrometheusClient, UtilizationError, coverage, fetch_samples, join_efficiency, measured_rows
 from gpu_ops_tests.conftest import skip_or_fail
 from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
 
@@ -268,10 +268,10 @@ def test_usage_and_attribution_tables_carry_efficiency_from_prometheus(prometheu
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     url, t0 = prometheus

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from gpu_ops.config import UtilizationConfig
-from gpu_ops.cost.utilization import ACTIVE, EFFICIENCY_COLUMNS, FB_FREE, FB_USED, GPU_UTIL, coverage, measured_rows
+from gpu_ops.domain.config import UtilizationConfig
+from gpu_ops.flows.cost.utilization import ACTIVE, EFFICIENCY_COLUMNS, FB_FREE, FB_USED, GPU_UTIL, coverage, measured_rows
 from gpu_ops_tests.hostile_http import endless, fixed, hostile, slow, trickle_body
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ import json, resource, sys, time
 import pandas as pd
 sys.path.insert(0, sys.argv[3])
 from gpu_ops_tests.cost.test_utilization_bounds import T0, config, rows
-from gpu_ops.cost.utilization import measured_rows
+from gpu_ops.flows.cost.utilization import measured_rows
 cfg = config(sys.argv[1], **json.loads(sys.argv[2]))
 r = rows()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -216,10 +216,10 @@ def test_the_usage_asset_marks_the_day_as_missing_metrics_and_says_why(tmp_path)
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     day = "2026-10-14"

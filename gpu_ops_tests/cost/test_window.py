@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_ops.cost.attribution import day_window
-from gpu_ops.cost.kubernetes import COLLECTED_PODS_TABLE, drop_expired
-from gpu_ops.cost.pipeline import SourceSet, default_as_of, load_raw, price_window, usage_for_days, usage_table
-from gpu_ops.cost.usage import LEDGER_TABLE
-from gpu_ops.cost.window import ReadStats, Window, hive_day
+from gpu_ops.flows.cost.attribution import day_window
+from gpu_ops.flows.cost.kubernetes import COLLECTED_PODS_TABLE, drop_expired
+from gpu_ops.flows.cost.pipeline import SourceSet, default_as_of, load_raw, price_window, usage_for_days, usage_table
+from gpu_ops.flows.cost.usage import LEDGER_TABLE
+from gpu_ops.flows.cost.window import ReadStats, Window, hive_day
 from gpu_ops_tests.cost.oracle import touch_mask
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.conftest import REPO
@@ -311,7 +311,7 @@ def test_mixed_sources_over_a_range_equal_each_day_alone(tmp_path):
 def _cost_config(tmp_path: Path, url: str) -> Path:
     import yaml
 
-    from gpu_ops.config import BUNDLED_PRICES
+    from gpu_ops.domain.config import BUNDLED_PRICES
 
     for d in DAYS:
         write_parquet(intervals(d, seed=3), tmp_path / "exports" / f"day={d}" / "part-0.parquet")
@@ -330,10 +330,10 @@ def _materialize(tmp_path: Path, first: dt.date, last: dt.date, one_run: bool) -
     import dagster as dg
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     url = f"sqlite:///{tmp_path / 'costs.db'}"
     path = _cost_config(tmp_path, url)
@@ -372,7 +372,7 @@ def test_the_days_files_come_from_duckdb_with_the_stored_columns_and_types(tmp_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_ops.cost.stored import USAGE_TABLE_COLUMNS
+    from gpu_ops.flows.cost.stored import USAGE_TABLE_COLUMNS
     from gpu_ops.storage.files import PartitionFiles
 
     write_parquet(intervals(DAY), tmp_path / f"usage-{DAY}.parquet")

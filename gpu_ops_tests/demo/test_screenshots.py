@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.config import DEMO_CONFIG
+from gpu_ops.domain.config import DEMO_CONFIG
 from gpu_ops_tests.conftest import REPO, skip_or_fail
 from gpu_ops_tests.demo.conftest import DemoRun
 from gpu_ops_tests.training.test_ui_launch import dagster_ui_processes, gql, wait_for_location

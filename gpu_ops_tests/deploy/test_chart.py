@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_ops.compute.catalog import CATALOG
-from gpu_ops.config import SecretRef, load_config
+from gpu_ops.domain.compute.catalog import CATALOG
+from gpu_ops.domain.config import SecretRef, load_config
 from gpu_ops_tests.deploy.chart import (
     CHART,
     K8S_VERSION,
@@ -229,7 +229,7 @@ def test_nodepools_follow_the_karpenter_rules_for_training(karpenter_crds: dict[
 def test_budget_enforcement_selects_the_chart_pool_of_the_budgets_team() -> None:
     """The alerts code's own pool selection (label selector and per-object check) finds the
     chart's a100 pool for the nlp budget's scope, and nothing for another team."""
-    from gpu_ops.alerts.enforcement import is_managed, scope_selector
+    from gpu_ops.flows.alerts.enforcement import is_managed, scope_selector
 
     pools = {p["metadata"]["name"]: p for p in by_kind(objects(two_gpu_pools()), "NodePool")}
     assert all(is_managed(p) for p in pools.values())
@@ -346,7 +346,7 @@ def test_every_secret_is_a_secret_reference_headers_and_storage_password_include
 
 
 def test_a_config_mistake_in_values_is_reported_by_the_loader_naming_the_field(tmp_path) -> None:
-    from gpu_ops.config import ConfigError
+    from gpu_ops.domain.config import ConfigError
 
     values = two_gpu_pools()
     values["config"]["budgets"][0]["thresholds"][1]["percent"] = -5
@@ -592,7 +592,7 @@ def test_prometheus_rule_is_the_shipped_rule_file_and_promtool_accepts_it(tmp_pa
     import shutil
     import subprocess
 
-    from gpu_ops.observability.dashboards import RULES_FILE
+    from gpu_ops.cli.dashboards import RULES_FILE
 
     rule = one(objects(METRICS_ON), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
@@ -608,12 +608,12 @@ def test_prometheus_rule_is_the_shipped_rule_file_and_promtool_accepts_it(tmp_pa
 
 
 def test_dashboards_configmap_carries_the_sidecar_label_and_every_generated_dashboard(tmp_path) -> None:
-    from gpu_ops.observability.dashboards import DASHBOARDS, to_json
+    from gpu_ops.cli.dashboards import DASHBOARDS, to_json
 
     cm = _named(objects(METRICS_ON), "ConfigMap", "-dashboards")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"]["grafana_folder"] == "GPU cost"
-    # The chart's files are what the generator writes today (regenerate: python -m gpu_ops.observability.dashboards).
+    # The chart's files are what the generator writes today (regenerate: python -m gpu_ops.cli.dashboards).
     assert cm["data"] == {f"{d.uid}.json": to_json(d) for d in DASHBOARDS}
     titles = {json.loads(text)["title"] for text in cm["data"].values()}
     assert titles == {"GPU cost overview", "GPU cost attribution", "GPU savings and waste", "GPU budgets and alerts", "GPU training reliability", "GPU efficiency and cost"}
@@ -627,7 +627,7 @@ def test_the_scrape_deadline_is_below_the_scrape_timeout_and_the_exporters_defau
     (Prometheus' default scrape_timeout); a deadline at or past the timeout is refused."""
     import helm_python as helm
 
-    from gpu_ops.observability.readers import DEFAULT_DEADLINE_S
+    from gpu_ops.flows.observability.readers import DEFAULT_DEADLINE_S
 
     monitor = _named(objects(METRICS_ON), "ServiceMonitor", "-exporter")
     assert monitor["spec"]["endpoints"][0]["scrapeTimeout"] == "10s"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.compute.local import free_port
 from gpu_ops_tests.deploy.chart import container_context, container_env, objects, one, two_gpu_pools, write_config
 
 

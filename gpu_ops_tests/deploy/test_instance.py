@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpu_ops import gpu_run_tags
-from gpu_ops.compute.request import Attribution, GpuRequest
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
 from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.deploy.chart import EXAMPLES, K8S_VERSION, code_server_objects, container_context, objects, one, two_gpu_pools
 

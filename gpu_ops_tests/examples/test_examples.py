@@ -86,13 +86,13 @@ def test_a_bad_component_yaml_names_the_file_and_the_field(tmp_path):
     path = project / DG_DEFS / "train_small" / "defs.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["attributes"]["request"]["gpu_type"] = "a10"  # not a catalog name (a10g is)
-    doc["attributes"]["function"] = "gpu_ops.training.demo.no_such_function"
+    doc["attributes"]["function"] = "gpu_ops.flows.training.demo.no_such_function"
     path.write_text(yaml.safe_dump(doc))
     out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert f"{path}: attributes.request.gpu_type" in text and "a10" in text
-    assert f"{path}: attributes.function: module 'gpu_ops.training.demo' has no attribute 'no_such_function'" in text
+    assert f"{path}: attributes.function: module 'gpu_ops.flows.training.demo' has no attribute 'no_such_function'" in text
 
 
 @pytest.mark.slow

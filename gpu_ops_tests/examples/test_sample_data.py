@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpu_ops.cli import main
-from gpu_ops.config import EmailChannel, FileSource, LogChannel, PagerDutyChannel, SlackChannel, WebhookChannel, load_config
+from gpu_ops.domain.config import EmailChannel, FileSource, LogChannel, PagerDutyChannel, SlackChannel, WebhookChannel, load_config
 from gpu_ops_tests.conftest import REPO
 
 DATA = REPO / "examples" / "data"

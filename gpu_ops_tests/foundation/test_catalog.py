@@ -7,8 +7,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from gpu_ops.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type, gpu_share, gpu_spec
-from gpu_ops.compute.request import GpuRequest
+from gpu_ops.domain.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type, gpu_share, gpu_spec
+from gpu_ops.domain.compute.request import GpuRequest
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_gpu_request_canonicalises_and_checks_shape():
 def test_memory_quantities_parse_as_kubernetes_does(quantity):
     from kubernetes.utils import parse_quantity
 
-    from gpu_ops.compute.request import parse_memory
+    from gpu_ops.domain.compute.request import parse_memory
 
     assert parse_memory(quantity) == math.ceil(parse_quantity(quantity))  # whole bytes, rounded up
 

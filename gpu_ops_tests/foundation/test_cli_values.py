@@ -1,5 +1,5 @@
 """Every number a `gpu-ops` command takes on its command line is checked where it is read:
-a float option is :class:`gpu_ops.cli_types.Finite` (``nan``, ``inf`` and ``-inf`` are
+a float option is :class:`gpu_ops.cli.types.Finite` (``nan``, ``inf`` and ``-inf`` are
 usage errors naming the option, as the configuration file refuses non-finite numbers), and
 each duration option (``--*-seconds``) says so in its unit."""
 
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpu_ops.cli import main
-from gpu_ops.cli_types import Finite
+from gpu_ops.cli.types import Finite
 
 
 def options(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Option]]:

@@ -168,7 +168,7 @@ def test_the_lazy_dataframe_type_is_what_dagster_infers_from_a_dataframe_annotat
     import pandas as pd
     from dagster._core.types.dagster_type import resolve_dagster_type
 
-    from gpu_ops.storage.io_manager import DATAFRAME_TYPE
+    from gpu_ops.dagster.io_manager import DATAFRAME_TYPE
 
     inferred = resolve_dagster_type(pd.DataFrame)
     for attr in ("key", "display_name", "description", "kind", "is_builtin", "has_unique_name", "typing_type"):
@@ -200,7 +200,7 @@ def test_make_dev_serves_the_demo_quietly(tmp_path):
     (`dagster dev` printed a SupersessionWarning)."""
     import httpx
 
-    from gpu_ops.compute.local import free_port
+    from gpu_ops.flows.compute.local import free_port
 
     command = _make_dev_command()
     assert command[:2] == ["env", "-u"] and f"GPU_OPS_CONFIG={REPO}/gpu_ops/demo/gpu_ops.yaml" in command and "dev" in command, command

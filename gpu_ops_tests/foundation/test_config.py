@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.config import DEMO_CONFIG, ConfigError, LiteralSecret, SecretRef, load_config, parse_duration
+from gpu_ops.domain.config import DEMO_CONFIG, ConfigError, LiteralSecret, SecretRef, load_config, parse_duration
 
 PRICES = """
 currency: USD

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpu_ops.config import Budget, ConfigError, GpuOpsConfig, load_config, parse_config
+from gpu_ops.domain.config import Budget, ConfigError, GpuOpsConfig, load_config, parse_config
 from gpu_ops_tests.conftest import REPO
 
 

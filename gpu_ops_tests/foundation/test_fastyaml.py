@@ -1,4 +1,4 @@
-"""`gpu_ops.fastyaml.load_yaml` gives `yaml.safe_load`'s answer (and its errors), and a
+"""`gpu_ops.domain.fastyaml.load_yaml` gives `yaml.safe_load`'s answer (and its errors), and a
 fleet-sized configuration validates with the same problems as before the fast paths."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_ops.config import ConfigError, parse_config
-from gpu_ops.fastyaml import load_yaml
+from gpu_ops.domain.config import ConfigError, parse_config
+from gpu_ops.domain.fastyaml import load_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""One way figures read (gpu_ops.formatting), and a description for every column of every
-table the UI shows (gpu_ops.column_descriptions), checked on a real materialization."""
+"""One way figures read (gpu_ops.domain.formatting), and a description for every column of every
+table the UI shows (gpu_ops.domain.column_descriptions), checked on a real materialization."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import dagster as dg
 import pytest
 
-from gpu_ops.column_descriptions import COLUMN_DESCRIPTIONS, describe
-from gpu_ops.config import DEMO_CONFIG
-from gpu_ops.formatting import gpu_hours, hours, money, percent, round_hours, round_money
+from gpu_ops.domain.column_descriptions import COLUMN_DESCRIPTIONS, describe
+from gpu_ops.domain.config import DEMO_CONFIG
+from gpu_ops.domain.formatting import gpu_hours, hours, money, percent, round_hours, round_money
 
 
 @pytest.mark.parametrize(
@@ -48,8 +48,8 @@ def test_every_column_of_every_cost_table_is_described_in_the_ui(tmp_path, monke
     """The bundled demo's 2026-10-14, materialized for real: each stored table's
     dagster/column_schema and each typed metadata table carry a description per column."""
     monkeypatch.setenv("GPU_OPS_HOME", str(tmp_path / "home"))
-    from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.cost.definitions import DAILY_JOB
+    from gpu_ops.dagster.location import build_defs
 
     defs = build_defs(str(DEMO_CONFIG))
     with dg.DagsterInstance.ephemeral() as instance:
@@ -73,7 +73,7 @@ def test_every_column_of_every_cost_table_is_described_in_the_ui(tmp_path, monke
     assert seen <= set(COLUMN_DESCRIPTIONS) | {c for c in seen if c.startswith("label_")}
 
 
-GLOSSARY_START = "<!-- column glossary: generated from gpu_ops/column_descriptions.py by gpu_ops_tests/foundation/test_formatting.py -->"
+GLOSSARY_START = "<!-- column glossary: generated from gpu_ops/domain/column_descriptions.py by gpu_ops_tests/foundation/test_formatting.py -->"
 GLOSSARY_END = "<!-- end of column glossary -->"
 
 
@@ -111,14 +111,14 @@ def test_the_tables_page_shows_the_descriptions_the_ui_shows():
     ],
 )
 def test_one_helper_takes_userinfo_and_query_out_of_every_url(url: str, shown: str, with_path: str) -> None:
-    from gpu_ops.formatting import redact_url
+    from gpu_ops.domain.formatting import redact_url
 
     assert redact_url(url) == shown
     assert redact_url(url, keep_path=True) == with_path
 
 
 def test_urls_inside_a_message_lose_their_secrets() -> None:
-    from gpu_ops.formatting import redact_urls
+    from gpu_ops.domain.formatting import redact_urls
 
     text = (
         "API request to http://alice:hunter2@127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=1 failed; "

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG
+from gpu_ops.domain.config import DEMO_CONFIG
 
 BIN = Path(sys.executable).parent
 DEMO = DEMO_CONFIG.parent

@@ -17,8 +17,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gpu_ops.config import BUNDLED_PRICES, DEMO_CONFIG, gpu_ops_home, load_config
-from gpu_ops.training.checkpoint import checkpoint_root
+from gpu_ops.domain.config import BUNDLED_PRICES, DEMO_CONFIG, gpu_ops_home, load_config
+from gpu_ops.flows.training.checkpoint import checkpoint_root
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]

@@ -81,34 +81,34 @@ def test_every_exception_derives_from_gpu_ops_error():
     strays = sorted(c.__qualname__ for c in found if not issubclass(c, errors.GpuOpsError) and c.__name__ not in deliberately_not)
     assert strays == []
     # One family in one module: every plain error is defined in gpu_ops.errors (and only
-    # re-exported where it is raised), every step failure in gpu_ops.failures.
+    # re-exported where it is raised), every step failure in gpu_ops.dagster.failures.
     assert found >= set(errors.PLAIN_ERRORS)
     homes = {c.__module__ for c in found if c.__name__ not in deliberately_not}
-    assert homes == {"gpu_ops.errors", "gpu_ops.failures"}, homes
+    assert homes == {"gpu_ops.errors", "gpu_ops.dagster.failures"}, homes
     assert {c for c in found if c.__module__ == "gpu_ops.errors"} == {errors.GpuOpsError, *errors.PLAIN_ERRORS}
 
 
 # Where each plain error was defined before gpu_ops.errors held them all: still importable there.
 _RAISED_IN = {
-    "gpu_ops.config": ["ConfigError"],
-    "gpu_ops.fastyaml": ["YamlFileError"],
-    "gpu_ops.paths": ["PathNotUsable"],
-    "gpu_ops.validate": ["UnknownCheck"],
-    "gpu_ops.bounded_http": ["RemoteError"],
+    "gpu_ops.domain.config": ["ConfigError"],
+    "gpu_ops.domain.fastyaml": ["YamlFileError"],
+    "gpu_ops.domain.paths": ["PathNotUsable"],
+    "gpu_ops.cli.validate": ["UnknownCheck"],
+    "gpu_ops.flows.bounded_http": ["RemoteError"],
     "gpu_ops.storage.errors": ["StorageError", "StorageUnavailable"],
-    "gpu_ops.compute.catalog": ["UnknownGpuType", "UnknownMigProfile"],
-    "gpu_ops.compute.karpenter": ["NotManagedError"],
-    "gpu_ops.compute.kubetorch_backend": ["ComputeSetupError"],
-    "gpu_ops.compute.local": ["LaunchError"],
-    "gpu_ops.compute.backend": ["LeaseLost"],
-    "gpu_ops.compute.quota": ["QuotaExceeded", "SharedSqliteLeases"],
-    "gpu_ops.training.context": ["TrainingPreempted"],
-    "gpu_ops.training.worker": ["TrainingFunctionError"],
-    "gpu_ops.training.checkpoint": ["CheckpointError"],
-    "gpu_ops.training.attempts": ["TransitionError"],
-    "gpu_ops.cost.read": ["UsageSourceError"],
-    "gpu_ops.cost.billing": ["BillingSourceError"],
-    "gpu_ops.cost.utilization": ["UtilizationError"],
+    "gpu_ops.domain.compute.catalog": ["UnknownGpuType", "UnknownMigProfile"],
+    "gpu_ops.flows.compute.karpenter": ["NotManagedError"],
+    "gpu_ops.flows.compute.kubetorch_backend": ["ComputeSetupError"],
+    "gpu_ops.flows.compute.local": ["LaunchError"],
+    "gpu_ops.domain.compute.backend": ["LeaseLost"],
+    "gpu_ops.storage.quota": ["QuotaExceeded", "SharedSqliteLeases"],
+    "gpu_ops.flows.training.context": ["TrainingPreempted"],
+    "gpu_ops.flows.training.worker": ["TrainingFunctionError"],
+    "gpu_ops.flows.training.checkpoint": ["CheckpointError"],
+    "gpu_ops.domain.training.attempts": ["TransitionError"],
+    "gpu_ops.flows.cost.read": ["UsageSourceError"],
+    "gpu_ops.flows.cost.billing": ["BillingSourceError"],
+    "gpu_ops.flows.cost.utilization": ["UtilizationError"],
 }
 
 
@@ -121,7 +121,7 @@ def test_each_plain_error_is_importable_where_it_is_raised():
 
 
 def test_step_failures_are_dagster_failures_carrying_metadata():
-    from gpu_ops import failures
+    from gpu_ops.dagster import failures
 
     for name in ("GpuOpsFailure", "TrainingFailed", "LaunchRefused", "AlertDeliveryFailed"):
         cls = getattr(failures, name)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_ops.validate import check_names
+from gpu_ops.cli.validate import check_names
 
 BIN = Path(sys.executable).parent
 

@@ -143,8 +143,8 @@ def test_cli_as_its_own_process_agrees_with_the_driver(case_id: str, cli_results
 
 @pytest.fixture(scope="session")  # once per worker (see conftest.py)
 def dagster_env(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
 
     stand_in = tmp_path_factory.mktemp("stand_in") / "gpu_ops.yaml"
     stand_in.write_text(yaml.safe_dump({"prices": str(corpus / "prices.yaml"), "usage": {"sources": [{"type": "file", "path": str(corpus / "csv" / "good.csv")}]}}))
@@ -169,8 +169,8 @@ def _case_config(case: dict[str, Any], corpus: Path, folder: Path) -> Path:
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_asset(case: dict[str, Any], corpus: Path, dagster_env: Any, tmp_path: Path) -> None:
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     assets, instance = dagster_env
@@ -243,8 +243,8 @@ def test_validate_only_with_an_unknown_name_is_an_error_listing_the_names(corpus
 def test_a_missing_source_blocks_the_days_attribution(corpus: Path, dagster_env: Any, tmp_path: Path) -> None:
     """sources_complete is a blocking check: a day priced without one of its files stops
     before attribution and budgets (the run fails, visibly); gpu_usage keeps what was read."""
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     assets, instance = dagster_env
     case = next(c for c in CASES if c["id"] == "glob-matches-nothing")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from gpu_ops.observability.dashboards import DASHBOARDS, RULES_FILE, panels_markdown
-from gpu_ops.observability.metrics import CATALOG, reference_markdown
+from gpu_ops.cli.dashboards import DASHBOARDS, RULES_FILE, panels_markdown
+from gpu_ops.domain.metrics import CATALOG, reference_markdown
 from gpu_ops_tests.conftest import REPO
 
 HOW_TO = REPO / "docs" / "how-to" / "observability.md"

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.observability.dashboards import panel_queries
+from gpu_ops.cli.dashboards import panel_queries
 from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
 from gpu_ops_tests.observability.servers import Exporter, free_port, prometheus, query, series, wait_for_scrape_after
@@ -43,10 +43,10 @@ class Dcgm(QuietHandler):
 def test_the_efficiency_dashboard_answers_from_dcgm_measured_tables(tmp_path: Path) -> None:
     import dagster as dg
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     port = free_port()

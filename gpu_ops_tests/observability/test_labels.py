@@ -26,11 +26,11 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG, GROUPING_KEYS, load_config
-from gpu_ops.cost.attribution import attribute
-from gpu_ops.cost.utilization import group_efficiency
-from gpu_ops.observability.metrics import Family, families
-from gpu_ops.observability.readers import Reader
+from gpu_ops.domain.config import DEMO_CONFIG, GROUPING_KEYS, load_config
+from gpu_ops.flows.cost.attribution import attribute
+from gpu_ops.flows.cost.utilization import group_efficiency
+from gpu_ops.domain.metrics import Family, families
+from gpu_ops.flows.observability.readers import Reader
 from gpu_ops.storage.tables import TableStore
 
 DEMO = DEMO_CONFIG.parent
@@ -44,11 +44,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database of the demo's first two days (all but gpu_cost_attribution), a ledger and a lease."""
     import dagster as dg
 
-    from gpu_ops.compute.quota import LeaseBook, Quotas
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
-    from gpu_ops.training import ledger
+    from gpu_ops.storage.quota import LeaseBook, Quotas
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
+    from gpu_ops.storage import ledger
 
     folder = tmp_path_factory.mktemp("labels")
     url = f"sqlite:///{folder / 'costs.db'}"
@@ -80,7 +80,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def measured(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
     """The stored usage rows with DCGM measurements on the allocated ones (as
-    gpu_ops.cost.utilization writes them) and a ``tier`` label."""
+    gpu_ops.flows.cost.utilization writes them) and a ``tier`` label."""
     rng = np.random.default_rng(seed)
     rows = rows.copy()
     alloc = (rows["kind"].astype(str) != "idle").to_numpy()

@@ -77,8 +77,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
-    from gpu_ops.training import ledger
-    from gpu_ops.training.demo_run import materialize_with_preemption
+    from gpu_ops.storage import ledger
+    from gpu_ops.demo.training import materialize_with_preemption
 
     config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))
@@ -149,7 +149,7 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", mlflow_server)
@@ -176,8 +176,8 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
 
 
 def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_ops.observability.outbox import Outbox
-    from gpu_ops.training import ledger
+    from gpu_ops.storage.outbox import Outbox
+    from gpu_ops.storage import ledger
 
     config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
@@ -196,12 +196,12 @@ def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path
 def _settle(store: TableStore, config: Path, row: Any) -> Any:
     """Settle the attempt ``row`` describes (a record launched at its start, ended at its
     end) as its owner does: one transaction with its bill and queued telemetry."""
-    from gpu_ops.config import load_config
-    from gpu_ops.observability.hooks import Pricing
-    from gpu_ops.training import attempts as tr
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.ledger import LEDGER_COLUMNS
-    from gpu_ops.training.settle import settle_attempt
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.flows.observability.hooks import Pricing
+    from gpu_ops.domain.training import attempts as tr
+    from gpu_ops.storage.attempt_store import AttemptStore
+    from gpu_ops.storage.ledger import LEDGER_COLUMNS
+    from gpu_ops.flows.training.settle import settle_attempt
 
     fixed = {c: getattr(row, c) for c in LEDGER_COLUMNS if c not in ("start", "end", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")}
     records = AttemptStore(store)
@@ -216,14 +216,14 @@ def _settle(store: TableStore, config: Path, row: Any) -> Any:
 
 def _drain(store: TableStore) -> Any:
     """What the orphan sensor and `gpu-ops validate --settle-orphans` run."""
-    from gpu_ops.observability.sender import drain
+    from gpu_ops.flows.observability.sender import drain
 
     return drain(store, deadline_s=10.0, due_only=False)
 
 
 def _gpu_row(day: dt.date) -> Any:
     """The attempt a worker on 2x A100-80GB spot reports: one hour of ``day``."""
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     end = dt.datetime(day.year, day.month, day.day, 11, tzinfo=dt.timezone.utc)
     return ledger.LedgerRow(
@@ -242,7 +242,7 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     config = write_config(tmp_path, ledger_only=True)
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)

@@ -27,10 +27,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG, load_config
-from gpu_ops.observability.dashboards import DASHBOARDS, PROMETHEUS_METRICS, panel_queries
-from gpu_ops.observability.dashboards import RULES_FILE
-from gpu_ops.observability.metrics import CATALOG
+from gpu_ops.domain.config import DEMO_CONFIG, load_config
+from gpu_ops.cli.dashboards import DASHBOARDS, PROMETHEUS_METRICS, panel_queries
+from gpu_ops.cli.dashboards import RULES_FILE
+from gpu_ops.domain.metrics import CATALOG
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.conftest import REPO
 from gpu_ops_tests.observability.servers import Exporter, free_port, prometheus, query, series, up, wait_for_scrape_after
@@ -78,10 +78,10 @@ def materialize_month(config_path: Path) -> None:
     import dagster as dg
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from gpu_ops.alerts.sensor import launch_requests, tick
-    from gpu_ops.alerts.state import AlertCursor
-    from gpu_ops.cost.definitions import DAILY_JOB
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.alerts.sensor import launch_requests, tick
+    from gpu_ops.domain.alerts.state import AlertCursor
+    from gpu_ops.dagster.cost.definitions import DAILY_JOB
+    from gpu_ops.dagster.location import build_defs
 
     config = load_config(config_path)
     store = TableStore.from_config(config)
@@ -103,10 +103,10 @@ def materialize_month(config_path: Path) -> None:
 
 
 def write_training_quota_and_dead_letter(config_path: Path) -> None:
-    from gpu_ops.alerts.records import record_dead_letters
-    from gpu_ops.compute.quota import LeaseBook, Quotas
-    from gpu_ops.training import estimate_store, ledger
-    from gpu_ops.training.estimate import Estimate, Leg
+    from gpu_ops.flows.alerts.records import record_dead_letters
+    from gpu_ops.storage.quota import LeaseBook, Quotas
+    from gpu_ops.storage import estimate_store, ledger
+    from gpu_ops.domain.training.estimate import Estimate, Leg
 
     store = TableStore.from_config(load_config(config_path))
     t0 = dt.datetime(2026, 10, 30, 10, tzinfo=dt.timezone.utc)
@@ -135,8 +135,8 @@ def write_training_quota_and_dead_letter(config_path: Path) -> None:
 def waiting_attempt(config_path: Path) -> Callable[[], None]:
     """A training attempt of team nlp waiting for quota admission (state planned) whose owner,
     this process, beats as a live owner does; returns the function that stops the beats."""
-    from gpu_ops.training import attempts as tr
-    from gpu_ops.training.attempt_store import AttemptStore
+    from gpu_ops.domain.training import attempts as tr
+    from gpu_ops.storage.attempt_store import AttemptStore
 
     records = AttemptStore(TableStore.from_config(load_config(config_path)))
     a = tr.plan("waiting-1", "run-3", "train_llm", 1, tr.Owner.this_process("run-3", "train_llm"), launch_name="l",

@@ -13,12 +13,12 @@ import dagster as dg
 import pytest
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG, load_config
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.observability.metrics import families
-from gpu_ops.observability.readers import Reader
-from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.domain.config import DEMO_CONFIG, load_config
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.domain.metrics import families
+from gpu_ops.flows.observability.readers import Reader
+from gpu_ops.dagster.resources import GpuOpsSettings
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.waiting import wait_until
 
@@ -27,8 +27,8 @@ DAYS = ["2026-10-01", "2026-10-02", "2026-10-03"]
 
 
 def fill(tmp_path: Path, url: str) -> TableStore:
-    from gpu_ops.compute.quota import LeaseBook, Quotas
-    from gpu_ops.training import ledger
+    from gpu_ops.storage.quota import LeaseBook, Quotas
+    from gpu_ops.storage import ledger
 
     demo = yaml.safe_load(DEMO_CONFIG.read_text())
     cfg = {
@@ -92,7 +92,7 @@ def test_a_database_that_is_down_is_reported_per_source_not_raised() -> None:
 
 
 def test_history_sums_are_reread_at_most_every_history_seconds_and_a_fresh_reader_sees_everything(tmp_path: Path) -> None:
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     store = fill(tmp_path, f"sqlite:///{tmp_path / 'costs.db'}")
     key = ("gpu_ops_training_attempts_total", ("train_llm", "nlp", "h100", "spot", "completed"))
@@ -139,9 +139,9 @@ def test_the_exporter_command_says_why_it_cannot_listen(tmp_path: Path) -> None:
 def test_attempts_waiting_for_quota_are_counted_per_team_from_the_attempt_records(tmp_path: Path) -> None:
     import time
 
-    from gpu_ops.training import attempts as tr
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.attempts import Owner
+    from gpu_ops.domain.training import attempts as tr
+    from gpu_ops.storage.attempt_store import AttemptStore
+    from gpu_ops.domain.training.attempts import Owner
 
     store = TableStore(f"sqlite:///{tmp_path / 'c.db'}")
     records = AttemptStore(store)
@@ -168,8 +168,8 @@ def test_hostile_label_values_are_escaped_and_parse_back() -> None:
     back to themselves, and one family's label sets stay apart."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gpu_ops.observability.exporter import exposition
-    from gpu_ops.observability.metrics import CATALOG, Family
+    from gpu_ops.cli.exporter import exposition
+    from gpu_ops.domain.metrics import CATALOG, Family
 
     hostile = ['a"b', "back\\slash", "new\nline", "}{,=", "équipe-日本", "", 'end\\"']
     cost = Family(CATALOG["gpu_ops_savings_usd"])
@@ -191,7 +191,7 @@ def test_sums_that_miss_the_deadline_are_read_on_and_served_by_the_next_scrape(t
     its sums without reading again (history_s), and the counters never vanished between."""
     import sqlalchemy as sa
 
-    from gpu_ops.training import ledger
+    from gpu_ops.storage import ledger
 
     store = TableStore(pg_url)
     t0 = dt.datetime(2026, 10, 3, 9, tzinfo=dt.timezone.utc)
@@ -236,10 +236,11 @@ def test_estimates_intraday_spend_and_anomaly_scores(tmp_path: Path) -> None:
     and running, priced as the budget sensor prices it), the newest day's anomaly scores."""
     import pandas as pd
 
-    from gpu_ops.config import parse_config
-    from gpu_ops.training import attempts, estimate_store, ledger
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.estimate import Estimate, Leg
+    from gpu_ops.domain.config import parse_config
+    from gpu_ops.domain.training import attempts
+    from gpu_ops.storage import estimate_store, ledger
+    from gpu_ops.storage.attempt_store import AttemptStore
+    from gpu_ops.domain.training.estimate import Estimate, Leg
 
     cfg = parse_config({"storage": {"url": f"sqlite:///{tmp_path / 'costs.db'}"},
                         "prices": {"currency": "USD", "source": "t", "as_of": dt.date(2026, 1, 1), "gpus": {"a100-80gb": {"spot": 2.0, "on-demand": 5.0}}}}, None)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG, load_config
-from gpu_ops.observability.exporter import reader_from_config
-from gpu_ops.observability.metrics import families
+from gpu_ops.domain.config import DEMO_CONFIG, load_config
+from gpu_ops.cli.exporter import reader_from_config
+from gpu_ops.domain.metrics import families
 
 DEMO = DEMO_CONFIG.parent
 DAY = "2026-10-01"
@@ -24,9 +24,9 @@ USAGE_FAMILIES = ("gpu_ops_hardware_cost_usd", "gpu_ops_hardware_gpu_seconds", "
 def materialized(folder: Path, row_level: bool) -> Path:
     import dagster as dg
 
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     folder.mkdir()
     (folder / "hostile.csv").write_text(HOSTILE)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.observability.dashboards import RULES_FILE
+from gpu_ops.cli.dashboards import RULES_FILE
 from gpu_ops_tests.conftest import skip_or_fail
 
 HERE = Path(__file__).parent
@@ -56,11 +56,11 @@ def test_a_critical_threshold_crossed_fires_the_critical_alert_not_the_warning(p
 
     import pandas as pd
 
-    from gpu_ops.config import Budget
-    from gpu_ops.cost.budgets import daily_costs, evaluate_budgets
-    from gpu_ops.cost.pipeline import price_window
-    from gpu_ops.observability.metrics import families
-    from gpu_ops.observability.readers import Reader
+    from gpu_ops.domain.config import Budget
+    from gpu_ops.flows.cost.budgets import daily_costs, evaluate_budgets
+    from gpu_ops.flows.cost.pipeline import price_window
+    from gpu_ops.domain.metrics import families
+    from gpu_ops.flows.observability.readers import Reader
     from gpu_ops.storage.tables import TableStore
     from gpu_ops_tests.cost.helpers import MATRIX, raw, row
 

@@ -24,8 +24,8 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_ops.observability.metrics import families
-from gpu_ops.observability.readers import Reader
+from gpu_ops.domain.metrics import families
+from gpu_ops.flows.observability.readers import Reader
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.observability.servers import Exporter, free_port, silent_listener
 

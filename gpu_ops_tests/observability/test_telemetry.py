@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
+from gpu_ops.storage import ledger
 from gpu_ops_tests.hostile_http import hostile, trickle_headers
 from gpu_ops_tests.http_receiver import serving
 from gpu_ops_tests.observability.servers import free_port
@@ -63,7 +63,7 @@ def _tried_entry(store: TableStore) -> Any:
     deadline) may still be finishing in the background when the run has returned."""
     import time
 
-    from gpu_ops.observability.outbox import Outbox
+    from gpu_ops.storage.outbox import Outbox
 
     give_up = time.monotonic() + 10.0
     while True:
@@ -87,8 +87,8 @@ def _materialize(config: Path, name: str) -> tuple[dg.DagsterInstance, dg.Execut
 
 
 def test_a_trickling_collector_gets_the_span_after_the_bill_and_never_holds_the_attempt(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_ops.observability.outbox import Outbox
-    from gpu_ops.observability.sender import drain
+    from gpu_ops.storage.outbox import Outbox
+    from gpu_ops.flows.observability.sender import drain
 
     seen: list[int] = []
     with hostile(then=_checking_the_ledger(config, seen)) as collector:

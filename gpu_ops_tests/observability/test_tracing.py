@@ -73,8 +73,8 @@ def otlp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 @pytest.mark.slow
 def test_a_preempted_and_resumed_run_sends_one_span_per_attempt(otlp: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training import ledger
-    from gpu_ops.training.demo_run import materialize_with_preemption
+    from gpu_ops.storage import ledger
+    from gpu_ops.demo.training import materialize_with_preemption
 
     config = write_config(tmp_path)
     monkeypatch.setenv("GPU_OPS_CONFIG", str(config))  # the deployment's config: what spans are priced with
@@ -112,10 +112,10 @@ def test_a_preempted_and_resumed_run_sends_one_span_per_attempt(otlp: str, tmp_p
 def test_a_cost_partition_sends_one_span_with_its_figures(otlp: str, tmp_path: Path) -> None:
     import dagster as dg
 
-    from gpu_ops.config import load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
     from gpu_ops.storage.tables import TableStore
 
     config = write_config(tmp_path)
@@ -146,8 +146,8 @@ def _modules_after(code: str, env: dict[str, str]) -> list[str]:
 def test_without_an_endpoint_or_mlflow_run_nothing_is_imported_and_the_code_location_never_imports_the_sdks() -> None:
     env = {k: "" for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "MLFLOW_RUN_ID", "GPU_OPS_MLFLOW_TRACKING_URI")}
     settling = (  # a real settlement: record, ledger row, and no telemetry to queue
-        "import tempfile, time\nfrom gpu_ops.storage.tables import TableStore\nfrom gpu_ops.training import attempts as tr\n"
-        "from gpu_ops.training.attempt_store import AttemptStore\nfrom gpu_ops.training.settle import settle_attempt\n"
+        "import tempfile, time\nfrom gpu_ops.storage.tables import TableStore\nfrom gpu_ops.domain.training import attempts as tr\n"
+        "from gpu_ops.storage.attempt_store import AttemptStore\nfrom gpu_ops.flows.training.settle import settle_attempt\n"
         "from gpu_ops_tests.training.test_attempts import BILL\n"
         "store = AttemptStore(TableStore('sqlite:///' + tempfile.mkdtemp() + '/c.db'))\n"
         "a = tr.plan('i', 'r', 'a', 1, tr.Owner.this_process(), launch_name='l', bill=BILL, at=time.time())\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from gpu_ops.config import DEMO_CONFIG
+from gpu_ops.domain.config import DEMO_CONFIG
 
 DEMO = DEMO_CONFIG.parent
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}

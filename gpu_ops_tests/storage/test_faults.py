@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops.storage.tables import StorageUnavailable, TableStore
 from gpu_ops_tests.observability.servers import silent_listener
 
@@ -200,7 +200,7 @@ def test_the_io_manager_fails_the_step_naming_the_database(closed_port):
 
 
 def test_a_cost_asset_fails_its_step_naming_the_database(tmp_path, closed_port, monkeypatch):
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     monkeypatch.setenv("GPU_OPS_TEST_DB_PASSWORD", PASSWORD)
     defs = build_defs(str(write_config(tmp_path, closed_port)))
@@ -221,7 +221,7 @@ def test_a_cost_asset_fails_its_step_naming_the_database(tmp_path, closed_port, 
 
 
 def test_the_budget_sensor_tick_names_the_database(tmp_path, closed_port, monkeypatch):
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     monkeypatch.setenv("GPU_OPS_TEST_DB_PASSWORD", PASSWORD)
     defs = build_defs(str(write_config(tmp_path, closed_port)))
@@ -235,7 +235,7 @@ def test_the_budget_sensor_tick_names_the_database(tmp_path, closed_port, monkey
 
 
 def test_the_launch_gate_goes_ahead_within_the_bound_and_says_why(silent_port, caplog):
-    from gpu_ops.compute.admission import assert_launch_allowed
+    from gpu_ops.dagster.compute.admission import assert_launch_allowed
 
     store = TableStore(pg_url_at(silent_port), connect_timeout_s=2)
     started = time.monotonic()

@@ -26,8 +26,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gpu_ops.alerts.messages import SIGNATURE_HEADER
-from gpu_ops.config import ConfigError, parse_config
+from gpu_ops.domain.alerts.messages import SIGNATURE_HEADER
+from gpu_ops.domain.config import ConfigError, parse_config
 from gpu_ops_tests.alerts.conftest import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def smtp_with_auth():
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
-    from gpu_ops.compute.local import free_port
+    from gpu_ops.flows.compute.local import free_port
 
     logins: list[tuple[bytes, bytes]] = []
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops.storage.tables import PARTITION_COLUMN, StorageError, TableStore
 
 UTC = dt.timezone.utc

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.compute.quota import LeaseBook
+from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
-from gpu_ops.training import attempts as tr
-from gpu_ops.training.attempt_store import AttemptStore
-from gpu_ops.training.attempts import Decision, Owner, State, TransitionError
-from gpu_ops.training.settle import settle_orphans
+from gpu_ops.storage import ledger
+from gpu_ops.domain.training import attempts as tr
+from gpu_ops.storage.attempt_store import AttemptStore
+from gpu_ops.domain.training.attempts import Decision, Owner, State, TransitionError
+from gpu_ops.flows.training.settle import settle_orphans
 
 REPO = Path(__file__).resolve().parents[2]
 BILL = {
@@ -90,10 +90,10 @@ OWNER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from gpu_ops.compute.local import LocalBackend
-    from gpu_ops.compute.quota import LeaseBook, Quotas
+    from gpu_ops.flows.compute.local import LocalBackend
+    from gpu_ops.storage.quota import LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.recorder import AttemptRecorder
+    from gpu_ops.flows.training.recorder import AttemptRecorder
     from gpu_ops_tests.compute import worker_fns
     from gpu_ops_tests.training.test_attempts import BILL
     url, folder = sys.argv[1], Path(sys.argv[2])
@@ -153,8 +153,8 @@ def test_the_sensor_settles_an_attempt_whose_step_died_with_no_attempt_after_it(
     import dagster as dg
     import yaml
 
-    from gpu_ops.config import load_config
-    from gpu_ops.training.definitions import ATTEMPT_SENSOR, build_attempt_sensor
+    from gpu_ops.domain.config import load_config
+    from gpu_ops.dagster.training.definitions import ATTEMPT_SENSOR, build_attempt_sensor
 
     cfg = tmp_path / "gpu_ops.yaml"
     cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///c.db"}, "prices": {"source": "t", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.2}}}}))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.training.checkpoint import CheckpointStore, checkpoint_url_for
+from gpu_ops.flows.training.checkpoint import CheckpointStore, checkpoint_url_for
 
 REPO = Path(__file__).resolve().parents[2]
 

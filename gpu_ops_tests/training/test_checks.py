@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_ops.config import parse_config
-from gpu_ops.training.checks import check_checkpoints
-from gpu_ops.validate import run_checks
+from gpu_ops.domain.config import parse_config
+from gpu_ops.cli.checks.training import check_checkpoints
+from gpu_ops.cli.validate import run_checks
 
 PRICES = {"source": "test", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.21}}}
 

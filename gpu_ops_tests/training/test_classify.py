@@ -9,8 +9,8 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
-from gpu_ops.compute.backend import RankReport, WorkerExit, WorkerReport
-from gpu_ops.training.classify import DISRUPTION_REASONS, Outcome, classify_exception, classify_pod, classify_report
+from gpu_ops.domain.compute.backend import RankReport, WorkerExit, WorkerReport
+from gpu_ops.domain.training.classify import DISRUPTION_REASONS, Outcome, classify_exception, classify_pod, classify_report
 
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -263,7 +263,7 @@ def test_user_exception_keeps_its_traceback() -> None:
         (WorkerReport(exit=WorkerExit.OOM, exit_code=1, error_type="MemoryError"), Outcome.OOM),
         (WorkerReport(exit=WorkerExit.LOST, exit_code=3), Outcome.INFRASTRUCTURE),
         (WorkerReport(exit=WorkerExit.ERROR, exit_code=1, error_type="ValueError", error_message="bad lr", traceback="Traceback\nValueError: bad lr"), Outcome.USER_ERROR),
-        (WorkerReport(exit=WorkerExit.ERROR, exit_code=1, error_type="gpu_ops.training.context.TrainingPreempted", error_message="SIGTERM"), Outcome.PREEMPTED),
+        (WorkerReport(exit=WorkerExit.ERROR, exit_code=1, error_type="gpu_ops.flows.training.context.TrainingPreempted", error_message="SIGTERM"), Outcome.PREEMPTED),
         (WorkerReport(exit=WorkerExit.ERROR, exit_code=1, error_type="torch.OutOfMemoryError", error_message="CUDA out of memory"), Outcome.OOM),
     ],
 )
@@ -299,7 +299,7 @@ HOST_OOM = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 17
 
 def test_host_out_of_memory_from_torch_is_oom_not_a_user_error() -> None:
     """torch's CPU allocator raises a RuntimeError, not a MemoryError: it is still OOM."""
-    from gpu_ops.compute.worker import is_oom
+    from gpu_ops.flows.compute.worker import is_oom
 
     assert is_oom(RuntimeError(HOST_OOM)) and is_oom(OSError(12, "Cannot allocate memory"))
     assert not is_oom(RuntimeError("shape mismatch"))

@@ -6,7 +6,7 @@ import yaml
 
 from gpu_ops import GPU_POOL, gpu_run_tags
 from gpu_ops.definitions import defs
-from gpu_ops.training.definitions import DEMO_REQUEST
+from gpu_ops.dagster.training.definitions import DEMO_REQUEST
 from gpu_ops_tests.conftest import REPO
 
 

@@ -15,16 +15,16 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, Lifecycle
-from gpu_ops.config import load_config
-from gpu_ops.cost.assets import build_assets
-from gpu_ops.resources import GpuOpsSettings
-from gpu_ops.storage.io_manager import TableIOManager
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import GpuCompute, Lifecycle
+from gpu_ops.domain.config import load_config
+from gpu_ops.dagster.cost.assets import build_assets
+from gpu_ops.dagster.resources import GpuOpsSettings
+from gpu_ops.dagster.io_manager import TableIOManager
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
-from gpu_ops.training.asset import gpu_asset
-from gpu_ops.training.cost_link import cost_rows_metadata, utc_days
+from gpu_ops.storage import ledger
+from gpu_ops.dagster.training.asset import gpu_asset
+from gpu_ops.dagster.training.cost_link import cost_rows_metadata, utc_days
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import PRICES
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpu_ops.training.context import TrainingContext, WorkerSpec
+from gpu_ops.flows.training.context import TrainingContext, WorkerSpec
 
 STEPS = 120
 
@@ -29,7 +29,7 @@ class PreemptAt(TrainingContext):
 
 
 def run(folder: Path, attempt: int, at: int | None, **params: Any) -> tuple[dict[str, Any], PreemptAt]:
-    from gpu_ops.training.demo import train_demo
+    from gpu_ops.flows.training.demo import train_demo
 
     spec = WorkerSpec("m", "f", "r", "train_demo_model", attempt, str(folder), checkpoint_interval=1000.0, progress_every_s=1e9)
     ctx = PreemptAt(spec, at)

@@ -1,4 +1,4 @@
-"""The launch estimate (gpu_ops.training.estimate): pure, from hand-made ledgers and prices."""
+"""The launch estimate (gpu_ops.domain.training.estimate): pure, from hand-made ledgers and prices."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
-from gpu_ops.compute.request import GpuRequest
-from gpu_ops.training import ledger
-from gpu_ops.training.estimate import estimate_launch, run_work
+from gpu_ops.domain.compute.request import GpuRequest
+from gpu_ops.storage import ledger
+from gpu_ops.domain.training.estimate import estimate_launch, run_work
 
 T0 = dt.datetime(2026, 3, 2, 8, tzinfo=dt.timezone.utc)
 PRICES = {"a100-80gb": {"spot": 2.0, "on-demand": 5.0}}

@@ -19,8 +19,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gpu_ops.storage.io_manager import ROW_LEVEL_READER
-from gpu_ops.training.definitions import STEP_PRELOAD, training_executor
+from gpu_ops.dagster.io_manager import ROW_LEVEL_READER
+from gpu_ops.dagster.training.definitions import STEP_PRELOAD, training_executor
 
 PROBE = "gpu_ops.storage.tables"  # preloaded; imported neither by this module nor by Dagster
 

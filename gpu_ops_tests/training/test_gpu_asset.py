@@ -18,14 +18,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from gpu_ops.compute import hardware
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, Lifecycle, LocalGpuCompute
-from gpu_ops.config import load_config
+from gpu_ops.flows.compute import hardware
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import GpuCompute, Lifecycle, LocalGpuCompute
+from gpu_ops.domain.config import load_config
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
-from gpu_ops.training.asset import gpu_asset, gpu_op
-from gpu_ops.training.context import TrainingContext, WorkerSpec
+from gpu_ops.storage import ledger
+from gpu_ops.dagster.training.asset import gpu_asset, gpu_op
+from gpu_ops.flows.training.context import TrainingContext, WorkerSpec
 from gpu_ops_tests.http_receiver import QuietHandler, reply, serving
 from gpu_ops_tests.training import workloads
 
@@ -65,7 +65,7 @@ def config_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def uninterrupted_sha(folder: Path, steps: int = DEMO_STEPS) -> str:
     """The uninterrupted run's weights, trained in this process (no Dagster, no worker)."""
-    from gpu_ops.training.demo import train_demo
+    from gpu_ops.flows.training.demo import train_demo
 
     spec = WorkerSpec("m", "f", "ref", "train_demo_model", 1, str(folder), checkpoint_interval=1000.0, progress_every_s=1e9)
     return train_demo(TrainingContext(spec), steps=steps)["weights_sha256"]
@@ -85,7 +85,7 @@ def reference_sha() -> str:
 
 
 def demo_assets(config: Path) -> list[dg.AssetsDefinition]:
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     return [build_defs(str(config)).resolve_assets_def("train_demo_model")]
 
@@ -376,7 +376,7 @@ def test_loading_the_code_location_imports_neither_torch_nor_kubetorch() -> None
 
 @pytest.mark.slow
 def test_demo_with_an_injected_preemption_helper(config_path: Path, reference_sha: str) -> None:
-    from gpu_ops.training.demo_run import materialize_with_preemption
+    from gpu_ops.demo.training import materialize_with_preemption
 
     lines: list[str] = []
     md = materialize_with_preemption(str(config_path), after_s=0.5, echo=lines.append)
@@ -394,7 +394,7 @@ class NoCapacityOnce(LocalGpuCompute):
         if context.retry_number == 0:
             from kubetorch.resources.compute.utils import ResourceNotAvailableError
 
-            from gpu_ops.compute.kubetorch_backend import ComputeSetupError
+            from gpu_ops.flows.compute.kubetorch_backend import ComputeSetupError
 
             try:
                 raise ResourceNotAvailableError("no a100 nodes could be provisioned within 900s")
@@ -447,7 +447,7 @@ def test_two_workers_losing_one_rank_resume_together(config_path: Path) -> None:
 def test_a_budget_block_fails_the_step_with_its_own_message_and_no_retry(config_path: Path) -> None:
     import datetime as dt
 
-    from gpu_ops.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
+    from gpu_ops.flows.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
 
     now = dt.datetime.now(dt.timezone.utc)
     start = now.date().replace(day=1)

@@ -15,10 +15,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from gpu_ops.compute import hardware
-from gpu_ops.compute.request import Attribution, GpuRequest
-from gpu_ops.compute.resource import GpuCompute, Lifecycle
-from gpu_ops.training.asset import gpu_asset
+from gpu_ops.flows.compute import hardware
+from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.dagster.compute.resource import GpuCompute, Lifecycle
+from gpu_ops.dagster.training.asset import gpu_asset
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import PRICES, ledger_rows, messages, metadata
 
@@ -147,8 +147,8 @@ def test_detect_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch, cuda: None) ->
 
 def test_a_completed_attempts_summary_carries_the_hardware() -> None:
     """Kubetorch: the workers' output lines may not reach the parent; the summary does."""
-    from gpu_ops.compute.backend import WorkerExit, WorkerReport
-    from gpu_ops.training.asset import _reported_hardware, _used_hardware
+    from gpu_ops.domain.compute.backend import WorkerExit, WorkerReport
+    from gpu_ops.dagster.training.asset import _reported_hardware, _used_hardware
 
     h100 = hardware.from_devices(["NVIDIA H100 80GB HBM3"], ["GPU-a"])
     report = WorkerReport(exit=WorkerExit.COMPLETED, value={"value": 1, "summary": {"hardware": h100.as_dict()}})

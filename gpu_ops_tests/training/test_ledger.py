@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
-from gpu_ops.training.classify import Outcome
+from gpu_ops.storage import ledger
+from gpu_ops.domain.training.classify import Outcome
 
 T0 = dt.datetime(2026, 11, 20, 23, 50, tzinfo=dt.timezone.utc)
 
@@ -96,10 +96,10 @@ def test_rows_of_attempts_without_gpus_pass_the_cost_flow(tmp_path: Path) -> Non
     quarantine_empty check passes, through real cost assets on SQLite."""
     import dagster as dg
 
-    from gpu_ops.config import BUNDLED_PRICES, load_config
-    from gpu_ops.cost.assets import build_assets
-    from gpu_ops.resources import GpuOpsSettings
-    from gpu_ops.storage.io_manager import TableIOManager
+    from gpu_ops.domain.config import BUNDLED_PRICES, load_config
+    from gpu_ops.dagster.cost.assets import build_assets
+    from gpu_ops.dagster.resources import GpuOpsSettings
+    from gpu_ops.dagster.io_manager import TableIOManager
 
     url = f"sqlite:///{tmp_path / 'costs.db'}"
     cfg = tmp_path / "gpu_ops.yaml"

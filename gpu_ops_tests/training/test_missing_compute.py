@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from gpu_ops.compute.resource import GpuCompute, Lifecycle
-from gpu_ops.training.asset import gpu_asset, gpu_op
+from gpu_ops.dagster.compute.resource import GpuCompute, Lifecycle
+from gpu_ops.dagster.training.asset import gpu_asset, gpu_op
 from gpu_ops_tests.training import workloads
 from gpu_ops_tests.training.test_gpu_asset import REQUEST, write_config
 

@@ -14,9 +14,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_ops.compute.local import simulate_preemption
-from gpu_ops.training.context import TrainingContext, WorkerSpec
-from gpu_ops.training.notices import KubernetesNoticeWatcher, cluster_notice, in_cluster_identity
+from gpu_ops.flows.compute.local import simulate_preemption
+from gpu_ops.flows.training.context import TrainingContext, WorkerSpec
+from gpu_ops.flows.training.notices import KubernetesNoticeWatcher, cluster_notice, in_cluster_identity
 from gpu_ops_tests.fake_k8s import FakeCoreV1
 from gpu_ops_tests.training.test_gpu_asset import counting_asset, ledger_rows, messages, metadata, run, write_config
 

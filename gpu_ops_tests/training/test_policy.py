@@ -8,9 +8,9 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from gpu_ops.compute.request import GpuRequest
-from gpu_ops.training.classify import Classification, Outcome
-from gpu_ops.training.interval import (
+from gpu_ops.domain.compute.request import GpuRequest
+from gpu_ops.domain.training.classify import Classification, Outcome
+from gpu_ops.domain.training.interval import (
     CheckpointSchedule,
     estimate_mtbp,
     expected_wall_time,
@@ -18,7 +18,7 @@ from gpu_ops.training.interval import (
     optimal_interval,
     young_daly_interval,
 )
-from gpu_ops.training.policy import Action, AttemptRecord, PreemptionPolicy, backoff_s, decide, plan_attempt
+from gpu_ops.domain.training.policy import Action, AttemptRecord, PreemptionPolicy, backoff_s, decide, plan_attempt
 
 BASE = GpuRequest(gpu_type="a100-80gb", gpus=8, memory="64Gi", capacity="spot-then-on-demand")
 

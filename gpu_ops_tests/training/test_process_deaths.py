@@ -30,11 +30,11 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from gpu_ops.compute.quota import LeaseBook
+from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import ledger
-from gpu_ops.training.attempt_store import AttemptStore
-from gpu_ops.training.attempts import same_process
+from gpu_ops.storage import ledger
+from gpu_ops.storage.attempt_store import AttemptStore
+from gpu_ops.domain.training.attempts import same_process
 from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, reference_weights
 from gpu_ops_tests.waiting import wait_until
 
@@ -69,7 +69,7 @@ training:
 
 
 def demo_job() -> dg.JobDefinition:
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 
@@ -190,7 +190,7 @@ def test_a_killed_step_process_is_retried_at_once_and_resumes(tmp_path: Path, en
 
 
 def _config(path: Path) -> Any:
-    from gpu_ops.config import load_config
+    from gpu_ops.domain.config import load_config
 
     return load_config(path)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.training import attempts as tr
-from gpu_ops.training import ledger
-from gpu_ops.training.attempt_store import AttemptStore
-from gpu_ops.training.attempts import Decision, Owner, State
+from gpu_ops.domain.training import attempts as tr
+from gpu_ops.storage import ledger
+from gpu_ops.storage.attempt_store import AttemptStore
+from gpu_ops.domain.training.attempts import Decision, Owner, State
 from gpu_ops_tests.hostile_http import hostile, trickle_headers
 from gpu_ops_tests.http_receiver import serving
 from gpu_ops_tests.training.test_attempts import BILL
@@ -58,7 +58,7 @@ def orphan(store: TableStore, run_id: str, attempt: int) -> tr.Attempt:
 
 
 def outbox_rows(store: TableStore) -> list:
-    from gpu_ops.observability.outbox import Outbox
+    from gpu_ops.storage.outbox import Outbox
 
     return Outbox(store).entries()
 
@@ -68,8 +68,8 @@ RACER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.attempt_store import AttemptStore
-    from gpu_ops.training.settle import settle_orphan
+    from gpu_ops.storage.attempt_store import AttemptStore
+    from gpu_ops.flows.training.settle import settle_orphan
     url, go, name = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     store = TableStore(url)
     attempts = AttemptStore(store)
@@ -113,7 +113,7 @@ def test_a_ledger_made_before_the_unique_key_is_de_duplicated_and_keyed(db_url: 
     index: the next settlement keeps one of them, makes the key, and reads the same columns."""
     import dataclasses
 
-    from gpu_ops.training.settle import ledger_row, settle_attempt
+    from gpu_ops.flows.training.settle import ledger_row, settle_attempt
 
     store = TableStore(db_url)
     a = orphan(store, "old", 1)
@@ -138,7 +138,7 @@ OWNER = textwrap.dedent(
     """
     import os, sys, time
     from gpu_ops.storage.tables import TableStore
-    from gpu_ops.training.recorder import AttemptRecorder
+    from gpu_ops.flows.training.recorder import AttemptRecorder
     from gpu_ops_tests.training.test_attempts import BILL
     store = TableStore(sys.argv[1])
     rec = AttemptRecorder.plan(store, run_id="run-k", step_key="train", asset_key="train", attempt=1, launch_name="l", bill=BILL,

@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from gpu_ops.compute.standby import is_alive, rendezvous_files
-from gpu_ops.config import gpu_ops_home
+from gpu_ops.flows.compute.standby import is_alive, rendezvous_files
+from gpu_ops.domain.config import gpu_ops_home
 from gpu_ops_tests.training.test_gpu_asset import Killer, messages, reference_weights, write_config
 from gpu_ops_tests.training.test_process_deaths import STEPS  # killed 0.2 s after its first checkpoint; the same reference
 from gpu_ops_tests.waiting import wait_until
@@ -24,7 +24,7 @@ from gpu_ops_tests.waiting import wait_until
 
 def demo_job() -> dg.JobDefinition:
     """The demo job with its default (multiprocess) executor, rebuilt in each step process."""
-    from gpu_ops.location import build_defs
+    from gpu_ops.dagster.location import build_defs
 
     return build_defs(os.environ["GPU_OPS_CONFIG"]).resolve_job_def("train_demo_model_job")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpu_ops.training.asset import _EventSink
+from gpu_ops.dagster.training.asset import _EventSink
 
 
 class Lines:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_ops.compute.local import free_port
+from gpu_ops.flows.compute.local import free_port
 from gpu_ops_tests.training.test_gpu_asset import DEMO_STEPS, Killer, write_config
 
 REPO = Path(__file__).resolve().parents[2]

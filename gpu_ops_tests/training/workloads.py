@@ -8,7 +8,7 @@ import signal
 import time
 from typing import Any
 
-from gpu_ops.training.context import TrainingContext
+from gpu_ops.flows.training.context import TrainingContext
 
 
 def counting(
@@ -61,7 +61,7 @@ def counting(
 
 def checkpoint_writer(url: str, payload_mb: int, keep_last: int) -> None:
     """Write checkpoints in a loop until killed (the kill-during-write test)."""
-    from gpu_ops.training.checkpoint import CheckpointStore
+    from gpu_ops.flows.training.checkpoint import CheckpointStore
 
     store = CheckpointStore(url, keep_last)
     blob = os.urandom(payload_mb * 2**20)  # made once: the loop's time is spent writing
@@ -78,7 +78,7 @@ def ddp_train(ctx: TrainingContext, steps: int = 60, step_s: float = 0.03) -> di
     import torch
     import torch.distributed as dist
 
-    from gpu_ops.compute.distributed import init_process_group
+    from gpu_ops.flows.compute.distributed import init_process_group
 
     torch.set_num_threads(1)
     init_process_group()
@@ -120,8 +120,8 @@ def on_a_reported_gpu(ctx: TrainingContext, steps: int = 5) -> dict[str, Any]:
     """``counting`` on a worker that reports one A100 80GB, as a worker on a GPU node
     reports its device (the ``hardware`` event the launcher reads), after the real
     report of this machine: the cost flow's tests need a GPU row on a machine without one."""
-    from gpu_ops.compute import hardware
-    from gpu_ops.training.context import emit
+    from gpu_ops.flows.compute import hardware
+    from gpu_ops.flows.training.context import emit
 
     emit("hardware", rank=ctx.rank, **hardware.Hardware("a100-80gb", 1, names=("NVIDIA A100-SXM4-80GB",), source="test").as_dict())
     return counting(ctx, steps=steps, step_s=0.01)

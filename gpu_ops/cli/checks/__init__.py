@@ -1,0 +1,1 @@
+"""`gpu-ops validate` checks, one module per flow."""

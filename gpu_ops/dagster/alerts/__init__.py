@@ -1,0 +1,1 @@
+"""The budget sensor and its definitions."""

@@ -1,0 +1,1 @@
+"""The GpuCompute resource and its launch gates."""

@@ -1,0 +1,1 @@
+"""The daily cost assets, their checks and metadata."""

@@ -1,0 +1,1 @@
+"""Budget alert models, the alert state machine, the delivery queue and messages."""

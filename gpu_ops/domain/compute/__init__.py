@@ -1,0 +1,1 @@
+"""GPU requests, the accelerator catalog, Kubernetes names and the backend interface."""

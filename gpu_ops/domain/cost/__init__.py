@@ -1,0 +1,1 @@
+"""Cost rules: columns, prices, rule books, usage sources, repeats and anomaly scoring."""

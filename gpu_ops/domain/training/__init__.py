@@ -1,0 +1,1 @@
+"""Attempts, failure classification, the preemption policy, checkpoint intervals and estimates."""

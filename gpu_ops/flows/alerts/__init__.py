@@ -1,0 +1,1 @@
+"""Budget alert flows: channels, enforcement, the forecast gate, intraday accrual and anomalies."""

@@ -1,0 +1,1 @@
+"""Compute backends (local, Kubetorch), Karpenter NodePools, workers, standby, orphans and hardware."""

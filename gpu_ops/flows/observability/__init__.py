@@ -1,0 +1,1 @@
+"""Observability flows: hooks, tracing, MLflow, the metric readers and the OTLP sender."""
