@@ -60,6 +60,3 @@ class _LazyGroup(click.Group):
 def main() -> None:
     """GPU training as Dagster assets, with the GPU bill visible and under control."""
 
-
-if __name__ == "__main__":
-    main()

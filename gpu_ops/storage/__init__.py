@@ -1,1 +1,1 @@
-"""Table storage: SQLite by default, PostgreSQL in production (see tables.py, io_manager.py)."""
+"""Stores: the table store (SQLite by default, PostgreSQL in production), usage files, scratch space, the attempt store, the usage ledger, the notification outbox and the GPU quota with its fence. Imports only the domain."""

@@ -111,7 +111,7 @@ def demo_config(tmp_path: Path, role: str, pg_url: str, receiver_url: str, smtp_
     cfg["usage"]["sources"] = [{"type": "ledger"}, {"type": "file", "path": str(DEMO / "usage" / "*.csv")}]
     cfg["usage"]["inventory"]["path"] = str(DEMO / "inventory.csv")
     cfg["usage"]["partitions_end"] = DEMO_END
-    cfg["training"].update(demo_steps=600, demo_checkpoint_interval_s=0.5)  # killed 2 s after its first checkpoint, as in the demo
+    cfg["training"].update(demo_steps=2000, demo_checkpoint_interval_s=0.5)  # killed 2 s after its first checkpoint, as in the demo: 600 steps could end first on a quiet machine
     cfg["channels"] = {
         "log": {"type": "log"},
         "slack": {"type": "slack", "webhook_url": {"env": "SLACK_WEBHOOK_URL"}},

@@ -1,0 +1,5 @@
+"""`python -m gpu_ops.cli`: the `gpu-ops` command, for a process without the console script on its PATH."""
+
+from gpu_ops.cli import main
+
+main()
