@@ -16,11 +16,11 @@ import dagster as dg
 from pydantic import Field
 
 from gpu_ops.domain.config import resolve_storage_url
+from gpu_ops.domain.cost.columns import PARTITION_COLUMN
 
 if TYPE_CHECKING:
     from gpu_ops.storage.tables import TableStore
 
-PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 # `dg.AssetIn(metadata={COLUMNS: [...]})`: load only these columns of the upstream table.
 COLUMNS = "columns"
 # `dg.AssetIn(metadata={GROUPED: {"groupings": {label: [columns]}, "sums": [...], "keep": [...]}})`:

@@ -22,8 +22,8 @@ from gpu_ops.domain import formatting as fmt
 from gpu_ops.domain.config import load_config
 from gpu_ops.dagster.location import build_defs
 from gpu_ops.flows.training.checkpoint import checkpoint_root
+from gpu_ops.flows.compute.local import PIDFILE_DIR_ENV
 
-PIDFILE_DIR_ENV = "GPU_OPS_PIDFILE_DIR"  # where the local backend writes worker pid files
 
 
 class _Injector(threading.Thread):

@@ -41,7 +41,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from gpu_ops.domain.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_by, group_column  # noqa: F401  (their home: no pydantic there)
+from gpu_ops.domain.cost.columns import DEFAULT_LABEL_KEYS, GROUPING_KEYS, check_group_by
 from gpu_ops.domain.compute.request import LabelKey, NamespaceName, ObjectName
 from gpu_ops.domain.cost.rules import FIRST_DAY
 from gpu_ops.errors import ConfigError

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 
 from gpu_ops.domain.memory import freed_blocks_back_at_once
 from gpu_ops.storage.errors import StorageError
+from gpu_ops.domain.cost.columns import PARTITION_COLUMN
 
-PARTITION_COLUMN = "partition_key"  # the same name as gpu_ops.storage.tables.PARTITION_COLUMN
 FILE_NAME = "data.parquet"
 ROW_GROUP = 256_000
 

@@ -49,8 +49,8 @@ from sqlalchemy.engine import URL, Engine, make_url
 from gpu_ops.domain.config import storage_backend
 from gpu_ops.domain.formatting import redact_url
 from gpu_ops.storage.errors import StorageError, StorageUnavailable
+from gpu_ops.domain.cost.columns import PARTITION_COLUMN
 
-PARTITION_COLUMN = "partition_key"
 _COLUMNS_TABLE = "gpu_ops_columns"
 _BATCH = 10_000
 

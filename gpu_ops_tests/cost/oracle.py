@@ -29,15 +29,14 @@ from gpu_ops.flows.cost.usage import (
     json_object,
     lut,
     show_value,
-    NS_PER_HOUR,
     PROVENANCE_COLUMNS,
-    TIME_RANGE,
     Validated,
     const_column,
-    empty_quarantine,
     parse_times,
-    utc_series,
 )
+from gpu_ops.domain.cost.columns import NS_PER_HOUR
+from gpu_ops.domain.cost.frames import empty_quarantine, utc_series
+from gpu_ops.domain.cost.rules import TIME_RANGE
 
 from gpu_ops.domain.cost.rules import FILE_FIELD, LINE_FIELD
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpu_ops.flows.cost.attribution import IDLE, attribute, conservation, key_column
+from gpu_ops.flows.cost.allocate import IDLE
+from gpu_ops.flows.cost.attribution import attribute, conservation, key_column
 from gpu_ops.flows.cost.pipeline import price_window
 
 from .helpers import MATRIX, inventory, raw, row

@@ -20,7 +20,7 @@ import pytest
 from gpu_ops.flows.cost.attribution import day_window
 from gpu_ops.flows.cost.kubernetes import COLLECTED_PODS_TABLE, drop_expired
 from gpu_ops.flows.cost.pipeline import SourceSet, default_as_of, load_raw, price_window, usage_for_days, usage_table
-from gpu_ops.flows.cost.usage import LEDGER_TABLE
+from gpu_ops.storage.ledger import LEDGER_TABLE
 from gpu_ops.flows.cost.window import ReadStats, Window, hive_day
 from gpu_ops_tests.cost.oracle import touch_mask
 from gpu_ops.storage.tables import TableStore

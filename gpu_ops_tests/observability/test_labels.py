@@ -26,7 +26,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gpu_ops.domain.config import DEMO_CONFIG, GROUPING_KEYS, load_config
+from gpu_ops.domain.config import DEMO_CONFIG, load_config
+from gpu_ops.domain.cost.columns import GROUPING_KEYS
 from gpu_ops.flows.cost.attribution import attribute
 from gpu_ops.flows.cost.utilization import group_efficiency
 from gpu_ops.domain.metrics import Family, families

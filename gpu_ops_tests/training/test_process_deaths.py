@@ -221,8 +221,10 @@ def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path:
     with dg.DagsterInstance.local_temp(tempdir=str(home)) as instance:
         (run,) = instance.get_runs()
         assert wait_until(lambda: not AttemptStore(TableStore.from_config(_config(env))).open_attempts(), timeout=30)
-        log = messages(instance, run.run_id)
-        assert any("run worker (pid " in m and "died" in m for m in log), log
+        # The step settles the attempt, then logs its decision naming the dead run worker:
+        # wait for that line, not only for the settlement.
+        said = lambda: any("run worker (pid " in m and "died" in m for m in messages(instance, run.run_id))
+        assert wait_until(said, timeout=30, every=0.2), messages(instance, run.run_id)
         instance.report_run_failed(run, "run worker SIGKILLed (what run monitoring reports)")
         monkeypatch.setenv("GPU_OPS_CONFIG", str(write_config(tmp_path, standby=False, name="reexecution.yaml")))  # one attempt: no standby
         options = dg.ReexecutionOptions.from_failure(run.run_id, instance)

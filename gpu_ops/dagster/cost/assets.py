@@ -606,7 +606,7 @@ def _daily_spend(store: Any, first: dt.date, last: dt.date) -> tuple[Any, list[d
     the days gpu_cost_attribution has (the others are unknown, not zero)."""
     import pandas as pd
 
-    from gpu_ops.flows.cost.attribution import IDLE
+    from gpu_ops.flows.cost.allocate import IDLE
     from gpu_ops.storage.tables import PARTITION_COLUMN
 
     keys = [(first + dt.timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]

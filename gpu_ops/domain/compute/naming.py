@@ -21,6 +21,7 @@ ATTEMPT = "gpu-ops.io/attempt"
 GPU_TYPE = "gpu-ops.io/gpu-type"
 CAPACITY = "gpu-ops.io/capacity"
 TEAM = "gpu-ops.io/team"
+GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource of an NVIDIA GPU (device plugin)
 # Kubetorch keeps the user-visible name under 40 characters (it adds suffixes).
 MAX_SERVICE_NAME = 40
 

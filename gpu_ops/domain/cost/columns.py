@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+PARTITION_COLUMN = "partition_key"  # the partition of a row in every stored table
+NS_PER_HOUR = 3_600 * 10**9
 GROUPING_KEYS = ("team", "project", "namespace", "cost_center", "experiment_id")
 # The values of a usage interval's capacity_type and sharing (DESIGN.md), for the rule
 # book, the price matrix and the ledger alike.

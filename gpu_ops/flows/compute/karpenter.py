@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 from gpu_ops.domain.compute.catalog import CATALOG, gpu_spec
 from gpu_ops.flows.compute.kube import TOLERATED, api_call
 from gpu_ops.domain.compute.naming import (
+    GPU_RESOURCE,
     CAPACITY,
     GPU_TYPE,
     MANAGED_BY,
@@ -38,7 +39,6 @@ GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 # Karpenter orders pools by weight (higher first): spot is tried before on-demand.

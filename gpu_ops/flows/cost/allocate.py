@@ -32,14 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_ops.domain.cost.columns import group_column
+from gpu_ops.domain.cost.columns import NS_PER_HOUR, group_column
 from gpu_ops.flows.cost.engine import QUARANTINE_ROWS, Tally, UsageEngine, UsageInput, values_table
 from gpu_ops.domain.cost.pricing import PriceMatrix
 from gpu_ops.flows.cost.read import INVENTORY
 from gpu_ops.domain.cost.rules import label_value, quote
 
 DAY_US = 86_400 * 10**6
-NS_PER_HOUR = 3_600 * 10**9
 IDLE = "__idle__"
 METRIC_COLUMNS = ("gpu_hours", "cost_usd", "on_demand_equivalent_usd", "savings_usd", "idle_cost_usd")
 

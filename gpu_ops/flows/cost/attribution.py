@@ -11,8 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_ops.domain.config import group_column
-from gpu_ops.flows.cost.allocate import IDLE, METRIC_COLUMNS  # noqa: F401  (IDLE re-exported: the idle row's key, as it was here)
+from gpu_ops.domain.cost.columns import group_column
+from gpu_ops.flows.cost.allocate import METRIC_COLUMNS
 from gpu_ops.domain.cost.rules import label_value
 from gpu_ops.flows.cost.stored import stored_attribution
 from gpu_ops.flows.cost.usage import const_column

@@ -39,7 +39,6 @@ from gpu_ops.domain.cost.columns import CAPACITY_TYPES
 from gpu_ops.domain.cost.pricing import PriceMatrix
 from gpu_ops.domain.cost.repeats import MEMORY_BYTES, Fingerprints, RepeatedHashes
 
-QUARANTINE_COLUMNS = ("source", "location", "row", "field", "reason", "record", "start", "end")
 # Schema metadata of a quarantine built for its first rows only (UsageEngine.quarantine_arrow):
 # how many rows the whole quarantine holds (file and line problems included).
 QUARANTINE_ROWS = "gpu_ops.quarantine_rows"

@@ -17,12 +17,12 @@ import pandas as pd
 from gpu_ops.domain.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type, gpu_spec
 from gpu_ops.flows.compute.kube import load_cluster_config
 from gpu_ops.domain.cost.columns import DEFAULT_LABEL_KEYS
+from gpu_ops.domain.compute.naming import GPU_RESOURCE
 
 COLLECTED_PODS_TABLE = "gpu_usage_collected"
 COLLECTED_NODES_TABLE = "gpu_nodes_collected"
 CAPACITY_LABELS = ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType")
 _CAPACITY_VALUES = {"spot": "spot", "on-demand": "on-demand", "on_demand": "on-demand", "reserved": "reserved"}
-GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 
 

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.flows.cost.engine import validate
-from gpu_ops.domain.cost.frames import QUARANTINE_COLUMNS, empty_quarantine, utc_series  # noqa: F401  (re-exported: their home was here)
+from gpu_ops.domain.cost.frames import utc_series
 from gpu_ops.domain.cost.pricing import PriceMatrix
-from gpu_ops.flows.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError  # noqa: F401  (re-exported: the readers' names, as they were here)
 from gpu_ops.flows.cost.read import INVENTORY, USAGE
 from gpu_ops.domain.cost.rules import CONTROL, FILE_FIELD
+from gpu_ops.storage.ledger import LEDGER_TABLE
 
 if TYPE_CHECKING:
     from gpu_ops.flows.cost.window import ReadStats, Window
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 # carry any): region prices through the region multiplier, the rest feeds ROI.
 OPTIONAL_COLUMNS = ("region", "labels", "run_id", "asset_key", "attempt", "outcome", "last_checkpoint_at", "lost_seconds")
 PROVENANCE_COLUMNS = ("source", "location", "row")
-LEDGER_TABLE = "gpu_usage_ledger"
-
-NS_PER_HOUR = 3_600 * 10**9
 
 
 
@@ -92,7 +89,6 @@ def parse_times(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
 
 _NAT = np.iinfo(np.int64).min
 _UNIT_NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-TIME_RANGE = "1677-09-21 to 2262-04-11"
 
 
 def _utc_ns(s: pd.Series) -> tuple[pd.Series, np.ndarray]:
