@@ -8,7 +8,7 @@ with `CI=true` (--workers 2,3 also runs it on other numbers of pytest-xdist work
 with that many busy CPU-bound processes beside the suite for its whole run (other work on
 a shared 2-core machine). The clone uses this checkout's virtual environment (the package
 is put first on PYTHONPATH, so the clone's code is what runs). Prints, for each run, the
-pytest wall time beside the budget (8 minutes, issue 38), the result counts and the load average
+pytest wall time beside the budget (8 minutes quiet, 15 with busy processes beside it, issue 38), the result counts and the load average
 (min / median / max, sampled every 10 s), and keeps each run's whole output under
 /tmp/gpu_ops_suite/. With --write-docs the table in
 docs/development.md between its markers is replaced by these figures (the date, the
@@ -35,7 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "development.md"
-BUDGET_S = 8 * 60
+BUDGET_S = 8 * 60  # quiet (issue 38)
+BUSY_BUDGET_S = 15 * 60  # with other work beside it (issue 38: at most 15 minutes under load)
 LOGS = Path(tempfile.gettempdir()) / "gpu_ops_suite"  # each run's whole pytest output
 START, END = "<!-- suite figures: written by benchmarks/suite.py -->", "<!-- end of suite figures -->"
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s", re.M)
@@ -101,6 +102,11 @@ def run_suite(clone: Path, n_busy: int, n_workers: int) -> dict[str, object]:
             "pytest_s": float(seconds), "wall_s": wall, "load": sampler.summary()}
 
 
+def budget_s(n_busy: int) -> int:
+    """The budget of a run: 8 minutes quiet, 15 with busy processes beside it."""
+    return BUDGET_S if n_busy == 0 else BUSY_BUDGET_S
+
+
 def beside(n: int, workers: int) -> str:
     busy = "no busy process started" if n == 0 else f"{n} busy CPU-bound process{'es' if n > 1 else ''}"
     return f"{workers} workers, {busy}"
@@ -116,8 +122,9 @@ def table(results: list[dict[str, object]], machine: str) -> str:
         "|---|---|---|---|---|",
     ]
     for r in results:
-        met = "met" if r["rc"] == 0 and float(r["pytest_s"]) <= BUDGET_S else "**missed**"  # type: ignore[arg-type]
-        lines.append(f"| {beside(int(r['busy']), int(r['workers']))} | {r['load']} | {r['counts']} | **{minutes(float(r['pytest_s']))}** | 8:00, {met} |")  # type: ignore[arg-type]
+        budget = budget_s(int(r["busy"]))  # type: ignore[arg-type]
+        met = "met" if r["rc"] == 0 and float(r["pytest_s"]) <= budget else "**missed**"  # type: ignore[arg-type]
+        lines.append(f"| {beside(int(r['busy']), int(r['workers']))} | {r['load']} | {r['counts']} | **{minutes(float(r['pytest_s']))}** | {minutes(budget)}, {met} |")  # type: ignore[arg-type]
     lines.append(END)
     return "\n".join(lines)
 
@@ -141,7 +148,7 @@ def main() -> None:
         for n, w in ((int(b), int(w)) for b in args.busy.split(",") for w in args.workers.split(",")):
             r = run_suite(clone, n, w)
             results.append(r)
-            print(f"beside: {beside(n, w):<40} pytest {minutes(float(r['pytest_s']))} (budget {minutes(BUDGET_S)}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
+            print(f"beside: {beside(n, w):<40} pytest {minutes(float(r['pytest_s']))} (budget {minutes(budget_s(n))}; whole command {minutes(float(r['wall_s']))})"  # type: ignore[arg-type]
                   f"  exit {r['rc']}  {r['counts']}  load {r['load']}", flush=True)
     finally:
         shutil.rmtree(clone, ignore_errors=True)

@@ -16,7 +16,7 @@ PAGE = REPO / "docs" / "development.md"
 MEASURING = "GPU_OPS_MEASURING_SUITE"  # set by benchmarks/suite.py in the runs it measures
 SIZE = re.compile(r"collects \*\*([\d,]+) tests\*\*")
 FIGURES = re.compile(r"<!-- suite figures: written by benchmarks/suite.py -->\n(.*?)<!-- end of suite figures -->", re.S)
-ROW = re.compile(r"^\| (?P<beside>[^|]+) \| (?P<load>[\d.]+ / [\d.]+ / [\d.]+) \| (?P<counts>[^|]+) \| \*\*(?P<wall>\d+:\d\d)\*\* \| 8:00, (?P<verdict>met|\*\*missed\*\*) \|$", re.M)
+ROW = re.compile(r"^\| (?P<beside>[^|]+) \| (?P<load>[\d.]+ / [\d.]+ / [\d.]+) \| (?P<counts>[^|]+) \| \*\*(?P<wall>\d+:\d\d)\*\* \| (?P<budget>8:00|15:00), (?P<verdict>met|\*\*missed\*\*) \|$", re.M)
 
 
 def documented_size(text: str) -> int:
@@ -73,5 +73,8 @@ def test_the_measured_runs_are_of_this_suite_and_say_met_only_under_the_budget()
         counts = {what: int(n) for n, what in re.findall(r"(\d+) (\w+)", row["counts"])}
         assert sum(counts.values()) == size, f"a measured run of {counts} is not of the {size}-test suite the page names: run benchmarks/suite.py --write-docs"
         m, s = map(int, row["wall"].split(":"))
-        met = counts.get("failed", 0) == counts.get("errors", 0) == 0 and m * 60 + s <= 8 * 60
+        # 8 minutes on quiet cores, 15 with busy processes beside the suite (issue 38)
+        budget = 8 * 60 if "no busy process" in row["beside"] else 15 * 60
+        assert row["budget"] == f"{budget // 60}:00", row
+        met = counts.get("failed", 0) == counts.get("errors", 0) == 0 and m * 60 + s <= budget
         assert (row["verdict"] == "met") == met, row
