@@ -88,7 +88,7 @@ test-tools:
 # run on one worker, the longest modules handed out first (gpu_ops_tests/conftest.py,
 # LONG_GROUPS). `make test PYTEST_ARGS=`
 # runs everything in one process.
-PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=25
+PYTEST_ARGS ?= -n 4 --dist loadgroup --durations=25
 test: $(STAMP) test-tools lint docs
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc

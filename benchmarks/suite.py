@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/suite.py [--busy 0,1] [--workers 3] [--write-docs]
 
 Clones the repository's HEAD into a scratch folder beside the checkout (what a fresh clone
-holds: committed files only; ../shared is found as from the checkout) and runs the README's test command there, `pytest -n 3 --dist loadgroup`
+holds: committed files only; ../shared is found as from the checkout) and runs the README's test command there, `pytest -n 4 --dist loadgroup`
 with `CI=true` (--workers 2,3 also runs it on other numbers of pytest-xdist workers, beside the Makefile's 3) (a skip of a PostgreSQL test is a failure), once per entry of --busy:
 with that many busy CPU-bound processes beside the suite for its whole run (other work on
 a shared 2-core machine). The clone uses this checkout's virtual environment (the package
@@ -116,7 +116,7 @@ def table(results: list[dict[str, object]], machine: str) -> str:
     lines = [
         START,
         f"Measured {dt.date.today().isoformat()} on {machine} by `benchmarks/suite.py` (a fresh clone of HEAD, "
-        f"`CI=true pytest -n WORKERS --dist loadgroup`; `make test` runs 3 workers); load average min / median / max over the run:",
+        f"`CI=true pytest -n WORKERS --dist loadgroup`; `make test` runs 4 workers); load average min / median / max over the run:",
         "",
         "| beside the suite | load average | result | pytest wall | budget |",
         "|---|---|---|---|---|",
@@ -137,7 +137,7 @@ def machine() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", default="0,1", help="comma-separated numbers of busy processes beside the suite, one run each")
-    ap.add_argument("--workers", default="3", help="comma-separated numbers of pytest-xdist workers, one run each (per --busy entry)")
+    ap.add_argument("--workers", default="4", help="comma-separated numbers of pytest-xdist workers, one run each (per --busy entry)")
     ap.add_argument("--write-docs", action="store_true", help=f"replace the figures in {PAGE.relative_to(REPO)}")
     args = ap.parse_args()
     results = []
