@@ -443,6 +443,10 @@ class LocalBackend:
         rank = RankReport(rank=w.rank, exit=exit, exit_code=code, pid=w.proc.pid, error_message=msg, value=result.get("value"))
         return rank, result
 
+    def _cause_order(self, i: int) -> tuple[bool, float, bool]:
+        w = self._workers[i]
+        return (w.sent_sigterm, w.ended_at or float("inf"), not (w.proc.returncode or 0) < 0)
+
     def _report(self, duration: float, oom_before: int | None) -> WorkerReport:
         oom_after = _oom_kills()
         oom_kill = oom_before is not None and oom_after is not None and oom_after > oom_before
@@ -456,7 +460,9 @@ class LocalBackend:
         if not failed:
             return WorkerReport(exit=WorkerExit.COMPLETED, exit_code=0, value=ranks[0].value, duration_s=duration, ranks=ranks, ended_at=ended_at)
         # The root cause is the rank that ended first; the others were stopped because of it.
-        first = min(failed, key=lambda i: (self._workers[i].sent_sigterm, self._workers[i].ended_at or float("inf")))
+        # Ranks seen ending in the same poll: one killed by a signal comes first (a survivor's
+        # error in a collective follows the loss of its peer, not the other way round).
+        first = min(failed, key=self._cause_order)
         r, res = ranks[first], results[first]
         return WorkerReport(
             exit=r.exit,
