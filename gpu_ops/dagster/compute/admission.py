@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from gpu_ops.dagster.failures import LaunchRefused
 from gpu_ops.domain.alerts.model import Refusal
 from gpu_ops.domain.compute.request import GpuRequest
 from gpu_ops.domain.config import load_config
@@ -43,8 +44,6 @@ def assert_forecast_allowed(config: Any, request: Any, estimate: Any, *, now: dt
 
 def _refuse(refusal: Refusal | None) -> None:
     if refusal is not None:
-        from gpu_ops.dagster.failures import LaunchRefused
-
         raise LaunchRefused(refusal.reason, metadata=dict(refusal.metadata))
 
 
@@ -112,7 +111,6 @@ class GpuAdmission(dg.ConfigurableResource):
 
 def _try(book: Any, quotas: Any, request: GpuRequest, pools: list[str], run_id: str, asset_key: str) -> Any:
     from gpu_ops.storage.quota import Admission, QuotaExceeded
-    from gpu_ops.dagster.failures import LaunchRefused
 
     try:
         return book.try_acquire(quotas, team=request.labels.team, pools=pools, gpus=request.total_gpus, run_id=run_id, asset_key=asset_key)
@@ -150,7 +148,6 @@ def _hold(book: Any, admission: Any, ttl_s: float, state: _Waiting, info: Say, w
 
 
 def _wait(reason: str, state: _Waiting, settings: Any, warn: Say) -> None:
-    from gpu_ops.dagster.failures import LaunchRefused
 
     waited = state.waited()
     if waited >= settings.wait_timeout_s:

@@ -445,7 +445,7 @@ class LocalBackend:
 
     def _cause_order(self, i: int) -> tuple[bool, float, bool]:
         w = self._workers[i]
-        return (w.sent_sigterm, w.ended_at or float("inf"), not (w.proc.returncode or 0) < 0)
+        return (w.sent_sigterm, w.ended_at or float("inf"), (w.proc.returncode or 0) >= 0)
 
     def _report(self, duration: float, oom_before: int | None) -> WorkerReport:
         oom_after = _oom_kills()
