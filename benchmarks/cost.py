@@ -449,7 +449,8 @@ def bench_size(rows: int, data: Path, repeat: int, batch_rows: int | None, skip:
     if dirty:
         print(f"goal (issue 39): CLI wall <= 1.0x the same-work query's: {'met' if wall <= same_wall else 'MISSED'} ({wall / same_wall:.2f}x, peak {rss / same_rss:.2f}x)")
     else:
-        print(f"goal (issue 39): CLI wall <= 2.5x plain DuckDB's: {'met' if wall <= 2.5 * duck_wall else 'MISSED'} ({wall / duck_wall:.2f}x); "
+        bound = 2.5 if rows <= 10_000_000 else 3.0  # issue 39: 2.5x at 10M, 3x (and 2x the memory) at 100M
+        print(f"goal (issue 39): CLI wall <= {bound}x plain DuckDB's: {'met' if wall <= bound * duck_wall else 'MISSED'} ({wall / duck_wall:.2f}x); "
               f"peak <= 2x DuckDB's: {'met' if rss <= 2 * duck_rss else 'MISSED'} ({rss / duck_rss:.2f}x); against {SAME_WORK}: wall {wall / same_wall:.2f}x, peak {rss / same_rss:.2f}x")
     return best
 

@@ -128,14 +128,15 @@ def ensure_project_instance(request: ScaffoldRequest) -> Path | None:
     return home
 
 
-def ensure_project_config(request: ScaffoldRequest) -> Path:
+def ensure_project_config(request: ScaffoldRequest, today: dt.date | None = None) -> Path:
     """``<project root>/gpu_ops.yaml``, written with the bundled prices unless it exists, and
-    the project's Dagster instance (:func:`ensure_project_instance`)."""
+    the project's Dagster instance (:func:`ensure_project_instance`). Its partitions start
+    the day before ``today`` (the UTC date when scaffolded, unless given)."""
     ensure_project_instance(request)
     path = project_root(request) / CONFIG_NAME
     if not path.exists():
         prices = BUNDLED_PRICES.read_text()
-        start = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
+        start = (today or dt.datetime.now(dt.timezone.utc).date()) - dt.timedelta(days=1)
         config = CONFIG_TEMPLATE.replace("@PARTITIONS_START@", start.isoformat())
         path.write_text(config + "prices:\n" + "".join(f"  {line}\n" if line.strip() else "\n" for line in prices.splitlines()))
     return path

@@ -85,6 +85,5 @@ def test_a_scaffolded_project_partitions_from_the_day_before_it_was_scaffolded(t
     from gpu_ops.components.scaffolding import ensure_project_config
 
     request = ScaffoldRequest(type_name="gpu_ops.components.GpuCostComponent", target_path=tmp_path / "defs" / "gpu_costs", scaffold_format="yaml", project_root=tmp_path, params=None)
-    config = load_config(ensure_project_config(request))
-    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    assert config.usage.partitions_start == yesterday and config.usage.partitions_end is None
+    config = load_config(ensure_project_config(request, today=dt.date(2027, 3, 1)))
+    assert config.usage.partitions_start == dt.date(2027, 2, 28) and config.usage.partitions_end is None

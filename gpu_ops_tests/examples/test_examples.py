@@ -4,7 +4,6 @@ through the `dagster` CLI. Real processes, real Dagster instances, the local bac
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -126,7 +125,7 @@ def test_dg_project_trains_through_a_killed_worker_then_materializes_the_cost_da
 
     assert md["weights_sha256"] == reference_weights()
 
-    day = (dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)).isoformat()
+    day = str(config["usage"]["partitions_start"])  # a day the partitions hold on any date after it, not the wall clock's yesterday
     _run([str(BIN / "dg"), "launch", "--assets", "gpu_usage,gpu_usage_quarantine,gpu_cost_attribution,gpu_cost_daily,gpu_budget_status,gpu_roi_report", "--partition", day],
          cwd=project, env=env, timeout=300)
     budget = _metadata(tmp_path / "home", "gpu_budget_status")

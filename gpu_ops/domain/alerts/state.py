@@ -58,10 +58,6 @@ class StatusRow:
     as_of: str | None = None
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "StatusRow":
-        return cls.from_tuple(tuple(rec.get(c) for c in STATUS_COLUMNS))
-
-    @classmethod
     def from_tuple(cls, r: tuple) -> "StatusRow":
         """From a table row, values in STATUS_COLUMNS order (dates or ISO strings, NaN or None).
 

@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-from gpu_ops.domain.compute.request import Attribution, GpuRequest
+from gpu_ops.domain.compute.request import GpuRequest
 
 MANAGED_BY = "gpu-ops.io/managed-by"
 MANAGED_BY_VALUE = "gpu-ops"
@@ -86,5 +86,3 @@ def managed_selector(labels: Iterable[tuple[str, str]] = ()) -> str:
     return ",".join(f"{label}={value}" for label, value in [(MANAGED_BY, MANAGED_BY_VALUE), *labels])
 
 
-def attribution_labels(attribution: Attribution) -> dict[str, str]:
-    return {MANAGED_BY: MANAGED_BY_VALUE, **attribution.as_labels()}

@@ -142,10 +142,6 @@ class Attempt:
     settled_by: str | None = None  # "owner", or who found the attempt orphaned
 
     @property
-    def is_open(self) -> bool:
-        return self.state in OPEN_STATES
-
-    @property
     def held_hardware(self) -> bool:
         return self.launched_at is not None
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import asdict
 from typing import Any, Callable
 
 from gpu_ops.flows.compute import hardware
@@ -117,5 +116,3 @@ def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
     return {"value": value, "summary": summary}
 
 
-def spec_dict(spec: WorkerSpec) -> dict[str, Any]:
-    return asdict(spec)
