@@ -905,6 +905,8 @@ class UsageEngine:
         return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
+        if not self._excluding:  # no row set aside: the file and line problems alone, no query
+            return _quarantine_frame(self.problems, None)
         return _quarantine_frame(self.problems, self.con.execute(self._quarantine_sql()).fetchnumpy())
 
     def result_quarantine(self) -> Any:
@@ -922,7 +924,8 @@ class UsageEngine:
         import pyarrow as pa
 
         only = self._first_in_window(window_start_us, window_end_us, first) if first is not None and self.parts and self._bad_times else None
-        sql = "SELECT * FROM (" + (self._quarantine_sql(only is not None) if self.parts else _NO_QUARANTINE) + ")"
+        # No row set aside (no bad row, copy or superseded record): no reasons or records to build.
+        sql = "SELECT * FROM (" + (self._quarantine_sql(only is not None) if self.parts and self._excluding else _NO_QUARANTINE) + ")"
         if window_start_us is not None:
             sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
         rows = self.con.sql(sql).to_arrow_table()
