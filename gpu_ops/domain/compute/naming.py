@@ -84,5 +84,3 @@ def managed_selector(labels: Iterable[tuple[str, str]] = ()) -> str:
     """Label selector of gpu_ops objects (``gpu-ops.io/managed-by=gpu-ops``) that also
     carry each ``(label, value)`` of ``labels``, in that order."""
     return ",".join(f"{label}={value}" for label, value in [(MANAGED_BY, MANAGED_BY_VALUE), *labels])
-
-

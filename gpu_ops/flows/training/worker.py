@@ -114,5 +114,3 @@ def run_training(spec: WorkerSpec | dict[str, Any]) -> dict[str, Any]:
     restore()
     emit("finished", **summary)
     return {"value": value, "summary": summary}
-
-
