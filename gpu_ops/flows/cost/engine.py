@@ -905,13 +905,15 @@ class UsageEngine:
         return pd.DataFrame(out, copy=False)  # the arrays are this frame's own: no consolidating copy
 
     def _quarantine(self) -> Any:
-        if not self._excluding:  # no row set aside: the file and line problems alone, no query
+        # No row set aside by check() (no part, bad row, copy or superseded record): the file
+        # and line problems alone, no query.
+        if not self._excluding:
             return _quarantine_frame(self.problems, None)
         return _quarantine_frame(self.problems, self.con.execute(self._quarantine_sql()).fetchnumpy())
 
     def result_quarantine(self) -> Any:
         """The quarantine as a pandas frame (:data:`QUARANTINE_COLUMNS`), after :meth:`check`."""
-        return self._quarantine() if self.parts else _quarantine_frame(self.problems, None)
+        return self._quarantine()
 
     def quarantine_arrow(self, window_start_us: int | None = None, window_end_us: int | None = None, first: int | None = None) -> Any:
         """The quarantine as Arrow (:data:`QUARANTINE_COLUMNS`, times as UTC microseconds
@@ -924,8 +926,7 @@ class UsageEngine:
         import pyarrow as pa
 
         only = self._first_in_window(window_start_us, window_end_us, first) if first is not None and self.parts and self._bad_times else None
-        # No row set aside (no bad row, copy or superseded record): no reasons or records to build.
-        sql = "SELECT * FROM (" + (self._quarantine_sql(only is not None) if self.parts and self._excluding else _NO_QUARANTINE) + ")"
+        sql = "SELECT * FROM (" + (self._quarantine_sql(only is not None) if self._excluding else _NO_QUARANTINE) + ")"  # as _quarantine
         if window_start_us is not None:
             sql += f" WHERE {_in_window(window_start_us, window_end_us)}"
         rows = self.con.sql(sql).to_arrow_table()
