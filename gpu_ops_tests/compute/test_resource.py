@@ -164,10 +164,10 @@ def test_a_budget_block_refuses_the_launch_before_anything_starts(tmp_path: Path
     cfg = tmp_path / "gpu_ops.yaml"
     cfg.write_text(yaml.safe_dump({"storage": {"url": "sqlite:///costs.db"}, "prices": {"source": "t", "as_of": "2026-11-01", "gpus": {"t4": {"spot": 0.2}}}}))
     now = dt.datetime.now(dt.timezone.utc)
-    start = now.date().replace(day=1)
-    order = EnforcementOrder(
+    start = (now.date() - dt.timedelta(days=35)).replace(day=1)  # a period around today, wide enough that
+    order = EnforcementOrder(  # the launch a moment later is in it on any day (a month's end included)
         event="apply", budget="nlp-monthly", action="block", period_start=start.isoformat(),
-        period_end=(start + dt.timedelta(days=40)).replace(day=1).isoformat(), scope={"team": "nlp"}, amount_usd=100, spend_usd=120,
+        period_end=(start + dt.timedelta(days=95)).replace(day=1).isoformat(), scope={"team": "nlp"}, amount_usd=100, spend_usd=120,
     )
     TableStore(f"sqlite:///{tmp_path / 'costs.db'}").append(ENFORCEMENT_TABLE, record_frame(EnforcementOutcome(order), at=now, run_id="r0"))
 

@@ -58,8 +58,8 @@ def test_the_plot_axis_of_a_bounded_partitioning() -> None:
 
     partitions = build_defs(str(DEMO_CONFIG)).resolve_assets_def("gpu_budget_status").partitions_def
     assert partitions is not None
-    now = dt.datetime.now(dt.timezone.utc)
-    context = PartitionLoadingContext(temporal_context=TemporalContext(effective_dt=now, last_event_id=None), dynamic_partitions_store=None)
+    after_the_end = dt.datetime(2027, 3, 1, tzinfo=dt.timezone.utc)  # any day after partitions_end
+    context = PartitionLoadingContext(temporal_context=TemporalContext(effective_dt=after_the_end, last_event_id=None), dynamic_partitions_store=None)
     axis = partitions.get_paginated_partition_keys(context=context, limit=UI_PLOT_PARTITIONS, ascending=False).results
     assert max(axis) == "2026-10-31"
 

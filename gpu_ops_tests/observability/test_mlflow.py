@@ -88,12 +88,11 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
     return config, rows
 
 
-def _attribution_by_experiment(config: Path, day: dt.date | None = None) -> dict[str, dict[str, Any]]:
+def _attribution_by_experiment(config: Path, day: dt.date) -> dict[str, dict[str, Any]]:
     from click.testing import CliRunner
 
     from gpu_ops.cli import main
 
-    day = day or dt.datetime.now(dt.timezone.utc).date()
     out = CliRunner().invoke(main, ["cost", "attribution", "--config", str(config), "--date", day.isoformat(), "--by", "experiment_id", "--format", "json"])
     assert out.exit_code == 0, out.output
     rows = json.loads(out.output[out.output.index("[") :]) if "[" in out.output else []
@@ -135,7 +134,7 @@ def test_attempts_are_logged_to_the_active_mlflow_run_and_its_experiment_is_the_
             config, rows = _train(tmp_path, monkeypatch)
     finally:
         mlflow.set_tracking_uri("")
-    _check_run(MlflowClient(mlflow_server), run.info.run_id, rows, _attribution_by_experiment(config))
+    _check_run(MlflowClient(mlflow_server), run.info.run_id, rows, _attribution_by_experiment(config, rows["start"].min().date()))
     assert set(rows["experiment_id"]) == {experiment.experiment_id}
 
 
@@ -153,8 +152,7 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
 
     config = write_config(tmp_path, ledger_only=True)
     monkeypatch.setenv("GPU_OPS_MLFLOW_TRACKING_URI", mlflow_server)
-    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    second = dataclasses.replace(_gpu_row(yesterday), attempt=2)
+    second = dataclasses.replace(_gpu_row(DAY), attempt=2)
     first = dataclasses.replace(second, start=second.start - dt.timedelta(minutes=32), end=second.start - dt.timedelta(minutes=2), attempt=1,
                                 outcome="preempted", lost_seconds=600.0)
     store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
@@ -172,7 +170,7 @@ def test_a_configured_tracking_uri_gets_one_run_per_dagster_run(mlflow_server: s
     assert {h.step: h.value for h in client.get_metric_history(run.info.run_id, "gpu_ops.attempt.cost_usd")} == pytest.approx({1: spot, 2: 2 * spot})
     rows = ledger.read(store)
     assert set(rows["experiment_id"]) == {experiment.experiment_id}
-    assert _attribution_by_experiment(config, yesterday)[experiment.experiment_id]["cost_usd"] == pytest.approx(m["gpu_ops.cost_usd"], abs=0.005)
+    assert _attribution_by_experiment(config, DAY)[experiment.experiment_id]["cost_usd"] == pytest.approx(m["gpu_ops.cost_usd"], abs=0.005)
 
 
 def test_an_unreachable_tracking_server_costs_a_warning_not_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,6 +219,9 @@ def _drain(store: TableStore) -> Any:
     return drain(store, deadline_s=10.0, due_only=False)
 
 
+DAY = dt.date(2026, 11, 24)  # the synthetic attempts' day: any finished day
+
+
 def _gpu_row(day: dt.date) -> Any:
     """The attempt a worker on 2x A100-80GB spot reports: one hour of ``day``."""
     from gpu_ops.storage import ledger
@@ -245,8 +246,7 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     from gpu_ops.storage import ledger
 
     config = write_config(tmp_path, ledger_only=True)
-    yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
-    row = _gpu_row(yesterday)
+    row = _gpu_row(DAY)
     store = TableStore(f"sqlite:///{tmp_path / 'costs.db'}")
     mlflow.set_tracking_uri(mlflow_server)
     experiment = mlflow.set_experiment("llm-pretrain")
@@ -261,6 +261,6 @@ def test_a_gpu_attempt_in_an_mlflow_run_is_what_its_experiment_costs(mlflow_serv
     assert set(ledger.read(store)["experiment_id"]) == {experiment.experiment_id}
     metrics = MlflowClient(mlflow_server).get_run(run.info.run_id).data.metrics
     assert metrics["gpu_ops.cost_usd"] == pytest.approx(2 * spot, abs=1e-9) and metrics["gpu_ops.gpu_hours"] == pytest.approx(2.0)
-    by_experiment = _attribution_by_experiment(config, yesterday)
+    by_experiment = _attribution_by_experiment(config, DAY)
     assert by_experiment[experiment.experiment_id]["cost_usd"] == pytest.approx(metrics["gpu_ops.cost_usd"], abs=0.005)
     assert by_experiment[experiment.experiment_id]["gpu_hours"] == pytest.approx(2.0, abs=1e-6)

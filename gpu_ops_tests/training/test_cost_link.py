@@ -81,8 +81,10 @@ def test_the_metadata_links_the_cost_asset_and_names_the_rows(trained: dict[str,
     md = trained["md"]["on_gpu"]
     assert md["cost_asset"] == dg.AssetKey("gpu_usage")
     assert f"run_id = '{trained['run_id']}'" in md["cost_rows"] and "asset_key = 'on_gpu'" in md["cost_rows"]
-    today = dt.datetime.now(UTC).date()
-    assert set(trained["days"]) <= {(today - dt.timedelta(days=1)).isoformat(), today.isoformat()}
+    # The days the ledger's attempts touched (real training stamps real time): the ledger is the fact.
+    attempts = ledger.read(trained["store"], run_id=trained["run_id"], asset_key="on_gpu")
+    touched = {(r.start + dt.timedelta(days=n)).date().isoformat() for r in attempts.itertuples(index=False) for n in range((r.end.date() - r.start.date()).days + 1)}
+    assert trained["days"] == sorted(touched)
     urls = [md["cost_partition_url"]] if len(trained["days"]) == 1 else [md[f"cost_partition_url/{d}"] for d in trained["days"]]
     assert urls == [f"http://localhost:3000/assets/gpu_usage?view=partitions&partition={d}" for d in trained["days"]]
 

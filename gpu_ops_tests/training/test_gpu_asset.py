@@ -450,10 +450,10 @@ def test_a_budget_block_fails_the_step_with_its_own_message_and_no_retry(config_
     from gpu_ops.flows.alerts.enforcement import ENFORCEMENT_TABLE, EnforcementOrder, EnforcementOutcome, record_frame
 
     now = dt.datetime.now(dt.timezone.utc)
-    start = now.date().replace(day=1)
-    order = EnforcementOrder(
+    start = (now.date() - dt.timedelta(days=35)).replace(day=1)  # a period around today, wide enough that
+    order = EnforcementOrder(  # the launch a moment later is in it on any day (a month's end included)
         event="apply", budget="nlp-monthly", action="block", period_start=start.isoformat(),
-        period_end=(start + dt.timedelta(days=40)).replace(day=1).isoformat(), scope={"team": "nlp"}, amount_usd=100, spend_usd=120,
+        period_end=(start + dt.timedelta(days=95)).replace(day=1).isoformat(), scope={"team": "nlp"}, amount_usd=100, spend_usd=120,
     )
     store = TableStore(load_config(config_path).storage.resolved_url())
     store.append(ENFORCEMENT_TABLE, record_frame(EnforcementOutcome(order), at=now, run_id="r0"))

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 import pandas as pd
@@ -34,7 +34,7 @@ from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.storage import ledger
 from gpu_ops.storage.attempt_store import AttemptStore
-from gpu_ops.domain.training.attempts import same_process
+from gpu_ops.domain.training.attempts import same_process, started_since_boot
 from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, reference_weights
 from gpu_ops_tests.waiting import wait_until
 
@@ -79,12 +79,15 @@ def ppid(pid: int) -> int:
 
 
 class Sampler(threading.Thread):
-    """Every 20 ms: which training workers (pidfiles) are alive; their first and last time seen."""
+    """Every 20 ms: which training workers (pidfiles) are alive; their first and last time
+    seen. Each pid is pinned to its start time at first sight: under a full suite pids wrap
+    (pid_max is often 32768), and a dead worker's pid reused by another process is not it."""
 
     def __init__(self, pid_dir: Path):
         super().__init__(daemon=True)
         self.pid_dir = pid_dir
         self.seen: dict[int, list[float]] = {}
+        self.started: dict[int, float | None] = {}
         self.most_at_once = 0
         self.done = threading.Event()
 
@@ -96,15 +99,23 @@ class Sampler(threading.Thread):
                     pid = int(f.read_text())
                 except (OSError, ValueError):
                     continue
-                self.seen.setdefault(pid, [now, now])
+                if pid not in self.seen:
+                    self.started[pid] = started_since_boot(pid)
+                    self.seen[pid] = [now, now]
             for pid, span in self.seen.items():
-                if same_process(pid, None):
+                if self.started[pid] is not None and same_process(pid, self.started[pid]):
                     span[1] = now
                     alive.append(pid)
             self.most_at_once = max(self.most_at_once, len(alive))
 
     def lifetimes(self) -> list[float]:
         return [end - start for start, end in sorted(self.seen.values())]
+
+
+def pinned(pid: int) -> Callable[[], bool]:
+    """Is ``pid`` still the process it is now (not a later process that reused the pid)?"""
+    started = started_since_boot(pid)
+    return lambda: started is not None and same_process(pid, started)
 
 
 def first_checkpoint(root: Path) -> bool:
@@ -219,7 +230,8 @@ def test_a_killed_run_worker_leaves_no_orphan_and_re_execution_resumes(tmp_path:
     proc.kill()  # SIGKILL of the run worker (its step process lives on)
     proc.wait()
     killed_at = time.monotonic()
-    assert wait_until(lambda: not same_process(worker, None), timeout=30)
+    worker_alive = pinned(worker)
+    assert wait_until(lambda: not worker_alive(), timeout=30)
     stopped_after = time.monotonic() - killed_at
     with dg.DagsterInstance.local_temp(tempdir=str(home)) as instance:
         (run,) = instance.get_runs()
@@ -279,6 +291,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
     b_config = write_config(tmp_path, STEPS, standby=False, name="run_b.yaml")
     assert wait_until(lambda: first_checkpoint(tmp_path), timeout=120)
     worker_a = worker_pid(tmp_path / "pids")
+    worker_a_alive = pinned(worker_a)
     if outage == "sigstop":
         step_a = ppid(worker_a)
         os.kill(step_a, signal.SIGSTOP)
@@ -286,7 +299,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
             second = run_worker(home, b_config)
             # B is admitted only after A's lease expired; by then A's worker is gone.
             assert wait_until(lambda: len(sampler.seen) >= 2, timeout=120)
-            assert not same_process(worker_a, None)
+            assert not worker_a_alive()
         finally:
             os.kill(step_a, signal.SIGCONT)
     else:
@@ -295,7 +308,7 @@ def test_a_quota_holder_that_cannot_renew_is_fenced_and_both_runs_finish_without
         db = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None, timeout=30)
         db.execute("BEGIN EXCLUSIVE")  # the gpu_ops database is unavailable to every writer
         try:
-            assert wait_until(lambda: not same_process(worker_a, None), timeout=8.0)  # fenced within the TTL (6 s) + slack
+            assert wait_until(lambda: not worker_a_alive(), timeout=8.0)  # fenced within the TTL (6 s) + slack
         finally:
             db.execute("ROLLBACK")
             db.close()
