@@ -11,6 +11,7 @@ Times of the heartbeat (``beat_at``) come from the database's clock. No Dagster 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -100,6 +101,22 @@ class AttemptStore:
         else:
             stmt = t.update().where(t.c.attempt_id == new.attempt_id, t.c.state == previous.state.value).values(**_to_row(new), beat_at=self.db_now)
         return bool(conn.execute(stmt).rowcount)
+
+    def claim(self, a: Attempt, by: Owner) -> Attempt | None:
+        """Make ``by`` the owner of ``a``, found orphaned, if the stored record is still
+        ``a``'s state and owner (one statement): the settler that claims it stops its
+        workers, the others see the claim and leave it. A claimant that dies leaves an
+        orphan owned by a dead process, found and claimed again. None when someone else
+        moved or claimed it first."""
+        t = self.table
+        owned = (t.c.owner_host == a.owner.host) & (t.c.owner_pid == a.owner.pid)
+        owned &= t.c.owner_started.is_(None) if a.owner.started is None else t.c.owner_started == a.owner.started
+        mine = {"owner_host": by.host, "owner_pid": by.pid, "owner_started": by.started, "step_key": by.step_key}
+        with self.store.engine.begin() as conn:
+            self._ensure(conn)
+            stmt = t.update().where(t.c.attempt_id == a.attempt_id, t.c.state == a.state.value, owned).values(**mine, beat_at=self.db_now)
+            won = bool(conn.execute(stmt).rowcount)
+        return dataclasses.replace(a, owner=by) if won else None
 
     def beat(self, attempt_id: str) -> None:
         """The owner is alive (database clock)."""

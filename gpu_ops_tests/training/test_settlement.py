@@ -108,6 +108,53 @@ def test_two_settlers_racing_on_the_same_records_bill_each_attempt_once(tmp_path
     assert [a.state for a in AttemptStore(store).of_run("race", "train")] == [State.DECIDED] * 4
 
 
+DEAF_WORKER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+
+
+def test_a_settler_claims_the_orphan_before_stopping_its_worker_and_the_other_does_not_wait(db_url: str) -> None:
+    """Two settlers read the same orphan, whose worker still runs and ignores SIGTERM. The
+    first claims the record (it becomes the attempt's owner) before it stops the worker and
+    waits the grace period; the second finds the claim and returns at once, while the
+    worker still runs: nothing blocks between a settler's read and its write, and the
+    worker is stopped, waited for and billed by one settler only."""
+    import threading
+
+    from gpu_ops.flows.training.settle import settle_orphan
+
+    store = TableStore(db_url)
+    attempts = AttemptStore(store)
+    worker = subprocess.Popen([sys.executable, "-c", DEAF_WORKER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "up"
+        started = tr.started_since_boot(worker.pid)
+        pid, owner_started = _dead_pid()
+        here = os.uname().nodename
+        a = tr.plan("claim-1", "run-c", "train", 1, Owner(here, pid, owner_started, "run-c", "train"), launch_name="l", bill=BILL, at=time.time() - 5)
+        attempts.create(tr.launch(a, host=here, pids=(worker.pid,), started=(started,), at=time.time() - 4, workdir=None))
+        (seen, quiet), = attempts.open_attempts()  # both settlers hold this record
+        results: dict[str, object] = {}
+
+        def settler(name: str, grace_s: float) -> None:
+            results[name] = settle_orphan((attempts, store), seen, quiet, found_by=name, successor=None, grace_s=grace_s, log=None)
+
+        first = threading.Thread(target=settler, args=("settler 1", 20.0))
+        first.start()
+        assert wait_until(lambda: attempts.get("claim-1").owner.pid == os.getpid(), timeout=30)  # claimed: owned by this process now
+        claimed = attempts.get("claim-1")
+        assert claimed.state is State.LAUNCHED and "settler 1" in claimed.owner.step_key
+        settler("settler 2", 20.0)  # the same record read before the claim
+        assert results["settler 2"] is None
+        assert worker.poll() is None  # returned while the claimant still waits its grace: it did not wait
+        first.join(timeout=60)
+    finally:
+        worker.kill()
+        worker.wait()
+    settled = results["settler 1"]
+    assert settled is not None and settled.attempt.state is State.DECIDED and settled.attempt.settled_by == "settler 1"
+    assert f"its owner (pid {pid} on " in settled.message  # the owner that died, not the claimant
+    assert len(ledger.read(store)) == 1
+
+
 def test_a_ledger_made_before_the_unique_key_is_de_duplicated_and_keyed(db_url: str) -> None:
     """A table the old code wrote, holding the same attempt twice (the double bill), with no
     index: the next settlement keeps one of them, makes the key, and reads the same columns."""

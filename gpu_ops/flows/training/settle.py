@@ -8,10 +8,13 @@ settles it: the next attempt (:func:`settle_orphans` at its start), the orphan s
 checked by pid and process start time; one on another host is taken for gone when it has
 not beaten for ``stale_s`` seconds (database clock).
 
-Settling is one transaction (:func:`settle_attempt`, the owner's and every settler's): the
-record moves to ``settled`` by compare-and-set and its ledger row and telemetry outbox
-rows are written with it, so an attempt is billed once whoever races to settle it, and
-no network call sits between reading the record and writing it.
+An orphan is claimed before its workers are stopped (:meth:`AttemptStore.claim
+<gpu_ops.storage.attempt_store.AttemptStore.claim>`: the settler becomes its owner), so the
+settler that waits the workers' grace period is the one that writes. Settling is one
+transaction (:func:`settle_attempt`, the owner's and every settler's): the record moves to
+``settled`` by compare-and-set and its ledger row and telemetry outbox rows are written with
+it, so an attempt is billed once whoever races to settle it, and nothing that can block sits
+between reading the record and writing it.
 
 Billing (:func:`ledger_row`): from the workers' start (``launched_at``) to their end,
 never the quota wait. The end of a worker that is still running when the attempt is
@@ -38,7 +41,7 @@ from gpu_ops.flows.observability import hooks
 from gpu_ops.storage.outbox import Outbox
 from gpu_ops.storage import ledger
 from gpu_ops.storage.attempt_store import AttemptStore
-from gpu_ops.domain.training.attempts import Attempt, Decision, State, decide, same_process, settle
+from gpu_ops.domain.training.attempts import Attempt, Decision, Owner, State, decide, same_process, settle
 from gpu_ops.domain.training.classify import Outcome
 
 ORPHANED = Outcome.PREEMPTED.value  # the orchestrator was lost: a preemption, not the user's error
@@ -190,13 +193,18 @@ def settle_orphan(
     if a.state is State.SETTLED:
         settled = a
     else:
-        stopped = stop_workers(a, grace_s)
-        ended = workers_ended_at(a, quiet_s, stopped)
+        # Claimed first: the settler that stops the workers (and waits their grace) is the
+        # one that writes; another that read the same record sees the claim and leaves it.
+        claimed = attempts.claim(a, Owner.this_process(a.run_id, f"settling it for {found_by}"))
+        if claimed is None:
+            return None
+        stopped = stop_workers(claimed, grace_s)
+        ended = workers_ended_at(claimed, quiet_s, stopped)
         why = f"its owner (pid {a.owner.pid} on {a.owner.host}, step {a.owner.step_key or '?'}) died while the attempt was {a.state.value}"
-        settled = settle(a, ORPHANED, why, ended, by=found_by)
+        settled = settle(claimed, ORPHANED, why, ended, by=found_by)
         last = last_checkpoint(settled) if settled.held_hardware else None
         warn = log.warning if log is not None else print
-        if settle_attempt(attempts, a, settled, billed=settled.held_hardware, last_checkpoint_at=last, pricing=pricing, warn=warn) is None:
+        if settle_attempt(attempts, claimed, settled, billed=settled.held_hardware, last_checkpoint_at=last, pricing=pricing, warn=warn) is None:
             return None
     # The GPUs go back at once only when no worker can still hold them: none started, or
     # they ran here and were stopped above. A remote worker's lease expires on its own
