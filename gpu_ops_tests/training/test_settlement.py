@@ -137,12 +137,12 @@ def test_a_settler_claims_the_orphan_before_stopping_its_worker_and_the_other_do
         def settler(name: str, grace_s: float) -> None:
             results[name] = settle_orphan((attempts, store), seen, quiet, found_by=name, successor=None, grace_s=grace_s, log=None)
 
-        first = threading.Thread(target=settler, args=("settler 1", 20.0))
+        first = threading.Thread(target=settler, args=("settler 1", 8.0))
         first.start()
         assert wait_until(lambda: attempts.get("claim-1").owner.pid == os.getpid(), timeout=30)  # claimed: owned by this process now
         claimed = attempts.get("claim-1")
         assert claimed.state is State.LAUNCHED and "settler 1" in claimed.owner.step_key
-        settler("settler 2", 20.0)  # the same record read before the claim
+        settler("settler 2", 8.0)  # the same record read before the claim
         assert results["settler 2"] is None
         assert worker.poll() is None  # returned while the claimant still waits its grace: it did not wait
         first.join(timeout=60)
