@@ -33,6 +33,9 @@ from gpu_ops.domain.cost.columns import PARTITION_COLUMN
 
 FILE_NAME = "data.parquet"
 ROW_GROUP = 256_000
+# Snappy, as DuckDB writes by default: at a million rows of gpu_usage (47 columns) 0.70 s
+# against zstd's 1.03 s, for a fifth more bytes (docs/benchmarks/cost.md).
+COMPRESSION = "snappy"
 
 
 class PartitionFiles:
@@ -177,8 +180,8 @@ class ParquetParts:
 class PartitionWriter:
     """Arrow record batches of a row-level table into one Parquet file per partition key
     under ``folder`` (row groups as the batches come: nothing of the table is held), with
-    the options :meth:`PartitionFiles.write` uses. ``plain``: text columns written without
-    a dictionary (a day's pods: about one value per row)."""
+    the options :meth:`PartitionFiles.write` uses. ``plain``: columns written without a
+    dictionary (about one value per row: a day's pods, times and measures)."""
 
     folder: Path
     schema: Any
@@ -192,7 +195,7 @@ class PartitionWriter:
             if key not in self.keys:
                 raise StorageError(f"rows for partition {key!r} outside the ones written {list(self.keys)[:5]}")
             dictionary: bool | list[str] = [f.name for f in self.schema if f.name not in self.plain] if self.plain else True
-            self.writers[key] = pq.ParquetWriter(self.folder / f"{key}.parquet", self.schema, compression="zstd", use_dictionary=dictionary)
+            self.writers[key] = pq.ParquetWriter(self.folder / f"{key}.parquet", self.schema, compression=COMPRESSION, use_dictionary=dictionary)
         return self.writers[key]
 
     def write(self, key: str, batch: Any) -> None:
@@ -253,7 +256,7 @@ def _write_slices(df: pd.DataFrame, path: Path) -> None:
     plain = {c for c in categorical if len(df[c].cat.categories) > len(df) // 2}
     dictionary: bool | list[str] = [c for c in df.columns if c not in plain] if plain else True
     others = pa.schema([f for f in schema if f.name not in words])
-    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary) as writer:
+    with pq.ParquetWriter(path, schema, compression=COMPRESSION, use_dictionary=dictionary) as writer:
         for at in range(0, max(len(df), 1), ROW_GROUP):
             part = df.iloc[at : at + ROW_GROUP]
             rest = pa.Table.from_pandas(part.drop(columns=categorical), schema=others, preserve_index=False)

@@ -35,6 +35,9 @@ TEXT_COLUMNS = (
     "kind", "namespace", "pod", "node", "team", "project", "cost_center", "experiment_id", "labels", "gpu_type", "capacity_type",
     "sharing", "region", "instance_type", "run_id", "asset_key", "outcome", "source", "location",
 )
+# About one value per row (times, measures, the pod, the source row): a dictionary page
+# would overflow and fall back to plain anyway, after building a hash table of the column.
+PER_ROW_COLUMNS = ("start", "end", "interval_start", "interval_end", "pod", "hours", "gpu_hours", "cost_usd", "on_demand_usd", "row")
 EFFICIENCY_COLUMNS = ("active_gpu_hours", "metered_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib")
 _LOST = ("lost_seconds", "lost_gpu_hours", "lost_cost_usd")
 _BATCH = 1 << 18  # rows streamed out of DuckDB at a time: one row group each
@@ -186,7 +189,7 @@ def store_usage(engine: UsageEngine, fleet: Any, span: Span, keys: Sequence[str]
     ``fleet`` (:func:`~gpu_ops.flows.cost.allocate.fleet_days` with detail, or None) as one
     Parquet file per day of ``keys`` under ``folder``; the engine's connection computes them."""
     schema = usage_schema()
-    writer = PartitionWriter(folder, schema, list(keys), plain=("pod",))
+    writer = PartitionWriter(folder, schema, list(keys), plain=PER_ROW_COLUMNS)
     totals = UsageTotals()
     pieces = _NO_PIECES
     try:
