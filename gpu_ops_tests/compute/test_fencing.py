@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from gpu_ops.storage.fence import Fence, FenceCheck, read, write
 from gpu_ops.storage.quota import Lease, LeaseBook, Quotas, SharedSqliteLeases
 from gpu_ops.storage.tables import TableStore
+from gpu_ops_tests.waiting import pinned
 
 REPO = Path(__file__).resolve().parents[2]
 TTL = 4.0
@@ -81,14 +82,6 @@ def last_tick(path: Path) -> float:
     return float(lines[-1]) if lines else 0.0
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 @contextmanager
 def database_unavailable(url: str) -> Iterator[None]:
     """Another connection holds an exclusive lock: the holder cannot renew (nor anyone admit)."""
@@ -126,6 +119,7 @@ def contend(book: LeaseBook, deadline_s: float) -> tuple[float, Lease]:
 @pytest.mark.parametrize("outage", ["sigstop", "database"])
 def test_a_holder_that_cannot_renew_is_fenced_before_its_lease_is_handed_on(tmp_path: Path, db_url: str, outage: str) -> None:
     holder, worker = start_holder(db_url, tmp_path)
+    alive = pinned(worker)  # this worker, not a later process given its pid
     book = LeaseBook(TableStore(db_url), ttl_s=TTL)
     ticks = tmp_path / "ticks"
     try:
@@ -141,12 +135,12 @@ def test_a_holder_that_cannot_renew_is_fenced_before_its_lease_is_handed_on(tmp_
             with database_unavailable(db_url):
                 pause_end = time.monotonic() + 1.5 * TTL
                 while time.monotonic() < pause_end:  # sample: the worker must be gone well before the lock is released
-                    samples.append((time.time(), alive(worker)))
+                    samples.append((time.time(), alive()))
                     time.sleep(0.05)
             granted_at, second = contend(book, 6 * TTL)
         stopped_tick = last_tick(ticks)
         # The first worker stopped (killed by its fence) before the GPUs went to the second.
-        assert not alive(worker)
+        assert not alive()
         assert stopped_tick < granted_at, (stopped_tick, granted_at)
         assert second.token > first.token  # fencing tokens only grow
         assert second.lease_id != first.lease_id
@@ -161,7 +155,7 @@ def test_a_holder_that_cannot_renew_is_fenced_before_its_lease_is_handed_on(tmp_
             os.kill(holder.pid, signal.SIGCONT)
         holder.kill()
         holder.wait(timeout=30)
-        if alive(worker):
+        if alive():
             os.kill(worker, signal.SIGKILL)
 
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -36,7 +36,7 @@ from gpu_ops.storage import ledger
 from gpu_ops.storage.attempt_store import AttemptStore
 from gpu_ops.domain.training.attempts import same_process, started_since_boot
 from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, reference_weights
-from gpu_ops_tests.waiting import wait_until
+from gpu_ops_tests.waiting import pinned, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 250  # the demo's size here: long enough to be killed after its first checkpoint, short for the suite
@@ -110,12 +110,6 @@ class Sampler(threading.Thread):
 
     def lifetimes(self) -> list[float]:
         return [end - start for start, end in sorted(self.seen.values())]
-
-
-def pinned(pid: int) -> Callable[[], bool]:
-    """Is ``pid`` still the process it is now (not a later process that reused the pid)?"""
-    started = started_since_boot(pid)
-    return lambda: started is not None and same_process(pid, started)
 
 
 def first_checkpoint(root: Path) -> bool:
