@@ -100,7 +100,7 @@ test: $(STAMP) test-tools lint docs
 # time_machine (a pytest plugin no test uses) before pytest could rewrite it (a warning per run).
 DATE_TESTS ?= gpu_ops_tests/alerts gpu_ops_tests/cost/test_budgets.py gpu_ops_tests/cost/test_budget_grains.py \
 	gpu_ops_tests/cost/test_window.py gpu_ops_tests/cost/test_schedule_dates.py gpu_ops_tests/cost/test_anomaly.py gpu_ops_tests/training/test_cost_link.py \
-	gpu_ops_tests/compute/test_orphans.py
+	gpu_ops_tests/compute/test_orphans.py gpu_ops_tests/compute/test_resource.py gpu_ops_tests/cost/test_plot_days.py gpu_ops_tests/observability/test_mlflow.py
 DATE_CLOCKS ?= 2027-01-31T12:00:00 2027-12-31T12:00:00 2028-02-29T12:00:00 2027-03-01T00:00:20
 test-dates: $(STAMP)
 	for c in $(DATE_CLOCKS); do echo "==> the date-sensitive tests on $$c UTC"; \

@@ -12,7 +12,6 @@ import os
 import signal
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,14 +26,20 @@ from gpu_ops.flows.compute.local import PIDFILE_DIR_ENV
 
 
 class _Injector(threading.Thread):
-    def __init__(self, pid_dir: Path, ckpt_dir: Path, sig: int, after_s: float, started: float):
+    def __init__(self, pid_dir: Path, ckpt_dir: Path, sig: int, after_s: float):
         super().__init__(name="gpu-ops-preemption-injector", daemon=True)
-        self.pid_dir, self.ckpt_dir, self.sig, self.after_s, self.started = pid_dir, ckpt_dir, sig, after_s, started
+        self.pid_dir, self.ckpt_dir, self.sig, self.after_s = pid_dir, ckpt_dir, sig, after_s
+        # The run's first checkpoint is the first file not there before (not a file time
+        # compared with this process's clock: a checkpoint of an earlier run is not it).
+        self.before = set(self._checkpoints())
         self.killed_pid: int | None = None
         self.stop = threading.Event()
 
+    def _checkpoints(self) -> list[Path]:
+        return list(self.ckpt_dir.glob("*/ckpt-*.json"))
+
     def _first_checkpoint(self) -> bool:
-        return any(p.stat().st_mtime >= self.started for p in self.ckpt_dir.glob("*/ckpt-*.json"))
+        return any(p not in self.before for p in self._checkpoints())
 
     def run(self) -> None:
         while not self.stop.is_set() and not self._first_checkpoint():
@@ -67,7 +72,7 @@ def materialize_with_preemption(
     pid_dir = Path(tempfile.mkdtemp(prefix="gpu-ops-pids-"))
     previous = os.environ.get(PIDFILE_DIR_ENV)
     os.environ[PIDFILE_DIR_ENV] = str(pid_dir)
-    injector = _Injector(pid_dir, Path(checkpoint_root(config)) / "train_demo_model", sig, after_s, time.time() - 1)
+    injector = _Injector(pid_dir, Path(checkpoint_root(config)) / "train_demo_model", sig, after_s)
     injector.start()
     try:
         own = instance is None
