@@ -180,6 +180,12 @@ def read(store: TableStore, **where: object) -> pd.DataFrame:
     return store.read(LEDGER_TABLE, where=where or None, missing_ok=True)
 
 
+def runs_ending_in(store: TableStore, window_start: dt.datetime, window_end: dt.datetime) -> pd.DataFrame:
+    """The rows of every run and asset with an attempt that ended in the window (all their
+    attempts, earlier days' included): what a day's figures per run read, not the history."""
+    return store.read_groups_ending_in(LEDGER_TABLE, ("run_id", "asset_key"), window_start, window_end)
+
+
 def watermark(store: TableStore) -> list[object] | None:
     """``[rows, newest end]`` of the ledger (None without one): it moves when an attempt
     settles; one aggregate query (the budget sensor asks it every tick)."""

@@ -663,6 +663,23 @@ class TableStore:
 
         return self.read(name, clause=touches, missing_ok=missing_ok, deadline=deadline)
 
+    def read_groups_ending_in(self, name: str, keys: Sequence[str], window_start: dt.datetime, window_end: dt.datetime, *, end: str = "end") -> pd.DataFrame:
+        """Every row of the groups (equal ``keys``) of ``name`` that have a row ending in
+        ``[window_start, window_end)``: the attempts of the runs that ended in a day, their
+        earlier days' attempts with them. The ``end`` column is indexed on first use, so
+        the query reads the window's groups, not the history."""
+        if not self.has_table(name):
+            return pd.DataFrame()
+        self.ensure_indexes(name, [end])
+
+        def ending(table: sa.Table, kinds: Mapping[str, str]) -> Any:
+            e = self._time_column(table, end, kinds)
+            lo, hi = (self._time_value(v, kinds.get(end)) for v in (window_start, window_end))
+            inner = sa.select(*(table.c[k] for k in keys)).where(e >= lo, e < hi)
+            return sa.tuple_(*(table.c[k] for k in keys)).in_(inner)
+
+        return self.read(name, clause=ending)
+
     def read_closed_twins(self, name: str, starts: Sequence[Any], before: Any, *, start: str = "start", end: str = "end") -> pd.DataFrame:
         """Rows of interval table ``name`` that start at one of ``starts`` and ended before
         ``before``: what a range read leaves out but de-duplicating a running row needs

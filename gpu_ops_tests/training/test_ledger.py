@@ -125,3 +125,29 @@ def test_rows_of_attempts_without_gpus_pass_the_cost_flow(tmp_path: Path) -> Non
     # Attempts 2 and 3 (8 GPUs, 10 minutes each) start on 2026-11-21; attempt 1 held no GPU.
     assert usage["gpu_hours"].sum() == pytest.approx(2 * 8 * 10 / 60)
     assert len(store.read("gpu_usage_quarantine")) == 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_days_runs_are_read_with_their_earlier_attempts_and_nothing_else(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    """``runs_ending_in``: the runs with an attempt ending in the window, each with all its
+    attempts (one started the day before), and no other run of the history."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    store = TableStore(url)
+    day = dt.datetime(2026, 11, 21, tzinfo=dt.timezone.utc)
+
+    def moved(r: ledger.LedgerRow, days: float) -> ledger.LedgerRow:
+        shift = dt.timedelta(days=days)
+        return ledger.LedgerRow(**{**r.__dict__, "start": r.start + shift, "end": r.end + shift, "last_checkpoint_at": None})
+
+    # run-1: attempt 1 ends on the 20th, attempt 2 (completed) on the 21st. run-old: ten days
+    # earlier. run-next: ends on the 22nd. run-edge: ends at the 22nd's midnight exactly.
+    rows = [row(1, "preempted", minutes=5), row(2, "completed")]
+    rows += [moved(row(1, "completed", run="run-old"), -10), moved(row(1, "completed", run="run-next"), 1.2)]
+    edge = row(1, "completed", run="run-edge")
+    rows.append(ledger.LedgerRow(**{**edge.__dict__, "start": day + dt.timedelta(hours=23), "end": day + dt.timedelta(days=1)}))
+    ledger.append(store, rows)
+    assert [r.end.date() for r in rows[:2]] == [dt.date(2026, 11, 20), dt.date(2026, 11, 21)]
+
+    got = ledger.runs_ending_in(store, day, day + dt.timedelta(days=1))
+    assert sorted(zip(got["run_id"], got["attempt"])) == [("run-1", 1), ("run-1", 2)]
+    assert ledger.runs_ending_in(TableStore(f"sqlite:///{tmp_path / 'none.db'}"), day, day + dt.timedelta(days=1)).empty

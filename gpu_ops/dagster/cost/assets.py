@@ -535,9 +535,13 @@ def _run_estimate_accuracy(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSet
 
     cfg = gpu_ops.load()
     store = TableStore.from_config(cfg)
-    table = accuracy(ledger.read(store), estimate_store.first_of_runs(estimate_store.read(store)), cfg.prices.gpus, simulate_gpu_pricing=cfg.training.simulate_gpu_pricing)
-    completed = pd.to_datetime(table["completed_at"], utc=True) if len(table) else pd.Series([], dtype="datetime64[us, UTC]")
     keys = context.partition_keys
+    # What can complete in these days: the runs with an attempt ending in them (with all
+    # their attempts) and those runs' estimates, not the ledger's history.
+    rows = ledger.runs_ending_in(store, day_window(keys[0])[0], day_window(keys[-1])[1])
+    estimates = estimate_store.read(store, run_id=sorted(set(rows["run_id"]))) if len(rows) else pd.DataFrame()
+    table = accuracy(rows, estimate_store.first_of_runs(estimates), cfg.prices.gpus, simulate_gpu_pricing=cfg.training.simulate_gpu_pricing)
+    completed = pd.to_datetime(table["completed_at"], utc=True) if len(table) else pd.Series([], dtype="datetime64[us, UTC]")
     per_day = [(key, table[(completed >= day_window(key)[0]) & (completed < day_window(key)[1])].reset_index(drop=True)) for key in keys]
     day = per_day[-1][1]
     out = day if len(keys) == 1 else pd.concat([t.assign(**{PARTITION_KEY: k}) for k, t in per_day], ignore_index=True)
