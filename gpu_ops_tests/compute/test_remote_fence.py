@@ -33,8 +33,8 @@ from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.domain.compute.request import Attribution, GpuRequest
 from gpu_ops.dagster.compute.resource import KubetorchGpuCompute
 from gpu_ops.storage.tables import TableStore
-from gpu_ops_tests.compute.test_fencing import alive, contend, last_tick
-from gpu_ops_tests.waiting import wait_until
+from gpu_ops_tests.compute.test_fencing import contend, last_tick
+from gpu_ops_tests.waiting import pinned, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TTL = 4.0
@@ -117,13 +117,14 @@ def test_a_pod_whose_launcher_stops_renewing_stops_before_the_lease_is_handed_on
     ``tick`` never looks and ignores SIGTERM: the pod's watchdog kills it."""
     url = f"sqlite:///{tmp_path / 'leases.db'}"
     launcher, pod = start_launcher(url, tmp_path, target)
+    alive = pinned(pod)  # this pod's process, not a later one given its pid
     book = LeaseBook(TableStore(url), ttl_s=TTL)
     ticks = tmp_path / "ticks"
     try:
         assert wait_until(lambda: ticks.exists() and last_tick(ticks) > 0, 30)
         # Renewals reach the pod: it trains on well past the validity of the launch's fence.
         time.sleep(1.5 * TTL)
-        assert alive(pod) and time.time() - last_tick(ticks) < 1.0
+        assert alive() and time.time() - last_tick(ticks) < 1.0
         assert not (tmp_path / "checkpoint").exists()
         pod_fence = fence.read(tmp_path / "pod-fence.json")
         assert pod_fence is not None and not pod_fence.revoked and pod_fence.valid_until > time.time()
@@ -132,7 +133,7 @@ def test_a_pod_whose_launcher_stops_renewing_stops_before_the_lease_is_handed_on
         os.kill(launcher.pid, signal.SIGSTOP)  # the launcher can renew nothing, send nothing
         stopped_at = time.time()
         granted_at, second = contend(book, 6 * TTL)
-        assert not alive(pod)
+        assert not alive()
         assert last_tick(ticks) < granted_at, (last_tick(ticks), granted_at)
         assert last_tick(ticks) - stopped_at < fence.VALID_FRACTION * TTL + fence.GRACE_FRACTION * TTL + 0.5
         assert second.token > first.token
@@ -143,7 +144,7 @@ def test_a_pod_whose_launcher_stops_renewing_stops_before_the_lease_is_handed_on
         os.kill(launcher.pid, signal.SIGCONT)
         launcher.kill()
         launcher.wait(timeout=30)
-        if alive(pod):
+        if alive():
             os.kill(pod, signal.SIGKILL)
 
 
