@@ -156,7 +156,10 @@ def test_a_sigkilled_holders_lease_expires_and_its_gpus_return(tmp_path: Path, d
     finally:
         if proc.poll() is None:
             proc.kill()
-    cfg = write_config(tmp_path, db_url, ttl_s=1.0)
+    # The next launch's own lease lives 10 s: the killed holder's (1 s, its own TTL) is what
+    # must expire. A 1 s lease of its own expired under a loaded CI run before its worker was
+    # recorded on it (the launch then refuses to start the worker, as it must).
+    cfg = write_config(tmp_path, db_url, ttl_s=10.0)
     compute = LocalGpuCompute(local_workdir=str(tmp_path / "work"), config_path=str(cfg), standby=StandbySettings(enabled=False))
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize([_asset("after_the_crash", 4, 0.1)], instance=instance, resources={"gpu_compute": compute})
