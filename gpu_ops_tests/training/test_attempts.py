@@ -26,6 +26,7 @@ from gpu_ops.domain.training import attempts as tr
 from gpu_ops.storage.attempt_store import AttemptStore
 from gpu_ops.domain.training.attempts import Decision, Owner, State, TransitionError
 from gpu_ops.flows.training.settle import settle_orphans
+from gpu_ops_tests.waiting import pinned
 
 REPO = Path(__file__).resolve().parents[2]
 BILL = {
@@ -114,7 +115,7 @@ def test_an_attempt_whose_owner_was_killed_is_settled_billed_and_its_lease_relea
     owner = subprocess.Popen([sys.executable, "-c", OWNER, db_url, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert owner.stdout is not None
     worker = next(int(line.split()[1]) for line in owner.stdout if line.startswith("pid-of-worker "))
-    worker_started = tr.started_since_boot(worker)  # pinned: a later process may reuse the pid
+    worker_alive = pinned(worker)  # this worker, not a later process given its pid
     ticks = tmp_path / "ticks"
     while not ticks.exists() or not ticks.read_text().split():
         time.sleep(0.05)
@@ -132,7 +133,7 @@ def test_an_attempt_whose_owner_was_killed_is_settled_billed_and_its_lease_relea
     assert f"its owner (pid {owner.pid} on " in settled.message and "died while the attempt was launched" in settled.message
     assert "settled by attempt 2 of run run-1 as preempted" in settled.message and "lease released" in settled.message
     assert settled.attempt.state is State.DECIDED and settled.attempt.decision is Decision.RETRY
-    assert not tr.same_process(worker, worker_started)  # the worker was stopped (SIGKILL: it ignores SIGTERM)
+    assert not worker_alive()  # the worker was stopped (SIGKILL: it ignores SIGTERM)
     (row,) = ledger.read(store).itertuples(index=False)
     billed = (row.end - row.start).total_seconds()
     assert abs(billed - ran) < 2.0, (billed, ran)  # what the worker really ran, not the owner's life

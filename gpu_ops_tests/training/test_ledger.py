@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -137,14 +138,14 @@ def test_a_days_runs_are_read_with_their_earlier_attempts_and_nothing_else(tmp_p
 
     def moved(r: ledger.LedgerRow, days: float) -> ledger.LedgerRow:
         shift = dt.timedelta(days=days)
-        return ledger.LedgerRow(**{**r.__dict__, "start": r.start + shift, "end": r.end + shift, "last_checkpoint_at": None})
+        return dataclasses.replace(r, start=r.start + shift, end=r.end + shift, last_checkpoint_at=None)
 
     # run-1: attempt 1 ends on the 20th, attempt 2 (completed) on the 21st. run-old: ten days
     # earlier. run-next: ends on the 22nd. run-edge: ends at the 22nd's midnight exactly.
     rows = [row(1, "preempted", minutes=5), row(2, "completed")]
     rows += [moved(row(1, "completed", run="run-old"), -10), moved(row(1, "completed", run="run-next"), 1.2)]
     edge = row(1, "completed", run="run-edge")
-    rows.append(ledger.LedgerRow(**{**edge.__dict__, "start": day + dt.timedelta(hours=23), "end": day + dt.timedelta(days=1)}))
+    rows.append(dataclasses.replace(edge, start=day + dt.timedelta(hours=23), end=day + dt.timedelta(days=1)))
     ledger.append(store, rows)
     assert [r.end.date() for r in rows[:2]] == [dt.date(2026, 11, 20), dt.date(2026, 11, 21)]
 

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -34,7 +35,6 @@ from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.storage import ledger
 from gpu_ops.storage.attempt_store import AttemptStore
-from gpu_ops.domain.training.attempts import same_process, started_since_boot
 from gpu_ops_tests.training.test_gpu_asset import PRICES, messages, reference_weights
 from gpu_ops_tests.waiting import pinned, wait_until
 
@@ -87,7 +87,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid_dir = pid_dir
         self.seen: dict[int, list[float]] = {}
-        self.started: dict[int, float | None] = {}
+        self.alive: dict[int, Callable[[], bool]] = {}
         self.most_at_once = 0
         self.done = threading.Event()
 
@@ -100,10 +100,10 @@ class Sampler(threading.Thread):
                 except (OSError, ValueError):
                     continue
                 if pid not in self.seen:
-                    self.started[pid] = started_since_boot(pid)
+                    self.alive[pid] = pinned(pid)
                     self.seen[pid] = [now, now]
             for pid, span in self.seen.items():
-                if self.started[pid] is not None and same_process(pid, self.started[pid]):
+                if self.alive[pid]():
                     span[1] = now
                     alive.append(pid)
             self.most_at_once = max(self.most_at_once, len(alive))
