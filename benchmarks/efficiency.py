@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(
     import yaml
     from gpu_ops.flows.cost.attribution import attribute
     from gpu_ops.flows.cost.pipeline import load_raw, price_window
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.flows.cost.utilization import SAMPLE_COLUMNS, group_efficiency, join_efficiency
 

@@ -181,7 +181,7 @@ def section_budget_status(args: argparse.Namespace) -> None:
     from gpu_ops.domain.config import load_config
     from gpu_ops.flows.cost.budgets import daily_costs, evaluate_budgets
     from gpu_ops.flows.cost.pipeline import default_as_of, load_raw, price_window, usage_table
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.storage.tables import TableStore
 
@@ -736,7 +736,7 @@ def read_and_price(config: Path, day: dt.date = DAY) -> tuple[float, dict]:
     """``usage_for_days`` for ``day`` (read, validate, split, price): (wall s, what it read)."""
     from gpu_ops.domain.config import load_config
     from gpu_ops.flows.cost.pipeline import usage_for_days
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.storage.tables import TableStore
 

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from gpu_ops.domain.config import load_config as load_config
     from gpu_ops.flows.cost.attribution import attribute as attribute
     from gpu_ops.flows.cost.budgets import evaluate_budgets as evaluate_budgets
-    from gpu_ops.domain.cost.pricing import PriceMatrix as PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix as PriceMatrix
     from gpu_ops.flows.cost.roi import roi_report as roi_report
     from gpu_ops.flows.cost.usage import validate_usage as validate_usage
     from gpu_ops.errors import GpuOpsError as GpuOpsError
@@ -117,7 +117,7 @@ _EXPORTS: dict[str, str] = {
     "TableIOManager": "gpu_ops.dagster.io_manager",
     "TableStore": "gpu_ops.storage.tables",
     # cost
-    "PriceMatrix": "gpu_ops.domain.cost.pricing",
+    "PriceMatrix": "gpu_ops.flows.cost.pricing",
     "validate_usage": "gpu_ops.flows.cost.usage",
     "attribute": "gpu_ops.flows.cost.attribution",
     "evaluate_budgets": "gpu_ops.flows.cost.budgets",

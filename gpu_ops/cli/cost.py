@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gpu_ops.domain.config import Budget, GpuOpsConfig, PriceTable
     from gpu_ops.flows.cost.allocate import Groups
     from gpu_ops.flows.cost.engine import UsageInput
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
 
 FORMATS = click.Choice(["table", "csv", "json"])
 
@@ -56,7 +56,7 @@ def _errors(path: str, prefix: str, exc: Any, data: Any) -> str:
 def load_price_matrix(path: str) -> "PriceMatrix":
     """The prices of a file; its plain, valid form read without pydantic (the model judges
     and words everything else)."""
-    from gpu_ops.domain.cost.pricing import PriceMatrix, plain_price_matrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix, plain_price_matrix
 
     light = plain_price_matrix(_read_yaml(path))
     return light if light is not None else PriceMatrix.from_table(load_prices(path))
@@ -152,7 +152,7 @@ class Inputs:
 
     def __init__(self, usage: tuple[str, ...], prices: str | None, inventory: str | None, config_path: str | None, idle: str | None, by: str | None):
         from gpu_ops.domain.cost.columns import GROUPING_KEYS, check_group_by
-        from gpu_ops.domain.cost.pricing import PriceMatrix
+        from gpu_ops.flows.cost.pricing import PriceMatrix
         from gpu_ops.domain.cost.sources import SourceSet
 
         # Paths given on the command line resolve against the working directory (paths in

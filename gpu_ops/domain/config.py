@@ -759,7 +759,7 @@ Channel = Annotated[
 
 class AnomalyConfig(_Model):
     """Spend anomalies (``gpu_spend_anomalies``): each day's spend of a team, project and
-    training asset against its trailing ``window_days`` (gpu_ops.domain.cost.anomaly)."""
+    training asset against its trailing ``window_days`` (gpu_ops.flows.cost.anomaly)."""
 
     window_days: PositiveInt = 28
     # The same weekday's points the baseline needs; with fewer, all days of the window,

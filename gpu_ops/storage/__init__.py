@@ -1,1 +1,1 @@
-"""Stores: the table store (SQLite by default, PostgreSQL in production), usage files, scratch space, the attempt store, the usage ledger, the notification outbox and the GPU quota with its fence. Imports only the domain."""
+"""Stores: the table store (SQLite by default, PostgreSQL in production), usage files, scratch space, the attempt store, the usage ledger, the notification outbox and the GPU quota. Imports only the domain."""

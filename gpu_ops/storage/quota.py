@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gpu_ops.storage import fence
+from gpu_ops.domain.compute import fence
 from gpu_ops.domain.compute.backend import Gone, LeaseLost
 from gpu_ops.errors import QuotaExceeded, SharedSqliteLeases
 

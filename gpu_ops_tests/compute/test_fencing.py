@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gpu_ops.storage.fence import Fence, FenceCheck, read, write
+from gpu_ops.domain.compute.fence import Fence, FenceCheck, read, write
 from gpu_ops.storage.quota import Lease, LeaseBook, Quotas, SharedSqliteLeases
 from gpu_ops.storage.tables import TableStore
 from gpu_ops_tests.waiting import pinned
@@ -40,7 +40,7 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gpu_ops.storage import fence
+    from gpu_ops.domain.compute import fence
     from gpu_ops.flows.compute.local import LocalBackend
     from gpu_ops.storage.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.storage.tables import TableStore

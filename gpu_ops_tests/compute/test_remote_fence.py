@@ -2,7 +2,7 @@
 has its pod's workers stopped before the lease can be handed on.
 
 No Kubernetes API server exists here, so the pod is a real subprocess running the pod
-side for real (:func:`gpu_ops.storage.fence.pod_call`: its own fence file, the watchdog,
+side for real (:func:`gpu_ops.domain.compute.fence.pod_call`: its own fence file, the watchdog,
 the target), and the launcher is a real process holding a real lease (``LeaseBook`` +
 ``Heartbeat`` writing its fence file) whose :class:`~gpu_ops.flows.compute.kubetorch_backend.FencedCall`
 makes the launch call and relays every renewal to the pod, as the Kubetorch backend does.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_ops.storage import fence
+from gpu_ops.domain.compute import fence
 from gpu_ops.flows.compute.kubetorch_backend import POD_FENCE_DIR, FencedCall, KubetorchBackend, build_compute
 from gpu_ops.storage.quota import LeaseBook
 from gpu_ops.domain.compute.request import Attribution, GpuRequest
@@ -44,7 +44,7 @@ TTL = 4.0
 POD = textwrap.dedent(
     """
     import json, sys, threading
-    from gpu_ops.storage import fence
+    from gpu_ops.domain.compute import fence
 
     def renewals():
         for line in sys.stdin:
@@ -61,7 +61,7 @@ LAUNCHER = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from pathlib import Path
-    from gpu_ops.storage import fence
+    from gpu_ops.domain.compute import fence
     from gpu_ops.flows.compute.kubetorch_backend import FencedCall, KubetorchBackend
     from gpu_ops.storage.quota import Heartbeat, LeaseBook, Quotas
     from gpu_ops.domain.compute.request import GpuRequest

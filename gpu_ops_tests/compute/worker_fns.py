@@ -108,7 +108,7 @@ def tick(path: str) -> None:
 def fenced_loop(path: str, marker: str) -> str:
     """A training loop that looks at its fence as ``TrainingContext.preempted`` does: ticks
     every 20 ms; once the fence has lapsed, writes ``marker`` (its "checkpoint") and returns."""
-    from gpu_ops.storage.fence import FenceCheck
+    from gpu_ops.domain.compute.fence import FenceCheck
 
     check = FenceCheck(every_s=0.05)
     print("ticking", flush=True)

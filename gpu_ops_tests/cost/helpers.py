@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.domain.config import PriceTable
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 
 # Round prices so that every expected figure can be worked out by hand.
 PRICES = PriceTable(

@@ -20,7 +20,7 @@ import pandas as pd
 
 from gpu_ops.domain.compute.catalog import CATALOG, UnknownGpuType, canonical_gpu_type
 from gpu_ops.domain.cost.columns import CAPACITY_TYPES, SHARING_MODES
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.flows.cost.attribution import utc
 from gpu_ops.flows.cost.window import Window
 from gpu_ops.flows.cost.usage import (
@@ -35,7 +35,7 @@ from gpu_ops.flows.cost.usage import (
     parse_times,
 )
 from gpu_ops.domain.cost.columns import NS_PER_HOUR
-from gpu_ops.domain.cost.frames import empty_quarantine, utc_series
+from gpu_ops.flows.cost.frames import empty_quarantine, utc_series
 from gpu_ops.domain.cost.rules import TIME_RANGE
 
 from gpu_ops.domain.cost.rules import FILE_FIELD, LINE_FIELD

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.flows.cost.read import USAGE_COLUMNS, USAGE_REQUIRED, UsageSourceError, distinct_files, raise_missing, require_usage_columns
-from gpu_ops.domain.cost.frames import utc_series
+from gpu_ops.flows.cost.frames import utc_series
 from gpu_ops.flows.cost.usage import PROVENANCE_COLUMNS, const_column, json_object
 
 # A file or pattern that yields no rows, or a CSV line that cannot be split: a raw row with

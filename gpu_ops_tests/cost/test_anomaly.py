@@ -1,4 +1,4 @@
-"""Spend anomalies (gpu_ops.domain.cost.anomaly): a generated month with a weekly rhythm stays quiet,
+"""Spend anomalies (gpu_ops.flows.cost.anomaly): a generated month with a weekly rhythm stays quiet,
 a seeded spike fires, the first week scores with the wider band; and the real
 `gpu_spend_anomalies` asset and its check materialized from stored daily tables."""
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gpu_ops.domain.config import AnomalyConfig, load_config
-from gpu_ops.domain.cost.anomaly import baseline, score_day
+from gpu_ops.flows.cost.anomaly import baseline, score_day
 from gpu_ops.dagster.cost.assets import build_assets
 from gpu_ops.dagster.resources import GpuOpsSettings
 from gpu_ops.dagster.io_manager import TableIOManager

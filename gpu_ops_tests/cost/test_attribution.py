@@ -157,7 +157,7 @@ def test_zero_hour_rows_kept_by_the_fast_path_make_no_groups():
 
 def test_missing_on_demand_price_leaves_the_equivalent_unknown_not_zero():
     from gpu_ops.domain.config import PriceTable
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
 
     spot_only = PriceMatrix.from_table(PriceTable(source="t", as_of="2026-10-01", gpus={"t4": {"spot": 0.2}}))
     rows = [row("2026-10-02T00:00:00Z", "2026-10-02T10:00:00Z", gpu_type="t4", capacity_type="spot")]

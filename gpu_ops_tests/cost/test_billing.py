@@ -228,7 +228,7 @@ def test_apply_bill_keeps_list_prices_for_a_node_without_bill_lines():
     from gpu_ops.domain.config import PriceTable
     from gpu_ops.flows.cost.engine import UsageInput
     from gpu_ops.flows.cost.pipeline import price_window
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops_tests.cost.helpers import inventory as inv_frame, raw, row
 
     matrix = PriceMatrix.from_table(PriceTable.model_validate(PRICES))

@@ -253,7 +253,7 @@ def _row_level_spend(budget, rows, day, idle):
 @pytest.mark.parametrize("idle", ["row", "share"])
 def test_demo_month_from_the_daily_table_equals_the_row_level_sum_to_the_cent(idle):
     from gpu_ops.domain.config import load_config
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.flows.cost.inventory import load_inventory
     from gpu_ops.domain.cost.sources import SourceSet
     from gpu_ops.flows.cost.pipeline import load_raw

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from gpu_ops.domain.config import PriceTable
-from gpu_ops.domain.cost.pricing import PriceMatrix, plain_price_matrix
+from gpu_ops.flows.cost.pricing import PriceMatrix, plain_price_matrix
 from gpu_ops_tests.conftest import REPO
 
 # latin1.yaml is no YAML text at all (not UTF-8): the corpus case prices-not-utf8 checks its error.

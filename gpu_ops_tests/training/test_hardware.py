@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from gpu_ops.flows.compute import hardware
+from gpu_ops.flows.training import hardware
 from gpu_ops.domain.compute.request import Attribution, GpuRequest
 from gpu_ops.dagster.compute.resource import GpuCompute, Lifecycle
 from gpu_ops.dagster.training.asset import gpu_asset

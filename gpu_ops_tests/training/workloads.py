@@ -120,7 +120,7 @@ def on_a_reported_gpu(ctx: TrainingContext, steps: int = 5) -> dict[str, Any]:
     """``counting`` on a worker that reports one A100 80GB, as a worker on a GPU node
     reports its device (the ``hardware`` event the launcher reads), after the real
     report of this machine: the cost flow's tests need a GPU row on a machine without one."""
-    from gpu_ops.flows.compute import hardware
+    from gpu_ops.flows.training import hardware
     from gpu_ops.flows.training.context import emit
 
     emit("hardware", rank=ctx.rank, **hardware.Hardware("a100-80gb", 1, names=("NVIDIA A100-SXM4-80GB",), source="test").as_dict())

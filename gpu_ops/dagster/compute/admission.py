@@ -140,7 +140,7 @@ def _hold(book: Any, admission: Any, ttl_s: float, state: _Waiting, info: Say, w
     info(f"GPU quota: {admission.reason}" + (f" after waiting {waited:.1f} s" if waited >= 0.5 else ""))
     # Renewed six times per TTL; each renewal is good for half the TTL in the workers'
     # fence, so a launcher that cannot renew has its workers stopped before the lease can
-    # expire (gpu_ops.storage.fence).
+    # expire (gpu_ops.domain.compute.fence).
     heartbeat = Heartbeat(book, admission.lease, ttl_s / 6, on_error=warn, fence_path=fence_path)
     heartbeat.admission = admission
     heartbeat.start()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, dataclass_tr
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from gpu_ops.storage import fence
+from gpu_ops.domain.compute import fence
 from gpu_ops.dagster.compute.admission import BudgetGate, GpuAdmission
 from gpu_ops.domain.compute.backend import Backend, HoldSink, LogSink, StartSink, WorkerReport
 from gpu_ops.domain.compute.naming import launch_labels, launch_name

@@ -152,7 +152,7 @@ def _priced_usage(context: dg.AssetExecutionContext, cfg: GpuOpsConfig) -> tuple
     of the run's days. The stored table is the day files by reference, written from DuckDB;
     with utilisation metrics or a bill to settle against (both pandas) it is their frame."""
     from gpu_ops.flows.cost.pipeline import usage_for_days
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.storage.tables import TableStore
 
     first, last = _days(context)
@@ -484,7 +484,7 @@ def _run_roi(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usa
     import pandas as pd
 
     from gpu_ops.flows.cost.pipeline import PARTITION_KEY, usage_by_day
-    from gpu_ops.domain.cost.pricing import PriceMatrix
+    from gpu_ops.flows.cost.pricing import PriceMatrix
     from gpu_ops.flows.cost.roi import TOTAL, roi_report
 
     prices = PriceMatrix.from_table(gpu_ops.load().prices)
@@ -581,7 +581,7 @@ def _anomaly_asset(partitions: dg.PartitionsDefinition, backfill: dg.BackfillPol
 def _run_anomalies(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> Iterator[Any]:
     import pandas as pd
 
-    from gpu_ops.domain.cost.anomaly import describe, score_day
+    from gpu_ops.flows.cost.anomaly import describe, score_day
     from gpu_ops.flows.cost.pipeline import PARTITION_KEY
     from gpu_ops.storage.tables import TableStore
 

@@ -40,7 +40,7 @@ import dagster as dg
 
 from gpu_ops.domain import formatting as fmt
 
-from gpu_ops.flows.compute import hardware
+from gpu_ops.flows.training import hardware
 from gpu_ops.domain.compute.backend import WorkerReport
 from gpu_ops.domain.compute.catalog import gpu_share
 from gpu_ops.domain.compute.naming import launch_name

@@ -1,1 +1,1 @@
-"""Cost rules: columns, prices, rule books, usage sources, repeats and anomaly scoring."""
+"""Cost rules: columns, rule books, usage sources and repeats (no third-party import at module level)."""

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from gpu_ops.domain.compute.request import GpuRequest
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COMPLETED = "completed"
 PREEMPTED = "preempted"
@@ -110,6 +110,7 @@ def _leg_text(leg: Leg, currency: str) -> str:
 def run_work(rows: pd.DataFrame) -> pd.DataFrame:
     """Per run of ledger ``rows``: ``run_id``, ``work_s`` (attempts' seconds less lost work),
     ``completed`` (the run has a completed attempt)."""
+    import pandas as pd
     if rows.empty:
         return pd.DataFrame({"run_id": pd.Series([], dtype=object), "work_s": pd.Series([], dtype=float), "completed": pd.Series([], dtype=bool)})
     seconds = (pd.to_datetime(rows["end"], utc=True) - pd.to_datetime(rows["start"], utc=True)).dt.total_seconds()
@@ -119,6 +120,7 @@ def run_work(rows: pd.DataFrame) -> pd.DataFrame:
 
 def preemption_overhead(rows: pd.DataFrame, capacity: str) -> float:
     """Work lost by preempted attempts on ``capacity`` per second of work there (0 without any)."""
+    import pandas as pd
     if rows.empty:
         return 0.0
     on = rows[rows["capacity_type"] == capacity]
@@ -131,6 +133,7 @@ def preemption_overhead(rows: pd.DataFrame, capacity: str) -> float:
 
 def _durations(rows: pd.DataFrame, declared_s: float | None) -> tuple[str, int, float | None, float | None]:
     """(basis, runs, median, p90) of a run's work."""
+    import numpy as np
     work = run_work(rows)
     done = work.loc[work["completed"], "work_s"].to_numpy(dtype=float)
     if len(done):
@@ -188,6 +191,7 @@ ACCURACY_COLUMNS = (
 def run_cost(rows: pd.DataFrame, prices: Mapping[str, Mapping[Any, float]], simulate_gpu_pricing: bool = False) -> pd.Series:
     """Each ledger row's cost at ``prices`` (CPU rows: 0, or as the declared GPUs with
     ``simulate_gpu_pricing``, as the asset's ``cost_usd`` prices them); NaN when unpriced."""
+    import pandas as pd
     seconds = (pd.to_datetime(rows["end"], utc=True) - pd.to_datetime(rows["start"], utc=True)).dt.total_seconds()
     simulated = (rows["gpu_type"] == "cpu") & simulate_gpu_pricing
     gpu_type = rows["gpu_type"].where(~simulated, rows["declared_gpu_type"])
@@ -200,6 +204,7 @@ def accuracy(ledger_rows: pd.DataFrame, estimates: pd.DataFrame, prices: Mapping
     """One row per completed run of ``ledger_rows`` that has an ``estimates`` row (the
     run's first, :func:`gpu_ops.storage.estimate_store.first_of_runs`): what it was
     estimated to cost at launch against what its attempts cost (:data:`ACCURACY_COLUMNS`)."""
+    import pandas as pd
     if ledger_rows.empty or estimates.empty:
         return pd.DataFrame({c: pd.Series([], dtype=object) for c in ACCURACY_COLUMNS})
     rows = ledger_rows.assign(_cost=run_cost(ledger_rows, prices, simulate_gpu_pricing), _done=ledger_rows["outcome"] == COMPLETED)

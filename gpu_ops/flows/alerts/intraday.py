@@ -17,7 +17,7 @@ import pandas as pd
 from gpu_ops.domain.alerts.state import StatusTable, ThresholdPlan
 from gpu_ops.flows.cost.budgets import period_bounds
 from gpu_ops.domain.cost.columns import GROUPING_KEYS
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.storage.attempt_store import AttemptStore
 from gpu_ops.domain.training.attempts import State
 from gpu_ops.storage.ledger import LEDGER_TABLE

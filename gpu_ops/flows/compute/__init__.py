@@ -1,1 +1,1 @@
-"""Compute backends (local, Kubetorch), Karpenter NodePools, workers, standby, orphans and hardware."""
+"""Compute backends (local, Kubetorch), Karpenter NodePools, workers, standby and orphans."""

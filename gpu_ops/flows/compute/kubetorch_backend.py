@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import httpx
 
-from gpu_ops.storage import fence
+from gpu_ops.domain.compute import fence
 from gpu_ops.domain.compute.backend import Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
 from gpu_ops.domain.compute.catalog import gpu_spec
 from gpu_ops.flows.compute.karpenter import (
@@ -298,8 +298,8 @@ POD_FENCE_DIR = "/tmp"  # in the pod: where pod_call keeps the pod's own fence f
 
 @dataclass
 class FencedCall:
-    """A launch under a GPU lease, on remote workers (see :mod:`gpu_ops.storage.fence`):
-    the pod runs :func:`~gpu_ops.storage.fence.pod_call`, which keeps the pod's own fence
+    """A launch under a GPU lease, on remote workers (see :mod:`gpu_ops.domain.compute.fence`):
+    the pod runs :func:`~gpu_ops.domain.compute.fence.pod_call`, which keeps the pod's own fence
     file and watchdog; the launcher's fence file (renewed by its lease heartbeat) is relayed
     to it by further calls of the same service while the launch call runs."""
 

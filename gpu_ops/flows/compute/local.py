@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from gpu_ops.storage import fence
+from gpu_ops.domain.compute import fence
 from gpu_ops.flows.compute import standby as standby_mod
 from gpu_ops.domain.compute.backend import NOTICE_SIGNAL, Gone, HoldSink, LeaseLost, LogSink, RankReport, StartSink, WorkerExit, WorkerReport, hold_workers, lost_report
 from gpu_ops.flows.compute.standby import AdoptedProcess, Standby, StandbyScope, is_alive, process_start

@@ -21,7 +21,7 @@ import threading  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
-from gpu_ops.storage import fence  # noqa: E402
+from gpu_ops.domain.compute import fence  # noqa: E402
 from gpu_ops.domain.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL, OOM_TEXT, WorkerTerminated  # noqa: E402
 
 EXIT_ERROR = 1
@@ -59,7 +59,7 @@ def _watch_parent(parent: int, grace_s: float) -> None:
 
 
 def _watch_fence(result: str) -> None:
-    """Under a GPU quota: stop when the launcher's lease lapses (see gpu_ops.storage.fence).
+    """Under a GPU quota: stop when the launcher's lease lapses (see gpu_ops.domain.compute.fence).
     A worker the fence kills writes ``<result>.ended`` (the time) first: its launcher may be
     the paused one, and bills the attempt to that time, not to when it looked again."""
     path = os.environ.get(fence.FENCE_ENV)

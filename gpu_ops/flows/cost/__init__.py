@@ -1,1 +1,1 @@
-"""The cost flow: read usage, price it in DuckDB, attribute, budget, ROI, billing and utilization."""
+"""The cost flow: read usage, price it in DuckDB (the price matrix), attribute, budget, ROI, billing, utilization and anomaly scoring."""

@@ -34,7 +34,7 @@ from typing import Any
 
 from gpu_ops.domain.cost.columns import NS_PER_HOUR, group_column
 from gpu_ops.flows.cost.engine import QUARANTINE_ROWS, Tally, UsageEngine, UsageInput, values_table
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.flows.cost.read import INVENTORY
 from gpu_ops.domain.cost.rules import label_value, quote
 

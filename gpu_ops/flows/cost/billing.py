@@ -32,7 +32,7 @@ from gpu_ops.domain.config import gpu_ops_home
 from gpu_ops.flows.cost.inventory import load_inventory
 from gpu_ops.flows.cost.read import first_line, handler_failures, header_names, ragged_line, write_without_ragged_lines
 from gpu_ops.domain.cost.sources import SourceSet
-from gpu_ops.domain.cost.frames import QUARANTINE_COLUMNS, empty_quarantine
+from gpu_ops.flows.cost.frames import QUARANTINE_COLUMNS, empty_quarantine
 from gpu_ops.errors import BillingSourceError
 from gpu_ops.domain.formatting import not_utf8
 from gpu_ops.domain.paths import NOT_REGULAR, PathNotUsable, path_kind

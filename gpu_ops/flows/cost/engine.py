@@ -36,7 +36,7 @@ from gpu_ops.domain.memory import freed_blocks_back_at_once
 from gpu_ops.domain.cost import rules as R
 from gpu_ops.flows.cost.read import INVENTORY, USAGE, FileRows, UsageSourceError, empty_table
 from gpu_ops.domain.cost.columns import CAPACITY_TYPES
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.domain.cost.repeats import MEMORY_BYTES, Fingerprints, RepeatedHashes
 
 # Schema metadata of a quarantine built for its first rows only (UsageEngine.quarantine_arrow):
@@ -883,7 +883,7 @@ class UsageEngine:
         DuckDB's buffers for it are held while the frame is built."""
         import pandas as pd
 
-        from gpu_ops.domain.cost.frames import utc_series
+        from gpu_ops.flows.cost.frames import utc_series
 
         parts = _Batches(times, [*text, *(c for c in prov if c != "row")], numbers, "row" in prov, order_by)
         with _freeing_at_once(self.con):
@@ -1435,7 +1435,7 @@ def _empty_batch(schema: Any) -> Any:
 def _empty_rows() -> Any:
     import pandas as pd
 
-    from gpu_ops.domain.cost.frames import utc_series
+    from gpu_ops.flows.cost.frames import utc_series
     import numpy as np
 
     out: dict[str, Any] = {"start": utc_series(np.empty(0, np.int64)), "end": utc_series(np.empty(0, np.int64))}
@@ -1451,7 +1451,7 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    from gpu_ops.domain.cost.frames import utc_series
+    from gpu_ops.flows.cost.frames import utc_series
 
     frames = []
     if problems:
@@ -1469,7 +1469,7 @@ def _quarantine_frame(problems: list[dict[str, Any]], got: Any) -> Any:
             "start": utc_series(_us_to_ns(got["start_us"])), "end": utc_series(_us_to_ns(got["end_us"])),
         }))
     if not frames:
-        from gpu_ops.domain.cost.frames import empty_quarantine
+        from gpu_ops.flows.cost.frames import empty_quarantine
 
         return empty_quarantine()
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

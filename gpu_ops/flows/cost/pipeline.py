@@ -18,7 +18,7 @@ from gpu_ops.flows.cost import kubernetes as k8s
 from gpu_ops.flows.cost.allocate import IDLE, Span, fleet_days, idle_sql, pieces_sql, priced_sql
 from gpu_ops.flows.cost.attribution import day_window, utc
 from gpu_ops.domain.cost.columns import attribution_columns  # noqa: F401  (re-exported: part of the flow's API)
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.flows.cost.stored import TIME_COLUMNS, USAGE_TABLE_COLUMNS, StoredUsage, UsageTotals, store_usage
 from gpu_ops.storage.files import ParquetParts
 from gpu_ops.domain.cost.sources import SourceSet  # lives apart so that the code location needs no pandas to read it

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.flows.cost.engine import validate
-from gpu_ops.domain.cost.frames import utc_series
-from gpu_ops.domain.cost.pricing import PriceMatrix
+from gpu_ops.flows.cost.frames import utc_series
+from gpu_ops.flows.cost.pricing import PriceMatrix
 from gpu_ops.flows.cost.read import INVENTORY, USAGE
 from gpu_ops.domain.cost.rules import CONTROL, FILE_FIELD
 from gpu_ops.storage.ledger import LEDGER_TABLE

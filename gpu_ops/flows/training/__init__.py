@@ -1,1 +1,1 @@
-"""Training attempts: the worker side, the context, checkpoints, settlement and the demo function."""
+"""Training attempts: the worker side, the hardware it detects, the context, checkpoints, settlement and the demo function."""

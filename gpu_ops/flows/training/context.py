@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpu_ops.domain.compute.backend import NOTICE_RECEIVED, NOTICE_SIGNAL
-from gpu_ops.storage.fence import FenceCheck
+from gpu_ops.domain.compute.fence import FenceCheck
 from gpu_ops.errors import TrainingPreempted as TrainingPreempted
 from gpu_ops.flows.training.checkpoint import CheckpointInfo, CheckpointStore
 from gpu_ops.domain.training.interval import CheckpointSchedule
@@ -163,7 +163,7 @@ class TrainingContext:
         under ``<asset key>/<partition>/<root run id>``): ``load()`` the newest valid one, or
         None; ``save(state, step=...)`` on rank 0."""
         self._preempted = threading.Event()
-        # The launcher's GPU lease, as its fence file says (gpu_ops.storage.fence): read
+        # The launcher's GPU lease, as its fence file says (gpu_ops.domain.compute.fence): read
         # before each checkpoint and step batch; a lapsed lease stops the worker.
         self.fence = FenceCheck()
         self._announced = False
@@ -172,7 +172,7 @@ class TrainingContext:
         self._last_progress = 0.0
         self.last_metrics: dict[str, Any] = {}
         self.last_step: int | None = None
-        self.hardware: Any = None  # gpu_ops.flows.compute.hardware.Hardware, set by the worker wrapper
+        self.hardware: Any = None  # gpu_ops.flows.training.hardware.Hardware, set by the worker wrapper
 
     # ---- preemption
 

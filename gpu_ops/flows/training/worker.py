@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from gpu_ops.flows.compute import hardware
+from gpu_ops.flows.training import hardware
 from gpu_ops.domain.compute.backend import WorkerTerminated
 from gpu_ops.flows.training import notices
 from gpu_ops.flows.training.context import (
