@@ -469,7 +469,8 @@ def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfi
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
-        ins={"gpu_usage": dg.AssetIn(dagster_type=DATAFRAME_TYPE, metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None)})},
+        # The day files by reference (read by DuckDB where they lie); a SQL store: the frame of these columns.
+        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None), BY_REFERENCE: True})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
         backfill_policy=backfill,
         op_tags=READS_ROW_LEVEL,
@@ -481,15 +482,21 @@ def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfi
 
 
 def _run_roi(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> dg.Output:
+    import duckdb
     import pandas as pd
 
-    from gpu_ops.flows.cost.pipeline import PARTITION_KEY, usage_by_day
+    from gpu_ops.flows.cost.pipeline import PARTITION_KEY
     from gpu_ops.flows.cost.pricing import PriceMatrix
-    from gpu_ops.flows.cost.roi import TOTAL, roi_report
+    from gpu_ops.flows.cost.roi import TOTAL, roi_report_sql
+    from gpu_ops.flows.cost.stored import day_relations
 
     prices = PriceMatrix.from_table(gpu_ops.load().prices)
     keys = context.partition_keys
-    per_day = [(key, roi_report(rows, prices)) for key, rows in usage_by_day(gpu_usage, keys)]
+    con = duckdb.connect()
+    try:
+        per_day = [(key, roi_report_sql(con, rows, prices)) for key, rows in day_relations(con, gpu_usage, keys)]
+    finally:
+        con.close()
     # A range run writes each day's report to its partition; metadata is the last day's (as day-by-day runs leave it).
     report = per_day[-1][1]
     table = report if len(keys) == 1 else pd.concat([r.assign(**{PARTITION_KEY: k}) for k, r in per_day], ignore_index=True)

@@ -127,8 +127,8 @@ class _ForkserverOfTheRun(dg.Executor):
             _stop_forkserver()
 
 
-# Steps that load a row-level table whole run one at a time (gpu_cost_attribution and
-# gpu_roi_report each hold a day's pieces: side by side, two such peaks in one run).
+# Steps that read a row-level table whole run one at a time (gpu_cost_attribution and
+# gpu_roi_report each group a day's pieces in DuckDB: side by side, two such peaks in one run).
 ROW_LEVEL_READERS_AT_ONCE = [{"key": ROW_LEVEL_READER, "limit": 1}]
 
 

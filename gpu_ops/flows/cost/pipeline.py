@@ -374,20 +374,6 @@ def _fleet(inventory: Any, prices: PriceMatrix, span: Span, ws: pd.Timestamp, we
         engine.close()
 
 
-def usage_by_day(usage: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
-    """Stored ``gpu_usage`` rows of partitions ``keys``, one frame per day (empty when a day has none).
-
-    One loaded partition comes without ``partition_key`` (the IO manager drops it).
-    """
-    if PARTITION_KEY not in usage.columns:
-        if len(keys) != 1:
-            raise ValueError(f"gpu_usage rows of {len(keys)} days carry no {PARTITION_KEY!r} column")
-        return [(keys[0], usage)]
-    parts = {str(k): g.drop(columns=PARTITION_KEY) for k, g in usage.groupby(PARTITION_KEY, sort=False)}
-    empty = usage.iloc[0:0].drop(columns=PARTITION_KEY)
-    return [(k, parts.get(k, empty)) for k in keys]
-
-
 def collect(sources: SourceSet, store: Any, core_api_factory: Callable[[], Any] | None = None, now: dt.datetime | None = None) -> dict[str, int]:
     """One Kubernetes collection (pods of each kubernetes source, Karpenter GPU nodes),
     recorded in ``store``; returns how many pods and nodes were seen. No-op without such sources."""

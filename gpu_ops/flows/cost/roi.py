@@ -6,7 +6,6 @@ Design: docs/concepts/cost-sources.md#roi-from-measurements-only
 from __future__ import annotations
 
 from functools import lru_cache
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -39,39 +38,51 @@ def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
 
     ``recommendations`` is a list of ``{kind, target, detail, impact_usd}`` (measured ones
     add ``evidence``), largest impact first; idle-node ones are on the total row. ``prices``
-    (a PriceMatrix) lets a right-size recommendation name a cheaper GPU type.
+    (a PriceMatrix) lets a right-size recommendation name a cheaper GPU type. The rows
+    (categorical, pandas or plain text alike) are read by DuckDB where they lie:
+    :func:`roi_report_sql`.
     """
-    if rows.empty:
-        rows = pd.DataFrame({c: pd.Series([], dtype=float) for c in ("gpu_hours", "cost_usd", "on_demand_usd", "lost_gpu_hours", "lost_cost_usd", "gpu_count", "gpu_share", "hours", "price_per_gpu_hour", "fleet_gpu_hours")} | {c: pd.Series([], dtype=object) for c in ("team", "kind", "capacity_type", "outcome", "node", "gpu_type", "sharing", "project")})
-    allocated = ~_equals(rows["kind"], "idle")
-    alloc = _rows_where(rows, allocated)
-    idle = rows[~allocated]
-    by_team = _team_sums(alloc)
+    import duckdb
+
+    if not len(rows.columns):
+        rows = pd.DataFrame({"kind": pd.Series([], dtype=object)})
+    con = duckdb.connect()
+    try:
+        con.register("roi_rows", rows)
+        return roi_report_sql(con, "SELECT * FROM roi_rows", prices)
+    finally:
+        con.close()
+
+
+def roi_report_sql(con: Any, rows: str, prices: Any = None) -> pd.DataFrame:
+    """:func:`roi_report` of the usage rows that the SQL ``rows`` selects on the DuckDB
+    connection ``con`` (a day's stored Parquet file where it lies, or a registered frame):
+    the sums per team, per idle node and per sharing candidate are taken by DuckDB; only
+    rows with a DCGM measurement come to pandas, for :func:`efficiency_recommendations`.
+    A column the rows lack counts as missing in every row."""
+    present = {r[0] for r in con.execute(f"DESCRIBE {rows}").fetchall()}
+    cols = ", ".join(f"{c}" if c in present else f"NULL AS {c}" for c in _READ)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW roi_alloc AS SELECT {cols} FROM ({rows}) WHERE kind IS DISTINCT FROM 'idle'")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW roi_idle AS SELECT {cols} FROM ({rows}) WHERE kind = 'idle'")
+    by_team = con.execute(_TEAM_SUMS_SQL).df().set_index("team").astype(float)
     by_team["net_spot_savings_usd"] = by_team["spot_savings_usd"] - by_team["_spot_waste"]
     by_team["idle_gpu_hours"] = 0.0
     by_team["idle_waste_usd"] = 0.0
     total = by_team.sum(numeric_only=True)
-    total["idle_gpu_hours"] = float(idle["gpu_hours"].sum()) if len(idle) else 0.0
-    total["idle_waste_usd"] = float(idle["cost_usd"].sum()) if len(idle) else 0.0
+    total["idle_gpu_hours"], total["idle_waste_usd"] = (float(v) for v in con.execute(f"SELECT coalesce(sum({_n('gpu_hours')}), 0), coalesce(sum({_n('cost_usd')}), 0) FROM roi_idle").fetchall()[0])
     table = pd.concat([by_team, total.to_frame(TOTAL).T]).drop(columns="_spot_waste")
     table.index.name = "team"
     table = table.reset_index()
 
     recs: dict[str, list[dict[str, Any]]] = {t: [] for t in table["team"]}
-    for _, r in by_team.iterrows():
-        team = r.name
-        waste = float(r["_spot_waste"])
-        if waste > 0:
-            if r["spot_savings_usd"] <= waste:
-                recs[team].append(_rec("preemption", team, f"spot preemptions lost {r['preemption_lost_gpu_hours']:.1f} GPU-hours after the last checkpoint, ${waste:,.2f}, more than the ${r['spot_savings_usd']:,.2f} spot saved: run on on-demand or checkpoint more often", waste - r["spot_savings_usd"]))
-            else:
-                recs[team].append(_rec("checkpointing", team, f"spot preemptions lost {r['preemption_lost_gpu_hours']:.1f} GPU-hours after the last checkpoint (${waste:,.2f}): checkpoint more often", waste))
-    recs[TOTAL].extend(_idle_recommendations(idle))
-    measured = alloc["metered_gpu_hours"].to_numpy(dtype=float) > 0 if "metered_gpu_hours" in alloc else np.zeros(len(alloc), bool)
-    # Workloads with DCGM measurements get measured recommendations, not the memory guess.
-    for team, items in _sharing_candidates(alloc, ~measured).items():
+    for team, r in by_team.iterrows():
+        recs[str(team)].extend(_preemption_recommendations(str(team), r))
+    recs[TOTAL].extend(_idle_recommendations(con))
+    for team, items in _sharing_candidates(con).items():
         recs.setdefault(team, []).extend(items)
-    for team, items in efficiency_recommendations(alloc, prices).items():
+    # Workloads with DCGM measurements get measured recommendations, not the memory guess.
+    measured = con.execute(f"SELECT * FROM roi_alloc WHERE {_MEASURED}").df() if "metered_gpu_hours" in present else pd.DataFrame()
+    for team, items in efficiency_recommendations(measured, prices).items():
         recs.setdefault(team, []).extend(items)
     table["recommendations"] = [sorted(recs.get(t, []), key=lambda x: -x["impact_usd"]) for t in table["team"]]
     for c in ROI_COLUMNS[1:-1]:
@@ -79,133 +90,85 @@ def roi_report(rows: pd.DataFrame, prices: Any = None) -> pd.DataFrame:
     return table[list(ROI_COLUMNS)]
 
 
-# What the report sums per team, in its column order.
-_TEAM_SUMS = (
-    "gpu_hours", "cost_usd", "on_demand_equivalent_usd", "spot_savings_usd", "reserved_savings_usd", "sharing_savings_usd",
-    "preemption_lost_gpu_hours", "preemption_waste_usd", "_spot_waste",
+# The columns the report reads (those a frame or file lacks are read as missing).
+_READ = (
+    "kind", "team", "project", "node", "gpu_type", "gpu_count", "gpu_share", "sharing", "capacity_type", "hours", "gpu_hours",
+    "price_per_gpu_hour", "cost_usd", "on_demand_usd", "outcome", "lost_gpu_hours", "lost_cost_usd", "fleet_gpu_hours",
+    "namespace", "pod", "metered_gpu_hours", "active_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
 )
 
 
-def _team_figures(alloc: pd.DataFrame) -> Iterator[np.ndarray]:
-    """Each row's figures of :data:`_TEAM_SUMS`, one array at a time."""
-    spot, reserved = _equals(alloc["capacity_type"], "spot"), _equals(alloc["capacity_type"], "reserved")
-    cost = alloc["cost_usd"].to_numpy(dtype=float)
-    od = alloc["on_demand_usd"].to_numpy(dtype=float)
-    share = alloc["gpu_share"].to_numpy(dtype=float)
-    preempted = _equals(alloc["outcome"], "preempted") if "outcome" in alloc else np.zeros(len(alloc), bool)
-    lost_usd = np.where(preempted, alloc["lost_cost_usd"].to_numpy(dtype=float), 0.0) if "lost_cost_usd" in alloc else np.zeros(len(alloc))
-    yield alloc["gpu_hours"].to_numpy(dtype=float)
-    yield cost
-    yield od
-    saved = np.nan_to_num(od - cost)
-    yield np.where(spot, saved, 0.0)
-    yield np.where(reserved, saved, 0.0)
-    del saved
-    whole_gpu_cost = alloc["gpu_count"].to_numpy(dtype=float) * alloc["hours"].to_numpy(dtype=float) * alloc["price_per_gpu_hour"].to_numpy(dtype=float)
-    yield np.where(share < 1.0, whole_gpu_cost - cost, 0.0)
-    del whole_gpu_cost
-    yield np.where(preempted, alloc["lost_gpu_hours"].to_numpy(dtype=float), 0.0) if "lost_gpu_hours" in alloc else np.zeros(len(alloc))
-    yield lost_usd
-    yield np.where(spot, lost_usd, 0.0)
+def _n(expr: str) -> str:
+    """``expr`` as a figure to sum: a missing or NaN value counts as 0."""
+    return f"coalesce(CASE WHEN isnan(CAST({expr} AS DOUBLE)) THEN 0 ELSE CAST({expr} AS DOUBLE) END, 0)"
 
 
-def _team_sums(alloc: pd.DataFrame) -> pd.DataFrame:
-    """:data:`_TEAM_SUMS` per team (sorted; rows without a team left out, missing figures
-    counted as 0, as a groupby sum gives), each figure computed, summed and let go in
-    turn: a frame of all nine for a day's million pieces held ~80 MiB more at once."""
-    codes, teams = _sorted_codes(alloc["team"])
-    keep = codes >= 0
-    every = bool(keep.all())
-    codes = codes if every else codes[keep]
-    sums = {}
-    for name, values in zip(_TEAM_SUMS, _team_figures(alloc)):
-        values = values if every else values[keep]
-        sums[name] = np.bincount(codes, weights=np.where(np.isnan(values), 0.0, values), minlength=len(teams))
-    return pd.DataFrame(sums, index=pd.Index(teams, name="team"))
+def _is(column: str, value: str) -> str:
+    """``column`` holds the text ``value`` (a missing value matches nothing)."""
+    return f"coalesce(CAST({column} AS VARCHAR) = '{value}', false)"
 
 
-def _rows_where(rows: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
-    """``rows[keep]``, as a view of the leading rows when those are the ones kept (the
-    stored day has its idle rows after the pieces, or none): not a copy of a day's
-    million pieces (~130 MiB of the columns the report reads)."""
-    n = int(keep.sum())
-    return rows.iloc[:n] if keep[:n].all() else rows[keep]
+_MEASURED = f"{_n('metered_gpu_hours')} > 0"
+_LOST_USD = f"CASE WHEN {_is('outcome', 'preempted')} THEN {_n('lost_cost_usd')} ELSE 0 END"
+# What the report sums per team, in its column order (rows without a team left out).
+_TEAM_SUMS_SQL = f"""
+SELECT CAST(team AS VARCHAR) AS team,
+    sum({_n('gpu_hours')}) AS gpu_hours,
+    sum({_n('cost_usd')}) AS cost_usd,
+    sum({_n('on_demand_usd')}) AS on_demand_equivalent_usd,
+    sum(CASE WHEN {_is('capacity_type', 'spot')} THEN {_n('on_demand_usd - cost_usd')} ELSE 0 END) AS spot_savings_usd,
+    sum(CASE WHEN {_is('capacity_type', 'reserved')} THEN {_n('on_demand_usd - cost_usd')} ELSE 0 END) AS reserved_savings_usd,
+    sum(CASE WHEN gpu_share < 1 THEN {_n('gpu_count * hours * price_per_gpu_hour - cost_usd')} ELSE 0 END) AS sharing_savings_usd,
+    sum(CASE WHEN {_is('outcome', 'preempted')} THEN {_n('lost_gpu_hours')} ELSE 0 END) AS preemption_lost_gpu_hours,
+    sum({_LOST_USD}) AS preemption_waste_usd,
+    sum(CASE WHEN {_is('capacity_type', 'spot')} THEN {_LOST_USD} ELSE 0 END) AS _spot_waste
+FROM roi_alloc WHERE team IS NOT NULL GROUP BY 1 ORDER BY 1
+"""
 
 
-def _text_categories(s: pd.Series) -> np.ndarray | None:
-    """The category names of a categorical of text (as ``str``), else None."""
-    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories.dtype):
-        return np.asarray(s.cat.categories.astype(str), dtype=object)
-    return None
+def _preemption_recommendations(team: str, r: pd.Series) -> list[dict[str, Any]]:
+    """Checkpoint more often, or leave spot, when preemptions lost work: by the team's spot waste."""
+    waste = float(r["_spot_waste"])
+    if waste <= 0:
+        return []
+    if r["spot_savings_usd"] <= waste:
+        return [_rec("preemption", team, f"spot preemptions lost {r['preemption_lost_gpu_hours']:.1f} GPU-hours after the last checkpoint, ${waste:,.2f}, more than the ${r['spot_savings_usd']:,.2f} spot saved: run on on-demand or checkpoint more often", waste - r["spot_savings_usd"])]
+    return [_rec("checkpointing", team, f"spot preemptions lost {r['preemption_lost_gpu_hours']:.1f} GPU-hours after the last checkpoint (${waste:,.2f}): checkpoint more often", waste)]
 
 
 def _equals(s: pd.Series, value: str) -> np.ndarray:
-    """``_text(s) == value`` without a string object per row: a categorical of text by its
-    codes, a text column by pandas' own comparison (a missing value matches nothing)."""
-    names = _text_categories(s)
-    if names is None and isinstance(s.dtype, pd.StringDtype):
-        return (s == value).to_numpy(dtype=bool, na_value=False)
-    if names is None:
-        return _text(s) == value
-    return np.isin(s.cat.codes.to_numpy(), np.flatnonzero(names == value))  # code -1 (missing) matches nothing
-
-
-def _sorted_codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize(_text(s), sort=True)``: each row's index among the sorted distinct
-    values present (-1: missing); a categorical of text by its codes."""
-    names = _text_categories(s)
-    if names is None:
-        codes, values = pd.factorize(_text(s), sort=True)
-        return codes, np.asarray(values, dtype=object)
-    codes = s.cat.codes.to_numpy()
-    present = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(names)))
-    order = present[np.argsort(names[present], kind="stable")]
-    lookup = np.full(len(names) + 1, -1, np.int64)  # the last slot: code -1
-    lookup[order] = np.arange(len(order))
-    return lookup[codes], names[order]
-
-
-def _text(s: pd.Series) -> np.ndarray:
-    """``s.astype(str).to_numpy()``; for a categorical of text, its few category names
-    shared by the rows (the conversion would make a string object per row: a day's
-    million pieces, ~60 MiB a column)."""
-    if isinstance(s.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(s.cat.categories.dtype):
-        names = np.append(np.asarray(s.cat.categories.astype(str), dtype=object), np.nan)  # code -1 (missing): NaN, as astype gives
-        return names[s.cat.codes.to_numpy()]
-    return s.astype(str).to_numpy()
+    """``s == value`` as booleans, for text of any dtype (a missing value matches nothing)."""
+    return np.asarray(s.astype(object) == value, dtype=bool)
 
 
 def _rec(kind: str, target: str, detail: str, impact: float) -> dict[str, Any]:
     return {"kind": kind, "target": target, "detail": detail, "impact_usd": round(float(impact), 2)}
 
 
-def _idle_recommendations(idle: pd.DataFrame) -> list[dict[str, Any]]:
-    if idle.empty:
-        return []
-    by_node = idle.groupby(idle["node"].astype(str)).agg(
-        idle_h=("gpu_hours", "sum"), fleet_h=("fleet_gpu_hours", "sum"), cost=("cost_usd", "sum"),
-        gpu_type=("gpu_type", "first"), capacity=("capacity_type", "first"), count=("gpu_count", "first"),
-    )
-    by_node = by_node[by_node["cost"] > 0.005].sort_values("cost", ascending=False).head(TOP_IDLE_NODES)
+def _idle_recommendations(con: Any) -> list[dict[str, Any]]:
+    """The idle nodes that cost most (at most :data:`TOP_IDLE_NODES`, over half a cent each)."""
+    by_node = con.execute(f"""
+        SELECT CAST(node AS VARCHAR) AS node, sum({_n('gpu_hours')}) AS idle_h, sum({_n('fleet_gpu_hours')}) AS fleet_h, sum({_n('cost_usd')}) AS cost,
+            min(CAST(gpu_type AS VARCHAR)) AS gpu_type, min(CAST(capacity_type AS VARCHAR)) AS capacity, min(gpu_count) AS count
+        FROM roi_idle GROUP BY 1 HAVING sum({_n('cost_usd')}) > 0.005 ORDER BY cost DESC, node LIMIT {TOP_IDLE_NODES}
+    """).fetchall()
     out = []
-    for node, r in by_node.iterrows():
-        pct = r["idle_h"] / r["fleet_h"] * 100 if r["fleet_h"] else 0.0
-        out.append(_rec("idle-node", str(node), f"{node} ({int(r['count'])}× {r['gpu_type']} {r['capacity']}) idle {r['idle_h']:.1f} of {r['fleet_h']:.1f} GPU-hours ({pct:.0f}%): consolidate its work or shrink the pool", r["cost"]))
+    for node, idle_h, fleet_h, cost, gpu_type, capacity, count in by_node:
+        pct = idle_h / fleet_h * 100 if fleet_h else 0.0
+        out.append(_rec("idle-node", str(node), f"{node} ({int(count)}× {gpu_type} {capacity}) idle {idle_h:.1f} of {fleet_h:.1f} GPU-hours ({pct:.0f}%): consolidate its work or shrink the pool", cost))
     return out
 
 
-def _sharing_candidates(alloc: pd.DataFrame, candidates: np.ndarray) -> dict[str, list[dict[str, Any]]]:
-    """Single whole-GPU jobs on MIG-capable GPUs among the ``candidates`` rows of ``alloc``:
+def _sharing_candidates(con: Any) -> dict[str, list[dict[str, Any]]]:
+    """Single whole-GPU jobs on MIG-capable GPUs, among the rows without a DCGM measurement:
     the cost of the half-GPU slice they would fit if their memory allows."""
-    if alloc.empty:
-        return {}
-    whole = candidates & (alloc["gpu_count"].to_numpy(dtype=float) == 1) & _equals(alloc["sharing"], "none")
-    single = alloc[["team", "project", "gpu_type", "cost_usd", "gpu_hours"]][whole]  # only the columns grouped and summed
+    groups = con.execute(f"""
+        SELECT CAST(team AS VARCHAR), CAST(project AS VARCHAR), CAST(gpu_type AS VARCHAR), sum({_n('cost_usd')}), sum({_n('gpu_hours')})
+        FROM roi_alloc WHERE NOT ({_MEASURED}) AND gpu_count = 1 AND {_is('sharing', 'none')}
+        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+    """).fetchall()
     out: dict[str, list[dict[str, Any]]] = {}
-    if single.empty:
-        return out
-    g = single.groupby([single["team"].astype(str), single["project"].astype(str), single["gpu_type"].astype(str)], observed=True).agg(cost=("cost_usd", "sum"), hours=("gpu_hours", "sum"))
-    for (team, project, gpu_type), cost, hours in zip(g.index, g["cost"].to_numpy(), g["hours"].to_numpy()):
+    for team, project, gpu_type, cost, hours in groups:
         prof = _half_gpu_profile(gpu_type)
         if not prof or cost <= 0:
             continue
