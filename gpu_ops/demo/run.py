@@ -31,7 +31,6 @@ from gpu_ops.dagster.cost.definitions import DAILY_JOB
 from gpu_ops.domain.formatting import gpu_hours, money, percent
 from gpu_ops.dagster.location import build_defs
 from gpu_ops.storage.tables import TableStore
-from gpu_ops.flows.training.checkpoint import checkpoint_root
 from gpu_ops.demo.training import materialize_with_preemption
 from gpu_ops.cli.validate import run_checks
 
@@ -46,7 +45,7 @@ def _reset_demo_state(config: GpuOpsConfig, home: Path, echo: Echo) -> None:
     db = Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
     for path in [p for p in (db, db and Path(f"{db}-wal"), db and Path(f"{db}-shm")) if p]:
         path.unlink(missing_ok=True)
-    for folder in (home / "dagster_home", Path(checkpoint_root(config))):
+    for folder in (home / "dagster_home", Path(config.checkpoint_root())):
         if folder.is_dir() and home in folder.resolve().parents:
             shutil.rmtree(folder)
     echo(f"fresh demo state under {home}")

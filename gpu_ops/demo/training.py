@@ -20,7 +20,6 @@ import dagster as dg
 from gpu_ops.domain import formatting as fmt
 from gpu_ops.domain.config import load_config
 from gpu_ops.dagster.location import build_defs
-from gpu_ops.flows.training.checkpoint import checkpoint_root
 from gpu_ops.flows.compute.local import PIDFILE_DIR_ENV
 
 
@@ -72,7 +71,7 @@ def materialize_with_preemption(
     pid_dir = Path(tempfile.mkdtemp(prefix="gpu-ops-pids-"))
     previous = os.environ.get(PIDFILE_DIR_ENV)
     os.environ[PIDFILE_DIR_ENV] = str(pid_dir)
-    injector = _Injector(pid_dir, Path(checkpoint_root(config)) / "train_demo_model", sig, after_s)
+    injector = _Injector(pid_dir, Path(config.checkpoint_root()) / "train_demo_model", sig, after_s)
     injector.start()
     try:
         own = instance is None

@@ -314,6 +314,10 @@ class PriceTable(_Model):
     # instead of these list prices; list prices still give the on-demand equivalent.
     from_bill: bool = False
 
+    def per_gpu_hour(self, gpu_type: str, capacity_type: str) -> float | None:
+        """The list price of a GPU-hour of ``gpu_type`` on ``capacity_type``; None when unpriced."""
+        return self.gpus.get(gpu_type, {}).get(capacity_type)  # type: ignore[call-overload]
+
     @model_validator(mode="before")
     @classmethod
     def _entries(cls, data: Any) -> Any:
@@ -921,6 +925,16 @@ class GpuOpsConfig(_Model):
     def resolve_path(self, path: str) -> Path:
         p = Path(os.path.expanduser(path))
         return p if p.is_absolute() else self.base_dir / p
+
+    def checkpoint_root(self, override: str | None = None) -> str:
+        """The checkpoint URL (``training.checkpoint_url``, or ``override``: an asset's own).
+        A relative folder resolves like a relative SQLite file: against
+        :func:`relative_anchor` (the config file's folder; the demo's home for the demo's file)."""
+        url = override or self.training.checkpoint_url
+        if "://" in url:
+            return url
+        p = Path(url).expanduser()
+        return str(p) if p.is_absolute() else str((relative_anchor(self.source_path) / p).resolve())
 
     def budget(self, name: str) -> Budget:
         for b in self.budgets:

@@ -18,7 +18,6 @@ import dagster as dg
 import pytest
 
 from gpu_ops.domain.config import BUNDLED_PRICES, DEMO_CONFIG, gpu_ops_home, load_config
-from gpu_ops.flows.training.checkpoint import checkpoint_root
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +41,7 @@ def test_the_plain_defaults_are_not_the_demo(no_home: Path, monkeypatch: pytest.
     assert cfg.source_path is None and not cfg.training.simulate_gpu_pricing
     assert cfg.budgets == [] and [s.type for s in cfg.usage.sources] == ["ledger"] and cfg.usage.inventory is None
     assert cfg.storage.resolved_url() == f"sqlite:///{home / 'costs.db'}"
-    assert checkpoint_root(cfg) == str(home / "checkpoints")
+    assert cfg.checkpoint_root() == str(home / "checkpoints")
     # The bundled list prices are the default price table (reference data, not the demo's).
     assert cfg.prices == load_config(BUNDLED_PRICES.parent / "gpu_ops.yaml").prices == load_config(DEMO_CONFIG).prices
     assert list(Path.cwd().iterdir()) == []

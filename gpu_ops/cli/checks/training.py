@@ -12,13 +12,13 @@ from gpu_ops.flows.observability.hooks import Pricing
 from gpu_ops.flows.observability.sender import drain
 from gpu_ops.storage.tables import TableStore
 from gpu_ops.storage.attempt_store import ATTEMPT_TABLE, AttemptStore
-from gpu_ops.flows.training.checkpoint import CheckpointStore, checkpoint_root
+from gpu_ops.flows.training.checkpoint import CheckpointStore
 from gpu_ops.flows.training.settle import owner_gone, settle_orphans
 
 
 def check_checkpoints(config: GpuOpsConfig) -> CheckResult:
     """Write, read back and delete a probe object under ``training.checkpoint_url``."""
-    url = checkpoint_root(config)
+    url = config.checkpoint_root()
     shown = redact_url(url, keep_path=True)  # never a userinfo (sftp://user:pw@host/...) in a message
     local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
     if local is not None and (problem := folder_setting("checkpoints", Path(local), "training.checkpoint_url", "the first checkpoint")) is not None:

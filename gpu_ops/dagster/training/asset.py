@@ -48,7 +48,7 @@ from gpu_ops.domain.compute.request import GpuRequest
 from gpu_ops.dagster.compute.resource import GpuCompute
 from gpu_ops.domain.config import GpuOpsConfig, load_config, parse_duration
 from gpu_ops.domain.cost.columns import CAPACITY_TYPES
-from gpu_ops.flows.training.checkpoint import CheckpointStore, checkpoint_root, checkpoint_url_for
+from gpu_ops.flows.training.checkpoint import CheckpointStore, checkpoint_url_for
 from gpu_ops.domain.training.classify import Classification, Outcome, classify_exception, classify_report
 from gpu_ops.dagster.training.compute_requirement import GpuOpDefinition, asset_with_handover, handover_key
 from gpu_ops.flows.training.context import WorkerSpec, parse_event
@@ -101,10 +101,6 @@ class TrainingSpec:
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def price_per_gpu_hour(config: GpuOpsConfig, gpu_type: str, capacity_type: str) -> float | None:
-    return config.prices.gpus.get(gpu_type, {}).get(capacity_type)  # type: ignore[call-overload]
 
 
 # The worker's structured events (gpu_ops.flows.training.context.emit) the sink turns into log lines.
@@ -331,7 +327,7 @@ def _orphans_last_checkpoint(step: _Step, orphan: Any) -> dt.datetime | None:
     if orphan.asset_key != step.asset_key or orphan.run_id not in {step.run_id, run.root_run_id, run.parent_run_id}:
         return None
     scope = run.root_run_id or step.run_id
-    url = checkpoint_url_for(checkpoint_root(step.config, step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
+    url = checkpoint_url_for(step.config.checkpoint_root(step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
     infos = CheckpointStore(url, step.spec.keep_last or step.config.training.keep_last, log=step.log.warning).list()
     return max((i.written_at_dt for i in infos if i.attempt == orphan.attempt), default=None)
 
@@ -372,7 +368,7 @@ def _estimate(step: _Step) -> None:
 def _prepare_checkpoints(step: _Step) -> None:
     run = step.context.run
     scope = run.root_run_id or step.run_id  # a re-execution continues its parent's checkpoints
-    step.ckpt_url = checkpoint_url_for(checkpoint_root(step.config, step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
+    step.ckpt_url = checkpoint_url_for(step.config.checkpoint_root(step.spec.checkpoint_url), step.asset_key, step.partition_key, scope)
     step.ckpts = CheckpointStore(step.ckpt_url, step.spec.keep_last or step.config.training.keep_last, log=step.log.warning)
     removed = step.ckpts.remove_partial()  # no writer is alive between attempts
     if removed:
@@ -777,7 +773,7 @@ def _materialization_metadata(
             gpu_type, count, share, simulated = request.gpu_type, request.total_gpus, request.gpu_share, simulated + 1
         hours = count * share * seconds / 3600.0
         gpu_hours += hours
-        price = price_per_gpu_hour(config, gpu_type, r.capacity_type) if count else 0.0
+        price = config.prices.per_gpu_hour(gpu_type, r.capacity_type) if count else 0.0
         if price is None:
             missing.append(f"{gpu_type}/{r.capacity_type}")
         elif cost is not None:

@@ -37,12 +37,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from gpu_ops.errors import CheckpointError
 
 # fsspec is imported when a store is opened, not when the code location loads (gpu_asset imports this module).
-if TYPE_CHECKING:
-    from gpu_ops.domain.config import GpuOpsConfig
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.(bin|json)$")
 _TMP_PREFIX = ".tmp-"
@@ -284,23 +282,6 @@ class CheckpointStore:
             except (CheckpointError, OSError) as exc:
                 self._log(f"{exc}")
         return None
-
-
-def checkpoint_root(config: "GpuOpsConfig", override: str | None = None) -> str:
-    """The configured checkpoint URL (``training.checkpoint_url``, or ``override``).
-
-    A relative folder resolves like a relative SQLite file: against the config file's
-    folder (:func:`gpu_ops.domain.config.relative_anchor`: the demo's home for the demo's file).
-    """
-    from gpu_ops.domain.config import relative_anchor
-
-    url = override or config.training.checkpoint_url
-    if "://" in url:
-        return url
-    p = Path(url).expanduser()
-    if p.is_absolute():
-        return str(p)
-    return str((relative_anchor(config.source_path) / p).resolve())
 
 
 def checkpoint_url_for(root: str, asset_key: str, partition_key: str | None, run_scope: str) -> str:
