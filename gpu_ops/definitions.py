@@ -5,26 +5,21 @@ defaults (said once, with where their tables are); `make dev` names the demo's f
 that builds the definitions of a configuration it names imports ``gpu_ops.dagster.location``.
 
 Once the definitions are built, what the process holds (Dagster, the code location, the
-modules they import: ~270,000 objects) lives as long as the process: no collection runs
-while it loads, and it is then moved out of the garbage collector's sight
-(``gc.freeze``). Later full collections, and the one at interpreter exit, no longer walk
-it: a `dagster job execute` of the daily cost job spent ~0.7 s exiting before
-(docs/benchmarks/cost.md), and a forked step process no longer touches (and copies) those
-pages when it collects. Only this entry point does so: a code location of one's own that
-imports ``gpu_ops`` decides for itself.
+modules they import: ~130,000 objects) lives as long as the process: no collection runs
+while it loads, and it is then moved out of the garbage collector's sight (``gc.freeze``,
+by :mod:`gpu_ops.domain.memory`). Later full collections, and the one at interpreter
+exit, no longer walk it: a `dagster job execute` of the daily cost job spent ~0.7 s
+exiting before (docs/benchmarks/cost.md), and a forked step process no longer touches
+(and copies) those pages when it collects. Only this entry point does so: a code location
+of one's own that imports ``gpu_ops`` decides for itself.
 """
 
 from __future__ import annotations
 
-import gc
+from gpu_ops.domain.memory import collection_deferred, freeze_long_lived
 
-_collecting = gc.isenabled()
-gc.disable()  # what the load makes lives as long as the process: no collection while it loads
-try:
+with collection_deferred():
     from gpu_ops.dagster.location import build_defs
 
     defs = build_defs()
-    gc.freeze()
-finally:
-    if _collecting:
-        gc.enable()
+freeze_long_lived()
