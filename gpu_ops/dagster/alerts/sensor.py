@@ -138,7 +138,7 @@ def tick(config: GpuOpsConfig, store: TableStore | None, cursor: AlertCursor, *,
         enforcement, summary = _evaluate(config, store, new_cursor, now)
     requests: list[dg.RunRequest] = []
     if evaluate or cursor.queue:
-        requests, superseded = request_queued(config, new_cursor, now)
+        requests, superseded = request_queued(config.alerts, new_cursor, now)
         summary.append(f"{len(requests)} alert run(s) requested, {len(new_cursor.queue)} waiting for the next ticks (alerts.max_runs_per_tick {config.alerts.max_runs_per_tick})")
         if superseded:
             summary.append(f"undelivered trigger(s) superseded by their resolve, not redelivered: {', '.join(superseded)}")
@@ -168,13 +168,13 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     ] + ([intraday] if intraday else []) + ([anomalies] if anomalies else [])
 
 
-def request_queued(config: GpuOpsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
+def request_queued(alerts: AlertsConfig, cursor: AlertCursor, now: dt.datetime) -> tuple[list[dg.RunRequest], list[str]]:
     """Up to ``alerts.max_runs_per_tick`` waiting alerts become runs (and pending, until
     delivered). A resolve supersedes its trigger's redelivery (never page after the
     resolve); returns the runs and the triggers superseded."""
-    policy = redelivery_policy(config.alerts)
+    policy = redelivery_policy(alerts)
     requests, superseded = [], []
-    for alert in cursor.queue.pop(config.alerts.max_runs_per_tick):
+    for alert in cursor.queue.pop(alerts.max_runs_per_tick):
         first = cursor.pending[alert.run_key] = Pending(now.timestamp(), now.timestamp())
         requests.append(alert_run_request(alert, first, policy))
         if alert.kind == "resolve" and cursor.pending.pop(alert.trigger_run_key, None) is not None:
@@ -197,10 +197,11 @@ _RANK = {"failure": 0, "active": 1, "success": 2}
 
 @dataclass
 class FollowUp:
-    """What one tick does about pending alerts: redeliveries and dead letters."""
+    """What one tick does about pending alerts: redeliveries, and the alerts to dead-letter
+    (:func:`dead_letter`)."""
 
     requests: list[dg.RunRequest] = field(default_factory=list)
-    events: list[dg.AssetCheckEvaluation] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
     summary: str = ""
 
 
@@ -232,10 +233,10 @@ def _alert_of_run(run: Any) -> Alert:
     return Alert.from_dict(run.run_config["ops"][ALERT_OP]["config"]["alert"])
 
 
-def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.DagsterInstance | None, now: dt.datetime, log: Any, *, limit: int | None = None) -> FollowUp:
+def follow_pending(alerts: AlertsConfig, cursor: AlertCursor, instance: dg.DagsterInstance | None, now: dt.datetime, log: Any, *, limit: int | None = None) -> FollowUp:
     """Every tick: what became of the runs of pending alerts; request the failed ones again
     (each ``redelivery_interval_s``; at most ``limit``, the others at a later tick) or
-    dead-letter them (after ``max_pending_s``). Updates ``cursor.pending`` and
+    hand them to be dead-lettered (after ``max_pending_s``). Updates ``cursor.pending`` and
     ``cursor.runs_seen_at``."""
     out = FollowUp()
     if instance is None:
@@ -244,7 +245,7 @@ def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.Dagst
     if not cursor.pending:
         cursor.runs_seen_at = seen_at
         return out
-    policy = redelivery_policy(config.alerts)
+    policy = redelivery_policy(alerts)
     step = advance(cursor.pending, _alert_run_outcomes(instance, cursor), now.timestamp(), policy, limit=limit)
     cursor.pending, cursor.runs_seen_at = step.pending, seen_at
     for key, again in step.redeliver:
@@ -255,20 +256,17 @@ def follow_pending(config: GpuOpsConfig, cursor: AlertCursor, instance: dg.Dagst
             continue
         out.requests.append(alert_run_request(_alert_of_run(runs[0]), again, policy))
         log.warning(f"alert {key}: not delivered to every channel yet; request {again.n} of at most {policy.max_requests()} (dead-letter at {policy.delivery(again)['dead_letter_at']})")
-    if step.dead:
-        out.events.append(dead_letter(config, instance, step.dead, now, log))
+    out.dead = step.dead
     out.summary = f"{len(cursor.pending)} alert(s) pending delivery, {len(step.redeliver)} redelivered, {len(step.dead)} dead-lettered, {len(step.delivered)} delivered since the last tick"
     return out
 
 
-def dead_letter(config: GpuOpsConfig, instance: dg.DagsterInstance, dead: list[DeadLetter], now: dt.datetime, log: Any) -> dg.AssetCheckEvaluation:
+def dead_letter(store: TableStore, instance: dg.DagsterInstance, dead: list[DeadLetter], now: dt.datetime, log: Any) -> dg.AssetCheckEvaluation:
     """Record alerts that will not be requested again: a row each in
     ``gpu_alert_dead_letters``, a tag on each of their runs, an ERROR log line, and a
     failed ``alerts_delivered`` check evaluation on ``gpu_budget_status``."""
     from gpu_ops.flows.alerts.records import dead_letter_row, delivered_channels, record_dead_letters
-    from gpu_ops.storage.tables import TableStore
 
-    store = TableStore.from_config(config)
     rows = []
     for d in dead:
         runs = _runs_of_alert(instance, d.key)
@@ -337,13 +335,14 @@ def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: C
             context.log.info(summary)
         # Redeliveries share the tick's cap with the queue's alerts, which go first.
         room = max(0, cfg.alerts.max_runs_per_tick - sum(r.job_name == ALERT_JOB for r in requests))
-        follow = follow_pending(cfg, new_cursor, instance, now, context.log, limit=room)
+        follow = follow_pending(cfg.alerts, new_cursor, instance, now, context.log, limit=room)
         if follow.summary:
             context.log.info(follow.summary)
+        events = [dead_letter(store or TableStore.from_config(cfg), instance, follow.dead, now, context.log)] if follow.dead and instance else []
         with collection_deferred():
             encoded = new_cursor.encode()
         run_requests = follow.requests + requests
-        return dg.SensorResult(run_requests=run_requests, skip_reason=None if run_requests or due else skip, cursor=encoded, asset_events=follow.events)
+        return dg.SensorResult(run_requests=run_requests, skip_reason=None if run_requests or due else skip, cursor=encoded, asset_events=events)
 
     return budget_alert_sensor
 
