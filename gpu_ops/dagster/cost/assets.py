@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import dagster as dg
 
-from gpu_ops.domain.config import GpuOpsConfig
+from gpu_ops.domain.config import Budget, GpuOpsConfig, UsageConfig
 from gpu_ops.domain.cost.columns import BUDGET_READ_KEEP, BUDGET_READ_SUMS, DAILY_SCHEMA, attribution_input_columns, budget_groupings, roi_input_columns
 from gpu_ops.dagster.cost.metadata import hours, money, per_key, schema_metadata, table_metadata, table_value, top_teams
 from gpu_ops.domain.cost.sources import SourceSet
@@ -33,9 +33,9 @@ def _days(context: dg.AssetExecutionContext) -> tuple[dt.date, dt.date]:
     return window.start.date(), (window.end - dt.timedelta(days=1)).date()
 
 
-def _backfill_policy(config: GpuOpsConfig) -> dg.BackfillPolicy:
+def _backfill_policy(usage: UsageConfig) -> dg.BackfillPolicy:
     """Backfills run up to ``usage.backfill_days_per_run`` days per run (each source read once)."""
-    n = config.usage.backfill_days_per_run
+    n = usage.backfill_days_per_run
     return dg.BackfillPolicy.single_run() if n is None else dg.BackfillPolicy.multi_run(max_partitions_per_run=n)
 
 
@@ -95,12 +95,12 @@ def build_assets(config: GpuOpsConfig) -> tuple[list[dg.AssetsDefinition], dg.Pa
     partitions = dg.DailyPartitionsDefinition(  # end_date is exclusive
         start_date=config.usage.partitions_start.isoformat(), end_date=(end + dt.timedelta(days=1)).isoformat() if end else None, timezone="UTC"
     )
-    backfill = _backfill_policy(config)
+    backfill = _backfill_policy(config.usage)
     assets = [
         _usage_asset(config, partitions, backfill),
-        _attribution_asset(config, partitions, backfill),
-        _budget_asset(config, partitions, backfill),
-        _roi_asset(config, partitions, backfill),
+        _attribution_asset(config.usage, partitions, backfill),
+        _budget_asset(config.budgets, partitions, backfill),
+        _roi_asset(config.usage, partitions, backfill),
         _estimate_accuracy_asset(partitions, backfill),
         _anomaly_asset(partitions, backfill),
     ]
@@ -189,7 +189,7 @@ def _run_usage(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings) -> It
     usage, table, q, measured, settled = _priced_usage(context, cfg)
     selected = {k.to_user_string() for k in context.selected_asset_keys}
     if "gpu_usage" in selected:
-        yield dg.Output(table, output_name="gpu_usage", metadata=_usage_metadata(context, cfg, usage, table, q, measured, settled))
+        yield dg.Output(table, output_name="gpu_usage", metadata=_usage_metadata(context, cfg.usage, usage, table, q, measured, settled))
     if "gpu_usage_quarantine" in selected:
         yield dg.Output(
             q, output_name="gpu_usage_quarantine",
@@ -211,7 +211,7 @@ def _usage_figures(usage: Any, table: Any) -> tuple[dict[str, Any], dict[str, An
     return fleet_totals(table), coverage(table), int((table["kind"] != "idle").sum()) if len(table) else 0
 
 
-def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
+def _usage_metadata(context: dg.AssetExecutionContext, config: UsageConfig, usage: Any, table: Any, q: Any, measured: Any, settled: Any) -> dict[str, Any]:
     first, last = _days(context)
     totals, cov, intervals = _usage_figures(usage, table)
     from_bill = settled.from_bill if settled is not None else None
@@ -226,7 +226,7 @@ def _usage_metadata(context: dg.AssetExecutionContext, cfg: GpuOpsConfig, usage:
         "fleet_cost_usd": money(totals["fleet_cost_usd"]) if totals["fleet_cost_usd"] is not None else "unknown (no inventory)",
         "quarantined_rows": len(q),
         **usage.stats.metadata(),
-        **_efficiency_metadata(cov, measured.pod_steps if cfg.usage.utilization else None),
+        **_efficiency_metadata(cov, measured.pod_steps if config.utilization else None),
         **(measured.metadata() if measured is not None else {}),
         **({"priced_from_bill": f"{from_bill['billed_nodes']} node-day(s) at billed cost; list prices for: {', '.join(from_bill['unbilled_nodes']) or 'none'}"} if from_bill else {}),
     }
@@ -269,13 +269,13 @@ def _usage_checks(checks: set[str], q: Any, settled: Any) -> Iterator[dg.AssetCh
 # --------------------------------------------------------------------------- attribution and the daily table
 
 
-def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+def _attribution_asset(usage: UsageConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     @dg.multi_asset(
         name="gpu_cost_attribution",
         partitions_def=partitions,
         can_subset=True,  # each table can be materialized alone
         # The day files by reference (read by DuckDB where they lie); a SQL store: the frame of these columns.
-        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: attribution_input_columns(config.usage.group_by), BY_REFERENCE: True})},
+        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: attribution_input_columns(usage.group_by), BY_REFERENCE: True})},
         outs={
             "gpu_cost_attribution": dg.AssetOut(
                 io_manager_key=IO, group_name=GROUP, dagster_type=DATAFRAME_TYPE, is_required=False,
@@ -298,7 +298,7 @@ def _attribution_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition
     return gpu_cost_attribution
 
 
-def _day_attribution(con: Any, rows: str, cfg: GpuOpsConfig) -> Any:
+def _day_attribution(con: Any, rows: str, usage: UsageConfig) -> Any:
     """One day's attribution of its stored rows, grouped in DuckDB, with the groups' efficiency."""
     import pandas as pd
 
@@ -307,10 +307,10 @@ def _day_attribution(con: Any, rows: str, cfg: GpuOpsConfig) -> Any:
     from gpu_ops.flows.cost.stored import has_metrics, stored_attribution
     from gpu_ops.flows.cost.utilization import group_efficiency
 
-    groups = stored_attribution(con, rows, cfg.usage.group_by, cfg.usage.idle)
+    groups = stored_attribution(con, rows, usage.group_by, usage.idle)
     table = pd.DataFrame(groups.rows, columns=groups.columns).astype({c: float for c in METRIC_COLUMNS})
     measured = con.sql(rows).df() if has_metrics(con, rows) else pd.DataFrame()
-    return AttributedCosts(group_efficiency(table, measured, cfg.usage.group_by), list(cfg.usage.group_by), groups.totals)
+    return AttributedCosts(group_efficiency(table, measured, usage.group_by), list(usage.group_by), groups.totals)
 
 
 def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings, gpu_usage: Any) -> Iterator[Any]:
@@ -326,7 +326,7 @@ def _run_attribution(context: dg.AssetExecutionContext, gpu_ops: GpuOpsSettings,
     con = duckdb.connect()
     try:
         per_day = day_relations(con, gpu_usage, keys)
-        days = [(key, _day_attribution(con, rows, cfg)) for key, rows in per_day]
+        days = [(key, _day_attribution(con, rows, cfg.usage)) for key, rows in per_day]
         every = " UNION ALL BY NAME ".join(f"SELECT * FROM ({rows})" for _, rows in per_day)
         daily = daily_costs_sql(con, every, [dt.date.fromisoformat(k) for k in keys], scope_label_keys(cfg.budgets), scope_keys(cfg.budgets))
         sums = measured_sums(con, every)
@@ -392,10 +392,10 @@ def _conservation_check(days: list[tuple[str, Any]], t: dict[str, Any]) -> dg.As
 # --------------------------------------------------------------------------- budgets
 
 
-def _budget_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+def _budget_asset(budgets: list[Budget], partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     # The daily table summed per budget grain by the database: what the budgets read
     # grows with the values of their own scope keys, not with the table's other keys.
-    grouped = {"groupings": budget_groupings(b.scope.as_filters() for b in config.budgets), "keep": list(BUDGET_READ_KEEP), "sums": list(BUDGET_READ_SUMS)}
+    grouped = {"groupings": budget_groupings(b.scope.as_filters() for b in budgets), "keep": list(BUDGET_READ_KEEP), "sums": list(BUDGET_READ_SUMS)}
 
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
@@ -465,12 +465,12 @@ def _budget_metadata(keys: list[str], status: Any, counts: dict[str, int]) -> di
 # --------------------------------------------------------------------------- ROI
 
 
-def _roi_asset(config: GpuOpsConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
+def _roi_asset(usage: UsageConfig, partitions: dg.PartitionsDefinition, backfill: dg.BackfillPolicy) -> dg.AssetsDefinition:
     @_asset(
         partitions_def=partitions, io_manager_key=IO, group_name=GROUP,
         description="Measured spot, reserved and sharing savings, preemption and idle waste, with recommendations, per team.",
         # The day files by reference (read by DuckDB where they lie); a SQL store: the frame of these columns.
-        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: roi_input_columns(config.usage.utilization is not None), BY_REFERENCE: True})},
+        ins={"gpu_usage": dg.AssetIn(metadata={COLUMNS: roi_input_columns(usage.utilization is not None), BY_REFERENCE: True})},
         dagster_type=DATAFRAME_TYPE,  # the output: a pandas DataFrame
         backfill_policy=backfill,
         op_tags=READS_ROW_LEVEL,
