@@ -54,7 +54,7 @@ def redelivery_policy(alerts: AlertsConfig) -> Policy:
 # --------------------------------------------------------------------------- requests
 
 
-def order_for(event: EnforcementEvent, budget: Budget | None, config: GpuOpsConfig) -> EnforcementOrder:
+def order_for(event: EnforcementEvent, budget: Budget | None, config_path: str | None) -> EnforcementOrder:
     from gpu_ops.flows.alerts.enforcement import EnforcementOrder
 
     enf = budget.enforcement if budget else None
@@ -73,7 +73,7 @@ def order_for(event: EnforcementEvent, budget: Budget | None, config: GpuOpsConf
         spend_usd=row.spend_usd if row else 0.0,
         reason=event.reason,
         run_key=event.run_key,
-        config_path=str(config.source_path) if config.source_path else None,
+        config_path=config_path,
     )
 
 
@@ -160,7 +160,7 @@ def _evaluate(config: GpuOpsConfig, store: TableStore, cursor: AlertCursor, now:
     cursor.budgets, cursor.evaluated_at = result.state, now.timestamp()
     queue_alerts(cursor.queue, result.alerts, plan, config.alerts.dagster_url)
     anomalies = queue_anomalies(config, store, plan, table, cursor, now)
-    enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), config)) for ev in result.enforcement]
+    enforcement = [enforcement_run_request(order_for(ev, plan.budgets.get(ev.budget), str(config.source_path) if config.source_path else None)) for ev in result.enforcement]
     return enforcement, [
         f"evaluated {len(table)} budget rows ({in_detail} in detail) of partition {partition or '(none yet)'}: "
         f"{sum(e.kind == 'trigger' for e in result.alerts)} triggered, {sum(e.kind == 'resolve' for e in result.alerts)} resolved, "
@@ -409,11 +409,11 @@ class KarpenterAccess(dg.ConfigurableResource):
         return NodePools(client.CustomObjectsApi())
 
 
-def _run_op(config: GpuOpsConfig, name: str, payload: str, description: str, resources: frozenset[str] = frozenset(), optional: tuple[str, ...] = ()) -> Any:
+def _run_op(alerts: AlertsConfig, name: str, payload: str, description: str, resources: frozenset[str] = frozenset(), optional: tuple[str, ...] = ()) -> Any:
     """``dg.op`` for a job the sensor launches: one ``payload`` (and ``optional`` parts)
     in its run config, the ``gpu_ops`` settings resource (and ``resources``), the alerts'
     ``RetryPolicy``."""
-    retry = dg.RetryPolicy(max_retries=config.alerts.run_retries, delay=config.alerts.run_retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
+    retry = dg.RetryPolicy(max_retries=alerts.run_retries, delay=alerts.run_retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
     schema = {payload: dg.Permissive(), **{k: dg.Field(dg.Permissive(), is_required=False) for k in optional}}
     return dg.op(name=name, config_schema=schema, required_resource_keys={"gpu_ops", *resources}, retry_policy=retry, description=description)
 
@@ -445,8 +445,8 @@ def _after_this_run(delivery: dict[str, Any]) -> str:
     )
 
 
-def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
-    @_run_op(config, ALERT_OP, "alert", "Deliver one budget alert to its channels; delivered channels are skipped on retry.", optional=("delivery",))
+def build_alert_job(alerts: AlertsConfig) -> dg.JobDefinition:
+    @_run_op(alerts, ALERT_OP, "alert", "Deliver one budget alert to its channels; delivered channels are skipped on retry.", optional=("delivery",))
     def deliver_budget_alert(context) -> dg.Output:
         from gpu_ops.flows.alerts.channels import DeliverySettings, deliver
         from gpu_ops.flows.alerts.records import delivered_channels, record_delivery, top_spenders
@@ -507,9 +507,9 @@ def build_alert_job(config: GpuOpsConfig) -> dg.JobDefinition:
     return _run_job(ALERT_JOB, deliver_budget_alert, "Deliver one budget notification (launched by budget_alert_sensor, run key budget/period/threshold).")
 
 
-def build_enforcement_job(config: GpuOpsConfig) -> dg.JobDefinition:
+def build_enforcement_job(alerts: AlertsConfig) -> dg.JobDefinition:
     @_run_op(
-        config, ENFORCEMENT_OP, "order", "Apply or revert a budget's throttle/block: NodePool patches and the enforcement record.",
+        alerts, ENFORCEMENT_OP, "order", "Apply or revert a budget's throttle/block: NodePool patches and the enforcement record.",
         resources=frozenset({"gpu_ops_karpenter"}),
     )
     def apply_budget_enforcement(context) -> dg.Output:
@@ -614,7 +614,7 @@ def build_alert_definitions(
     (the shared ones); the jobs are bound to them before the sensor targets them
     (:func:`gpu_ops.dagster.resources.bound_jobs`: no `owners` BetaWarning)."""
     resources = {"gpu_ops_karpenter": karpenter or KarpenterAccess()}
-    jobs = [build_alert_job(config), build_enforcement_job(config)]
+    jobs = [build_alert_job(config.alerts), build_enforcement_job(config.alerts)]
     if bind_to is not None:
         jobs = bound_jobs(jobs, bind_to, resources)
     return dg.Definitions(
