@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_ops.domain.compute.catalog import CATALOG
+from gpu_ops.domain.cost.columns import roi_input_columns
 
 ROI_COLUMNS = (
     "team", "gpu_hours", "cost_usd", "on_demand_equivalent_usd", "spot_savings_usd", "reserved_savings_usd",
@@ -91,11 +92,7 @@ def roi_report_sql(con: Any, rows: str, prices: Any = None) -> pd.DataFrame:
 
 
 # The columns the report reads (those a frame or file lacks are read as missing).
-_READ = (
-    "kind", "team", "project", "node", "gpu_type", "gpu_count", "gpu_share", "sharing", "capacity_type", "hours", "gpu_hours",
-    "price_per_gpu_hour", "cost_usd", "on_demand_usd", "outcome", "lost_gpu_hours", "lost_cost_usd", "fleet_gpu_hours",
-    "namespace", "pod", "metered_gpu_hours", "active_gpu_hours", "efficiency", "unused_cost_usd", "activity_peak", "memory_peak_mib", "memory_total_mib",
-)
+_READ = roi_input_columns(measured=True)
 
 
 def _n(expr: str) -> str:
