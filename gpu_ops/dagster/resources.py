@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from gpu_ops.domain.config import GpuOpsConfig, SecretRef, load_config
+from gpu_ops.domain.config import GpuOpsConfig, SecretRef, StorageConfig, load_config
 from gpu_ops.dagster.io_manager import TableIOManager
 
 
@@ -25,11 +25,10 @@ class GpuOpsSettings(dg.ConfigurableResource):
         return load_config(self.config_path)
 
 
-def storage_io_manager(config: GpuOpsConfig) -> TableIOManager:
+def storage_io_manager(storage: StorageConfig) -> TableIOManager:
     """The IO manager on ``storage``, holding no secret: a password stays ``{env: NAME}``
     (or the whole URL a ``dg.EnvVar``) until a table is read or written, so Dagster's run
     snapshots and event logs never see it."""
-    storage = config.storage
     url = storage.url_template()
     return TableIOManager(
         url=dg.EnvVar(url.env) if isinstance(url, SecretRef) else url,
@@ -44,7 +43,7 @@ def shared_defs(config: GpuOpsConfig) -> dg.Definitions:
     return dg.Definitions(
         resources={
             "gpu_ops": GpuOpsSettings(config_path=str(config.source_path) if config.source_path else None),
-            "table_io_manager": storage_io_manager(config),
+            "table_io_manager": storage_io_manager(config.storage),
         }
     )
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from gpu_ops.dagster.alerts.sensor import launch_requests, tick
 from gpu_ops.domain.alerts.state import AlertCursor
-from gpu_ops.domain.config import DEMO_CONFIG, GpuOpsConfig, demo_home, load_config
+from gpu_ops.domain.config import DEMO_CONFIG, GpuOpsConfig, UsageConfig, demo_home, load_config
 from gpu_ops.dagster.cost.definitions import DAILY_JOB
 from gpu_ops.domain.formatting import gpu_hours, money, percent
 from gpu_ops.dagster.location import build_defs
@@ -51,9 +51,9 @@ def _reset_demo_state(config: GpuOpsConfig, home: Path, echo: Echo) -> None:
     echo(f"fresh demo state under {home}")
 
 
-def _demo_days(config: GpuOpsConfig) -> list[str]:
-    start = config.usage.partitions_start
-    last = min(start + dt.timedelta(days=30), config.usage.last_partition(dt.datetime.now(dt.timezone.utc).date()))
+def _demo_days(usage: UsageConfig) -> list[str]:
+    start = usage.partitions_start
+    last = min(start + dt.timedelta(days=30), usage.last_partition(dt.datetime.now(dt.timezone.utc).date()))
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((last - start).days + 1)]
 
 
@@ -82,7 +82,7 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
     training = materialize_with_preemption(config_path, instance=instance, echo=lambda m: None, run_config=QUIET_LOGS)
     echo("  " + _training_line(training))
 
-    days = _demo_days(config)
+    days = _demo_days(config.usage)
     echo(f"\n[2/3] {len(days)} daily cost partitions ({days[0]} … {days[-1]}) with the budget sensor after each day")
     job = defs.resolve_job_def(DAILY_JOB)
     cursor = AlertCursor.decode(None)
@@ -104,7 +104,7 @@ def run_demo(config_path: str | None = None, *, reset: bool = True, echo: Echo =
     echo("\n[3/3] summary")
     _summarize(config, store, training, days, alert_runs, echo)
     echo("\nIn the UI:")
-    for line in ui_notes(config, store, days):
+    for line in ui_notes(config.usage, store, days):
         echo(f"  - {line}")
     echo(f"\nEvery run is in the Dagster instance at {instance_dir}: `make dev` and open http://127.0.0.1:3000")
     return 0
@@ -130,7 +130,7 @@ def _day_line(store: Any, day: str) -> str:
     return f"{money(table['cost_usd'].sum())} over {gpu_hours(table['gpu_hours'].sum())}"
 
 
-def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
+def ui_notes(usage: UsageConfig, store: Any, days: list[str]) -> list[str]:
     """What a first look at the UI after the demo would otherwise leave unexplained: a red
     check that fails on purpose, and partition fill badges below 100 %."""
     notes = []
@@ -144,8 +144,8 @@ def ui_notes(config: GpuOpsConfig, store: Any, days: list[str]) -> list[str]:
         )
     elif warned:
         notes.append(f"the check budgets_within_limit on gpu_budget_status warns: {', '.join(warned)} crossed a warning threshold")
-    start = config.usage.partitions_start
-    last = config.usage.last_partition(dt.datetime.now(dt.timezone.utc).date())
+    start = usage.partitions_start
+    last = usage.last_partition(dt.datetime.now(dt.timezone.utc).date())
     total = max((last - start).days + 1, len(days))
     if total > len(days):
         notes.append(

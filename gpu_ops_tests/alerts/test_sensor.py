@@ -19,7 +19,7 @@ from gpu_ops.dagster.alerts.sensor import KarpenterAccess
 from gpu_ops.flows.compute.karpenter import nodepool_manifest
 from gpu_ops.flows.compute.local import free_port
 from gpu_ops.domain.compute.request import GpuRequest
-from gpu_ops.domain.config import GpuOpsConfig
+from gpu_ops.domain.config import ComputeConfig
 
 from .conftest import SensorHarness, evaluate_in_new_process, status_row, write_config, write_status
 from gpu_ops_tests.fake_k8s import FakeCustomObjects
@@ -36,7 +36,7 @@ class FakeKarpenter(KarpenterAccess):
 
     api_id: str = "default"
 
-    def node_pools(self, config: GpuOpsConfig) -> NodePools | None:
+    def node_pools(self, compute: ComputeConfig) -> NodePools | None:
         return NodePools(_APIS[self.api_id])
 
 

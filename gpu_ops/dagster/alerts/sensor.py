@@ -20,7 +20,7 @@ from gpu_ops.domain.memory import collection_deferred, freeze_long_lived
 from gpu_ops.domain.alerts.model import Alert
 from gpu_ops.domain.alerts.redelivery import DeadLetter, Pending, Policy, RunOutcome, advance
 from gpu_ops.domain.alerts.state import AlertCursor, EnforcementEvent, ThresholdPlan, evaluate_table, queue_alerts
-from gpu_ops.domain.config import AlertsConfig, Budget, GpuOpsConfig
+from gpu_ops.domain.config import AlertsConfig, Budget, ComputeConfig, GpuOpsConfig
 from gpu_ops.dagster.resources import bound_jobs
 
 if TYPE_CHECKING:
@@ -299,8 +299,8 @@ def dead_letter_outcome(rows: list[dict[str, Any]]) -> tuple[bool, str, dict[str
     )
 
 
-def build_sensor(config: GpuOpsConfig, jobs: list[dg.JobDefinition], *, clock: Clock = _now) -> dg.SensorDefinition:
-    interval = config.alerts.evaluation_interval_s
+def build_sensor(alerts: AlertsConfig, jobs: list[dg.JobDefinition], *, clock: Clock = _now) -> dg.SensorDefinition:
+    interval = alerts.evaluation_interval_s
 
     @dg.sensor(
         name=SENSOR_NAME,
@@ -395,8 +395,8 @@ class KarpenterAccess(dg.ConfigurableResource):
     kubeconfig: str | None = None
     context: str | None = None
 
-    def node_pools(self, config: GpuOpsConfig) -> NodePools | None:
-        if config.compute.backend != "kubetorch":
+    def node_pools(self, compute: ComputeConfig) -> NodePools | None:
+        if compute.backend != "kubetorch":
             return None  # local backend: no cluster; launches are still gated
         # Even with manage_nodepools off, pools the Helm chart created carry the managed-by
         # label and are enforced on.
@@ -528,7 +528,7 @@ def build_enforcement_job(alerts: AlertsConfig) -> dg.JobDefinition:
         # its lifting) takes effect even while the cluster is unreachable; the NodePool
         # changes follow, and the op's RetryPolicy retries them.
         try:
-            pools = context.resources.gpu_ops_karpenter.node_pools(cfg)
+            pools = context.resources.gpu_ops_karpenter.node_pools(cfg.compute)
             outcome = plan(order, pools)
         except Exception as exc:
             record_once(EnforcementOutcome(order, note=f"NodePools not reachable ({type(exc).__name__}); the run retries them"))
@@ -619,7 +619,7 @@ def build_alert_definitions(
         jobs = bound_jobs(jobs, bind_to, resources)
     return dg.Definitions(
         jobs=jobs,
-        sensors=[build_sensor(config, jobs, clock=clock)],
+        sensors=[build_sensor(config.alerts, jobs, clock=clock)],
         asset_checks=[build_dead_letter_check(clock)],
         resources=resources,
     )

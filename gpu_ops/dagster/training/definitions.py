@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 
 from gpu_ops.domain.compute.request import Attribution, GpuRequest
-from gpu_ops.domain.config import GpuOpsConfig, load_config
+from gpu_ops.domain.config import GpuOpsConfig, TrainingConfig, load_config
 from gpu_ops.dagster.io_manager import ROW_LEVEL_READER
 from gpu_ops.dagster.training.asset import gpu_asset, gpu_run_tags
 from gpu_ops.flows.training.demo import train_demo
@@ -44,8 +44,7 @@ DEMO_REQUEST = GpuRequest(
 )
 
 
-def demo_asset(config: GpuOpsConfig) -> dg.AssetsDefinition:
-    training = config.training
+def demo_asset(training: TrainingConfig) -> dg.AssetsDefinition:
     return gpu_asset(
         train_demo,
         name="train_demo_model",
@@ -204,4 +203,4 @@ def build_attempt_sensor(config: GpuOpsConfig) -> dg.SensorDefinition:
 def build_defs(config: GpuOpsConfig) -> dg.Definitions:
     # Launched as this job, the run carries the GPU tags the production run queue limits.
     job = dg.define_asset_job("train_demo_model_job", selection=["train_demo_model"], tags=gpu_run_tags(DEMO_REQUEST))
-    return dg.Definitions(assets=[demo_asset(config)], jobs=[job], sensors=[build_attempt_sensor(config)])
+    return dg.Definitions(assets=[demo_asset(config.training)], jobs=[job], sensors=[build_attempt_sensor(config)])
