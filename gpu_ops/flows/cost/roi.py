@@ -64,7 +64,8 @@ def roi_report_sql(con: Any, rows: str, prices: Any = None) -> pd.DataFrame:
     present = {r[0] for r in con.execute(f"DESCRIBE {rows}").fetchall()}
     cols = ", ".join(f"{c}" if c in present else f"NULL AS {c}" for c in _READ)
     con.execute(f"CREATE OR REPLACE TEMP VIEW roi_alloc AS SELECT {cols} FROM ({rows}) WHERE kind IS DISTINCT FROM 'idle'")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW roi_idle AS SELECT {cols} FROM ({rows}) WHERE kind = 'idle'")
+    # The idle rows (one per fleet node and day) are kept: the totals and the node recommendations read them without scanning the day again.
+    con.execute(f"CREATE OR REPLACE TEMP TABLE roi_idle AS SELECT {cols} FROM ({rows}) WHERE kind = 'idle'")
     by_team = con.execute(_TEAM_SUMS_SQL).df().set_index("team").astype(float)
     by_team["net_spot_savings_usd"] = by_team["spot_savings_usd"] - by_team["_spot_waste"]
     by_team["idle_gpu_hours"] = 0.0
